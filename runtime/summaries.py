@@ -1,0 +1,259 @@
+"""Pulsar block summaries: the IDF table over blocks and chunk-group selection (SPEC B.2).
+
+Pure integer work on token ids, done before any model computation. Everything is vectorised
+over the whole sequence (sorts, ``unique``, scatters and gathers on the IDF table): there is no
+Python loop over the vocabulary, the chunk groups or the blocks.
+
+Definitions used throughout (token ids ``t`` of length ``L``, block size ``B``):
+
+* Blocks: ``B_i = [i*B, min((i+1)*B, L))`` for ``i < n = ceil(L / B)``; only the last block may be
+  shorter than ``B``.
+* Candidates: every token of ``B_i``, except that the first ``min(sink, |B_0|)`` tokens of ``B_0``
+  (the attention sink, already in every assembled input) are never summary candidates.
+* Chunk groups: the candidates of a block are cut, from the first candidate on, into
+  non-overlapping groups of ``chunk`` consecutive tokens; the block's last group keeps the
+  remainder and may be shorter. Scores use each group's true length ``|C|``.
+* Budget: ``sigma_i = floor(ratio * |B_i|)`` tokens, with ``ratio`` read as the decimal it prints
+  as (``0.3`` is 3/10, not the binary float below it). A block selects
+  ``k_i = min(floor(sigma_i / chunk), number of its groups)`` groups, so a summary never has more
+  than ``sigma_i`` tokens. The budget of the shorter last block follows its own length; as the
+  last block has no successor its summary is never assembled, yet it is returned like any other.
+* Selection: the ``k_i`` best-scoring groups of each block, returned as their token positions in
+  ascending (reading) order. Ties are broken by position: the earlier group wins. This is
+  deterministic and reproducible on every host; Max-IDF ties often when there are few blocks
+  (all scores sit on the handful of values ``log(n / d)``), and the rule then keeps the earliest
+  groups, i.e. degrades to a prefix of the block rather than an arbitrary mix.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import NamedTuple
+
+import torch
+
+HEURISTICS = ("max_idf", "tfidf", "bm25", "entropy", "uniform")
+SCORED_HEURISTICS = ("max_idf", "tfidf", "bm25", "entropy")
+BM25_K1 = 1.2
+BM25_B = 0.75
+
+
+class ChunkGroupScores(NamedTuple):
+    """Every chunk group of a sequence, in position order (blocks ascending, groups ascending).
+
+    ``block``, ``start``, ``length``: int64 [G] (block index, first position, token count);
+    ``score``: float64 [G] under one heuristic.
+    """
+
+    block: torch.Tensor
+    start: torch.Tensor
+    length: torch.Tensor
+    score: torch.Tensor
+
+
+def check_token_ids(token_ids: torch.Tensor) -> None:
+    """Raise unless ``token_ids`` is a non-empty 1-D tensor of non-negative integers."""
+    if not isinstance(token_ids, torch.Tensor):
+        raise TypeError(f"token_ids must be a torch.Tensor, got {type(token_ids).__name__}")
+    if token_ids.dim() != 1:
+        raise ValueError(f"token_ids must be 1-D [L], got shape {tuple(token_ids.shape)}")
+    if token_ids.dtype == torch.bool or token_ids.dtype.is_floating_point or token_ids.dtype.is_complex:
+        raise TypeError(f"token_ids must have an integer dtype, got {token_ids.dtype}")
+    if token_ids.numel() == 0:
+        raise ValueError("token_ids must hold at least one token, got an empty tensor")
+    if int(token_ids.min()) < 0:
+        raise ValueError(f"token_ids must be non-negative, got min {int(token_ids.min())}")
+
+
+def check_positive_int(name: str, value: object) -> None:
+    """Raise unless ``value`` (the argument ``name``) is an int > 0 (bool rejected)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+
+
+def _check_sink(sink: object, block_size: int) -> None:
+    if isinstance(sink, bool) or not isinstance(sink, int):
+        raise TypeError(f"sink must be an int, got {type(sink).__name__}")
+    if not 0 <= sink <= block_size:
+        raise ValueError(f"sink must be in [0, block_size={block_size}], got {sink}")
+
+
+def _check_ratio(ratio: object) -> None:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        raise TypeError(f"ratio must be a float, got {type(ratio).__name__}")
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+
+
+def _check_heuristic(heuristic: object, allowed: tuple[str, ...]) -> None:
+    if heuristic not in allowed:
+        raise ValueError(f"heuristic must be one of {allowed}, got {heuristic!r}")
+
+
+def num_blocks(length: int, block_size: int) -> int:
+    """Number of blocks ``ceil(length / block_size)`` of a sequence of ``length`` tokens."""
+    return -(-length // block_size)
+
+
+def _block_bounds(length: int, block_size: int, sink: int, device: torch.device):
+    """Per block: (first candidate position, end position, block length), int64 [n] each."""
+    n = num_blocks(length, block_size)
+    start = torch.arange(n, device=device, dtype=torch.int64) * block_size
+    end = torch.clamp(start + block_size, max=length)
+    first = start.clone()
+    first[0] = min(sink, length)
+    return first, end, end - start
+
+
+def _block_budgets(block_len: torch.Tensor, ratio: float, chunk: int) -> torch.Tensor:
+    """Groups per block ``floor(floor(ratio * |B_i|) / chunk)``, int64 [n] (exact rational ratio)."""
+    exact = Fraction(repr(float(ratio)))
+    sigma = (block_len * exact.numerator) // exact.denominator
+    return sigma // chunk
+
+
+def _document_frequency(token_ids: torch.Tensor, block_size: int, vocab: int) -> torch.Tensor:
+    """df(t): number of blocks holding token t, int64 [vocab]."""
+    ids = token_ids.to(torch.int64)
+    block = torch.arange(ids.numel(), device=ids.device) // block_size
+    pairs = torch.unique(block * vocab + ids)
+    return torch.bincount(pairs % vocab, minlength=vocab)
+
+
+def idf_table(token_ids: torch.Tensor, block_size: int) -> torch.Tensor:
+    """IDF(t) = log(n / max(df(t), 1)) over the n blocks, float64 [max id + 1].
+
+    Tokens absent from the sequence get ``log(n)``; with a single block every entry is 0.
+    """
+    check_token_ids(token_ids)
+    check_positive_int("block_size", block_size)
+    vocab = int(token_ids.max()) + 1
+    n = num_blocks(token_ids.numel(), block_size)
+    df = _document_frequency(token_ids, block_size, vocab)
+    return torch.log(n / torch.clamp(df, min=1).to(torch.float64))
+
+
+def _groups(length: int, block_size: int, chunk: int, sink: int, device: torch.device):
+    """Chunk groups of the candidates: (group id per position or -1, block, start, length)."""
+    first, end, _ = _block_bounds(length, block_size, sink, device)
+    per_block = -(-(end - first) // chunk)
+    offset = torch.cumsum(per_block, 0) - per_block
+    pos = torch.arange(length, device=device, dtype=torch.int64)
+    block = pos // block_size
+    local = pos - first[block]
+    gid = torch.where(local >= 0, offset[block] + torch.div(local, chunk, rounding_mode="floor"), -1)
+    g_block = torch.repeat_interleave(torch.arange(first.numel(), device=device), per_block)
+    g_start = first[g_block] + (torch.arange(g_block.numel(), device=device) - offset[g_block]) * chunk
+    g_len = torch.minimum(g_start + chunk, end[g_block]) - g_start
+    return gid, g_block, g_start, g_len
+
+
+def _type_counts(gid: torch.Tensor, ids: torch.Tensor, vocab: int):
+    """Distinct (group, token) pairs: their group, token and term frequency tf."""
+    pairs, tf = torch.unique(gid * vocab + ids, return_counts=True)
+    return pairs // vocab, pairs % vocab, tf
+
+
+def score_chunk_groups(token_ids: torch.Tensor, block_size: int, *, heuristic: str = "max_idf",
+                       chunk: int = 32, sink: int = 64) -> ChunkGroupScores:
+    """Score every chunk group with one of ``max_idf``, ``tfidf``, ``bm25``, ``entropy`` (SPEC B.2).
+
+    max_idf = max IDF over the group; tfidf = mean IDF over its tokens; entropy = distinct tokens
+    / |C|; bm25 with k1 = 1.2, b = 0.75, N = n blocks and l̄ = the mean length of all groups.
+    """
+    check_token_ids(token_ids)
+    check_positive_int("block_size", block_size)
+    check_positive_int("chunk", chunk)
+    _check_sink(sink, block_size)
+    _check_heuristic(heuristic, SCORED_HEURISTICS)
+    length = token_ids.numel()
+    device = token_ids.device
+    ids = token_ids.to(torch.int64)
+    vocab = int(ids.max()) + 1
+    gid, g_block, g_start, g_len = _groups(length, block_size, chunk, sink, device)
+    cand = gid >= 0
+    gid, ids = gid[cand], ids[cand]
+    n_groups = g_block.numel()
+    zeros = torch.zeros(n_groups, dtype=torch.float64, device=device)
+    if heuristic == "max_idf":
+        idf = idf_table(token_ids, block_size)
+        score = zeros.scatter_reduce(0, gid, idf[ids], reduce="amax", include_self=False)
+    elif heuristic == "tfidf":
+        idf = idf_table(token_ids, block_size)
+        score = zeros.index_add(0, gid, idf[ids]) / g_len.to(torch.float64)
+    elif heuristic == "entropy":
+        pair_group, _, _ = _type_counts(gid, ids, vocab)
+        distinct = torch.bincount(pair_group, minlength=n_groups)
+        score = distinct.to(torch.float64) / g_len.to(torch.float64)
+    else:
+        n = float(num_blocks(length, block_size))
+        df = _document_frequency(token_ids, block_size, vocab).to(torch.float64)
+        idf_bm25 = torch.log((n - df + 0.5) / (df + 0.5) + 1.0)
+        pair_group, pair_token, tf = _type_counts(gid, ids, vocab)
+        tf = tf.to(torch.float64)
+        mean_len = g_len.to(torch.float64).mean()
+        norm = BM25_K1 * (1.0 - BM25_B + BM25_B * g_len[pair_group].to(torch.float64) / mean_len)
+        score = zeros.index_add(0, pair_group, idf_bm25[pair_token] * tf * (BM25_K1 + 1.0) / (tf + norm))
+    return ChunkGroupScores(g_block, g_start, g_len, score)
+
+
+def _split_by_block(positions: torch.Tensor, block_size: int, n: int) -> list[torch.Tensor]:
+    counts = torch.bincount(positions // block_size, minlength=n)
+    return list(torch.split(positions, counts.tolist()))
+
+
+def _top_groups(groups: ChunkGroupScores, budget: torch.Tensor) -> torch.Tensor:
+    """Mask [G] of the budget[b] best groups of each block b, earlier group first on ties."""
+    order = torch.sort(groups.score, descending=True, stable=True).indices
+    order = order[torch.sort(groups.block[order], stable=True).indices]
+    per_block = torch.bincount(groups.block, minlength=budget.numel())
+    first_of_block = torch.cumsum(per_block, 0) - per_block
+    rank = torch.arange(order.numel(), device=order.device) - first_of_block[groups.block[order]]
+    chosen = torch.zeros_like(groups.block, dtype=torch.bool)
+    chosen[order] = rank < budget[groups.block[order]]
+    return chosen
+
+
+def _uniform_positions(length: int, block_size: int, budget: torch.Tensor, chunk: int, sink: int,
+                       device: torch.device) -> torch.Tensor:
+    """floor(linspace(first, end - 1, s_i)) per block in exact integer arithmetic, s_i = k_i * chunk."""
+    first, end, _ = _block_bounds(length, block_size, sink, device)
+    span = end - first
+    count = torch.minimum(budget * chunk, span)
+    block = torch.repeat_interleave(torch.arange(first.numel(), device=device), count)
+    offset = torch.cumsum(count, 0) - count
+    j = torch.arange(block.numel(), device=device) - offset[block]
+    steps = torch.clamp(count[block] - 1, min=1)
+    return first[block] + (j * (span[block] - 1)) // steps
+
+
+def select_summaries(token_ids: torch.Tensor, block_size: int, *, heuristic: str = "max_idf",
+                     chunk: int = 32, ratio: float = 0.125, sink: int = 64) -> list[torch.Tensor]:
+    """Summary of every block: ascending int64 positions into ``token_ids`` (one tensor per block).
+
+    ``token_ids``: 1-D non-negative integer tensor [L]. ``heuristic``: one of ``max_idf``,
+    ``tfidf``, ``bm25``, ``entropy`` (top ``k_i`` chunk groups per block, module docstring) or
+    ``uniform`` (``floor(linspace)`` over the block's candidates, ``k_i * chunk`` tokens, capped
+    at the number of candidates). Positions lie in their own block and never in the sink.
+    """
+    check_token_ids(token_ids)
+    check_positive_int("block_size", block_size)
+    check_positive_int("chunk", chunk)
+    _check_ratio(ratio)
+    _check_sink(sink, block_size)
+    _check_heuristic(heuristic, HEURISTICS)
+    length = token_ids.numel()
+    device = token_ids.device
+    n = num_blocks(length, block_size)
+    _, _, block_len = _block_bounds(length, block_size, sink, device)
+    budget = _block_budgets(block_len, ratio, chunk)
+    if heuristic == "uniform":
+        positions = _uniform_positions(length, block_size, budget, chunk, sink, device)
+        return _split_by_block(positions, block_size, n)
+    groups = score_chunk_groups(token_ids, block_size, heuristic=heuristic, chunk=chunk, sink=sink)
+    chosen = _top_groups(groups, budget)
+    gid, _, _, _ = _groups(length, block_size, chunk, sink, device)
+    in_summary = (gid >= 0) & chosen[torch.clamp(gid, min=0)]
+    positions = torch.nonzero(in_summary).flatten()
+    return _split_by_block(positions, block_size, n)
