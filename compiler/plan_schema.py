@@ -1,0 +1,285 @@
+"""The versioned JSON format of per-layer indexer plans: dataclasses, validation, load/save, hash.
+
+A plan file is one JSON object::
+
+    {"format": "pulsar-dosa-plan", "version": 1,
+     "model": {...}, "inputs": {...},            free-form descriptions (JSON values)
+     "design_length": int, "queries": int|null,   the workload the choices were optimised for
+     "constants": {KernelConstants fields},
+     "layers": [{"layer": module path, "path": "dense"|"certified", "r": int|null,
+                 "crossover": int|null, "heads": int, "head_dim": int, "topk": int,
+                 "predicted_pruned_frac": float|null, "predicted_speedup": float,
+                 "candidates": [{"r", "survival", "queries", "keys_screened", "survivors",
+                                 "fallbacks": {reason: int}}],
+                 "seed_gap": distribution|null, "slack": distribution|null}]}
+
+A distribution is {"count", "mean", "min", "max", "p05", "p50", "p95"}. A certified layer has r and
+crossover set; a dense layer has both null. ``plan_hash`` is the SHA-256 of the canonical JSON text
+(sorted keys, no spaces), so formatting does not change it and any content change does.
+Every problem raises ``PlanError`` (a ValueError) naming the offending field.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from compiler.cost_model import KernelConstants
+
+PLAN_FORMAT = "pulsar-dosa-plan"
+PLAN_VERSION = 1
+PATHS = ("dense", "certified")
+_DISTRIBUTION_KEYS = ("count", "mean", "min", "max", "p05", "p50", "p95")
+
+
+class PlanError(ValueError):
+    """A plan file that is unreadable, malformed, of another version, or does not match the model."""
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Summary of a sample of floats (seed gaps b or slacks δ); quantiles by linear interpolation."""
+
+    count: int
+    mean: float
+    min: float
+    max: float
+    p05: float
+    p50: float
+    p95: float
+
+
+@dataclass(frozen=True)
+class CandidateMeasurement:
+    """m(r) measured on real activations: survivors / keys_screened with the budget r."""
+
+    r: int
+    survival: float
+    queries: int
+    keys_screened: int
+    survivors: int
+    fallbacks: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """The plan of one indexer layer, addressed by its module path."""
+
+    layer: str
+    path: str
+    r: int | None
+    crossover: int | None
+    heads: int
+    head_dim: int
+    topk: int
+    predicted_pruned_frac: float | None
+    predicted_speedup: float
+    candidates: tuple[CandidateMeasurement, ...]
+    seed_gap: Distribution | None
+    slack: Distribution | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole plan; ``layers`` in model order, one per indexer layer."""
+
+    model: Any
+    inputs: Any
+    design_length: int
+    queries: int | None
+    constants: KernelConstants
+    layers: tuple[LayerPlan, ...]
+    version: int = PLAN_VERSION
+
+    def layer(self, name: str) -> LayerPlan:
+        """The plan of layer ``name`` (PlanError when the plan has no such layer)."""
+        for entry in self.layers:
+            if entry.layer == name:
+                return entry
+        raise PlanError(f"plan has no layer {name!r}; its layers are {[e.layer for e in self.layers]}")
+
+    def check_layers(self, names: Iterable[str]) -> None:
+        """Raise PlanError unless the model's indexer layers are exactly the plan's layers."""
+        model_names = set(names)
+        plan_names = {e.layer for e in self.layers}
+        if model_names != plan_names:
+            raise PlanError(
+                "plan layers do not match the model's indexer layers: "
+                f"missing from the plan {sorted(model_names - plan_names)}, "
+                f"not in the model {sorted(plan_names - model_names)}")
+
+    def to_dict(self) -> dict:
+        return {
+            "format": PLAN_FORMAT,
+            "version": self.version,
+            "model": self.model,
+            "inputs": self.inputs,
+            "design_length": self.design_length,
+            "queries": self.queries,
+            "constants": self.constants.to_dict(),
+            "layers": [_layer_to_dict(e) for e in self.layers],
+        }
+
+    @property
+    def hash(self) -> str:
+        return plan_hash(self)
+
+
+def _layer_to_dict(e: LayerPlan) -> dict:
+    return {
+        "layer": e.layer, "path": e.path, "r": e.r, "crossover": e.crossover,
+        "heads": e.heads, "head_dim": e.head_dim, "topk": e.topk,
+        "predicted_pruned_frac": e.predicted_pruned_frac, "predicted_speedup": e.predicted_speedup,
+        "candidates": [{"r": c.r, "survival": c.survival, "queries": c.queries,
+                        "keys_screened": c.keys_screened, "survivors": c.survivors,
+                        "fallbacks": dict(sorted(c.fallbacks.items()))} for c in e.candidates],
+        "seed_gap": None if e.seed_gap is None else _dist_to_dict(e.seed_gap),
+        "slack": None if e.slack is None else _dist_to_dict(e.slack),
+    }
+
+
+def _dist_to_dict(d: Distribution) -> dict:
+    return {k: getattr(d, k) for k in _DISTRIBUTION_KEYS}
+
+
+def canonical_json(plan: Plan) -> str:
+    """The plan as canonical JSON text (sorted keys, compact separators, no NaN/inf)."""
+    return json.dumps(plan.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def plan_hash(plan: Plan) -> str:
+    """SHA-256 hex digest of the canonical JSON text."""
+    return hashlib.sha256(canonical_json(plan).encode("utf-8")).hexdigest()
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write the plan as indented JSON (validated by a round trip first)."""
+    plan_from_dict(json.loads(canonical_json(plan)))
+    Path(path).write_text(json.dumps(plan.to_dict(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan file (PlanError for unreadable, corrupt, other-version or bad fields)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlanError(f"plan {str(path)!r}: cannot read it ({exc})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"plan {str(path)!r} is not valid JSON ({exc})") from exc
+    return plan_from_dict(data)
+
+
+def plan_from_dict(data: Any) -> Plan:
+    """Validate a decoded plan document and build the Plan."""
+    if not isinstance(data, dict):
+        raise PlanError(f"plan: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != PLAN_FORMAT:
+        raise PlanError(f"plan.format: expected {PLAN_FORMAT!r}, got {data.get('format')!r}")
+    version = data.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise PlanError(f"plan.version: expected an int, got {version!r}")
+    if version < PLAN_VERSION:
+        raise PlanError(f"plan.version {version} is older than the supported version {PLAN_VERSION}: "
+                        "regenerate it with python -m compiler.plan")
+    if version > PLAN_VERSION:
+        raise PlanError(f"plan.version {version} is newer than the supported version {PLAN_VERSION}")
+    _keys("plan", data, {"format", "version", "model", "inputs", "design_length", "queries",
+                         "constants", "layers"})
+    try:
+        constants = KernelConstants.from_dict(data["constants"])
+    except (TypeError, ValueError) as exc:
+        raise PlanError(f"plan.constants: {exc}") from exc
+    layers = data["layers"]
+    if not isinstance(layers, list) or not layers:
+        raise PlanError("plan.layers: expected a non-empty list")
+    parsed = tuple(_layer(f"plan.layers[{i}]", e) for i, e in enumerate(layers))
+    names = [e.layer for e in parsed]
+    if len(set(names)) != len(names):
+        raise PlanError(f"plan.layers: duplicate layer names in {names}")
+    return Plan(model=data["model"], inputs=data["inputs"],
+                design_length=_int("plan.design_length", data["design_length"], 1),
+                queries=_opt(_int, "plan.queries", data["queries"], 1),
+                constants=constants, layers=parsed, version=version)
+
+
+def _keys(where: str, obj: Any, expected: set[str]) -> None:
+    if not isinstance(obj, dict):
+        raise PlanError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    missing, unknown = sorted(expected - set(obj)), sorted(set(obj) - expected)
+    if missing or unknown:
+        raise PlanError(f"{where}: missing keys {missing}, unknown keys {unknown}")
+
+
+def _int(where: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise PlanError(f"{where}: expected an int >= {low}, got {value!r}")
+    return value
+
+
+def _float(where: str, value: Any, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise PlanError(f"{where}: expected a number in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def _opt(check, where: str, value: Any, *bounds):
+    return None if value is None else check(where, value, *bounds)
+
+
+def _layer(where: str, e: Any) -> LayerPlan:
+    _keys(where, e, {"layer", "path", "r", "crossover", "heads", "head_dim", "topk",
+                     "predicted_pruned_frac", "predicted_speedup", "candidates", "seed_gap", "slack"})
+    if not isinstance(e["layer"], str) or not e["layer"]:
+        raise PlanError(f"{where}.layer: expected a non-empty module path, got {e['layer']!r}")
+    where = f"plan.layers[{e['layer']}]"
+    if e["path"] not in PATHS:
+        raise PlanError(f"{where}.path: expected one of {PATHS}, got {e['path']!r}")
+    heads = _int(f"{where}.heads", e["heads"], 1)
+    r = _opt(_int, f"{where}.r", e["r"], 1)
+    crossover = _opt(_int, f"{where}.crossover", e["crossover"], 1)
+    if e["path"] == "certified" and (r is None or crossover is None):
+        raise PlanError(f"{where}: a certified layer needs r and crossover, got r={r!r}, crossover={crossover!r}")
+    if e["path"] == "dense" and (r is not None or crossover is not None):
+        raise PlanError(f"{where}: a dense layer has r and crossover null, got r={r!r}, crossover={crossover!r}")
+    if r is not None and r >= heads:
+        raise PlanError(f"{where}.r: expected fewer than heads={heads}, got {r}")
+    candidates = e["candidates"]
+    if not isinstance(candidates, list):
+        raise PlanError(f"{where}.candidates: expected a list")
+    return LayerPlan(
+        layer=e["layer"], path=e["path"], r=r, crossover=crossover, heads=heads,
+        head_dim=_int(f"{where}.head_dim", e["head_dim"], 1),
+        topk=_int(f"{where}.topk", e["topk"], 1),
+        predicted_pruned_frac=_opt(_float, f"{where}.predicted_pruned_frac", e["predicted_pruned_frac"], 0.0, 1.0),
+        predicted_speedup=_float(f"{where}.predicted_speedup", e["predicted_speedup"], 0.0, math.inf),
+        candidates=tuple(_candidate(f"{where}.candidates[{i}]", c) for i, c in enumerate(candidates)),
+        seed_gap=_opt(_distribution, f"{where}.seed_gap", e["seed_gap"]),
+        slack=_opt(_distribution, f"{where}.slack", e["slack"]),
+    )
+
+
+def _candidate(where: str, c: Any) -> CandidateMeasurement:
+    _keys(where, c, {"r", "survival", "queries", "keys_screened", "survivors", "fallbacks"})
+    fallbacks = c["fallbacks"]
+    if not isinstance(fallbacks, dict):
+        raise PlanError(f"{where}.fallbacks: expected an object reason -> count")
+    return CandidateMeasurement(
+        r=_int(f"{where}.r", c["r"], 1),
+        survival=_float(f"{where}.survival", c["survival"], 0.0, 1.0),
+        queries=_int(f"{where}.queries", c["queries"], 0),
+        keys_screened=_int(f"{where}.keys_screened", c["keys_screened"], 0),
+        survivors=_int(f"{where}.survivors", c["survivors"], 0),
+        fallbacks={str(k): _int(f"{where}.fallbacks[{k}]", v, 0) for k, v in fallbacks.items()},
+    )
+
+
+def _distribution(where: str, d: Any) -> Distribution:
+    _keys(where, d, set(_DISTRIBUTION_KEYS))
+    values = {k: _float(f"{where}.{k}", d[k], -math.inf, math.inf) for k in _DISTRIBUTION_KEYS if k != "count"}
+    return Distribution(count=_int(f"{where}.count", d["count"], 1), **values)
