@@ -1,0 +1,222 @@
+"""Two-interval flash attention in Triton, returning log-sum-exp.
+
+Contract (the same as ``runtime.attention_reference.two_interval_attention``): query ``p`` sees key
+``j`` iff ``(j < prefix_end[p] or j >= segment_start[p]) and j <= q_start + p and j < Sk``.
+q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]`` (bf16, fp16 or fp32, one dtype; ``Hq % Hkv == 0``,
+query head ``h`` reads key/value head ``h // (Hq // Hkv)``), prefix_end/segment_start ``[B, Sq]``
+int32/int64. Returns o ``[B, Hq, Sq, D]`` in q's dtype and lse ``[B, Hq, Sq]`` fp32 (natural log);
+a query with no visible key gets o = 0 and lse = -inf.
+
+Kernel: one program per (query tile, batch, query head), online softmax in base 2 with fp32
+accumulators. A query tile visits two key ranges only: ``[0, max over its rows of the first
+interval's end)`` and ``[min over its rows of segment_start, its last visible key]``; key tiles
+between them are never loaded, so a packed segment-causal layout costs its visible tiles only
+(keys outside every interval of a tile are never read, even if they hold NaN). bf16/fp16
+products run on the tensor cores with fp32 accumulation; fp32 inputs use IEEE fp32 products.
+
+Dispatch: ``torch.ops.pulsar_dosa.two_interval_attention_triton`` (custom op with a fake
+implementation, so it traces under torch.compile) launches the Triton kernel on CUDA tensors and
+on CPU tensors under ``TRITON_INTERPRET=1``; on CPU without the interpreter it runs the plain-torch
+reference.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from runtime.attention_reference import check_attention_inputs, two_interval_attention
+
+_LOG2_E = math.log2(math.e)
+
+
+@triton.jit
+def _attend_key_tile(acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok,
+                     prefix_end, segment_start, last_key, seq_k, qk_scale_log2,
+                     stride_ks, stride_kd, stride_vs, stride_vd,
+                     BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold one key tile into the running (acc, row max m_i in log2 units, row sum l_i)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    key_ok = offs_n < seq_k
+    k = tl.load(k_head + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
+                mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+    v = tl.load(v_head + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+                mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+    in_prefix = offs_n[None, :] < prefix_end[:, None]
+    in_segment = offs_n[None, :] >= segment_start[:, None]
+    visible = (in_prefix | in_segment) & (offs_n[None, :] <= last_key[:, None]) & key_ok[None, :]
+    scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    # Rows that have seen no visible key yet keep m = -inf; shifting them by 0 keeps exp2 at 0.
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(scores - m_shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+_INTERPRETED = isinstance(_attend_key_tile, InterpretedFunction)
+"""True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
+
+
+def _kernel_configs(interpret: bool) -> list[triton.Config]:
+    """Launch configurations: one under the interpreter (small tiles), a short list on GPU."""
+    if interpret:
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=3),
+    ]
+
+
+@triton.autotune(configs=_kernel_configs(_INTERPRETED), key=["BLOCK_D", "UPCAST", "DOT_PRECISION"])
+@triton.jit
+def _two_interval_attention_kernel(
+        q_ptr, k_ptr, v_ptr, prefix_end_ptr, segment_start_ptr, o_ptr, lse_ptr,
+        stride_qb, stride_qh, stride_qs, stride_qd,
+        stride_kb, stride_kh, stride_ks, stride_kd,
+        stride_vb, stride_vh, stride_vs, stride_vd,
+        stride_ob, stride_oh, stride_os, stride_od,
+        stride_pb, stride_ps, stride_sb, stride_ss,
+        stride_lb, stride_lh, stride_ls,
+        num_q_heads, group, seq_q, seq_k, head_dim, q_start, qk_scale_log2,
+        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program: BLOCK_M queries of one (batch, query head) against their two key ranges."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    batch = pid_bh // num_q_heads
+    head = pid_bh % num_q_heads
+    kv_head = head // group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seq_q
+    d_ok = offs_d < head_dim
+
+    # Rows past Sq see nothing: prefix_end 0, segment_start past every key.
+    prefix_end = tl.load(prefix_end_ptr + batch * stride_pb + offs_m * stride_ps,
+                         mask=row_ok, other=0).to(tl.int64)
+    segment_start = tl.load(segment_start_ptr + batch * stride_sb + offs_m * stride_ss,
+                            mask=row_ok, other=seq_k).to(tl.int64)
+    last_key = tl.minimum(q_start + offs_m.to(tl.int64), seq_k - 1)
+
+    # Key ranges of this tile: [0, prefix_hi) for the first interval, [segment_lo, segment_hi)
+    # for the second; rows whose interval is empty do not widen it.
+    prefix_hi = tl.max(tl.where(row_ok, tl.minimum(prefix_end, last_key + 1), 0), 0)
+    segment_live = row_ok & (tl.maximum(segment_start, 0) <= last_key)
+    segment_lo = tl.min(tl.where(segment_live, tl.maximum(segment_start, 0), seq_k), 0)
+    segment_hi = tl.max(tl.where(segment_live, last_key + 1, 0), 0)
+    prefix_tiles_end = tl.cdiv(prefix_hi, BLOCK_N) * BLOCK_N
+    segment_tiles_start = tl.maximum((segment_lo // BLOCK_N) * BLOCK_N, prefix_tiles_end)
+
+    q = tl.load(q_ptr + batch * stride_qb + head * stride_qh
+                + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_head = k_ptr + batch * stride_kb + kv_head * stride_kh
+    v_head = v_ptr + batch * stride_vb + kv_head * stride_vh
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for start_n in range(0, prefix_tiles_end, BLOCK_N):
+        acc, m_i, l_i = _attend_key_tile(
+            acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok, prefix_end, segment_start,
+            last_key, seq_k, qk_scale_log2, stride_ks, stride_kd, stride_vs, stride_vd,
+            BLOCK_N, UPCAST, DOT_PRECISION)
+    for start_n in range(segment_tiles_start, segment_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_key_tile(
+            acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok, prefix_end, segment_start,
+            last_key, seq_k, qk_scale_log2, stride_ks, stride_kd, stride_vs, stride_vd,
+            BLOCK_N, UPCAST, DOT_PRECISION)
+
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    # lse = ln(2) * (m + log2 l): back from base-2 to natural log.
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    tl.store(o_ptr + batch * stride_ob + head * stride_oh
+             + offs_m[:, None] * stride_os + offs_d[None, :] * stride_od,
+             o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + batch * stride_lb + head * stride_lh + offs_m * stride_ls, lse, mask=row_ok)
+
+
+
+
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_kernel_inputs(q, k, v, prefix_end, segment_start) -> None:
+    """Raise TypeError/ValueError for inputs the kernel cannot take (dtype, device)."""
+    if q.dtype not in _KERNEL_DTYPES:
+        raise TypeError(f"q must be bfloat16, float16 or float32, got {q.dtype}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    for name, t in (("k", k), ("v", v), ("prefix_end", prefix_end), ("segment_start", segment_start)):
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+
+
+def _launch(q, k, v, prefix_end, segment_start, scale: float, q_start: int):
+    """Allocate (o, lse) and run the Triton kernel over every (query tile, batch, head)."""
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    o = torch.empty((b, hq, sq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    if o.numel() == 0 and lse.numel() == 0:
+        return o, lse
+
+    def grid(meta):
+        return (triton.cdiv(sq, meta["BLOCK_M"]), b * hq)
+
+    _two_interval_attention_kernel[grid](
+        q, k, v, prefix_end, segment_start, o, lse,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        *prefix_end.stride(), *segment_start.stride(), *lse.stride(),
+        hq, hq // hkv, sq, sk, d, q_start, scale * _LOG2_E,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        UPCAST=_INTERPRETED,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
+    return o, lse
+
+
+@torch.library.custom_op("pulsar_dosa::two_interval_attention_triton", mutates_args=())
+def _two_interval_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               prefix_end: torch.Tensor, segment_start: torch.Tensor,
+                               scale: float, q_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton on CUDA (or under the interpreter); the plain-torch reference on CPU otherwise."""
+    if q.is_cuda or _INTERPRETED:
+        return _launch(q, k, v, prefix_end, segment_start, scale, q_start)
+    return two_interval_attention(q, k, v, prefix_end, segment_start, scale=scale, q_start=q_start)
+
+
+@_two_interval_attention_op.register_fake
+def _two_interval_attention_fake(q, k, v, prefix_end, segment_start, scale, q_start):
+    b, hq, sq, d = q.shape
+    return (q.new_empty((b, hq, sq, d)), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+def two_interval_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                  prefix_end: torch.Tensor, segment_start: torch.Tensor, *,
+                                  scale: float, q_start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two-interval attention ``(o, lse)`` through the Triton kernel (contract in the module doc).
+
+    Raises TypeError/ValueError naming the argument for a bad shape, dtype, device or scalar.
+    """
+    check_attention_inputs(q, k, v, prefix_end, segment_start, scale, q_start)
+    _check_kernel_inputs(q, k, v, prefix_end, segment_start)
+    return torch.ops.pulsar_dosa.two_interval_attention_triton(
+        q, k, v, prefix_end, segment_start, float(scale), int(q_start))
