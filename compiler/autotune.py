@@ -1,0 +1,160 @@
+"""Triton launch configurations chosen by measurement, keyed on bucketed lengths, cached on disk.
+
+A kernel family offers a list of ``LaunchConfig`` candidates and a ``launch(config)`` callable that
+runs the kernel once on real tensors of the current bucket. ``choose_config``:
+
+* on a non-CUDA device or under the Triton CPU interpreter (``TRITON_INTERPRET=1``) returns the first
+  candidate, without measuring (one config: the interpreter is slow and its timings mean nothing);
+* otherwise returns the cached choice for the key (kernel, device name, software versions, bucketed
+  length, other shape parameters), or measures every candidate, keeps the fastest and stores it.
+
+Lengths are bucketed to powers of two so that a new sequence length reuses its bucket's choice instead
+of measuring again. The cache is a JSON file (``PULSAR_DOSA_AUTOTUNE_CACHE`` or
+``~/.cache/pulsar_dosa/autotune.json``), written atomically; an unreadable cache file is ignored and
+replaced. The choice only affects speed: every candidate computes the same result.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+CACHE_ENV = "PULSAR_DOSA_AUTOTUNE_CACHE"
+CACHE_FORMAT = "pulsar-dosa-autotune-1"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Kernel meta-parameters (``tl.constexpr`` names -> ints) plus ``num_warps`` and ``num_stages``."""
+
+    meta: tuple[tuple[str, int], ...]
+    num_warps: int = 4
+    num_stages: int = 2
+
+    @classmethod
+    def of(cls, num_warps: int = 4, num_stages: int = 2, **meta: int) -> "LaunchConfig":
+        for name, value in meta.items():
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"LaunchConfig meta {name!r}: expected an int, got {value!r}")
+        for name, value in (("num_warps", num_warps), ("num_stages", num_stages)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LaunchConfig {name}: expected an int >= 1, got {value!r}")
+        return cls(tuple(sorted(meta.items())), num_warps, num_stages)
+
+    def kwargs(self) -> dict[str, int]:
+        """Keyword arguments for a Triton launch: the meta-parameters, num_warps and num_stages."""
+        return {**dict(self.meta), "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    def to_dict(self) -> dict:
+        return {"meta": dict(self.meta), "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "LaunchConfig":
+        return cls.of(num_warps=data["num_warps"], num_stages=data["num_stages"], **data["meta"])
+
+
+def length_bucket(length: int, minimum: int = 256) -> int:
+    """The smallest power of two >= max(length, minimum)."""
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length: expected an int >= 1, got {length!r}")
+    n = max(length, minimum)
+    return 1 << (n - 1).bit_length()
+
+
+def interpreter_active() -> bool:
+    """True when Triton kernels run in the CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def default_cache_path() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "pulsar_dosa" / "autotune.json"
+
+
+def tuning_key(kernel: str, device: torch.device, bucket: int, shape: Mapping[str, int]) -> str:
+    """Cache key: kernel, device model, torch and triton versions, bucket and the other shape ints."""
+    import triton
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    parts = [kernel, name, f"torch={torch.__version__}", f"triton={triton.__version__}", f"bucket={bucket}"]
+    parts += [f"{k}={shape[k]}" for k in sorted(shape)]
+    return "|".join(parts)
+
+
+class AutotuneCache:
+    """A JSON file of key -> LaunchConfig; reads once, writes atomically on every new entry."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path is not None else default_cache_path()
+        self._lock = threading.Lock()
+        self._entries = self._read()
+
+    def _read(self) -> dict[str, LaunchConfig]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if data.get("format") != CACHE_FORMAT:
+                return {}
+            return {k: LaunchConfig.from_dict(v) for k, v in data["entries"].items()}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return {}
+
+    def get(self, key: str) -> LaunchConfig | None:
+        return self._entries.get(key)
+
+    def put(self, key: str, config: LaunchConfig) -> None:
+        with self._lock:
+            self._entries[key] = config
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            payload = {"format": CACHE_FORMAT,
+                       "entries": {k: v.to_dict() for k, v in sorted(self._entries.items())}}
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".autotune-", suffix=".json")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(payload, fh, indent=1)
+            os.replace(tmp, self.path)
+
+
+def cuda_timer(fn: Callable[[], None]) -> float:
+    """Median milliseconds of ``fn`` on the current CUDA stream (Triton's do_bench)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, return_mode="median"))
+
+
+def fastest_config(configs: Sequence[LaunchConfig], launch: Callable[[LaunchConfig], None],
+                   timer: Callable[[Callable[[], None]], float]) -> LaunchConfig:
+    """The candidate with the smallest ``timer(lambda: launch(config))`` (ties: the earlier one)."""
+    if not configs:
+        raise ValueError("configs: expected at least one LaunchConfig")
+    times = [timer(lambda cfg=cfg: launch(cfg)) for cfg in configs]
+    return configs[min(range(len(configs)), key=times.__getitem__)]
+
+
+_SHARED_CACHE: AutotuneCache | None = None
+
+
+def choose_config(kernel: str, configs: Sequence[LaunchConfig], launch: Callable[[LaunchConfig], None], *,
+                  device: torch.device, length: int, shape: Mapping[str, int],
+                  cache: AutotuneCache | None = None) -> LaunchConfig:
+    """The launch config for ``kernel`` at ``length`` on ``device`` (see the module docstring)."""
+    global _SHARED_CACHE
+    if not configs:
+        raise ValueError("configs: expected at least one LaunchConfig")
+    if device.type != "cuda" or interpreter_active():
+        return configs[0]
+    if cache is None:
+        if _SHARED_CACHE is None:
+            _SHARED_CACHE = AutotuneCache()
+        cache = _SHARED_CACHE
+    key = tuning_key(kernel, device, length_bucket(length), shape)
+    found = cache.get(key)
+    if found is not None and found in configs:
+        return found
+    best = fastest_config(configs, launch, cuda_timer)
+    cache.put(key, best)
+    return best
