@@ -1,7 +1,7 @@
 """Two-interval flash attention in Triton, returning log-sum-exp.
 
 Contract (the same as ``runtime.attention_reference.two_interval_attention``): query ``p`` sees key
-``j`` iff ``(j < prefix_end[p] or j >= segment_start[p]) and j <= q_start + p and j < Sk``.
+``j`` iff ``j < Sk`` and (``j < prefix_end[p]`` or ``segment_start[p] <= j <= q_start + p``).
 q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]`` (bf16, fp16 or fp32, one dtype; ``Hq % Hkv == 0``,
 query head ``h`` reads key/value head ``h // (Hq // Hkv)``), prefix_end/segment_start ``[B, Sq]``
 int32/int64. Returns o ``[B, Hq, Sq, D]`` in q's dtype and lse ``[B, Hq, Sq]`` fp32 (natural log);
@@ -50,8 +50,8 @@ def _attend_key_tile(acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok,
         v = v.to(tl.float32)
     scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
     in_prefix = offs_n[None, :] < prefix_end[:, None]
-    in_segment = offs_n[None, :] >= segment_start[:, None]
-    visible = (in_prefix | in_segment) & (offs_n[None, :] <= last_key[:, None]) & key_ok[None, :]
+    in_segment = (offs_n[None, :] >= segment_start[:, None]) & (offs_n[None, :] <= last_key[:, None])
+    visible = (in_prefix | in_segment) & key_ok[None, :]
     scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     # Rows that have seen no visible key yet keep m = -inf; shifting them by 0 keeps exp2 at 0.
@@ -113,7 +113,7 @@ def _two_interval_attention_kernel(
 
     # Key ranges of this tile: [0, prefix_hi) for the first interval, [segment_lo, segment_hi)
     # for the second; rows whose interval is empty do not widen it.
-    prefix_hi = tl.max(tl.where(row_ok, tl.minimum(prefix_end, last_key + 1), 0), 0)
+    prefix_hi = tl.max(tl.where(row_ok, tl.minimum(prefix_end, seq_k), 0), 0)
     segment_live = row_ok & (tl.maximum(segment_start, 0) <= last_key)
     segment_lo = tl.min(tl.where(segment_live, tl.maximum(segment_start, 0), seq_k), 0)
     segment_hi = tl.max(tl.where(segment_live, last_key + 1, 0), 0)
