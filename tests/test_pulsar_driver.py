@@ -1,0 +1,136 @@
+"""The single-device Pulsar driver: phase-1 KV equals naive per-input encoding; generation agrees
+with dense decoding where it must; misuse is reported."""
+import inspect
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from runtime.assembly import assemble
+from runtime.pulsar import PulsarConfig, encode_context, generate
+
+CONTEXT_LENGTH, BLOCK = 100, 32  # four blocks, the last one short
+SETTINGS = dict(sink=4, chunk=4, ratio=0.25)
+CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def context():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 256, (CONTEXT_LENGTH,), generator=g), torch.randint(0, 256, (6,), generator=g)
+
+
+def naive_kept_kv(model, context_ids, layout):
+    """Each assembled input run on its own as an ordinary causal forward; KV of its block tokens."""
+    per_layer = [([], []) for _ in range(model.config.num_hidden_layers)]
+    bounds = layout.cu_seqlens.tolist()
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=context_ids[layout.source_index[start:stop]][None],
+                  position_ids=layout.position_ids[start:stop][None],
+                  attention_mask=torch.ones(1, stop - start, dtype=torch.long),
+                  use_cache=True, **{CACHE_ARG: cache})
+        keep = layout.keep[start:stop]
+        for layer, (keys, values) in zip(cache.layers, per_layer):
+            keys.append(layer.keys[:, :, keep])
+            values.append(layer.values[:, :, keep])
+    return [(torch.cat(k, 2), torch.cat(v, 2)) for k, v in per_layer]
+
+
+def assert_same_kv(got, want):
+    assert len(got) == len(want)
+    for (k1, v1), (k2, v2) in zip(got, want):
+        torch.testing.assert_close(k1, k2, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["sparse", "contiguous"])
+def test_shared_spine_keeps_the_same_kv_as_each_input_alone_and_a_naive_forward(model, context, positions):
+    ids, _ = context
+    shared = assemble(ids, BLOCK, positions=positions, shared_spine=True, **SETTINGS)
+    separate = assemble(ids, BLOCK, positions=positions, shared_spine=False, **SETTINGS)
+    assert shared.source_index.numel() < separate.source_index.numel()  # the spine is encoded once
+    kept_shared = encode_context(model, ids, shared)
+    assert kept_shared[0][0].shape[2] == CONTEXT_LENGTH
+    assert_same_kv(kept_shared, encode_context(model, ids, separate))
+    assert_same_kv(kept_shared, naive_kept_kv(model, ids, separate))
+
+
+def test_star_phase_one_keeps_the_same_kv_as_a_naive_forward(model, context):
+    ids, _ = context
+    layout = assemble(ids, BLOCK, mode="star")
+    assert_same_kv(encode_context(model, ids, layout), naive_kept_kv(model, ids, layout))
+
+
+def test_one_block_pulsar_equals_dense_generation(model, context):
+    ids, query = context
+    pulsar = PulsarConfig(CONTEXT_LENGTH, **SETTINGS)
+    dense = PulsarConfig(BLOCK, mode="dense", **SETTINGS)
+    assert_same_kv(encode_context(model, ids, pulsar.layout(ids)), encode_context(model, ids, dense.layout(ids)))
+    assert torch.equal(generate(model, ids, query, pulsar, max_new_tokens=6),
+                       generate(model, ids, query, dense, max_new_tokens=6))
+
+
+def test_dense_mode_equals_ordinary_greedy_decoding(model, context):
+    ids, query = context
+    tokens = torch.cat([ids, query])[None]
+    want = []
+    with torch.no_grad():
+        for _ in range(6):
+            next_token = model(input_ids=tokens).logits[0, -1].argmax()
+            want.append(int(next_token))
+            tokens = torch.cat([tokens, next_token.view(1, 1)], 1)
+    got = generate(model, ids, query, PulsarConfig(BLOCK, mode="dense"), max_new_tokens=6)
+    assert got.tolist() == want
+
+
+def test_generation_stops_at_a_stop_id_and_restores_the_attention_implementation(model, context):
+    ids, query = context
+    config = PulsarConfig(BLOCK, **SETTINGS)
+    full = generate(model, ids, query, config, max_new_tokens=5)
+    stopped = generate(model, ids, query, config, max_new_tokens=5, stop_ids=(int(full[1]),))
+    assert stopped.tolist() == full[: full.tolist().index(int(full[1])) + 1].tolist()
+    assert generate(model, ids, query, config, max_new_tokens=0).numel() == 0
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_model_whose_attention_ignores_the_layout_is_refused(model, context):
+    ids, query = context
+    compiled_elsewhere = torch.compile(model, backend="eager")
+    with pytest.raises(RuntimeError, match="followed the Pulsar layout"):
+        generate(compiled_elsewhere, ids, query, PulsarConfig(BLOCK, **SETTINGS), max_new_tokens=1)
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    (dict(block_size=0), ValueError, "block_size"),
+    (dict(block_size=8, mode="ring"), ValueError, "mode"),
+    (dict(block_size=8, heuristic="random"), ValueError, "heuristic"),
+    (dict(block_size=8, positions="absolute"), ValueError, "positions"),
+    (dict(block_size=8, ratio=0.0), ValueError, "ratio"),
+    (dict(block_size=8, sink=-1), ValueError, "sink"),
+])
+def test_bad_config_values_raise_errors_naming_the_field(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        PulsarConfig(**kwargs)
+
+
+def test_bad_generate_arguments_raise(model, context):
+    ids, query = context
+    config = PulsarConfig(BLOCK)
+    with pytest.raises(ValueError, match="query_ids"):
+        generate(model, ids, query[None], config, max_new_tokens=1)
+    with pytest.raises(TypeError, match="context_ids"):
+        generate(model, ids.float(), query, config, max_new_tokens=1)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, ids, query, config, max_new_tokens=-1)
+    with pytest.raises(TypeError, match="config"):
+        generate(model, ids, query, {"block_size": 8}, max_new_tokens=1)
