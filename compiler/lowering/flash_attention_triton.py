@@ -13,6 +13,8 @@ interval's end)`` and ``[min over its rows of segment_start, its last visible ke
 between them are never loaded, so a packed segment-causal layout costs its visible tiles only
 (keys outside every interval of a tile are never read, even if they hold NaN). bf16/fp16
 products run on the tensor cores with fp32 accumulation; fp32 inputs use IEEE fp32 products.
+Tile sizes are chosen by measurement on CUDA (``compiler.autotune``, per query-length bucket);
+the choice changes speed only.
 
 Dispatch: ``torch.ops.pulsar_dosa.two_interval_attention_triton`` (custom op with a fake
 implementation, so it traces under torch.compile) launches the Triton kernel on CUDA tensors and
@@ -28,6 +30,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from compiler.autotune import LaunchConfig, choose_config, length_bucket
 from runtime.attention_reference import check_attention_inputs, two_interval_attention
 
 _LOG2_E = math.log2(math.e)
@@ -67,19 +70,21 @@ _INTERPRETED = isinstance(_attend_key_tile, InterpretedFunction)
 """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
 
 
-def _kernel_configs(interpret: bool) -> list[triton.Config]:
-    """Launch configurations: one under the interpreter (small tiles), a short list on GPU."""
-    if interpret:
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
-    return [
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
-        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
-        triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=3),
-    ]
+def _launch_configs(dtype: torch.dtype) -> list[LaunchConfig]:
+    """Candidate tiles: one under the interpreter (small tiles); on GPU, a short list that fits
+    Hopper's shared memory at head dim 128 for the dtype (fp32 tiles are half as long)."""
+    if _INTERPRETED:
+        return [LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_M=16, BLOCK_N=16)]
+    if dtype == torch.float32:
+        return [LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_M=64, BLOCK_N=32),
+                LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_M=128, BLOCK_N=32),
+                LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_M=32, BLOCK_N=64)]
+    return [LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_M=128, BLOCK_N=64),
+            LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_M=128, BLOCK_N=128),
+            LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_M=64, BLOCK_N=64),
+            LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_M=128, BLOCK_N=32)]
 
 
-@triton.autotune(configs=_kernel_configs(_INTERPRETED), key=["BLOCK_D", "UPCAST", "DOT_PRECISION"])
 @triton.jit
 def _two_interval_attention_kernel(
         q_ptr, k_ptr, v_ptr, prefix_end_ptr, segment_start_ptr, o_ptr, lse_ptr,
@@ -175,21 +180,27 @@ def _launch(q, k, v, prefix_end, segment_start, scale: float, q_start: int):
     hkv, sk = k.shape[1], k.shape[2]
     o = torch.empty((b, hq, sq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    if o.numel() == 0 and lse.numel() == 0:
+    if lse.numel() == 0:
         return o, lse
 
-    def grid(meta):
-        return (triton.cdiv(sq, meta["BLOCK_M"]), b * hq)
+    block_d = max(16, triton.next_power_of_2(d))
 
-    _two_interval_attention_kernel[grid](
-        q, k, v, prefix_end, segment_start, o, lse,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        *prefix_end.stride(), *segment_start.stride(), *lse.stride(),
-        hq, hq // hkv, sq, sk, d, q_start, scale * _LOG2_E,
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
-        UPCAST=_INTERPRETED,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-    )
+    def run(config: LaunchConfig) -> None:
+        grid = (triton.cdiv(sq, dict(config.meta)["BLOCK_M"]), b * hq)
+        _two_interval_attention_kernel[grid](
+            q, k, v, prefix_end, segment_start, o, lse,
+            *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            *prefix_end.stride(), *segment_start.stride(), *lse.stride(),
+            hq, hq // hkv, sq, sk, d, q_start, scale * _LOG2_E,
+            BLOCK_D=block_d, UPCAST=_INTERPRETED,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            **config.kwargs())
+
+    config = choose_config(
+        "two_interval_attention", _launch_configs(q.dtype), run, device=q.device, length=max(sq, 1),
+        shape={"head_dim": d, "itemsize": q.element_size(), "group": hq // hkv,
+               "key_bucket": length_bucket(max(sk, 1))})
+    run(config)
     return o, lse
 
 
