@@ -1,0 +1,314 @@
+"""Certified exact top-K of a DSA lightning indexer (SPEC A.2-A.4, A.8), batched in plain torch.
+
+``certified_topk`` returns exactly what ``dense_topk`` returns (bitwise values, identical
+indices) for every input. Per query:
+
+1. Preconditions; a query that fails one is answered by dense scoring over all its visible keys
+   and counted under the first failing reason, in this order: "nonfinite" (a non-finite value
+   in q, w, a visible key or a visible bias), "numeric_range" (``rounding.range_is_safe``),
+   "topk_ge_visible" (at most kk visible keys), "dense_cheaper" (fewer than ``min_keys`` visible
+   keys under path="auto", or path="dense").
+2. Every ``anchor_stride``-th query is an anchor: dense, exact already.
+3. Seeds (``runtime.seeds``): >= kk distinct visible keys, scored with THE SCORER (+ bias);
+   tau = the kk-th largest seed score, so tau <= tau_K, the kk-th largest score over all visible
+   keys.
+4. Certificate (``runtime.certificate``): U_num(k) >= the float32 score s^(k); the comparison value
+   c(k) = round_up_to_float32(next_up(U_num + bias)) >= fl32(s^ + bias) (``runtime.rounding``).
+5. Screen: survivors V = {visible non-seed keys with c(k) >= tau}; pruned keys have score < tau.
+6. Refine: THE SCORER on V (bitwise the dense values); second sieve C = {k in V : score >= tau}.
+7. Final: THE ORDER over seeds U C.
+
+Exactness: every key outside seeds U C has score < tau <= tau_K, so the kk best keys under THE
+ORDER are all in seeds U C; THE ORDER restricted to a subset that contains them gives the same
+kk keys in the same order, and their values come from the same scorer, hence identical output.
+
+Workspace: a query whose survivors exceed ``floor(workspace_frac * T) + kk`` is "overflow": its
+survivors are discarded as a whole and the query is answered by dense scoring over ALL its
+visible keys, so no key is dropped: either every survivor is refined, or every visible key is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.certificate import default_r, evaluate_bound, plan_certificate
+from runtime.dense_scorer import (
+    head_dots,
+    masked_scores,
+    select_topk,
+    weighted_relu_sum,
+    exact_scores,
+)
+from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
+from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32
+from runtime.seeds import anchor_rows, seed_mask
+
+__all__ = ["FALLBACK_REASONS", "CertifiedTopkConfig", "TopkStats", "certified_topk"]
+
+FALLBACK_REASONS = ("nonfinite", "numeric_range", "topk_ge_visible", "dense_cheaper", "overflow")
+_PATHS = ("auto", "dense", "certified")
+_SCREEN_ELEMENTS = 1 << 22  # bound on the per-chunk screening intermediates
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class CertifiedTopkConfig:
+    """Options of ``certified_topk``.
+
+    r: retained heads per query (None: |H+| rounded up to a multiple of 4, per query; an int is
+    one r for the whole call, clipped to H). anchor_stride: one dense anchor query every
+    anchor_stride queries. sink / window: first / last visible keys added to the seeds.
+    workspace_frac: survivor workspace per query, floor(workspace_frac * T) + kk keys.
+    min_keys: fewer visible keys -> dense (path="auto" only). path: "auto" | "dense" |
+    "certified" ("certified" ignores min_keys; failed preconditions still fall back).
+    """
+
+    r: int | None = None
+    anchor_stride: int = 16
+    sink: int = 64
+    window: int = 512
+    workspace_frac: float = 0.25
+    min_keys: int = 4096
+    path: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.r is not None:
+            _require_int("r", self.r, 1)
+        _require_int("anchor_stride", self.anchor_stride, 1)
+        _require_int("sink", self.sink, 0)
+        _require_int("window", self.window, 0)
+        _require_int("min_keys", self.min_keys, 0)
+        frac = self.workspace_frac
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1e6:
+            raise ValueError(f"workspace_frac: expected a finite number >= 0, got {frac!r}")
+        if self.path not in _PATHS:
+            raise ValueError(f"path: expected one of {_PATHS}, got {self.path!r}")
+
+
+class TopkStats:
+    """Counters of ``certified_topk`` calls, kept as device tensors (no host sync when adding).
+
+    Counters: queries, anchors, keys_visible, keys_seeded (seed keys of certified queries),
+    keys_screened (keys bounded by the certificate), survivors (screened keys with bound >= tau),
+    written (survivors with score >= tau), and one count of queries per fallback reason.
+    ``summary()`` and ``pruned_frac`` synchronise.
+    """
+
+    COUNTERS = ("queries", "anchors", "keys_visible", "keys_seeded", "keys_screened",
+                "survivors", "written")
+
+    def __init__(self) -> None:
+        self._counts: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, count: torch.Tensor) -> None:
+        """Add an integer count (a 0-d tensor) to counter ``name``."""
+        if name not in self.COUNTERS and name not in FALLBACK_REASONS:
+            raise ValueError(f"name: expected a counter of {self.COUNTERS + FALLBACK_REASONS}, got {name!r}")
+        count = count.to(torch.int64)
+        self._counts[name] = self._counts[name] + count if name in self._counts else count
+
+    def _value(self, name: str) -> int:
+        return int(self._counts[name]) if name in self._counts else 0
+
+    @property
+    def pruned_frac(self) -> float:
+        """Fraction of screened keys the certificate pruned (0.0 before any screening)."""
+        screened = self._value("keys_screened")
+        return 0.0 if screened == 0 else 1.0 - self._value("survivors") / screened
+
+    def summary(self) -> dict:
+        """All counters as ints, {"fallbacks": {reason: queries}} and "pruned_frac"."""
+        out: dict = {name: self._value(name) for name in self.COUNTERS}
+        out["fallbacks"] = {reason: self._value(reason) for reason in FALLBACK_REASONS}
+        out["pruned_frac"] = self.pruned_frac
+        return out
+
+
+def _compact(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the True entries of each row, ascending, padded with T: ([N,L], valid [N,L])."""
+    N, T = mask.shape
+    width = int(mask.sum(-1).max()) if N else 0
+    slot = torch.where(mask, mask.cumsum(-1) - 1, width)
+    keys = torch.arange(T, device=mask.device).expand(N, T)
+    idx = torch.full((N, width + 1), T, dtype=torch.int64, device=mask.device)
+    idx = idx.scatter(1, slot, keys)[:, :width]
+    return idx, idx < T
+
+
+def _route(inputs: IndexerInputs, config: CertifiedTopkConfig) -> dict[str, torch.Tensor]:
+    """Exclusive [B,S] bool masks: one per fallback reason (but overflow), "anchor", "certified"."""
+    B, S, T, H, D = inputs.shape
+    q, w, k, visible = inputs.q, inputs.weights, inputs.k, inputs.visible
+    key_finite = torch.isfinite(k).all(-1)
+    nonfinite = ~(torch.isfinite(q).all(-1).all(-1) & torch.isfinite(w).all(-1))
+    nonfinite |= (visible & ~key_finite[:, None, :]).any(-1)
+    if inputs.bias is not None:
+        nonfinite |= (visible & ~torch.isfinite(inputs.bias)).any(-1)
+
+    q64 = torch.where(torch.isfinite(q), q, 0.0).to(torch.float64)
+    w64 = torch.where(torch.isfinite(w), w, 0.0).to(torch.float64)
+    head_norm = torch.sqrt((q64 * q64).sum(-1))
+    key_norm = key_norm_up(torch.where(key_finite[..., None], k, 0.0))
+    zero = torch.zeros((), dtype=torch.float64, device=q.device)
+    max_key = torch.where(visible, key_norm[:, None, :], zero).amax(-1) if T else zero
+    max_bias = zero
+    if inputs.bias is not None and T:
+        bias64 = torch.where(visible & torch.isfinite(inputs.bias), inputs.bias, 0.0).double()
+        max_bias = bias64.abs().amax(-1)
+    safe = range_is_safe(
+        (w64.abs() * head_norm).sum(-1), head_norm.amax(-1) if H else zero, max_key, max_bias
+    )
+    n_visible = visible.sum(-1)
+    if config.path == "dense":
+        dense_cheaper = torch.ones_like(safe)
+    elif config.path == "auto":
+        dense_cheaper = n_visible < config.min_keys
+    else:
+        dense_cheaper = torch.zeros_like(safe)
+
+    routes: dict[str, torch.Tensor] = {}
+    taken = torch.zeros_like(safe)
+    for name, failed in (
+        ("nonfinite", nonfinite),
+        ("numeric_range", ~safe),
+        ("topk_ge_visible", n_visible <= inputs.kk),
+        ("dense_cheaper", dense_cheaper),
+    ):
+        routes[name] = failed & ~taken
+        taken |= failed
+    is_anchor = (torch.arange(S, device=q.device) % config.anchor_stride == 0).expand(B, S)
+    routes["anchor"] = is_anchor & ~taken
+    routes["certified"] = ~is_anchor & ~taken
+    return routes
+
+
+def _dense_rows(inputs, rows, values, indices) -> None:
+    """Answer the [B,S] bool ``rows`` by dense scoring, in place."""
+    b_idx, s_idx = rows.nonzero(as_tuple=True)
+    if b_idx.numel():
+        v, i = select_topk(masked_scores(inputs, b_idx, s_idx), inputs.visible[b_idx, s_idx], inputs.kk)
+        values[b_idx, s_idx] = v
+        indices[b_idx, s_idx] = i
+
+
+def _with_bias(inputs, scores, b_idx, s_idx, key_idx):
+    """scores [N,L] + bias at (row, key) when an additive mask is given (float32 add)."""
+    if inputs.bias is None:
+        return scores
+    return scores + inputs.bias[b_idx[:, None], s_idx[:, None], key_idx]
+
+
+def certified_topk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    topk: int,
+    mask: torch.Tensor | None = None,
+    *,
+    config: CertifiedTopkConfig | None = None,
+    stats: TopkStats | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-K of the DSA indexer scores, identical to ``dense_topk`` (module docstring).
+
+    Inputs as in ``check_indexer_inputs``. Returns (values [B,S,kk] float32, indices [B,S,kk]
+    int64), kk = min(topk, T). ``stats`` (optional) accumulates counters without host sync.
+    """
+    inputs = check_indexer_inputs(q, k, weights, topk, mask)
+    if config is None:
+        config = CertifiedTopkConfig()
+    if not isinstance(config, CertifiedTopkConfig):
+        raise TypeError(f"config: expected a CertifiedTopkConfig or None, got {type(config).__name__}")
+    if stats is not None and not isinstance(stats, TopkStats):
+        raise TypeError(f"stats: expected a TopkStats or None, got {type(stats).__name__}")
+    B, S, T, H, D = inputs.shape
+    kk = inputs.kk
+    if B * S == 0 or kk == 0:
+        return select_topk(masked_scores(inputs), inputs.visible, kk)
+
+    routes = _route(inputs, config)
+    values = torch.empty((B, S, kk), dtype=torch.float32, device=inputs.q.device)
+    indices = torch.empty((B, S, kk), dtype=torch.int64, device=inputs.q.device)
+    _dense_rows(inputs, ~routes["certified"], values, indices)
+    counts = {name: routes[name].sum() for name in FALLBACK_REASONS[:-1]}
+    counts["anchors"] = routes["anchor"].sum()
+    counts["queries"] = torch.tensor(B * S, device=inputs.q.device)
+    counts["keys_visible"] = inputs.visible.sum()
+    if bool(routes["certified"].any()):
+        counts.update(_certified_rows(inputs, config, routes["certified"], values, indices))
+    if stats is not None:
+        for name, count in counts.items():
+            stats.add(name, count)
+    return values, indices
+
+
+def _certified_rows(inputs, config, certified, values, indices) -> dict[str, torch.Tensor]:
+    """Answer the certified rows in place (steps 3-7); returns their counters."""
+    B, S, T, H, D = inputs.shape
+    kk = inputs.kk
+    cb, cs = certified.nonzero(as_tuple=True)
+    visible = inputs.visible[cb, cs]
+    witnesses = indices[cb, anchor_rows(S, config.anchor_stride, cb.device)[cs]]
+    seeds = seed_mask(visible, witnesses, kk, config.sink, config.window)
+    q, w = inputs.q[cb, cs], inputs.weights[cb, cs]
+
+    # Seeds: exact scores, tau, activation frequencies.
+    seed_idx, seed_valid = _compact(seeds)
+    seed_keys = inputs.k[cb[:, None], seed_idx.clamp_max(T - 1)]
+    seed_dots = head_dots(q, seed_keys)
+    seed_scores = _with_bias(inputs, weighted_relu_sum(w, seed_dots), cb, cs, seed_idx.clamp_max(T - 1))
+    seed_scores = torch.where(seed_valid, seed_scores, float("-inf"))
+    tau = seed_scores.topk(kk, dim=-1).values[:, -1]
+    active = ((seed_dots > 0) & seed_valid[:, None, :]).sum(-1).to(torch.float64)
+    p = active / seed_valid.sum(-1, keepdim=True)
+
+    # Certificate and screen.
+    r = default_r(w) if config.r is None else torch.full_like(cb, min(config.r, H))
+    plan = plan_certificate(q, w, p, r)
+    key_norm = key_norm_up(inputs.k)
+    chunk = max(1, _SCREEN_ELEMENTS // max(1, cb.numel() * (D + plan.rows.shape[-2] + 1)))
+    passes = []
+    for start in range(0, T, chunk):
+        keys = slice(start, start + chunk)
+        bound = evaluate_bound(plan, inputs.k[cb, keys], key_norm[cb, keys])
+        if inputs.bias is not None:
+            bound = next_up(bound + inputs.bias[cb, cs, keys].to(torch.float64))
+        passes.append(round_up_to_float32(bound) >= tau[:, None])
+    screened = visible & ~seeds
+    survive = screened & torch.cat(passes, dim=-1)
+
+    # Workspace: overflowing queries are answered densely over all visible keys.
+    overflow = survive.sum(-1) > int(config.workspace_frac * T) + kk
+    overflow_rows = torch.zeros_like(certified)
+    overflow_rows[cb[overflow], cs[overflow]] = True
+    _dense_rows(inputs, overflow_rows, values, indices)
+
+    # Refine, second sieve, final selection over seeds U C.
+    ok = ~overflow
+    ob, os_, tau_ok = cb[ok], cs[ok], tau[ok]
+    surv_idx, surv_valid = _compact(survive[ok])
+    surv_keys = inputs.k[ob[:, None], surv_idx.clamp_max(T - 1)]
+    surv_scores = _with_bias(inputs, exact_scores(q[ok], w[ok], surv_keys), ob, os_, surv_idx.clamp_max(T - 1))
+    written = surv_valid & (surv_scores >= tau_ok[:, None])
+    n_ok = ob.numel()
+    cand_scores = torch.full((n_ok, T + 1), float("-inf"), device=q.device)
+    cand_scores.scatter_(1, seed_idx[ok], torch.where(seed_valid[ok], seed_scores[ok], float("-inf")))
+    cand_scores.scatter_(1, torch.where(written, surv_idx, T), surv_scores)
+    cand = seeds[ok].clone()
+    cand |= torch.zeros_like(cand).scatter(1, surv_idx.clamp_max(T - 1), written)
+    cand_idx, cand_valid = _compact(cand)
+    cand_values = torch.where(cand_valid, cand_scores.gather(1, cand_idx), float("-inf"))
+    top_values, top_pos = select_topk(cand_values, cand_valid, kk)
+    values[ob, os_] = top_values
+    indices[ob, os_] = cand_idx.gather(1, top_pos)
+    return {
+        "overflow": overflow.sum(),
+        "keys_seeded": seeds.sum(),
+        "keys_screened": screened.sum(),
+        "survivors": survive.sum(),
+        "written": written.sum(),
+    }

@@ -1,0 +1,135 @@
+"""Validation and normalisation of the inputs of a DSA lightning-indexer top-K.
+
+Contract (SPEC A.1):
+
+* ``q``       [B, S, H, D]  query heads of the indexer, float16 / bfloat16 / float32;
+* ``k``       [B, T, D]     keys shared by all heads, same dtypes;
+* ``weights`` [B, S, H]     signed per-head weights with every scale folded in, same dtypes;
+* ``topk``    a positive Python int (``bool`` is refused);
+* ``mask``    None, a bool tensor [B, S, T] (True = visible), or an additive float tensor
+  [B, S, T] (float16 / bfloat16 / float32) where ``-inf`` hides a key and every other value is
+  added to the score of that key.
+
+All floating inputs are upcast to float32 (exact: every accepted dtype embeds in float32).
+``kk = min(topk, T)`` is the number of outputs per query. For an additive mask, a key is visible
+unless its mask value is ``-inf``; ``bias`` holds the mask value at visible keys and 0 at hidden
+keys. A visible bias of ``+inf`` or NaN is kept as it is (the score becomes ``+inf`` / NaN, as in
+``scores + mask``); such query rows are answered by dense scoring.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["IndexerInputs", "check_indexer_inputs"]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class IndexerInputs:
+    """Validated indexer inputs, all on one device.
+
+    q [B,S,H,D], k [B,T,D], weights [B,S,H]: float32. topk: the requested count; kk = min(topk, T).
+    visible [B,S,T] bool. bias [B,S,T] float32 (0 at hidden keys) or None when there is no
+    additive part.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    weights: torch.Tensor
+    topk: int
+    kk: int
+    visible: torch.Tensor
+    bias: torch.Tensor | None
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """(B, S, T, H, D)."""
+        B, S, H, D = self.q.shape
+        return B, S, self.k.shape[1], H, D
+
+
+def _check_float_tensor(name: str, x: object, ndim: int, layout: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of shape {layout}, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"{name}: expected dtype float16, bfloat16 or float32, got {x.dtype}"
+        )
+    if x.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions {layout}, got shape {tuple(x.shape)}")
+    return x
+
+
+def _check_topk(topk: object) -> int:
+    if isinstance(topk, bool) or not isinstance(topk, int):
+        raise TypeError(f"topk: expected a positive int, got {topk!r} ({type(topk).__name__})")
+    if topk <= 0:
+        raise ValueError(f"topk: expected a positive int, got {topk}")
+    return topk
+
+
+def _split_mask(
+    mask: object, B: int, S: int, T: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if mask is None:
+        return torch.ones((B, S, T), dtype=torch.bool, device=device), None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask: expected None or a torch.Tensor [B,S,T], got {type(mask).__name__}")
+    if tuple(mask.shape) != (B, S, T):
+        raise ValueError(f"mask: expected shape [B,S,T] = {(B, S, T)}, got {tuple(mask.shape)}")
+    if mask.device != device:
+        raise ValueError(f"mask: expected device {device} (the device of q), got {mask.device}")
+    if mask.dtype == torch.bool:
+        return mask, None
+    if mask.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"mask: expected dtype bool or float16/bfloat16/float32 (additive), got {mask.dtype}"
+        )
+    additive = mask.to(torch.float32)
+    visible = additive != float("-inf")
+    bias = torch.where(visible, additive, torch.zeros((), dtype=torch.float32, device=device))
+    return visible, bias
+
+
+def check_indexer_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    topk: int,
+    mask: torch.Tensor | None = None,
+) -> IndexerInputs:
+    """Validate the indexer inputs and return them upcast to float32 (see the module docstring).
+
+    Raises TypeError for a wrong type or dtype and ValueError for a wrong rank, shape, device or
+    value; each message names the argument and what was expected.
+    """
+    q = _check_float_tensor("q", q, 4, "[B,S,H,D]")
+    k = _check_float_tensor("k", k, 3, "[B,T,D]")
+    weights = _check_float_tensor("weights", weights, 3, "[B,S,H]")
+    topk = _check_topk(topk)
+    B, S, H, D = q.shape
+    if k.shape[0] != B or k.shape[2] != D:
+        raise ValueError(
+            f"k: expected shape [B,T,D] with B={B}, D={D} (from q), got {tuple(k.shape)}"
+        )
+    if tuple(weights.shape) != (B, S, H):
+        raise ValueError(
+            f"weights: expected shape [B,S,H] = {(B, S, H)} (from q), got {tuple(weights.shape)}"
+        )
+    for name, x in (("k", k), ("weights", weights)):
+        if x.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
+    T = k.shape[1]
+    visible, bias = _split_mask(mask, B, S, T, q.device)
+    return IndexerInputs(
+        q=q.to(torch.float32),
+        k=k.to(torch.float32),
+        weights=weights.to(torch.float32),
+        topk=topk,
+        kk=min(topk, T),
+        visible=visible,
+        bias=bias,
+    )
