@@ -1,0 +1,336 @@
+"""The certified top-K on CUDA: seeds, screen, refine and exact selection with Triton kernels.
+
+Contract (GPU form of runtime.certified_topk): ``certified_topk_cuda`` returns the same indices and
+bitwise the same values as ``dense_topk_cuda`` for every input; both score keys with the one Triton
+scorer (dsa_score_triton) and select with THE ORDER through unique int64 order codes.
+
+Pipeline (SPEC A.2-A.5), per batch row:
+1. anchors: every ``A``-th query (A = anchor_stride rounded to the scorer's tile) is scored densely;
+   its top ``kk + kk/4`` keys are the witnesses (seeds) of the A queries starting at it;
+2. seeds: every query scores its anchor's witnesses; tau = its kk-th best seed score (-inf when
+   fewer than kk witnesses are visible to it, or when any value is not finite);
+3. plan: runtime.certificate.plan_certificate on the queries (float64), turned into screen rows
+   ``g`` (the retained heads and the aux row, rounded to the key dtype), coefficients and the GPU
+   rounding margin (``screen_margin``);
+4. screen (dsa_screen_triton): U >= tau survives; survivors compacted per scorer tile;
+5. refine (the scorer in compact mode): exact scores of the survivors, only ``s >= tau`` written;
+   an overflowed survivor list is rescanned densely by the same kernel, on the device;
+6. selection: top-kk order codes of the written candidates.
+Rows that cannot be answered this way (fewer than kk visible keys, or more candidates ``s >= tau``
+than the candidate buffer holds, which needs a seed gap so large that the dense rescan itself
+overflows) are detected on the device and recomputed densely after one host synchronisation.
+
+Supported: q and k in bf16, fp16 or fp32 (mixed dtypes are upcast to fp32), weights any float
+dtype (upcast to fp32), masks None, bool or additive float. fp8 keys are not supported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from compiler.lowering.dsa_score_triton import (
+    decode_codes,
+    key_splits,
+    score_keys,
+    score_tile_shape,
+    top_codes,
+)
+from compiler.lowering.dsa_screen_triton import screen
+from runtime.certificate import default_r, plan_certificate
+from runtime.indexer_inputs import check_indexer_inputs
+from runtime.rounding import U32, gamma, key_norm_up, round_up_to_float32
+
+MMA_FACTOR = 4.0
+"""Tensor-core fp32 accumulation is not IEEE round-to-nearest inside the MMA: its error on a
+D-term dot is bounded by MMA_FACTOR * gamma_D(u32) * sum_d |a_d b_d| (4x the classical bound)."""
+FTZ_UNIT = 2.0**-126
+"""Absolute error allowed per rounded operation for flushed subnormals (tensor cores may flush)."""
+DENSE_CHUNK_BYTES = 4 << 30
+"""Largest order-code buffer [rows, T] int64 the dense path allocates at once."""
+P_SAMPLE = 256
+"""Witness keys used to estimate the activation frequencies p_h (they steer choices only)."""
+
+
+@dataclass(frozen=True)
+class TritonTopkParams:
+    """Parameters of the CUDA path (read from a CertifiedTopkConfig-like object when given)."""
+
+    r: int | None = None
+    anchor_stride: int = 16
+    workspace_frac: float = 0.05
+    min_keys: int = 16384
+    path: str = "auto"
+
+    @staticmethod
+    def from_config(config) -> "TritonTopkParams":
+        if config is None:
+            return TritonTopkParams()
+        fields = {}
+        for name in ("r", "anchor_stride", "workspace_frac", "min_keys", "path"):
+            if hasattr(config, name):
+                fields[name] = getattr(config, name)
+        return TritonTopkParams(**fields)
+
+
+def _check(q, k, weights, topk, mask):
+    """Validate with the runtime's checks on meta tensors (no copies); returns kk."""
+    for name, x in (("k", k), ("weights", weights), ("mask", mask)):
+        if isinstance(x, torch.Tensor) and isinstance(q, torch.Tensor) and x.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
+    meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in (q, k, weights, mask)]
+    return check_indexer_inputs(meta[0], meta[1], meta[2], topk, meta[3]).kk
+
+
+def _operands(q, k, weights):
+    """q, k in one dtype (bf16/fp16 kept, anything mixed -> fp32), weights fp32, contiguous."""
+    if q.dtype != k.dtype:
+        q, k = q.float(), k.float()
+    return q.contiguous(), k.contiguous(), weights.float().contiguous()
+
+
+def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list):
+    block_s, _ = score_tile_shape(q.shape[2])
+    splits = key_splits(q.shape[0] * triton.cdiv(q.shape[1], block_s), cap)
+    return score_keys(q, w, k, lists, counts, cap=cap, tiles_per_list=tiles_per_list, mask=mask,
+                      splits=splits)
+
+
+def dense_codes_topk(q, w, k, mask, kk):
+    """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory."""
+    B, S = q.shape[:2]
+    T = k.shape[1]
+    ids = torch.arange(T, dtype=torch.int32, device=q.device).view(1, 1, T).expand(B, 1, T)
+    counts = torch.full((B, 1), T, dtype=torch.int32, device=q.device)
+    block_s, _ = score_tile_shape(q.shape[2])
+    rows = max(block_s, (DENSE_CHUNK_BYTES // (8 * T * B)) // block_s * block_s)
+    out = []
+    for s0 in range(0, S, rows):
+        sl = slice(s0, min(S, s0 + rows))
+        m = None if mask is None else mask[:, sl]
+        codes = _row_codes(q[:, sl], w[:, sl], k, m, ids, counts, T, 1 << 30)
+        out.append(top_codes(codes, kk))
+    return torch.cat(out, dim=1)
+
+
+def dense_topk_cuda(q, k, weights, topk, mask=None):
+    """Dense Triton top-K: (values [B,S,kk] fp32, indices [B,S,kk] int64) in THE ORDER."""
+    kk = _check(q, k, weights, topk, mask)
+    q, k, w = _operands(q, k, weights)
+    return decode_codes(dense_codes_topk(q, w, k, mask, kk), k.shape[1])
+
+
+@dataclass
+class ScreenPlan:
+    """Screen operands: g [B,S,RP,D] (k dtype), alpha/beta [B,S,RP] fp32, e/c [B,S] fp32, ok [B,S]."""
+
+    g: torch.Tensor
+    alpha: torch.Tensor
+    beta: torch.Tensor
+    e: torch.Tensor
+    c: torch.Tensor
+    ok: torch.Tensor
+
+
+def screen_margin(M_s, W, row_mass, D, H, RP):
+    """GPU rounding margin (slope on ||k||_up, offset), float64, on top of the runtime's plan margin.
+
+    With m_rho = max(|alpha|, |beta|) and G = sum_rho m_rho ||g^_rho||: the refine scorer's tl.dot
+    is off by <= 4 gamma_D ||q_h|| ||k|| per head (MMA_FACTOR), its weighted head sum in any order
+    by gamma_H more; the screen's dots by 4 gamma_D ||g^|| ||k||, its (RP + 2)-term evaluation
+    (products, e * nk and c included) by gamma_{RP+2} times the absolute terms. Hence
+        slope = (4 gamma_D + gamma_H (1 + 4 gamma_D)) M_s + (4 gamma_D + gamma_{RP+2} (1 + 4 gamma_D)) G
+    and the caller divides the whole norm coefficient by 1 - gamma_{RP+2} so that the rounding of
+    its own term is covered too. Flushed subnormals add at most FTZ_UNIT per operation:
+        offset = 2 (D + H + RP + 8) FTZ_UNIT (1 + W + sum_rho m_rho).
+    """
+    g_d = MMA_FACTOR * gamma(D, U32)
+    g_eval = gamma(RP + 2, U32)
+    slope = (g_d + gamma(H, U32) * (1 + g_d)) * M_s + (g_d + g_eval * (1 + g_d)) * row_mass
+    return slope, g_eval
+
+
+def plan_screen(q, w, k_dtype, p, r, chunk=4096) -> ScreenPlan:
+    """Screen rows and coefficients for every query (runtime planning, GPU margin added).
+
+    q [B,S,H,D] (bf16/fp16/fp32), w [B,S,H] fp32, p [B,S,H] activation frequencies, r [B,S] int64.
+    U(k) = sum_rho alpha relu(g . k) + beta min(g . k, 0) + e ||k||_up + c >= the GPU score, for
+    every query with ok; queries without ok must not be pruned.
+    """
+    B, S, H, D = q.shape
+    r_max = int(r.max())
+    RP = triton.next_power_of_2(r_max + 1)
+    parts = []
+    for s0 in range(0, S, chunk):
+        sl = slice(s0, min(S, s0 + chunk))
+        parts.append(_plan_chunk(q[:, sl].float(), w[:, sl], k_dtype, p[:, sl], r[:, sl], RP))
+    return ScreenPlan(*[torch.cat([pt[i] for pt in parts], dim=1) for i in range(6)])
+
+
+def _plan_chunk(q, w, k_dtype, p, r, RP):
+    B, S, H, D = q.shape
+    plan = plan_certificate(q, w, p, r)
+    n_rows = plan.rows.shape[-2]
+    ap = plan.abs_path[..., None]
+    rw = plan.row_weights
+    a_rows = rw
+    b_rows = torch.where(ap, -rw, torch.zeros_like(rw))
+    a_aux = torch.full_like(rw[..., :1], -1.0)
+    b_aux = torch.where(ap, a_aux, torch.zeros_like(a_aux))
+    pad = RP - n_rows - 1
+    z = torch.zeros_like(rw[..., :1]).expand(*rw.shape[:-1], pad)
+    alpha64 = torch.cat((a_rows, a_aux, z), -1)
+    beta64 = torch.cat((b_rows, b_aux, z), -1)
+    g64 = torch.cat((plan.rows, plan.aux[..., None, :],
+                     torch.zeros(*rw.shape[:-1], pad, D, dtype=torch.float64, device=q.device)), -2)
+    alpha = round_up_to_float32(alpha64)
+    beta = -round_up_to_float32(-beta64)
+    g = g64.to(k_dtype)
+    g_back = g.to(torch.float64)
+    m = torch.maximum(alpha.abs(), beta.abs()).to(torch.float64)
+    row_mass = (m * g_back.norm(dim=-1)).sum(-1)
+    bf_err = (m * (g_back - g64).norm(dim=-1)).sum(-1) * (1 + 2.0**-40)
+    q64, w64 = q.to(torch.float64), w.to(torch.float64)
+    M_s = (w64.abs() * q64.norm(dim=-1)).sum(-1)
+    W = w64.abs().sum(-1)
+    slope, g_eval = screen_margin(M_s, W, row_mass, D, H, RP)
+    e64 = (plan.residual + plan.slope + bf_err + slope) / (1 - g_eval) * (1 + 2.0**-40)
+    c64 = (plan.offset + 2 * (D + H + RP + 8) * FTZ_UNIT * (1 + W + m.sum(-1))) / (1 - g_eval)
+    e = round_up_to_float32(e64)
+    c = round_up_to_float32(c64)
+    finite = (torch.isfinite(g.float()).all(-1).all(-1) & torch.isfinite(alpha).all(-1)
+              & torch.isfinite(beta).all(-1) & torch.isfinite(e) & torch.isfinite(c))
+    return g.contiguous(), alpha, beta, e, c, finite
+
+
+@dataclass
+class CertifiedTrace:
+    """Intermediates of one certified call (for statistics and diagnostics)."""
+
+    tau: torch.Tensor          # [B,S] fp32 threshold used (-inf: no pruning)
+    list_count: torch.Tensor   # [B,L] int32 screen survivors per scorer tile (> cap: overflow)
+    cand_count: torch.Tensor   # [B,S] int32 keys with s >= tau written (> cap: dense redo)
+    redo: torch.Tensor         # [B,S] bool rows recomputed densely
+    cap: int
+    list_queries: int
+    plan: ScreenPlan | None
+
+
+def _activation_frequency(q, k, seed_ids, A):
+    """p_h per query: fraction of the first P_SAMPLE witness keys of its anchor with q_h . k > 0."""
+    B, S, H, D = q.shape
+    nA = seed_ids.shape[1]
+    ids = seed_ids[..., :P_SAMPLE].long()
+    ks = torch.gather(k, 1, ids.reshape(B, -1, 1).expand(-1, -1, D)).view(B, nA, -1, D)
+    pad = nA * A - S
+    qq = torch.nn.functional.pad(q, (0, 0, 0, 0, 0, pad)).view(B, nA, A * H, D)
+    pos = (qq @ ks.transpose(-1, -2) > 0).float().mean(-1)
+    return pos.view(B, nA * A, H)[:, :S]
+
+
+def certified_codes(q, w, k, mask, kk, params: TritonTopkParams, r=None):
+    """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (module docstring)."""
+    B, S, H, D = q.shape
+    T = k.shape[1]
+    dev = q.device
+    G, _ = score_tile_shape(H)
+    A = max(G, triton.cdiv(params.anchor_stride, G) * G)
+    # 1. anchors and their witnesses
+    anchors = dense_codes_topk(q[:, ::A], w[:, ::A], k, None if mask is None else mask[:, ::A],
+                               min(T, kk + kk // 4 + 1))
+    seed_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
+    n_seed = seed_ids.shape[-1]
+    # 2. seeds -> tau
+    seed_counts = torch.full((B, seed_ids.shape[1]), n_seed, dtype=torch.int32, device=dev)
+    seed_codes = _row_codes(q, w, k, mask, seed_ids, seed_counts, n_seed, A // G)
+    kth = torch.topk(seed_codes, kk, dim=-1, sorted=False).values.amin(-1)
+    tau_val, _ = decode_codes(kth, T)
+    # 3. plan
+    p = _activation_frequency(q, k, seed_ids, A)
+    if r is None:
+        r = default_r(w) if params.r is None else torch.full((B, S), params.r, device=dev)
+    r = r.clamp(1, H).long()
+    plan = plan_screen(q, w, k.dtype, p, r)
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    reach = (plan.e + (plan.alpha.abs() + plan.beta.abs()).sum(-1)) * nk.amax(-1, keepdim=True)
+    ok = plan.ok & torch.isfinite(tau_val) & (reach < 2.0**100)
+    tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
+    # 4. screen
+    L = triton.cdiv(S, G)
+    cap = min(T, triton.cdiv(kk + int(params.workspace_frac * T), 128) * 128)
+    ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
+                             lists_per_batch=L, list_queries=G, cap=cap)
+    # 5. refine
+    cand = torch.full((B, S, cap), torch.iinfo(torch.int64).min, dtype=torch.int64, device=dev)
+    cand_count = torch.zeros((B, S), dtype=torch.int32, device=dev)
+    splits = key_splits(B * L, cap)
+    score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
+               out_count=cand_count, splits=splits)
+    # 6. selection
+    codes = top_codes(cand, kk)
+    redo = cand_count > cap
+    if mask is not None:
+        visible = mask if mask.dtype == torch.bool else mask != float("-inf")
+        redo |= visible.expand(B, S, T).sum(-1) < kk
+    return codes, CertifiedTrace(tau, list_count, cand_count, redo, cap, G, plan)
+
+
+def _redo_dense(codes, redo, q, w, k, mask, kk):
+    """Replace the rows flagged in ``redo`` by dense top-kk codes (one host synchronisation)."""
+    b_idx, s_idx = redo.nonzero(as_tuple=True)
+    if b_idx.numel() == 0:
+        return codes
+    codes = codes.clone()
+    for b in b_idx.unique().tolist():
+        rows = s_idx[b_idx == b]
+        m = None if mask is None else mask[b:b + 1].expand(1, q.shape[1], k.shape[1])[:, rows]
+        codes[b, rows] = dense_codes_topk(q[b:b + 1, rows], w[b:b + 1, rows], k[b:b + 1], m, kk)[0]
+    return codes
+
+
+def choose_path(params: TritonTopkParams, T: int, kk: int) -> str:
+    """'dense' or 'certified' for a call: the configured path, else dense for short contexts."""
+    if params.path in ("dense", "certified"):
+        return params.path
+    if params.path != "auto":
+        raise ValueError(f"config.path: expected 'auto', 'dense' or 'certified', got {params.path!r}")
+    return "dense" if T < params.min_keys or kk >= T else "certified"
+
+
+def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=None, trace=None):
+    """Certified top-K on CUDA: (values [B,S,kk] fp32, indices [B,S,kk] int64).
+
+    Same arguments and contract as runtime.certified_topk.certified_topk; output identical to
+    ``dense_topk_cuda`` (bitwise values, identical indices) for every input. ``trace``, a list,
+    receives the CertifiedTrace of the call when the certified path ran.
+    """
+    kk = _check(q, k, weights, topk, mask)
+    params = TritonTopkParams.from_config(config)
+    q, k, w = _operands(q, k, weights)
+    T = k.shape[1]
+    if choose_path(params, T, kk) == "dense":
+        codes = dense_codes_topk(q, w, k, mask, kk)
+        _record(stats, q, T, None)
+        return decode_codes(codes, T)
+    codes, tr = certified_codes(q, w, k, mask, kk, params)
+    codes = _redo_dense(codes, tr.redo, q, w, k, mask, kk)
+    _record(stats, q, T, tr)
+    if trace is not None:
+        trace.append(tr)
+    return decode_codes(codes, T)
+
+
+def _record(stats, q, T, tr):
+    """Accumulate device-side counters into a TopkStats-like object (no synchronisation)."""
+    if stats is None or not hasattr(stats, "accumulate"):
+        return
+    B, S = q.shape[:2]
+    if tr is None:
+        stats.accumulate(queries=B * S, keys_screened=0, survivors=B * S * T, written=B * S * T,
+                         fallbacks={"dense_cheaper": B * S})
+        return
+    G = tr.list_queries
+    survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum() * G
+    stats.accumulate(queries=B * S, keys_screened=B * S * T, survivors=survivors,
+                     written=tr.cand_count.sum(), fallbacks={"overflow": tr.redo.sum()})

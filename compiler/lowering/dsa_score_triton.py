@@ -1,0 +1,212 @@
+"""The DSA indexer scorer on the GPU: one Triton kernel for dense scoring, seed scoring and refine.
+
+Score of query s against key t (THE SCORER's GPU form): ``x = q[s] @ k[t]`` for all H heads in ONE
+``tl.dot`` (heads are the rows of the matrix product, ``BLOCK_S * HP`` rows per program; fp32
+accumulation; bf16/fp16 operands on tensor cores, fp32 operands with ``input_precision="ieee"``),
+then ``sum_h w[s, h] * relu(x_h)`` by ``tl.sum`` over the head axis of the same register tile, then
+the finite additive mask. Every caller goes through this one kernel with the same tile shape, so a
+key's score is bitwise the same whether it was scored densely, as a seed, or as a survivor.
+
+Each score is written as a 64-bit *order code* (`order_code` below): a monotone int32 code of the
+fp32 value in the high word (hidden keys lowest, NaN highest, -0.0 folded into +0.0) and
+``T - 1 - key`` in the low word, so that a descending sort of codes is THE ORDER of the contract
+(values descending, NaN first, visible before hidden, lower key index first) with unique keys.
+
+Key lists: a program (``BLOCK_S`` neighbouring queries) scores the keys of one list
+``ids[b, tile // tiles_per_list, :count]``. Dense scoring passes ``arange(T)``; the seed pass passes
+the anchor's top keys; refine passes the screen's survivors. A list whose count exceeds ``cap`` has
+overflowed: the program then scores every key ``0..T-1`` instead (dense rescan on the device).
+
+Output modes: ``COMPACT=False`` writes the code of list position p to ``out[b, s, p]``;
+``COMPACT=True`` writes only visible keys with ``not (score < tau[b, s])`` (NaN kept), compacted per
+query by an atomic counter ``out_count[b, s]`` into ``out[b, s, :cap_out]``; the counter keeps
+counting past ``cap_out`` so that the caller can detect a full buffer.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+MASK_NONE = 0
+MASK_BOOL = 1
+MASK_ADDITIVE = 2
+
+HIDDEN_CODE32 = -(2**31)
+NAN_CODE32 = 2**31 - 1
+
+
+@triton.jit
+def order_code(score, visible, key, T):
+    """int64 order code of fp32 ``score`` for ``key`` (see the module docstring)."""
+    s = score + 0.0
+    bits = s.to(tl.int32, bitcast=True)
+    c32 = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    c32 = tl.where(s != s, 0x7FFFFFFF, c32)
+    c32 = tl.where(visible, c32, -2147483648)
+    return c32.to(tl.int64) * 4294967296 + (T - 1 - key).to(tl.int64)
+
+
+@triton.jit
+def load_mask_tile(mask_ptr, b, rows, keys, ok, msb, mss, mst, MASK_KIND: tl.constexpr):
+    """(visible, bias) for a [rows, keys] tile; bias is the finite additive part (0 if hidden)."""
+    if MASK_KIND == 1:
+        m = tl.load(mask_ptr + b * msb + rows[:, None] * mss + keys[None, :] * mst, mask=ok, other=0)
+        visible = ok & (m != 0)
+        bias = tl.zeros(visible.shape, dtype=tl.float32)
+    elif MASK_KIND == 2:
+        m = tl.load(mask_ptr + b * msb + rows[:, None] * mss + keys[None, :] * mst, mask=ok,
+                    other=float("-inf")).to(tl.float32)
+        visible = ok & (m != float("-inf"))
+        bias = tl.where(visible, m, 0.0)
+    else:
+        visible = ok
+        bias = tl.zeros(ok.shape, dtype=tl.float32)
+    return visible, bias
+
+
+@triton.jit
+def _indexer_score_kernel(
+    q_ptr, w_ptr, k_ptr, ids_ptr, count_ptr, tau_ptr, mask_ptr, out_ptr, out_count_ptr,
+    S, T, H, cap, cap_out, tiles_per_list, n_tiles,
+    sqb, sqs, sqh, swb, sws, skb, skt, sib, sil, scb, msb, mss, mst, sob, sos,
+    BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+    MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = pid // n_tiles
+    tile = pid % n_tiles
+    lst = tile // tiles_per_list
+
+    r = tl.arange(0, BLOCK_S * HP)
+    qrow = tile * BLOCK_S + r // HP
+    head = r % HP
+    rok = (qrow < S) & (head < H)
+    d = tl.arange(0, D)
+    qt = tl.load(q_ptr + b * sqb + qrow[:, None] * sqs + head[:, None] * sqh + d[None, :],
+                 mask=rok[:, None], other=0.0)
+    if TO_FP32:
+        qt = qt.to(tl.float32)
+    wt = tl.load(w_ptr + b * swb + qrow * sws + head, mask=rok, other=0.0).to(tl.float32)
+
+    rows = tile * BLOCK_S + tl.arange(0, BLOCK_S)
+    row_ok = rows < S
+    if COMPACT:
+        tau = tl.load(tau_ptr + b * S + rows, mask=row_ok, other=float("inf"))
+
+    n = tl.load(count_ptr + b * scb + lst)
+    overflow = n > cap
+    n = tl.where(overflow, T, n)
+    chunk = tl.cdiv(tl.cdiv(n, tl.num_programs(1)), BLOCK_T) * BLOCK_T
+    p_lo = tl.program_id(1) * chunk
+    p_hi = tl.minimum(p_lo + chunk, n)
+    for p0 in range(p_lo, p_hi, BLOCK_T):
+        pos = p0 + tl.arange(0, BLOCK_T)
+        pok = pos < p_hi
+        listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
+        key = tl.where(overflow, pos, listed)
+        kt = tl.load(k_ptr + b * skb + key[:, None] * skt + d[None, :], mask=pok[:, None], other=0.0)
+        if TO_FP32:
+            kt = kt.to(tl.float32)
+        if IEEE:
+            x = tl.dot(qt, tl.trans(kt), input_precision="ieee")
+        else:
+            x = tl.dot(qt, tl.trans(kt))
+        x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
+        score = tl.sum(tl.reshape(x, (BLOCK_S, HP, BLOCK_T)), axis=1)
+        ok = row_ok[:, None] & pok[None, :]
+        visible, bias = load_mask_tile(mask_ptr, b, rows, key, ok, msb, mss, mst, MASK_KIND)
+        score = score + bias
+        code = order_code(score, visible, key[None, :], T)
+        if COMPACT:
+            keep = visible & ~(score < tau[:, None])
+            keep_i = keep.to(tl.int32)
+            base = tl.atomic_add(out_count_ptr + b * S + rows, tl.sum(keep_i, axis=1), mask=row_ok)
+            slot = base[:, None] + tl.cumsum(keep_i, axis=1) - 1
+            tl.store(out_ptr + b * sob + rows[:, None] * sos + slot, code, mask=keep & (slot < cap_out))
+        else:
+            tl.store(out_ptr + b * sob + rows[:, None] * sos + pos[None, :], code, mask=ok)
+
+
+MATRIX_ROWS = 32 if INTERPRET else 128
+
+
+def score_tile_shape(H: int) -> tuple[int, int]:
+    """(BLOCK_S, HP): queries per program and heads padded to a power of two; MATRIX_ROWS rows."""
+    hp = triton.next_power_of_2(max(H, 1))
+    return max(1, MATRIX_ROWS // hp), hp
+
+
+def key_splits(programs: int, keys: int, block_t: int = 128) -> int:
+    """Programs per key list so that at least ~2 programs per SM run (1 on the CPU)."""
+    if INTERPRET or not torch.cuda.is_available():
+        return 1
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return max(1, min(triton.cdiv(2 * sms, max(programs, 1)), triton.cdiv(keys, 4 * block_t)))
+
+
+def mask_operand(mask: torch.Tensor | None, B: int, S: int, T: int):
+    """(kind, tensor, strides) for the kernels; bool masks are read as bytes, no copy."""
+    if mask is None:
+        return MASK_NONE, None, (0, 0, 0)
+    if mask.dtype == torch.bool:
+        m = mask.view(torch.uint8)
+        kind = MASK_BOOL
+    else:
+        m = mask
+        kind = MASK_ADDITIVE
+    m = m.expand(B, S, T)
+    return kind, m, tuple(m.stride())
+
+
+def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None, out=None,
+               out_count=None, splits=1, block_t=128, num_warps=8, num_stages=3):
+    """Run the scorer over key lists (see the module docstring).
+
+    q [B,S,H,D] (bf16/fp16/fp32, last dim contiguous), w [B,S,H] fp32, k [B,T,D] same dtype as q,
+    ids [B,L,cap] int32, counts [B,L] int32, mask None | [B,S,T] bool/float (broadcast views ok).
+    Without ``tau``: returns codes [B,S,cap'] int64 with cap' = ids.shape[-1] (position p of the
+    list). With ``tau`` [B,S] fp32: writes into ``out`` [B,S,cap_out] int64 (pre-filled by the
+    caller) and ``out_count`` [B,S] int32 (zeroed by the caller), compacting kept keys.
+    ``splits`` programs share each key list (non-compact mode: positions stay fixed).
+    """
+    B, S, H, D = q.shape
+    T = k.shape[1]
+    block_s, hp = score_tile_shape(H)
+    n_tiles = triton.cdiv(S, block_s)
+    kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
+    compact = tau is not None
+    if not compact:
+        out = torch.empty(B, S, ids.shape[-1], dtype=torch.int64, device=q.device)
+        out_count = counts
+        tau = w
+    ieee = q.dtype == torch.float32
+    _indexer_score_kernel[(B * n_tiles, splits)](
+        q, w, k, ids, counts, tau, m if m is not None else q, out, out_count,
+        S, T, H, cap, out.shape[-1], tiles_per_list, n_tiles,
+        q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), k.stride(0), k.stride(1),
+        ids.stride(0), ids.stride(1), counts.stride(0), msb, mss, mst, out.stride(0), out.stride(1),
+        BLOCK_S=block_s, HP=hp, D=D, BLOCK_T=block_t, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
+        TO_FP32=INTERPRET or ieee, num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
+def decode_codes(codes: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values fp32, indices int64) of order codes; hidden keys decode to -inf."""
+    c32 = torch.div(codes, 2**32, rounding_mode="floor")
+    idx = (T - 1) - (codes - c32 * 2**32)
+    c32 = c32.to(torch.int32)
+    bits = torch.where(c32 >= 0, c32, c32 ^ 0x7FFFFFFF)
+    values = bits.view(torch.float32)
+    values = torch.where(c32 == HIDDEN_CODE32, torch.full_like(values, float("-inf")), values)
+    return values, idx
+
+
+def top_codes(codes: torch.Tensor, kk: int) -> torch.Tensor:
+    """The kk largest order codes of each row, descending (THE ORDER; codes are unique)."""
+    return torch.topk(codes, kk, dim=-1, largest=True, sorted=True).values

@@ -1,0 +1,121 @@
+"""The certificate screen on the GPU: one Triton kernel, survivors compacted on the device.
+
+Per program: ``BLOCK_SS`` neighbouring queries, each with ``RP`` prepared screen rows ``g`` (the
+retained heads and the negative aggregate, padded with zero rows) and coefficients ``alpha``, so
+that the upper bound of query s on key t is
+
+    U[s, t] = sum_rho (alpha[s, rho] relu(x) + beta[s, rho] min(x, 0)) + e[s] nk[t] + c[s]
+              (x = g[s, rho] . k[t]; then + the additive mask)
+
+with ``nk[t] >= ||k[t]||`` (rounded up) and ``e[s]`` the norm coefficient *including* the rounding
+margin (certified_topk_triton.screen_margin) and ``c[s]`` its absolute part. The rows are loaded once and reused for every key
+tile; each key tile costs one ``tl.dot`` of ``[BLOCK_SS * RP, D] x [D, BLOCK_T]``.
+
+A key survives for query s when it is visible and ``not (U < tau[s])`` (strict pruning; NaN
+survives). Survivors are compacted per *refine list*: a list serves ``G`` consecutive queries (the
+scorer's tile), and a key enters the list if it survives for any of them. Lists are written to
+``ids[b, list, :cap]`` (in no particular order); ``count[b, list]`` keeps counting past ``cap`` so that
+the scorer can detect an overflowed list and rescan densely.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from compiler.lowering.dsa_score_triton import INTERPRET, key_splits, load_mask_tile, mask_operand
+
+
+@triton.jit
+def _screen_kernel(
+    g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, tau_ptr, k_ptr, nk_ptr, mask_ptr, ids_ptr, count_ptr,
+    S, T, cap, n_tiles, n_lists,
+    sgb, sgs, sgr, sab, sas, skb, skt, snb, sib, sil, scb, msb, mss, mst,
+    BLOCK_SS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+    G: tl.constexpr, MASK_KIND: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = pid // n_tiles
+    tile = pid % n_tiles
+
+    r = tl.arange(0, BLOCK_SS * RP)
+    qrow = tile * BLOCK_SS + r // RP
+    rho = r % RP
+    rok = qrow < S
+    d = tl.arange(0, D)
+    gt = tl.load(g_ptr + b * sgb + qrow[:, None] * sgs + rho[:, None] * sgr + d[None, :],
+                 mask=rok[:, None], other=0.0)
+    if TO_FP32:
+        gt = gt.to(tl.float32)
+    alpha = tl.load(alpha_ptr + b * sab + qrow * sas + rho, mask=rok, other=0.0)
+    beta = tl.load(beta_ptr + b * sab + qrow * sas + rho, mask=rok, other=0.0)
+
+    rows = tile * BLOCK_SS + tl.arange(0, BLOCK_SS)
+    row_ok = rows < S
+    e = tl.load(e_ptr + b * S + rows, mask=row_ok, other=0.0)
+    c = tl.load(c_ptr + b * S + rows, mask=row_ok, other=0.0)
+    tau = tl.load(tau_ptr + b * S + rows, mask=row_ok, other=float("inf"))
+    NSUB: tl.constexpr = BLOCK_SS // G
+    lists = tile * NSUB + tl.arange(0, NSUB)
+    lok = lists < n_lists
+
+    chunk = tl.cdiv(tl.cdiv(T, tl.num_programs(1)), BLOCK_T) * BLOCK_T
+    t_lo = tl.program_id(1) * chunk
+    t_hi = tl.minimum(t_lo + chunk, T)
+    for t0 in range(t_lo, t_hi, BLOCK_T):
+        key = t0 + tl.arange(0, BLOCK_T)
+        kok = key < t_hi
+        kt = tl.load(k_ptr + b * skb + key[:, None] * skt + d[None, :], mask=kok[:, None], other=0.0)
+        if TO_FP32:
+            kt = kt.to(tl.float32)
+        nk = tl.load(nk_ptr + b * snb + key, mask=kok, other=0.0)
+        if IEEE:
+            x = tl.dot(gt, tl.trans(kt), input_precision="ieee")
+        else:
+            x = tl.dot(gt, tl.trans(kt))
+        x = (tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * alpha[:, None]
+             + tl.minimum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * beta[:, None])
+        u = tl.sum(tl.reshape(x, (BLOCK_SS, RP, BLOCK_T)), axis=1) + e[:, None] * nk[None, :] + c[:, None]
+        visible, bias = load_mask_tile(mask_ptr, b, rows, key, row_ok[:, None] & kok[None, :],
+                                       msb, mss, mst, MASK_KIND)
+        u = u + bias
+        survive = (visible & ~(u < tau[:, None])).to(tl.int32)
+        sub = tl.max(tl.reshape(survive, (NSUB, G, BLOCK_T)), axis=1)
+        base = tl.atomic_add(count_ptr + b * scb + lists, tl.sum(sub, axis=1), mask=lok)
+        slot = base[:, None] + tl.cumsum(sub, axis=1) - 1
+        tl.store(ids_ptr + b * sib + lists[:, None] * sil + slot, key[None, :],
+                 mask=(sub > 0) & (slot < cap) & lok[:, None])
+
+
+def screen_tile_queries(rp: int, g: int) -> int:
+    """Queries per screen program: 128 matrix rows, and a whole number of refine lists."""
+    return max(128 // rp, g)
+
+
+def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_queries, cap, block_t=128,
+           num_warps=8, num_stages=3):
+    """Screen every key for every query; returns (ids [B,L,cap] int32, count [B,L] int32).
+
+    g [B,S,RP,D] in k's dtype (RP a power of two), alpha/beta [B,S,RP] fp32, e/c [B,S] fp32, tau [B,S]
+    fp32, k [B,T,D], nk [B,T] fp32 upper bounds of the key norms, mask None | [B,S,T].
+    ``list_queries`` (G) consecutive queries share one list; L = lists_per_batch = ceil(S / G).
+    """
+    B, S, RP, D = g.shape
+    T = k.shape[1]
+    block_ss = screen_tile_queries(RP, list_queries)
+    n_tiles = triton.cdiv(S, block_ss)
+    ids = torch.empty(B, lists_per_batch, cap, dtype=torch.int32, device=k.device)
+    count = torch.zeros(B, lists_per_batch, dtype=torch.int32, device=k.device)
+    kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
+    ieee = k.dtype == torch.float32
+    splits = key_splits(B * n_tiles, T, block_t)
+    _screen_kernel[(B * n_tiles, splits)](
+        g, alpha, beta, e, c, tau, k, nk, m if m is not None else k, ids, count,
+        S, T, cap, n_tiles, lists_per_batch,
+        g.stride(0), g.stride(1), g.stride(2), alpha.stride(0), alpha.stride(1),
+        k.stride(0), k.stride(1), nk.stride(0), ids.stride(0), ids.stride(1), count.stride(0),
+        msb, mss, mst,
+        BLOCK_SS=block_ss, RP=RP, D=D, BLOCK_T=block_t, G=list_queries, MASK_KIND=kind, IEEE=ieee,
+        TO_FP32=INTERPRET or ieee, num_warps=num_warps, num_stages=num_stages,
+    )
+    return ids, count
