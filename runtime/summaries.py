@@ -13,8 +13,9 @@ Definitions used throughout (token ids ``t`` of length ``L``, block size ``B``):
 * Chunk groups: the candidates of a block are cut, from the first candidate on, into
   non-overlapping groups of ``chunk`` consecutive tokens; the block's last group keeps the
   remainder and may be shorter. Scores use each group's true length ``|C|``.
-* Budget: ``sigma_i = floor(ratio * |B_i|)`` tokens, with ``ratio`` read as the decimal it prints
-  as (``0.3`` is 3/10, not the binary float below it). A block selects
+* Budget: ``sigma_i = floor(ratio * |B_i|)`` tokens, computed exactly with ``ratio`` read as the
+  nearest fraction of denominator at most 10**6 (``0.29`` is 29/100 and ``1/3`` is 1/3, so
+  floating-point noise never costs a token: ``0.29 * 100`` is 28.999999999999996). A block selects
   ``k_i = min(floor(sigma_i / chunk), number of its groups)`` groups, so a summary never has more
   than ``sigma_i`` tokens. The budget of the shorter last block follows its own length; as the
   last block has no successor its summary is never assembled, yet it is returned like any other.
@@ -35,6 +36,7 @@ HEURISTICS = ("max_idf", "tfidf", "bm25", "entropy", "uniform")
 SCORED_HEURISTICS = ("max_idf", "tfidf", "bm25", "entropy")
 BM25_K1 = 1.2
 BM25_B = 0.75
+RATIO_MAX_DENOMINATOR = 10**6
 
 
 class ChunkGroupScores(NamedTuple):
@@ -108,7 +110,7 @@ def _block_bounds(length: int, block_size: int, sink: int, device: torch.device)
 
 def _block_budgets(block_len: torch.Tensor, ratio: float, chunk: int) -> torch.Tensor:
     """Groups per block ``floor(floor(ratio * |B_i|) / chunk)``, int64 [n] (exact rational ratio)."""
-    exact = Fraction(repr(float(ratio)))
+    exact = Fraction(ratio).limit_denominator(RATIO_MAX_DENOMINATOR)
     sigma = (block_len * exact.numerator) // exact.denominator
     return sigma // chunk
 
@@ -150,9 +152,20 @@ def _groups(length: int, block_size: int, chunk: int, sink: int, device: torch.d
 
 
 def _type_counts(gid: torch.Tensor, ids: torch.Tensor, vocab: int):
-    """Distinct (group, token) pairs: their group, token and term frequency tf."""
+    """Distinct (group, token) pairs sorted by group: group, token, tf and rank within the group."""
     pairs, tf = torch.unique(gid * vocab + ids, return_counts=True)
-    return pairs // vocab, pairs % vocab, tf
+    group = pairs // vocab
+    first = torch.searchsorted(group, group, right=False)
+    return group, pairs % vocab, tf, torch.arange(group.numel(), device=group.device) - first
+
+
+def _canonical_sum(group: torch.Tensor, column: torch.Tensor, values: torch.Tensor, n_groups: int,
+                   chunk: int) -> torch.Tensor:
+    """Per-group sum of ``values`` laid out as a zero-padded [G, chunk] matrix, each row sorted
+    before the sum, so groups with the same multiset of values get bit-identical sums."""
+    table = torch.zeros(n_groups, chunk, dtype=torch.float64, device=values.device)
+    table[group, column] = values
+    return torch.sort(table, dim=1).values.sum(dim=1)
 
 
 def score_chunk_groups(token_ids: torch.Tensor, block_size: int, *, heuristic: str = "max_idf",
@@ -161,6 +174,8 @@ def score_chunk_groups(token_ids: torch.Tensor, block_size: int, *, heuristic: s
 
     max_idf = max IDF over the group; tfidf = mean IDF over its tokens; entropy = distinct tokens
     / |C|; bm25 with k1 = 1.2, b = 0.75, N = n blocks and l̄ = the mean length of all groups.
+    Sums are taken in a canonical order (sorted terms), so two groups whose terms are the same
+    multiset score bit-identically and tie exactly; max_idf and entropy ties are always exact.
     """
     check_token_ids(token_ids)
     check_positive_int("block_size", block_size)
@@ -172,29 +187,31 @@ def score_chunk_groups(token_ids: torch.Tensor, block_size: int, *, heuristic: s
     ids = token_ids.to(torch.int64)
     vocab = int(ids.max()) + 1
     gid, g_block, g_start, g_len = _groups(length, block_size, chunk, sink, device)
-    cand = gid >= 0
-    gid, ids = gid[cand], ids[cand]
+    candidates = torch.nonzero(gid >= 0).flatten()
+    gid, ids = gid[candidates], ids[candidates]
     n_groups = g_block.numel()
-    zeros = torch.zeros(n_groups, dtype=torch.float64, device=device)
     if heuristic == "max_idf":
         idf = idf_table(token_ids, block_size)
-        score = zeros.scatter_reduce(0, gid, idf[ids], reduce="amax", include_self=False)
+        score = torch.zeros(n_groups, dtype=torch.float64, device=device).scatter_reduce(
+            0, gid, idf[ids], reduce="amax", include_self=False)
     elif heuristic == "tfidf":
         idf = idf_table(token_ids, block_size)
-        score = zeros.index_add(0, gid, idf[ids]) / g_len.to(torch.float64)
+        column = candidates - g_start[gid]
+        score = _canonical_sum(gid, column, idf[ids], n_groups, chunk) / g_len.to(torch.float64)
     elif heuristic == "entropy":
-        pair_group, _, _ = _type_counts(gid, ids, vocab)
+        pair_group, _, _, _ = _type_counts(gid, ids, vocab)
         distinct = torch.bincount(pair_group, minlength=n_groups)
         score = distinct.to(torch.float64) / g_len.to(torch.float64)
     else:
         n = float(num_blocks(length, block_size))
         df = _document_frequency(token_ids, block_size, vocab).to(torch.float64)
         idf_bm25 = torch.log((n - df + 0.5) / (df + 0.5) + 1.0)
-        pair_group, pair_token, tf = _type_counts(gid, ids, vocab)
+        pair_group, pair_token, tf, rank = _type_counts(gid, ids, vocab)
         tf = tf.to(torch.float64)
         mean_len = g_len.to(torch.float64).mean()
         norm = BM25_K1 * (1.0 - BM25_B + BM25_B * g_len[pair_group].to(torch.float64) / mean_len)
-        score = zeros.index_add(0, pair_group, idf_bm25[pair_token] * tf * (BM25_K1 + 1.0) / (tf + norm))
+        terms = idf_bm25[pair_token] * tf * (BM25_K1 + 1.0) / (tf + norm)
+        score = _canonical_sum(pair_group, rank, terms, n_groups, chunk)
     return ChunkGroupScores(g_block, g_start, g_len, score)
 
 
@@ -254,6 +271,6 @@ def select_summaries(token_ids: torch.Tensor, block_size: int, *, heuristic: str
     groups = score_chunk_groups(token_ids, block_size, heuristic=heuristic, chunk=chunk, sink=sink)
     chosen = _top_groups(groups, budget)
     gid, _, _, _ = _groups(length, block_size, chunk, sink, device)
-    in_summary = (gid >= 0) & chosen[torch.clamp(gid, min=0)]
-    positions = torch.nonzero(in_summary).flatten()
+    candidates = torch.nonzero(gid >= 0).flatten()
+    positions = candidates[chosen[gid[candidates]]]
     return _split_by_block(positions, block_size, n)

@@ -1,0 +1,286 @@
+"""Pulsar summaries (runtime.summaries): IDF table, chunk-group heuristics, budgets, tie-break."""
+import math
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.summaries import HEURISTICS, SCORED_HEURISTICS, idf_table, score_chunk_groups, select_summaries
+
+LOG2, LOG4 = math.log(2.0), math.log(4.0)
+
+# Four blocks of 9, chunk groups of 3. Tokens 1, 2, 3 are in every block (IDF 0), 4 and 5 in
+# blocks 0 and 3 (IDF log 2), 9 only in block 3 (IDF log 4). Block 3 has three groups:
+#   A = [9 1 1] one rare token     -> best Max-IDF
+#   B = [4 4 5] moderately rare     -> best TF-IDF and BM25
+#   C = [1 2 3] all distinct        -> best entropy
+FOUR_BLOCKS = torch.tensor([1, 2, 3, 4, 5, 1, 2, 3, 1,
+                            1, 2, 3, 1, 2, 3, 1, 2, 3,
+                            1, 2, 3, 1, 2, 3, 1, 2, 3,
+                            9, 1, 1, 4, 4, 5, 1, 2, 3])
+ONE_GROUP = dict(chunk=3, ratio=1 / 3, sink=0)  # sigma = 3 tokens = one group per block
+
+
+def bm25_idf(df: int, n: int) -> float:
+    return math.log((n - df + 0.5) / (df + 0.5) + 1.0)
+
+
+def bm25_term(df: int, tf: int, n: int, size: int, mean_size: float) -> float:
+    return bm25_idf(df, n) * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * size / mean_size))
+
+
+def test_idf_table_counts_blocks_not_occurrences():
+    # blocks [0 1] [0 2] [2 2]: df(0) = 2, df(1) = 1, df(2) = 2 (twice in one block counts once)
+    table = idf_table(torch.tensor([0, 1, 0, 2, 2, 2]), 2)
+    assert table.dtype == torch.float64
+    assert table.tolist() == pytest.approx([math.log(3 / 2), math.log(3), math.log(3 / 2)], abs=0)
+
+
+def test_idf_table_gives_absent_ids_log_n_and_is_zero_for_one_block():
+    table = idf_table(torch.tensor([4, 0, 4, 0]), 1)
+    assert table.tolist() == pytest.approx([LOG2, LOG4, LOG4, LOG4, LOG2], abs=0)
+    assert idf_table(torch.tensor([3, 1, 3]), 8).tolist() == [0.0] * 4
+
+
+def test_idf_table_counts_the_shorter_last_block():
+    # blocks [7 7 7] [8]: n = 2, df(7) = df(8) = 1
+    assert idf_table(torch.tensor([7, 7, 7, 8]), 3)[7:].tolist() == [LOG2, LOG2]
+
+
+def test_max_idf_scores_by_hand():
+    scores = score_chunk_groups(FOUR_BLOCKS, 9, heuristic="max_idf", chunk=3, sink=0)
+    assert scores.block.tolist() == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+    assert scores.start.tolist() == list(range(0, 36, 3))
+    assert scores.length.tolist() == [3] * 12
+    assert scores.score.tolist() == pytest.approx([0, LOG2, 0] + [0] * 6 + [LOG4, LOG2, 0], abs=1e-15)
+
+
+def test_tfidf_scores_by_hand():
+    scores = score_chunk_groups(FOUR_BLOCKS, 9, heuristic="tfidf", chunk=3, sink=0).score
+    expected = [0, 2 * LOG2 / 3, 0] + [0] * 6 + [LOG4 / 3, LOG2, 0]
+    assert scores.tolist() == pytest.approx(expected, abs=1e-15)
+
+
+def test_entropy_scores_by_hand():
+    scores = score_chunk_groups(FOUR_BLOCKS, 9, heuristic="entropy", chunk=3, sink=0).score
+    assert scores.tolist() == pytest.approx([1, 1, 1] + [1] * 6 + [2 / 3, 2 / 3, 1], abs=1e-15)
+
+
+def test_bm25_scores_by_hand():
+    scores = score_chunk_groups(FOUR_BLOCKS, 9, heuristic="bm25", chunk=3, sink=0).score
+    common = bm25_term(4, 1, 4, 3, 3.0)
+    assert common == pytest.approx(bm25_idf(4, 4))  # |C| = mean length: tf = 1 weighs exactly IDF
+    group_a = bm25_term(1, 1, 4, 3, 3.0) + bm25_term(4, 2, 4, 3, 3.0)
+    group_b = bm25_term(2, 2, 4, 3, 3.0) + bm25_term(2, 1, 4, 3, 3.0)
+    block0_middle = 2 * bm25_term(2, 1, 4, 3, 3.0) + common
+    expected = [3 * common, block0_middle, 3 * common] + [3 * common] * 6 + [group_a, group_b, 3 * common]
+    assert scores.tolist() == pytest.approx(expected, rel=1e-14)
+
+
+def test_bm25_length_normalisation_uses_the_mean_group_length():
+    # blocks of 5, chunk 3: groups [0,3) and [3,5) per block, mean length 2.5
+    tokens = torch.tensor([1, 1, 1, 2, 2, 3, 3, 3, 4, 4])
+    scores = score_chunk_groups(tokens, 5, heuristic="bm25", chunk=3, sink=0).score
+    expected = [bm25_term(1, 3, 2, 3, 2.5), bm25_term(1, 2, 2, 2, 2.5)] * 2
+    assert scores.tolist() == pytest.approx(expected, rel=1e-14)
+
+
+@pytest.mark.parametrize("heuristic, expected_block3", [
+    ("max_idf", [27, 28, 29]), ("tfidf", [30, 31, 32]), ("bm25", [30, 31, 32]),
+    ("entropy", [33, 34, 35]), ("uniform", [27, 31, 35]),
+])
+def test_each_heuristic_picks_its_group_by_hand(heuristic, expected_block3):
+    summaries = select_summaries(FOUR_BLOCKS, 9, heuristic=heuristic, **ONE_GROUP)
+    assert len(summaries) == 4
+    assert summaries[3].tolist() == expected_block3
+    assert all(s.dtype == torch.int64 for s in summaries)
+
+
+@pytest.mark.parametrize("heuristic, expected", [
+    ("max_idf", [3, 4, 5]), ("tfidf", [3, 4, 5]), ("bm25", [3, 4, 5]), ("entropy", [0, 1, 2]),
+])
+def test_ties_go_to_the_earlier_group(heuristic, expected):
+    summaries = select_summaries(FOUR_BLOCKS, 9, heuristic=heuristic, **ONE_GROUP)
+    assert summaries[0].tolist() == expected  # entropy: three groups tie at 1
+    assert summaries[1].tolist() == [9, 10, 11]  # all groups of blocks 1 and 2 tie
+    assert summaries[2].tolist() == [18, 19, 20]
+
+
+def test_selected_groups_come_back_in_position_order():
+    # TF-IDF of block 1's groups: [14,15] (two block-unique tokens) > [10,11] (one) > the rest
+    tokens = torch.tensor([1] * 8 + [1, 1, 1, 7, 1, 1, 8, 9])
+    groups = score_chunk_groups(tokens, 8, heuristic="tfidf", chunk=2, sink=0)
+    assert groups.score[7] > groups.score[5] > groups.score[4]
+    summary = select_summaries(tokens, 8, heuristic="tfidf", chunk=2, ratio=0.5, sink=0)[1]
+    assert summary.tolist() == [10, 11, 14, 15]
+
+
+def test_sink_tokens_are_never_candidates_and_groups_start_after_the_sink():
+    # the rare token 9 sits in the sink; groups of block 0 are [3,5) and [5,7) and [7,8)
+    tokens = torch.tensor([9, 1, 1, 1, 1, 6, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+    summaries = select_summaries(tokens, 8, chunk=2, ratio=0.25, sink=3)
+    assert summaries[0].tolist() == [5, 6]
+    groups = score_chunk_groups(tokens, 8, chunk=2, sink=3)
+    assert groups.start.tolist() == [3, 5, 7, 8, 10, 12, 14]
+    assert groups.length.tolist() == [2, 2, 1, 2, 2, 2, 2]
+
+
+def test_whole_block_sink_leaves_block_zero_without_summary():
+    tokens = torch.tensor([5, 6, 7, 8, 1, 2, 3, 4])
+    assert select_summaries(tokens, 4, chunk=1, ratio=0.5, sink=4)[0].numel() == 0
+    assert select_summaries(tokens, 4, chunk=1, ratio=0.5, sink=4, heuristic="uniform")[0].numel() == 0
+
+
+def test_shorter_last_block_budget_follows_its_own_length():
+    # blocks of 8 then 5; ratio 1/2, chunk 2: sigma = 4 -> 2 groups, last block sigma = 2 -> 1 group.
+    # The last block's groups are [8,10), [10,12), [12] and its rare token 9 is in the short one.
+    tokens = torch.tensor([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 9])
+    summaries = select_summaries(tokens, 8, chunk=2, ratio=0.5, sink=0)
+    assert summaries[0].tolist() == [0, 1, 2, 3]
+    assert summaries[1].tolist() == [12]
+
+
+@pytest.mark.parametrize("ratio, block_size, budget", [(0.29, 100, 29), (1 / 3, 9, 3), (0.125, 4096, 512)])
+def test_budget_reads_ratio_as_an_exact_fraction(ratio, block_size, budget):
+    # 0.29 * 100 is 28.999999999999996 in floating point and 1/3 is just below 1/3
+    tokens = torch.arange(2 * block_size) % 7
+    summaries = select_summaries(tokens, block_size, chunk=1, ratio=ratio, sink=0)
+    assert [s.numel() for s in summaries] == [budget, budget]
+
+
+def test_budget_below_one_group_selects_nothing():
+    tokens = torch.arange(40) % 5
+    summaries = select_summaries(tokens, 20, chunk=8, ratio=0.25, sink=0)  # sigma 5 < 8
+    assert [s.numel() for s in summaries] == [0, 0]
+
+
+def test_uniform_is_floor_linspace_over_the_candidates():
+    tokens = torch.arange(20)
+    summaries = select_summaries(tokens, 10, heuristic="uniform", chunk=2, ratio=0.4, sink=3)
+    assert summaries[0].tolist() == [3, 5, 7, 9]  # floor(linspace(3, 9, 4))
+    assert summaries[1].tolist() == [10, 13, 16, 19]  # floor(linspace(10, 19, 4))
+
+
+def test_uniform_count_is_capped_at_the_candidates():
+    summaries = select_summaries(torch.arange(10), 5, heuristic="uniform", chunk=1, ratio=1.0, sink=2)
+    assert summaries[0].tolist() == [2, 3, 4]
+    assert summaries[1].tolist() == [5, 6, 7, 8, 9]
+
+
+def test_max_idf_catches_a_single_rare_token_that_tfidf_dilutes():
+    # four blocks of 16, chunk 8. Block 3: [1 1 1 50 1 1 1 1] holds the needle 50 (IDF log 4) among
+    # tokens of every block (IDF 0); [3 4 3 4 ...] holds tokens of two blocks (IDF log 2).
+    tokens = torch.tensor([1] * 16 + [1] * 8 + [3, 4] * 4 + [1] * 16 + [1, 1, 1, 50, 1, 1, 1, 1] + [3, 4] * 4)
+    max_idf = select_summaries(tokens, 16, chunk=8, ratio=0.5, sink=0)
+    tfidf = select_summaries(tokens, 16, chunk=8, ratio=0.5, sink=0, heuristic="tfidf")
+    assert max_idf[3].tolist() == list(range(48, 56))
+    assert tfidf[3].tolist() == list(range(56, 64))
+
+
+def reference_groups(tokens: list[int], block_size: int, heuristic: str, chunk: int, sink: int):
+    """Loop-by-loop restatement of SPEC B.2 with this module's conventions: per block, the
+    candidate positions, the chunk groups (lists of positions) and their scores."""
+    n = -(-len(tokens) // block_size)
+    blocks = [list(range(i * block_size, min((i + 1) * block_size, len(tokens)))) for i in range(n)]
+    df = Counter(t for b in blocks for t in {tokens[p] for p in b})
+    idf = {t: math.log(n / df[t]) for t in df}
+    cands = [b[min(sink, len(b)):] if i == 0 else b for i, b in enumerate(blocks)]
+    groups = [[c[j:j + chunk] for j in range(0, len(c), chunk)] for c in cands]
+    mean_len = sum(len(g) for gs in groups for g in gs) / max(sum(len(gs) for gs in groups), 1)
+    scores = []
+    for gs in groups:
+        block_scores = []
+        for g in gs:
+            toks = [tokens[p] for p in g]
+            if heuristic == "max_idf":
+                block_scores.append(max(idf[t] for t in toks))
+            elif heuristic == "tfidf":
+                block_scores.append(sum(sorted(idf[t] for t in toks)) / len(g))
+            elif heuristic == "entropy":
+                block_scores.append(len(set(toks)) / len(g))
+            else:
+                terms = [bm25_term(df[t], tf, n, len(g), mean_len) for t, tf in Counter(toks).items()]
+                block_scores.append(sum(sorted(terms)))
+        scores.append(block_scores)
+    return blocks, cands, groups, scores
+
+
+def reference_budget(block: list[int], ratio: float, chunk: int) -> int:
+    return int(Fraction(ratio).limit_denominator(10**6) * len(block)) // chunk
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), heuristic=st.sampled_from(HEURISTICS))
+def test_vectorised_selection_matches_the_loop_reference(data, heuristic):
+    length = data.draw(st.integers(1, 60))
+    tokens = data.draw(st.lists(st.integers(0, 9), min_size=length, max_size=length))
+    block_size = data.draw(st.integers(1, 16))
+    chunk = data.draw(st.integers(1, 5))
+    sink = data.draw(st.integers(0, block_size))
+    ratio = data.draw(st.sampled_from([0.125, 0.25, 0.3, 0.5, 1.0]))
+    got = select_summaries(torch.tensor(tokens), block_size, heuristic=heuristic, chunk=chunk,
+                           ratio=ratio, sink=sink)
+    blocks, cands, groups, scores = reference_groups(tokens, block_size, heuristic, chunk, sink)
+    assert len(got) == len(blocks)
+    for summary, block, cand, gs, sc in zip(got, blocks, cands, groups, scores):
+        k = reference_budget(block, ratio, chunk)
+        if heuristic == "uniform":
+            s = min(k * chunk, len(cand))
+            assert summary.tolist() == [cand[(j * (len(cand) - 1)) // max(s - 1, 1)] for j in range(s)]
+            continue
+        chosen = [i for i, g in enumerate(gs) if g[0] in set(summary.tolist())]
+        assert summary.tolist() == [p for i in chosen for p in gs[i]]
+        assert len(chosen) == min(k, len(gs))
+        if heuristic in ("max_idf", "entropy"):  # exact scores: the tie-break is checked exactly
+            assert chosen == sorted(sorted(range(len(gs)), key=lambda i: (-sc[i], i))[:k])
+        else:  # sums: optimal up to rounding (exact ties of equal term multisets are tested apart)
+            rest = [sc[i] for i in range(len(gs)) if i not in chosen]
+            assert not rest or not chosen or min(sc[i] for i in chosen) >= max(rest) - 1e-12
+
+
+@pytest.mark.parametrize("heuristic", SCORED_HEURISTICS)
+def test_groups_with_the_same_tokens_in_another_order_tie_and_the_earlier_wins(heuristic):
+    # block 1 holds the same multiset of tokens in four orders; the budget is one group
+    other = [7, 8, 9, 9]
+    tokens = torch.tensor([1, 2, 3, 4] * 4 + [3, 5, 6, 5, 5, 6, 3, 5, 6, 5, 5, 3, 5, 3, 5, 6])
+    tokens = torch.cat([tokens[:16], torch.tensor(other * 4), tokens[16:]])
+    scores = score_chunk_groups(tokens, 16, heuristic=heuristic, chunk=4, sink=0).score
+    assert torch.unique(scores[8:]).numel() == 1
+    summary = select_summaries(tokens, 16, heuristic=heuristic, chunk=4, ratio=0.25, sink=0)[2]
+    assert summary.tolist() == [32, 33, 34, 35]
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(heuristic="maxidf"), ValueError, "heuristic"),
+    (dict(chunk=0), ValueError, "chunk"),
+    (dict(chunk=2.0), TypeError, "chunk"),
+    (dict(ratio=0.0), ValueError, "ratio"),
+    (dict(ratio=1.5), ValueError, "ratio"),
+    (dict(ratio="0.1"), TypeError, "ratio"),
+    (dict(sink=-1), ValueError, "sink"),
+    (dict(sink=10), ValueError, "sink"),
+    (dict(sink=True), TypeError, "sink"),
+])
+def test_select_summaries_rejects_bad_options(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        select_summaries(FOUR_BLOCKS, 9, **{"sink": 0, **kwargs})
+
+
+@pytest.mark.parametrize("token_ids, block_size, error, match", [
+    ([1, 2, 3], 2, TypeError, "token_ids"),
+    (torch.tensor([[1, 2]]), 2, ValueError, "1-D"),
+    (torch.tensor([1.0, 2.0]), 2, TypeError, "integer"),
+    (torch.tensor([True, False]), 2, TypeError, "integer"),
+    (torch.tensor([], dtype=torch.int64), 2, ValueError, "empty"),
+    (torch.tensor([1, -2]), 2, ValueError, "non-negative"),
+    (torch.tensor([1, 2]), 0, ValueError, "block_size"),
+    (torch.tensor([1, 2]), True, TypeError, "block_size"),
+])
+def test_bad_token_ids_and_block_size_are_rejected(token_ids, block_size, error, match):
+    with pytest.raises(error, match=match):
+        idf_table(token_ids, block_size)
+    with pytest.raises(error, match=match):
+        select_summaries(token_ids, block_size)
