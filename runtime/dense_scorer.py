@@ -41,9 +41,13 @@ def head_dots(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     q [..., H, D] and k [..., M, D] are float32; their leading dimensions broadcast.
     """
     shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
+    q_by_d = q.movedim(-1, 0).contiguous()  # [D, ..., H]
+    k_by_d = k.movedim(-1, 0).contiguous()  # [D, ..., M]
     x = torch.zeros(shape, dtype=torch.float32, device=q.device)
+    product = torch.empty(shape, dtype=torch.float32, device=q.device)
     for d in range(q.shape[-1]):
-        x = x + q[..., :, d, None] * k[..., None, :, d]
+        torch.mul(q_by_d[d][..., :, None], k_by_d[d][..., None, :], out=product)
+        x.add_(product)
     return x
 
 
@@ -55,7 +59,7 @@ def weighted_relu_sum(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     shape = torch.broadcast_shapes(w.shape[:-1], x.shape[:-2]) + (x.shape[-1],)
     s = torch.zeros(shape, dtype=torch.float32, device=x.device)
     for h in range(x.shape[-2]):
-        s = s + w[..., h, None] * torch.relu(x[..., h, :])
+        s.add_(w[..., h, None] * torch.relu(x[..., h, :]))
     return s
 
 

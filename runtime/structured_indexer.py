@@ -1,0 +1,91 @@
+"""Synthetic lightning-indexer inputs with the geometry DoSA reports for trained indexers.
+
+Random-init indexers do not prune (SPEC A.8); trained ones do, because of structure this
+generator reproduces (every knob is a keyword argument and is returned in the parameter dict):
+
+* keys: each key belongs to one of ``topics`` unit directions, chosen in runs of
+  ``topic_run`` consecutive keys (locality in the context), plus isotropic noise and a shared
+  offset along a common direction m (``key_offset``); key norms are log-normal
+  (``norm_sigma``, heavy tailed);
+* queries: each query attends to a topic that changes every ``query_run`` queries (neighbouring
+  queries share their top keys); its positive heads point at that topic with small per-head
+  noise (correlated heads, ``head_noise``);
+* weights: ``positive_heads`` heads per query get a positive weight (drawn per query), the
+  others a smaller negative weight (``negative_scale``);
+* negative heads have stable activation patterns: they point along +m or -m (plus noise), so
+  q_h . k has the same sign for most keys (activation frequency near 1 or 0).
+
+Returns q [B,S,H,D], k [B,T,D], weights [B,S,H] (float32 unless ``dtype`` says otherwise) and
+the parameter dict. Deterministic for a given ``seed`` (or ``generator``).
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["structured_indexer_inputs"]
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def structured_indexer_inputs(
+    B: int,
+    S: int,
+    T: int,
+    H: int,
+    D: int,
+    *,
+    seed: int = 0,
+    generator: torch.Generator | None = None,
+    topics: int = 8,
+    topic_run: int = 64,
+    query_run: int = 16,
+    positive_heads: int = 3,
+    head_noise: float = 0.3,
+    norm_sigma: float = 0.5,
+    key_offset: float = 0.5,
+    negative_scale: float = 0.3,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """Structured indexer inputs (module docstring); all sizes must be positive."""
+    for name, value in (("B", B), ("S", S), ("T", T), ("H", H), ("D", D), ("topics", topics),
+                        ("topic_run", topic_run), ("query_run", query_run)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    if not 0 <= positive_heads <= H:
+        raise ValueError(f"positive_heads: expected an int in [0, H={H}], got {positive_heads!r}")
+    gen = generator if generator is not None else torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    common = _unit(randn(D))
+    topic_dirs = _unit(randn(B, topics, D))
+    key_topic = torch.randint(topics, (B, (T + topic_run - 1) // topic_run), generator=gen)
+    key_topic = key_topic.repeat_interleave(topic_run, dim=1)[:, :T]
+    key_dirs = _unit(topic_dirs.gather(1, key_topic[..., None].expand(B, T, D)) + 0.7 * _unit(randn(B, T, D)))
+    key_norms = torch.exp(norm_sigma * randn(B, T))
+    k = key_norms[..., None] * (key_dirs + key_offset * common)
+
+    query_topic = torch.randint(topics, (B, (S + query_run - 1) // query_run), generator=gen)
+    query_topic = query_topic.repeat_interleave(query_run, dim=1)[:, :S]
+    focus = topic_dirs.gather(1, query_topic[..., None].expand(B, S, D))  # [B,S,D]
+    positive = torch.argsort(torch.rand(B, S, H, generator=gen), dim=-1) < positive_heads
+    positive_q = _unit(focus[:, :, None, :] + head_noise * _unit(randn(B, S, H, D)))
+    sign = torch.where(torch.rand(B, 1, H, generator=gen) < 0.5, -1.0, 1.0)
+    negative_q = _unit(sign[..., None] * common + 0.5 * _unit(randn(B, S, H, D)))
+    q_norms = torch.exp(0.2 * randn(B, S, H))[..., None]
+    q = q_norms * torch.where(positive[..., None], positive_q, negative_q)
+    weights = torch.where(
+        positive,
+        0.5 + torch.rand(B, S, H, generator=gen),
+        -negative_scale * (0.5 + torch.rand(B, S, H, generator=gen)),
+    )
+    params = dict(
+        B=B, S=S, T=T, H=H, D=D, seed=seed, topics=topics, topic_run=topic_run,
+        query_run=query_run, positive_heads=positive_heads, head_noise=head_noise,
+        norm_sigma=norm_sigma, key_offset=key_offset, negative_scale=negative_scale,
+        dtype=str(dtype),
+    )
+    return q.to(dtype), k.to(dtype), weights.to(dtype), params

@@ -1,0 +1,94 @@
+"""check_indexer_inputs: normalisation of valid inputs and clear errors for invalid ones."""
+import pytest
+import torch
+
+from runtime.indexer_inputs import check_indexer_inputs
+
+B, S, T, H, D = 2, 3, 5, 4, 6
+
+
+def _inputs(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, S, H, D, generator=g).to(dtype)
+    k = torch.randn(B, T, D, generator=g).to(dtype)
+    w = torch.randn(B, S, H, generator=g).to(dtype)
+    return q, k, w
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_half_precision_inputs_are_upcast_exactly_to_float32(dtype):
+    q, k, w = _inputs(dtype)
+    x = check_indexer_inputs(q, k, w, 3)
+    assert x.q.dtype == x.k.dtype == x.weights.dtype == torch.float32
+    assert torch.equal(x.q.to(dtype), q) and torch.equal(x.k.to(dtype), k)
+    assert torch.equal(x.weights.to(dtype), w)
+
+
+def test_kk_is_topk_clipped_to_the_number_of_keys():
+    q, k, w = _inputs()
+    assert check_indexer_inputs(q, k, w, 3).kk == 3
+    assert check_indexer_inputs(q, k, w, 100).kk == T
+    assert check_indexer_inputs(q, k, w, 100).topk == 100
+
+
+def test_no_mask_means_every_key_visible_and_no_bias():
+    x = check_indexer_inputs(*_inputs(), 2)
+    assert x.visible.shape == (B, S, T) and bool(x.visible.all()) and x.bias is None
+
+
+def test_bool_mask_is_the_visibility_and_has_no_bias():
+    mask = torch.rand(B, S, T, generator=torch.Generator().manual_seed(1)) > 0.5
+    x = check_indexer_inputs(*_inputs(), 2, mask)
+    assert torch.equal(x.visible, mask) and x.bias is None
+
+
+def test_additive_mask_hides_minus_inf_and_keeps_other_values_as_bias():
+    mask = torch.zeros(B, S, T, dtype=torch.bfloat16)
+    mask[0, 0, 1] = float("-inf")
+    mask[0, 1, 2] = -3.5
+    mask[1, 2, 0] = float("nan")
+    mask[1, 2, 3] = float("inf")
+    x = check_indexer_inputs(*_inputs(), 2, mask)
+    assert x.bias.dtype == torch.float32
+    assert not x.visible[0, 0, 1] and int((~x.visible).sum()) == 1
+    assert x.bias[0, 0, 1] == 0 and x.bias[0, 1, 2] == -3.5
+    assert torch.isnan(x.bias[1, 2, 0]) and x.bias[1, 2, 3] == float("inf")
+
+
+@pytest.mark.parametrize(
+    "which, bad, error, words",
+    [
+        ("q", torch.zeros(B, S, H), ValueError, "q: expected 4 dimensions"),
+        ("k", torch.zeros(B, T), ValueError, "k: expected 3 dimensions"),
+        ("weights", torch.zeros(B, S), ValueError, "weights: expected 3 dimensions"),
+        ("k", torch.zeros(B, T, D + 1), ValueError, "k: expected shape [B,T,D]"),
+        ("k", torch.zeros(B + 1, T, D), ValueError, "k: expected shape [B,T,D]"),
+        ("weights", torch.zeros(B, S, H + 1), ValueError, "weights: expected shape [B,S,H]"),
+        ("weights", torch.zeros(B, S + 1, H), ValueError, "weights: expected shape [B,S,H]"),
+        ("q", torch.zeros(B, S, H, D, dtype=torch.int32), TypeError, "q: expected dtype"),
+        ("k", torch.zeros(B, T, D, dtype=torch.float64), TypeError, "k: expected dtype"),
+        ("weights", torch.zeros(B, S, H, dtype=torch.bool), TypeError, "weights: expected dtype"),
+        ("q", [[1.0]], TypeError, "q: expected a torch.Tensor"),
+        ("mask", torch.zeros(B, S, T + 1, dtype=torch.bool), ValueError, "mask: expected shape"),
+        ("mask", torch.zeros(B, S, T, dtype=torch.int64), TypeError, "mask: expected dtype"),
+        ("mask", torch.zeros(B, S, T, dtype=torch.float64), TypeError, "mask: expected dtype"),
+        ("mask", [[True]], TypeError, "mask: expected None or a torch.Tensor"),
+        ("k", torch.zeros(B, T, D, device="meta"), ValueError, "k: expected device"),
+        ("mask", torch.zeros(B, S, T, dtype=torch.bool, device="meta"), ValueError, "mask: expected device"),
+    ],
+)
+def test_malformed_argument_raises_an_error_naming_it(which, bad, error, words):
+    q, k, w = _inputs()
+    args = {"q": q, "k": k, "weights": w, "topk": 2, "mask": None}
+    args[which] = bad
+    with pytest.raises(error) as info:
+        check_indexer_inputs(**args)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "topk, error", [(0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError), ("2", TypeError)]
+)
+def test_topk_must_be_a_positive_int_and_not_a_bool(topk, error):
+    with pytest.raises(error, match="topk: expected a positive int"):
+        check_indexer_inputs(*_inputs(), topk)
