@@ -1,0 +1,67 @@
+"""Compile-time settings of one rewritten indexer op: from the plan when one is given, else the cost
+model's defaults.
+
+``layer_settings`` returns the op's ``path``, ``r`` and ``min_keys`` arguments. ``min_keys`` carries
+the crossover length: inside the op, a query with fewer visible keys is scored densely
+(``CertifiedTopkConfig.min_keys`` under path "auto"), so the length dispatch happens at run time
+without a graph break or a recompilation per length. A plan's dense layer becomes path "dense"; a
+forced ``certified`` option other than "auto" overrides the plan's path but keeps its r.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.cost_model import CPU_REFERENCE, H200_ESTIMATE, IndexerShape, default_choice
+from compiler.plan_schema import Plan, PlanError
+from runtime.certified_topk import CertifiedTopkConfig
+
+DEFAULT_DESIGN_LENGTH = 131072
+"""Key length the cost model's defaults are predicted for when no plan is given."""
+
+
+@dataclass(frozen=True)
+class LayerSettings:
+    """The op arguments of one layer and where they came from ("plan <hash>", "cost model", "options")."""
+
+    path: str
+    r: int | None
+    min_keys: int | None
+    predicted_pruned_frac: float | None
+    source: str
+
+    def op_kwargs(self) -> dict:
+        """``path``, ``r`` and ``min_keys`` for the op call (-1 = the runtime's default)."""
+        return {"path": self.path, "r": -1 if self.r is None else self.r,
+                "min_keys": -1 if self.min_keys is None else self.min_keys}
+
+
+def layer_settings(layer: str, *, plan: Plan | None, forced_path: str, heads: int | None,
+                   head_dim: int | None, topk: int | None, device_type: str) -> LayerSettings:
+    """Settings of layer ``layer`` (module path). Sizes that are symbolic at compile time are None.
+
+    With a plan: PlanError when the plan has no such layer or its geometry (heads, head_dim, topk)
+    differs from the op's. Without one: the cost model's ``default_choice`` with the CPU reference
+    constants on CPU and the H200 set on CUDA; the runtime's defaults when a size is symbolic.
+    """
+    if plan is not None:
+        entry = plan.layer(layer)
+        for name, planned, seen in (("heads", entry.heads, heads), ("head_dim", entry.head_dim, head_dim),
+                                    ("topk", entry.topk, topk)):
+            if seen is not None and planned != seen:
+                raise PlanError(f"plan layer {layer!r}: {name}={planned} in the plan but {seen} in the model; "
+                                "the plan was made for another model")
+        path = forced_path if forced_path != "auto" else ("auto" if entry.path == "certified" else "dense")
+        return LayerSettings(path, entry.r, entry.crossover, entry.predicted_pruned_frac,
+                             f"plan {plan.hash[:12]}")
+    if forced_path != "auto":
+        return LayerSettings(forced_path, None, None, None, "options")
+    if heads is None or head_dim is None or topk is None:
+        return LayerSettings("auto", None, None, None, "runtime defaults")
+    defaults = CertifiedTopkConfig()
+    shape = IndexerShape(heads=heads, head_dim=head_dim, topk=topk, sink=defaults.sink, window=defaults.window,
+                         anchor_stride=defaults.anchor_stride)
+    constants = H200_ESTIMATE if device_type == "cuda" else CPU_REFERENCE
+    choice = default_choice(shape, constants, DEFAULT_DESIGN_LENGTH)
+    if choice.path == "dense":
+        return LayerSettings("dense", None, None, None, "cost model")
+    return LayerSettings("auto", None, choice.crossover, None, "cost model")

@@ -1,0 +1,50 @@
+"""A PNG of a plan: measured m(r) per layer, and the predicted indexer speedup against length.
+
+Needs matplotlib (optional dependency, imported only here; the Agg backend, no display).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from compiler.cost_model import IndexerShape, LayerChoice, speedup_curve
+from compiler.plan_schema import Plan
+
+
+def plot_plan(plan: Plan, out: str | Path, lengths: list[int] | None = None) -> Path:
+    """Write the two-panel figure to ``out``; ``lengths`` default to powers of two up to 4x the design
+    length. Returns the path written."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError("--plot needs matplotlib: pip install matplotlib") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if lengths is None:
+        lengths = [1 << p for p in range(8, (4 * plan.design_length).bit_length())]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for entry in plan.layers:
+        if entry.candidates:
+            rs = [c.r for c in entry.candidates]
+            left.plot(rs, [c.survival for c in entry.candidates], marker="o", label=entry.layer)
+        shape = IndexerShape(heads=entry.heads, head_dim=entry.head_dim, topk=entry.topk,
+                             queries=plan.queries)
+        choice = LayerChoice(entry.path, entry.r, entry.crossover, entry.predicted_pruned_frac,
+                             entry.predicted_speedup)
+        survival = None if entry.predicted_pruned_frac is None else 1.0 - entry.predicted_pruned_frac
+        right.plot(lengths, speedup_curve(choice, survival, shape, plan.constants, lengths),
+                   label=f"{entry.layer} ({entry.path}, r={entry.r})")
+    left.set(xlabel="retained heads r", ylabel="survival m(r) = survivors / screened keys",
+             title="measured m(r) per layer", ylim=(0.0, 1.05))
+    right.set(xlabel="key length T", ylabel="predicted indexer speedup vs dense", xscale="log",
+              title=f"predicted speedup ({plan.constants.screen_tile}-row screen tile)")
+    right.axhline(1.0, color="grey", linewidth=0.8)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
