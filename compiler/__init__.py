@@ -1,0 +1,11 @@
+"""pulsar-dosa compiler: the ``pulsar_dosa`` torch.compile backend, its passes and custom ops.
+
+``import compiler`` registers ``torch.ops.pulsar_dosa.certified_topk`` (also ``compiler.certified_topk``).
+``torch.compile(model, backend="pulsar_dosa")`` works without importing anything (entry point).
+"""
+from compiler.lowering import certified_topk
+from compiler.options import CompileOptions
+from compiler.report import Report, current_report
+from compiler.explain import explain
+
+__all__ = ["certified_topk", "CompileOptions", "Report", "current_report", "explain"]

@@ -1,0 +1,51 @@
+"""The ``pulsar_dosa`` torch.compile backend (entry point group ``torch_dynamo_backends``).
+
+``torch.compile(model, backend="pulsar_dosa", options={...})`` calls
+``pulsar_dosa(gm, example_inputs, options={...})`` for every graph Dynamo captures (and again on
+each recompilation, e.g. with ``dynamic=True`` when a new shape needs one). The backend validates
+the options, runs the enabled passes on the torch-level graph, records what it did in
+``compiler.report.current_report()`` and hands the graph to the downstream compiler.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.fx as fx
+
+from compiler.options import CompileOptions
+from compiler.passes import run_passes
+from compiler.report import current_report
+
+
+def pulsar_dosa(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                options: CompileOptions | Mapping[str, Any] | None = None, mode: str | None = None) -> Callable:
+    """Rewrite ``gm`` with the enabled passes, then compile it with ``options['downstream']``.
+
+    ``mode`` is torch.compile's ``mode``; it applies to the inductor downstream only.
+    """
+    opts = CompileOptions.from_user(options)
+    if mode not in (None, "default") and opts.downstream != "inductor":
+        raise ValueError(f"mode: {mode!r} applies to downstream='inductor' only, got downstream={opts.downstream!r}")
+    report = current_report()
+    report.begin_compile(options_uuid=opts.uuid(), downstream=opts.downstream,
+                         nodes=len(gm.graph.nodes))
+    run_passes(gm, opts, report)
+    return compile_downstream(gm, example_inputs, opts.downstream, mode)
+
+
+def compile_downstream(gm: fx.GraphModule, example_inputs: Sequence[Any], downstream: str,
+                       mode: str | None = None) -> Callable:
+    """Compile the rewritten graph with inductor, run it as is (eager), or hand it to torch-tensorrt."""
+    if downstream == "eager":
+        return gm.forward
+    if downstream == "inductor":
+        from torch._inductor.compile_fx import compile_fx
+
+        patches = torch._inductor.list_mode_options(mode) if mode not in (None, "default") else {}
+        return compile_fx(gm, example_inputs, config_patches=patches)
+    if downstream == "tensorrt":
+        import torch_tensorrt  # noqa: F401  (registers the "tensorrt" Dynamo backend)
+
+        return torch._dynamo.lookup_backend("tensorrt")(gm, example_inputs)
+    raise ValueError(f"downstream: expected 'inductor', 'eager' or 'tensorrt', got {downstream!r}")

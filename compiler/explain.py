@@ -1,0 +1,37 @@
+"""``compiler.explain``: compile a model with the backend, run it once, return what was done."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from compiler.backend import pulsar_dosa
+from compiler.lowering.stats import TOPK_STATS
+from compiler.options import CompileOptions
+from compiler.report import Report, collecting
+
+
+def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | None = None,
+            dynamic: bool | None = None, **kwargs: Any) -> Report:
+    """Compile ``model`` with ``backend="pulsar_dosa"`` and ``options``, call it once on ``args``/``kwargs``
+    (under ``torch.no_grad``) and return the :class:`~compiler.report.Report`: ``rewrites``,
+    ``near_misses``, pass times and per-layer top-K statistics of this run (``stats``).
+
+    ``dynamic`` is torch.compile's. The compiled callable is ``report.compiled``, its output
+    ``report.output``. Dynamo's caches are reset first so the graph is captured afresh.
+    """
+    opts = CompileOptions.from_user(options)
+
+    def backend(gm, example_inputs):
+        return pulsar_dosa(gm, example_inputs, options=opts)
+
+    torch._dynamo.reset()
+    TOPK_STATS.reset()
+    with collecting() as report:
+        compiled = torch.compile(model, backend=backend, dynamic=dynamic)
+        with torch.no_grad():
+            output = compiled(*args, **kwargs)
+    report.stats = TOPK_STATS.summaries() if opts.record_stats else {}
+    report.compiled = compiled
+    report.output = output
+    return report

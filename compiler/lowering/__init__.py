@@ -1,0 +1,4 @@
+"""Custom ops (torch.library: schema, fake kernel, device kernels), one file per kernel family."""
+from compiler.lowering.certified_topk_op import certified_topk
+
+__all__ = ["certified_topk"]

@@ -1,0 +1,111 @@
+"""The backend's options: one frozen, validated dataclass.
+
+``torch.compile(model, backend="pulsar_dosa", options={...})`` hands the dict to the backend, which
+turns it into :class:`CompileOptions` with :meth:`CompileOptions.from_user`. Unknown keys and bad
+values raise ``ValueError``/``TypeError`` naming the key and what was expected.
+
+A new option is one declared field: ``name: type = option(default, check, doc)``. ``check`` gets the
+value and returns it (possibly normalised) or raises. :meth:`CompileOptions.uuid` hashes every field,
+so compiled artifacts never outlive a changed option.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+from typing import Any, Callable, Mapping
+
+DOWNSTREAMS = ("inductor", "eager", "tensorrt")
+CERTIFIED_PATHS = ("auto", "dense", "certified")
+
+
+def option(default: Any, check: Callable[[str, Any], Any], doc: str) -> Any:
+    """Declare an option field: its default, its validator ``check(key, value) -> value`` and a doc line."""
+    return dataclasses.field(default=default, metadata={"check": check, "doc": doc})
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def check(key: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise TypeError(f"option {key!r}: expected one of {list(choices)}, got {type(value).__name__} {value!r}")
+        if value not in choices:
+            raise ValueError(f"option {key!r}: expected one of {list(choices)}, got {value!r}")
+        return value
+
+    return check
+
+
+def _check_downstream(key: str, value: Any) -> str:
+    value = _choice(DOWNSTREAMS)(key, value)
+    if value == "tensorrt" and importlib.util.find_spec("torch_tensorrt") is None:
+        raise ImportError(
+            f"option {key!r}='tensorrt' needs the torch_tensorrt package, which is not importable here; "
+            "install it (pip install 'pulsar-dosa[tensorrt]') or use 'inductor' or 'eager'"
+        )
+    return value
+
+
+def _check_bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"option {key!r}: expected a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_passes(key: str, value: Any) -> tuple[str, ...]:
+    from compiler.passes import PASS_FAMILIES  # late: the pass list imports the lowering ops
+
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"option {key!r}: expected a list of pass families from {list(PASS_FAMILIES)}, got {value!r}")
+    for name in value:
+        if name not in PASS_FAMILIES:
+            raise ValueError(f"option {key!r}: unknown pass family {name!r}; expected names from {list(PASS_FAMILIES)}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"option {key!r}: pass family listed twice in {list(value)}")
+    return tuple(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """Validated backend options. Build it with :meth:`from_user`; every field is documented in its ``doc``."""
+
+    downstream: str = option("inductor", _check_downstream,
+                             "compiler that receives the rewritten graph: 'inductor', 'eager' or 'tensorrt'")
+    passes: tuple[str, ...] | None = option(None, lambda k, v: None if v is None else _check_passes(k, v),
+                                            "pattern families to run, in pass-list order; None runs all")
+    certified: str = option("auto", _choice(CERTIFIED_PATHS),
+                            "top-K path of the rewritten indexers: 'auto' (cost-based), 'dense' or 'certified'")
+    record_stats: bool = option(True, _check_bool,
+                                "accumulate per-layer top-K statistics (device tensors, no host sync)")
+
+    @classmethod
+    def from_user(cls, options: "CompileOptions | Mapping[str, Any] | None") -> "CompileOptions":
+        """Validate ``options`` (None, a mapping of option names, or a CompileOptions) into one object."""
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        if not isinstance(options, Mapping):
+            raise TypeError(f"options: expected a dict of option names or None, got {type(options).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values = {}
+        for key, value in options.items():
+            if key not in fields:
+                raise ValueError(f"options: unknown key {key!r}; expected keys from {sorted(fields)}")
+            values[key] = fields[key].metadata["check"](key, value)
+        return cls(**values)
+
+    def enabled_passes(self, all_families: tuple[str, ...]) -> tuple[str, ...]:
+        """The pass families to run, in ``all_families`` order."""
+        chosen = all_families if self.passes is None else self.passes
+        return tuple(name for name in all_families if name in chosen)
+
+    def uuid(self) -> str:
+        """A stable hex hash of every field: equal options give equal ids across processes."""
+        payload = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        """Option name -> 'default: doc', for help texts."""
+        return {f.name: f"{f.default!r}: {f.metadata['doc']}" for f in dataclasses.fields(cls)}

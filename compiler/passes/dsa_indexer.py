@@ -1,0 +1,510 @@
+"""The DSA indexer pass: ``topk(mask(Σ_h w_h·relu(scale·q_h·k)))`` -> ``pulsar_dosa.certified_topk``.
+
+Anchored on every ``topk`` of the Dynamo graph, the matcher walks producers step by step, through
+layout-preserving ops (``matcher.skip_layout_preserving``) between steps:
+
+    topk(x, kk, dim=last, largest=True)                        [then getitem .values/.indices]
+    mask step      MaskVariant: x = s + mask | s.masked_fill(cond, -inf) | s
+    head weighting HeadVariant: matmul(W[B,S,1,H], P[B,S,H,T]) | sum(P * W[B,S,H,1], dim=2)
+                                | einsum(W[b,s,h], P[b,s,h,t] -> [b,s,t])
+    post scale     P = relu(...) (*|/) c                       (c a scalar; folded into weights)
+    relu           relu | clamp_min(., 0) | clamp(., min=0)
+    pre scale      relu((*|/) c)   (c a positive constant: into weights; other scalars: into q)
+    q·k            QkVariant: matmul(Q[B,S,H,D], K[B,1,D,T]) | einsum(Q[b,s,h,d], K[b,t,d] -> [b,s,h,t])
+                              | view(bmm(Q.reshape(B,S*H,D), K[B,D,T]), [B,S,H,T])
+
+Folding is exact in real arithmetic: relu(c·x) = c·relu(x) for c > 0 and (c·q)·k = c·(q·k) for any
+c. The op's scores are THE SCORER's (fp32, fixed summation order), so they may differ from the
+original graph's matmul scores in the last bits; the selected keys coincide except where two
+keys' scores are within that rounding of each other.
+
+A topk whose head-weighting position holds no contraction is not a candidate (e.g. an MoE router)
+and is only counted. A candidate that fails a later check is a near miss, recorded with its reason,
+and left untouched. Before any rewrite, the region is proved closed: every interior node is
+post-dominated by the anchor (``matcher.escaping_nodes``), and the operand shapes are
+[B,S,H,D], [B,T,D], [B,S,H], [B,S,T] on ``node.meta`` (``statically_known_true``, no guards).
+All candidates are analysed on the unmodified graph, then the safe ones are rewritten.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from compiler.passes.matcher import (arg, erase_dead_pure, escaping_nodes, insert_call, is_scalar,
+                                     is_unit, module_path, normalize_dim, op_kind, post_dominators,
+                                     same_shape, same_size, skip_layout_preserving, tensor_meta,
+                                     value)
+
+KIND = "dsa_indexer"
+OP = torch.ops.pulsar_dosa.certified_topk.default
+
+
+class MaskVariant(enum.Enum):
+    NONE = "no_mask"
+    ADD = "mask_add"
+    FILL = "mask_fill"
+
+
+class HeadVariant(enum.Enum):
+    MATMUL = "heads_matmul"
+    MUL_SUM = "heads_mul_sum"
+    EINSUM = "heads_einsum"
+
+
+class ScaleVariant(enum.Enum):
+    NONE = "no_scale"
+    PRE_RELU = "scale_pre_relu"
+    POST_RELU = "scale_post_relu"
+    BOTH = "scale_pre_and_post_relu"
+
+
+class QkVariant(enum.Enum):
+    MATMUL = "qk_matmul"
+    EINSUM = "qk_einsum"
+    BMM = "qk_bmm"
+
+
+def variant_name(qk: QkVariant, scale: ScaleVariant, heads: HeadVariant, mask: MaskVariant) -> str:
+    return "+".join(v.value for v in (qk, scale, heads, mask))
+
+
+PATTERN_VARIANTS = tuple(variant_name(*v) for v in
+                         ((qk, sc, hw, mk) for qk in QkVariant for sc in ScaleVariant
+                          for hw in HeadVariant for mk in MaskVariant))
+
+
+class NotCandidate(Exception):
+    """The topk does not compute an indexer-like score (no head-weighting contraction)."""
+
+
+class NearMiss(Exception):
+    """An indexer-like candidate that must stay untouched; the message is the reason."""
+
+
+@dataclasses.dataclass
+class Operand:
+    """A graph value and the methods (name, args) to apply to bring it to the op's layout."""
+
+    node: fx.Node
+    fix: list[tuple[str, tuple]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Scale:
+    """A scalar factor folded into ``target`` ("q" or "weights") by ``op`` ("mul" or "div")."""
+
+    target: str
+    op: str
+    factor: Any
+
+
+@dataclasses.dataclass
+class IndexerMatch:
+    anchor: fx.Node
+    module: str
+    topk: Any
+    q: Operand
+    k: Operand
+    weights: Operand
+    mask: fx.Node | None
+    invert_mask: bool
+    scales: list[Scale]
+    interior: list[fx.Node]
+    operand_nodes: list[fx.Node]
+    variant: str
+
+
+# ---------------------------------------------------------------------------------------------
+# step checks (each returns what it recognised or raises NotCandidate / NearMiss)
+
+
+def _meta(node: Any, what: str) -> torch.Tensor:
+    t = tensor_meta(node)
+    if t is None:
+        raise NearMiss(f"{what} has no traced tensor value")
+    return t
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ",".join(str(s) for s in t.shape) + "]"
+
+
+def _head_contraction(node: Any) -> HeadVariant | None:
+    """The head-weighting spelling ``node`` could be (ranks only), else None."""
+    if not isinstance(node, fx.Node):
+        return None
+    kind = op_kind(node)
+    if kind == "matmul":
+        a, b = (tensor_meta(x) for x in node.args[:2])
+        return HeadVariant.MATMUL if a is not None and b is not None and a.dim() == 4 and b.dim() == 4 else None
+    if kind == "einsum":
+        ranks = sorted(t.dim() for t in (tensor_meta(x) for x in _einsum_operands(node)) if t is not None)
+        return HeadVariant.EINSUM if ranks == [3, 4] else None
+    if kind == "sum":
+        src, _ = skip_layout_preserving(node.args[0])
+        if isinstance(src, fx.Node) and op_kind(src) == "mul":
+            ranks = [t.dim() for t in (tensor_meta(x) for x in src.args[:2]) if t is not None]
+            return HeadVariant.MUL_SUM if 4 in ranks else None
+    return None
+
+
+def _einsum_operands(node: fx.Node) -> list[Any]:
+    ops = list(node.args[1:])
+    if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
+        ops = list(ops[0])
+    return ops
+
+
+def _einsum_labels(node: fx.Node) -> tuple[list[str], str]:
+    eq = node.args[0]
+    if not isinstance(eq, str) or "->" not in eq or "..." in eq:
+        raise NearMiss(f"einsum equation {eq!r}: expected explicit labels with '->' and no ellipsis")
+    lhs, out = eq.replace(" ", "").split("->")
+    return lhs.split(","), out
+
+
+def check_mask_step(x: fx.Node, m: "_Builder") -> fx.Node:
+    """Recognise the mask step above the topk input; returns the head-weighting output node."""
+    src = m.skip(x)
+    kind = op_kind(src)
+    if kind == "add" and "alpha" not in src.kwargs and len(src.args) == 2:
+        a, b = src.args
+        sides = [(c, other) for c, other in ((a, b), (b, a))
+                 if isinstance(c, fx.Node) and _head_contraction(skip_layout_preserving(c)[0]) is not None]
+        if not sides:
+            raise NotCandidate
+        chain, mask = sides[0]
+        if not isinstance(mask, fx.Node) or _meta(mask, "mask").dtype == torch.bool \
+                or not _meta(mask, "mask").is_floating_point():
+            raise NearMiss("additive mask is not a floating tensor")
+        m.interior.append(src)
+        m.mask, m.mask_variant = mask, MaskVariant.ADD
+        return m.skip(chain)
+    if kind == "masked_fill":
+        chain, cond, fill = arg(src, 0, "input"), arg(src, 1, "mask"), arg(src, 2, "value")
+        if _head_contraction(skip_layout_preserving(chain)[0]) is None:
+            raise NotCandidate
+        if not (isinstance(fill, float) and fill == -math.inf):
+            raise NearMiss(f"masked_fill with value {fill!r}, expected -inf")
+        if not isinstance(cond, fx.Node) or _meta(cond, "mask").dtype != torch.bool:
+            raise NearMiss("masked_fill condition is not a bool tensor")
+        m.interior.append(src)
+        m.mask_variant = MaskVariant.FILL
+        if op_kind(cond) == "invert" and _meta(cond.args[0], "mask").dtype == torch.bool:
+            m.mask, m.operand_nodes = cond.args[0], m.operand_nodes + [cond]
+        else:
+            m.mask, m.invert_mask = cond, True
+        return m.skip(chain)
+    if _head_contraction(src) is None:
+        raise NotCandidate
+    return src
+
+
+def check_anchor(anchor: fx.Node, x: fx.Node, hw_out: fx.Node, m: "_Builder") -> Any:
+    """topk over the last (key) dim of a float32 [B,S,T], largest, results used by index; returns kk."""
+    xt = _meta(x, "topk input")
+    if xt.dim() != 3:
+        raise NearMiss(f"topk input is {_shape(xt)}, expected [B,S,T]")
+    dim = normalize_dim(arg(anchor, 2, "dim", -1), 3)
+    if dim != 2:
+        raise NearMiss(f"topk over dim {arg(anchor, 2, 'dim', -1)}, expected the key dim (last)")
+    if arg(anchor, 3, "largest", True) is not True:
+        raise NearMiss("topk with largest=False selects the smallest scores")
+    if xt.dtype != torch.float32:
+        raise NearMiss(f"topk input is {xt.dtype}, expected float32 scores")
+    if not same_size(xt.shape[2], _meta(hw_out, "head weighting output").shape[-1]):
+        raise NearMiss("topk dim is not the key dim of the head-weighting output")
+    for user in anchor.users:
+        if op_kind(user) != "getitem" or user.args[1] not in (0, 1):
+            raise NearMiss("topk result used other than through .values/.indices")
+    if m.mask is not None and not same_shape(_meta(m.mask, "mask").shape, xt.shape):
+        raise NearMiss(f"mask is {_shape(_meta(m.mask, 'mask'))}, expected the scores' shape {_shape(xt)}")
+    return arg(anchor, 1, "k")
+
+
+def check_head_weighting(hw: fx.Node, m: "_Builder") -> fx.Node:
+    """Recognise the head weighting; sets m.weights and returns the per-head scores node P [B,S,H,T]."""
+    variant = _head_contraction(hw)
+    m.head_variant = variant
+    m.interior.append(hw)
+    out = _meta(hw, "head weighting output")
+    if out.dtype != torch.float32:
+        raise NearMiss(f"head-weighted scores are {out.dtype}, expected float32")
+    if variant is HeadVariant.MATMUL:
+        w4, p = hw.args[:2]
+        wt, pt = _meta(w4, "weights"), _meta(p, "scores")
+        if not (is_unit(wt.shape[2]) and same_shape(wt.shape[:2], pt.shape[:2]) and same_size(wt.shape[3], pt.shape[2])):
+            raise NearMiss(f"head-weighting matmul {_shape(wt)} @ {_shape(pt)}, expected [B,S,1,H] @ [B,S,H,T]")
+        m.weights = Operand(w4, [("squeeze", (2,))])
+        return p
+    if variant is HeadVariant.MUL_SUM:
+        dims = arg(hw, 1, "dim")
+        dims = list(dims) if isinstance(dims, (list, tuple)) else [dims]
+        if "dtype" in hw.kwargs or len(dims) != 1:
+            raise NearMiss(f"sum over dims {dims}, expected the head dim 2 only")
+        prod, skipped = skip_layout_preserving(hw.args[0])
+        m.interior += skipped + [prod]
+        a, b = prod.args[:2]
+        pairs = [(p, w) for p, w in ((a, b), (b, a)) if isinstance(p, fx.Node) and isinstance(w, fx.Node)
+                 and _meta(p, "scores").dim() == 4 and _meta(w, "weights").dim() == 4 and is_unit(value(w).shape[3])
+                 and not is_unit(value(p).shape[3])]
+        if not pairs:
+            raise NearMiss("head-weighting product is not [B,S,H,T] * [B,S,H,1]")
+        p, w4 = pairs[0]
+        pt, wt = value(p), value(w4)
+        if not same_shape(wt.shape[:3], pt.shape[:3]):
+            raise NearMiss(f"head-weighting product {_shape(pt)} * {_shape(wt)}, expected [B,S,H,T] * [B,S,H,1]")
+        d = normalize_dim(dims[0], 4)
+        if d != 2:
+            raise NearMiss(f"sum over dim {dims[0]}, expected the head dim 2 of [B,S,H,T]")
+        m.weights = Operand(w4, [("squeeze", (3,))])
+        return p
+    (sw, sp), out_labels = _einsum_labels(hw)
+    ops = _einsum_operands(hw)
+    if len(sw) == 4:
+        (sw, sp), ops = (sp, sw), ops[::-1]
+    w, p = ops
+    b, s, h, t = sp
+    if out_labels != b + s + t or sorted(sw) != sorted(b + s + h) or len(set(sp)) != 4:
+        raise NearMiss(f"head-weighting einsum {hw.args[0]!r} does not sum the scores' dim 2 against [B,S,H] weights")
+    perm = tuple(sw.index(c) for c in b + s + h)
+    m.weights = Operand(w, [] if perm == (0, 1, 2) else [("permute", perm)])
+    return p
+
+
+def _scale(node: fx.Node) -> tuple[fx.Node, str, Any] | None:
+    """(tensor operand, 'mul'|'div', scalar) when ``node`` multiplies or divides by a scalar."""
+    kind = op_kind(node)
+    if kind not in ("mul", "div") or len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    if kind == "mul" and is_scalar(a) and isinstance(b, fx.Node) and not is_scalar(b):
+        return b, "mul", a
+    if is_scalar(b) and isinstance(a, fx.Node) and not is_scalar(a):
+        return a, kind, b
+    return None
+
+
+def _is_positive_constant(c: Any) -> bool:
+    return isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 and math.isfinite(c)
+
+
+def check_relu_and_scales(p: fx.Node, m: "_Builder") -> fx.Node:
+    """Recognise [post scale] relu [pre scale] above P; returns the q·k contraction node."""
+    node = m.skip(p)
+    post = _scale(node)
+    if post is not None:
+        m.interior.append(node)
+        m.scales.append(Scale("weights", post[1], post[2]))
+        node = m.skip(post[0])
+    kind = op_kind(node)
+    if kind == "softmax":
+        raise NearMiss("softmax instead of relu on the per-head scores")
+    if kind in ("matmul", "einsum", "bmm") or (kind == "reshape" and op_kind(m.skip_quiet(node.args[0])) == "bmm"):
+        raise NearMiss("no relu between the q·k contraction and the head weighting")
+    is_relu = (kind == "relu" and not arg(node, 1, "inplace", False)) \
+        or (kind == "clamp_min" and arg(node, 1, "min") == 0) \
+        or (kind == "clamp" and arg(node, 1, "min") == 0 and arg(node, 2, "max") is None)
+    if not is_relu:
+        raise NearMiss(f"{kind or node.target} instead of relu on the per-head scores")
+    m.interior.append(node)
+    node = m.skip(node.args[0])
+    pre = _scale(node)
+    if pre is not None:
+        m.interior.append(node)
+        target = "weights" if _is_positive_constant(pre[2]) else "q"
+        m.scales.append(Scale(target, pre[1], pre[2]))
+        node = m.skip(pre[0])
+    m.scale_variant = {(False, False): ScaleVariant.NONE, (True, False): ScaleVariant.PRE_RELU,
+                       (False, True): ScaleVariant.POST_RELU, (True, True): ScaleVariant.BOTH}[
+        (pre is not None, post is not None)]
+    return node
+
+
+def check_qk(node: fx.Node, m: "_Builder") -> None:
+    """Recognise the q·k contraction producing [B,S,H,T] fp32; sets m.q and m.k."""
+    out = _meta(node, "q·k scores")
+    if out.dim() != 4 or out.dtype != torch.float32:
+        raise NearMiss(f"q·k scores are {_shape(out)} {out.dtype}, expected [B,S,H,T] float32")
+    kind = op_kind(node)
+    m.interior.append(node)
+    if kind == "matmul":
+        q, k4 = node.args[:2]
+        qt, kt = _meta(q, "q"), _meta(k4, "k")
+        if not (qt.dim() == 4 and kt.dim() == 4 and is_unit(kt.shape[1]) and same_size(qt.shape[0], kt.shape[0])
+                and same_size(qt.shape[3], kt.shape[2])):
+            raise NearMiss(f"q·k matmul {_shape(qt)} @ {_shape(kt)}, expected [B,S,H,D] @ [B,1,D,T]")
+        m.qk_variant, m.q, m.k = QkVariant.MATMUL, Operand(q), Operand(k4, [("squeeze", (1,)), ("transpose", (1, 2))])
+        return
+    if kind == "einsum":
+        (la, lb), lo = _einsum_labels(node)
+        a, b = _einsum_operands(node)
+        if len(la) == 3:
+            (la, lb), (a, b) = (lb, la), (b, a)
+        if len(la) != 4 or len(lb) != 3 or len(lo) != 4 or len(set(lo)) != 4:
+            raise NearMiss(f"q·k einsum {node.args[0]!r}: expected q [b,s,h,d], k [b,t,d] -> [b,s,h,t]")
+        bb, s, h, t = lo
+        d = set(la) & set(lb) - set(lo)
+        if len(d) != 1 or sorted(la) != sorted(bb + s + h + "".join(d)) or sorted(lb) != sorted(bb + t + "".join(d)):
+            raise NearMiss(f"q·k einsum {node.args[0]!r}: expected q [b,s,h,d], k [b,t,d] -> [b,s,h,t]")
+        (d,) = d
+        qperm = tuple(la.index(c) for c in bb + s + h + d)
+        kperm = tuple(lb.index(c) for c in bb + t + d)
+        m.qk_variant = QkVariant.EINSUM
+        m.q = Operand(a, [] if qperm == (0, 1, 2, 3) else [("permute", qperm)])
+        m.k = Operand(b, [] if kperm == (0, 1, 2) else [("permute", kperm)])
+        return
+    if kind == "reshape":
+        bmm = m.skip(node.args[0])
+        if op_kind(bmm) == "bmm":
+            m.interior.append(bmm)
+            a3, k3 = bmm.args[:2]
+            q4 = m.skip_quiet(a3)
+            a3t, k3t = _meta(a3, "q"), _meta(k3, "k")
+            if op_kind(q4) == "reshape":
+                q = q4.args[0]
+                qt = _meta(q, "q")
+                if (qt.dim() == 4 and same_shape(qt.shape[:3], out.shape[:3]) and same_size(qt.shape[3], a3t.shape[2])
+                        and same_size(a3t.shape[1], out.shape[1] * out.shape[2]) and same_size(k3t.shape[1], qt.shape[3])
+                        and same_size(k3t.shape[0], qt.shape[0])):
+                    m.qk_variant, m.q, m.k = QkVariant.BMM, Operand(q), Operand(k3, [("transpose", (1, 2))])
+                    m.operand_nodes.append(a3)
+                    return
+            raise NearMiss(f"q·k bmm {_shape(a3t)} @ {_shape(k3t)} is not q [B,S,H,D] reshaped to [B,S*H,D] times k [B,D,T]")
+    raise NearMiss(f"{kind or node.target} where the q·k contraction was expected")
+
+
+class _Builder:
+    """Mutable state of one match while the steps run."""
+
+    def __init__(self) -> None:
+        self.interior: list[fx.Node] = []
+        self.operand_nodes: list[fx.Node] = []
+        self.mask: fx.Node | None = None
+        self.invert_mask = False
+        self.mask_variant = MaskVariant.NONE
+        self.head_variant: HeadVariant | None = None
+        self.scale_variant = ScaleVariant.NONE
+        self.qk_variant: QkVariant | None = None
+        self.scales: list[Scale] = []
+        self.weights: Operand | None = None
+        self.q: Operand | None = None
+        self.k: Operand | None = None
+
+    def skip(self, node: Any) -> Any:
+        src, skipped = skip_layout_preserving(node)
+        self.interior += skipped
+        return src
+
+    @staticmethod
+    def skip_quiet(node: Any) -> Any:
+        return skip_layout_preserving(node)[0]
+
+
+def match_indexer(anchor: fx.Node, pdom: dict) -> IndexerMatch:
+    """Match the indexer chain ending at ``anchor`` (a topk); raises NotCandidate or NearMiss."""
+    m = _Builder()
+    m.interior.append(anchor)
+    x = arg(anchor, 0, "input")
+    if not isinstance(x, fx.Node):
+        raise NotCandidate
+    hw = check_mask_step(x, m)
+    kk = check_anchor(anchor, x, hw, m)
+    p = check_head_weighting(hw, m)
+    qk = check_relu_and_scales(p, m)
+    check_qk(qk, m)
+    check_operands(m)
+    escaping = escaping_nodes(pdom, m.interior, anchor)
+    if escaping:
+        raise NearMiss(f"intermediate {escaping[0].name} is used outside the matched region")
+    return IndexerMatch(anchor, module_path(anchor), kk, m.q, m.k, m.weights, m.mask, m.invert_mask, m.scales,
+                        m.interior, m.operand_nodes + [m.q.node, m.k.node, m.weights.node],
+                        variant_name(m.qk_variant, m.scale_variant, m.head_variant, m.mask_variant))
+
+
+def check_operands(m: _Builder) -> None:
+    """q, k, weights as laid out for the op are [B,S,H,D], [B,T,D], [B,S,H], floating."""
+    q, k, w = (_fixed_shape(o) for o in (m.q, m.k, m.weights))
+    ok = (len(q) == 4 and len(k) == 3 and len(w) == 3 and same_size(q[0], k[0]) and same_size(q[3], k[2])
+          and same_shape(w, q[:3]))
+    if not ok:
+        raise NearMiss(f"operands q {list(q)}, k {list(k)}, weights {list(w)} are not [B,S,H,D], [B,T,D], [B,S,H]")
+    for name, o in (("q", m.q), ("k", m.k), ("weights", m.weights)):
+        if not value(o.node).is_floating_point():
+            raise NearMiss(f"{name} is {value(o.node).dtype}, expected a floating dtype")
+
+
+def _fixed_shape(o: Operand) -> tuple:
+    shape = list(value(o.node).shape)
+    for method, args in o.fix:
+        if method == "squeeze":
+            shape.pop(args[0])
+        elif method == "transpose":
+            shape[args[0]], shape[args[1]] = shape[args[1]], shape[args[0]]
+        elif method == "permute":
+            shape = [shape[i] for i in args[0]]
+    return tuple(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# rewrite
+
+
+def _emit(graph: fx.Graph, operand: Operand, like: fx.Node) -> fx.Node:
+    node = operand.node
+    for method, args in operand.fix:
+        node = insert_call(graph, "call_method", method, (node, *args), like=like)
+    return node
+
+
+def rewrite(graph: fx.Graph, match: IndexerMatch, options) -> fx.Node:
+    """Replace the matched region by one certified_topk call; returns the op node."""
+    anchor = match.anchor
+    with graph.inserting_before(anchor):
+        q, k, w = (_emit(graph, o, anchor) for o in (match.q, match.k, match.weights))
+        for scale in match.scales:
+            target = {"mul": torch.mul, "div": torch.div}[scale.op]
+            if scale.target == "q":
+                q = insert_call(graph, "call_function", target, (q, scale.factor), like=anchor)
+            else:
+                w = insert_call(graph, "call_function", target, (w, scale.factor), like=anchor)
+        mask = match.mask
+        if mask is not None and match.invert_mask:
+            mask = insert_call(graph, "call_function", torch.logical_not, (mask,), like=anchor)
+        op = insert_call(graph, "call_function", OP, (q, k, w, match.topk, mask),
+                         {"layer": match.module, "path": options.certified, "record_stats": options.record_stats},
+                         like=anchor)
+    anchor.replace_all_uses_with(op)
+    for node in reversed(match.interior):
+        if not node.users:
+            graph.erase_node(node)
+    erase_dead_pure(graph, match.operand_nodes)
+    return op
+
+
+def run(ctx) -> None:
+    """Analyse every topk of ``ctx.gm``, then rewrite the safe matches; record rewrites and near misses."""
+    graph = ctx.gm.graph
+    anchors = [n for n in graph.nodes if op_kind(n) == "topk"]
+    pdom = post_dominators(graph) if anchors else {}
+    matches = []
+    for anchor in anchors:
+        try:
+            matches.append(match_indexer(anchor, pdom))
+        except NotCandidate:
+            ctx.report.counters[f"{KIND}.not_candidate"] += 1
+        except NearMiss as miss:
+            ctx.report.add_near_miss(KIND, module_path(anchor), str(miss), anchor.name)
+    for match in matches:
+        op = rewrite(graph, match, ctx.options)
+        q, k, w = (value(a) for a in op.args[:3])
+        shapes = {"q": q.shape, "k": k.shape, "weights": w.shape}
+        if op.args[4] is not None:
+            shapes["mask"] = value(op.args[4]).shape
+        ctx.report.add_rewrite(KIND, match.module, variant=match.variant, shapes=shapes,
+                               path=ctx.options.certified, r=None, topk=str(value(match.topk)))
