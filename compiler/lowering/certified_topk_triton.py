@@ -17,8 +17,15 @@ Pipeline (SPEC A.2-A.5), per batch row:
    an overflowed survivor list is rescanned densely by the same kernel, on the device;
 6. selection: top-kk order codes of the written candidates.
 Rows that cannot be answered this way (fewer than kk visible keys, or more candidates ``s >= tau``
-than the candidate buffer holds, which needs a seed gap so large that the dense rescan itself
-overflows) are detected on the device and recomputed densely after one host synchronisation.
+than the candidate buffer of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the
+device and recomputed densely after one host synchronisation (the only one of a "certified" call;
+"auto" adds one for its probe). Nothing is dropped: every flagged row is answered densely.
+
+Path choice (config.path): "dense", "certified", or "auto" = dense below config.min_keys keys,
+else a probe of a few anchor groups through seeds and screen predicts the work (SPEC A.6).
+Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile:
+kk + workspace_frac * T keys), min_keys, path; the witnesses are the anchor's top kk + kk/4 keys
+(sink and window are not added on this path). Decode: ``decode_topk_cuda``.
 
 Supported: q and k in bf16, fp16 or fp32 (mixed dtypes are upcast to fp32), weights any float
 dtype (upcast to fp32), masks None, bool or additive float. fp8 keys are not supported.
@@ -39,6 +46,7 @@ from compiler.lowering.dsa_score_triton import (
 )
 from compiler.lowering.dsa_screen_triton import screen
 from runtime.certificate import default_r, plan_certificate
+from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import check_indexer_inputs
 from runtime.rounding import U32, gamma, key_norm_up, round_up_to_float32
 
@@ -51,27 +59,12 @@ DENSE_CHUNK_BYTES = 4 << 30
 """Largest order-code buffer [rows, T] int64 the dense path allocates at once."""
 P_SAMPLE = 256
 """Witness keys used to estimate the activation frequencies p_h (they steer choices only)."""
-
-
-@dataclass(frozen=True)
-class TritonTopkParams:
-    """Parameters of the CUDA path (read from a CertifiedTopkConfig-like object when given)."""
-
-    r: int | None = None
-    anchor_stride: int = 16
-    workspace_frac: float = 0.05
-    min_keys: int = 16384
-    path: str = "auto"
-
-    @staticmethod
-    def from_config(config) -> "TritonTopkParams":
-        if config is None:
-            return TritonTopkParams()
-        fields = {}
-        for name in ("r", "anchor_stride", "workspace_frac", "min_keys", "path"):
-            if hasattr(config, name):
-                fields[name] = getattr(config, name)
-        return TritonTopkParams(**fields)
+CANDIDATE_FACTOR = 4
+"""Candidate buffer per query (keys with s >= tau): CANDIDATE_FACTOR * kk order codes."""
+PROBE_GROUPS = 4
+"""Anchor groups the "auto" path runs through seeds and screen before choosing a path."""
+PAYS_BELOW = 0.8
+"""The "auto" path goes certified when its predicted work is below this fraction of dense."""
 
 
 def _check(q, k, weights, topk, mask):
@@ -229,51 +222,60 @@ def _activation_frequency(q, k, seed_ids, A):
     return pos.view(B, nA * A, H)[:, :S]
 
 
-def certified_codes(q, w, k, mask, kk, params: TritonTopkParams, r=None):
-    """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (module docstring)."""
+def _screen_stage(q, w, k, mask, kk, config, nk):
+    """Anchors, seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, G)."""
     B, S, H, D = q.shape
     T = k.shape[1]
     dev = q.device
     G, _ = score_tile_shape(H)
-    A = max(G, triton.cdiv(params.anchor_stride, G) * G)
-    # 1. anchors and their witnesses
+    A = max(G, triton.cdiv(config.anchor_stride, G) * G)
     anchors = dense_codes_topk(q[:, ::A], w[:, ::A], k, None if mask is None else mask[:, ::A],
                                min(T, kk + kk // 4 + 1))
     seed_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
     n_seed = seed_ids.shape[-1]
-    # 2. seeds -> tau
     seed_counts = torch.full((B, seed_ids.shape[1]), n_seed, dtype=torch.int32, device=dev)
     seed_codes = _row_codes(q, w, k, mask, seed_ids, seed_counts, n_seed, A // G)
     kth = torch.topk(seed_codes, kk, dim=-1, sorted=False).values.amin(-1)
     tau_val, _ = decode_codes(kth, T)
-    # 3. plan
     p = _activation_frequency(q, k, seed_ids, A)
-    if r is None:
-        r = default_r(w) if params.r is None else torch.full((B, S), params.r, device=dev)
-    r = r.clamp(1, H).long()
-    plan = plan_screen(q, w, k.dtype, p, r)
-    nk = round_up_to_float32(key_norm_up(k.float()))
+    r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
+    plan = plan_screen(q, w, k.dtype, p, r.clamp(1, H).long())
     reach = (plan.e + (plan.alpha.abs() + plan.beta.abs()).sum(-1)) * nk.amax(-1, keepdim=True)
     ok = plan.ok & torch.isfinite(tau_val) & (reach < 2.0**100)
     tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
-    # 4. screen
-    L = triton.cdiv(S, G)
-    cap = min(T, triton.cdiv(kk + int(params.workspace_frac * T), 128) * 128)
+    cap = min(T, triton.cdiv(kk + int(config.workspace_frac * T), 128) * 128)
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
-                             lists_per_batch=L, list_queries=G, cap=cap)
-    # 5. refine
-    cand = torch.full((B, S, cap), torch.iinfo(torch.int64).min, dtype=torch.int64, device=dev)
-    cand_count = torch.zeros((B, S), dtype=torch.int32, device=dev)
-    splits = key_splits(B * L, cap)
+                             lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap)
+    return tau, ids, list_count, cap, plan, G
+
+
+def certified_codes(q, w, k, mask, kk, config):
+    """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (module docstring)."""
+    B, S = q.shape[:2]
+    T = k.shape[1]
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    tau, ids, list_count, cap, plan, G = _screen_stage(q, w, k, mask, kk, config, nk)
+    cand_cap = min(cap, CANDIDATE_FACTOR * kk)
+    cand = torch.full((B, S, cand_cap), torch.iinfo(torch.int64).min, dtype=torch.int64,
+                      device=q.device)
+    cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
-               out_count=cand_count, splits=splits)
-    # 6. selection
+               out_count=cand_count, splits=key_splits(B * ids.shape[1], cap))
     codes = top_codes(cand, kk)
-    redo = cand_count > cap
+    redo = cand_count > cand_cap
     if mask is not None:
-        visible = mask if mask.dtype == torch.bool else mask != float("-inf")
-        redo |= visible.expand(B, S, T).sum(-1) < kk
+        redo |= _visible(mask).expand(B, S, T).sum(-1) < kk
     return codes, CertifiedTrace(tau, list_count, cand_count, redo, cap, G, plan)
+
+
+def _visible(mask):
+    return mask if mask.dtype == torch.bool else mask != float("-inf")
+
+
+def predicted_work(list_count, cap, T, H, RP, A, n_seed):
+    """Certified work over dense work (SPEC A.6), from the survivor counts of a probe (float)."""
+    survivors = torch.where(list_count > cap, T, list_count).float().mean()
+    return 1.0 / A + n_seed / T + RP / triton.next_power_of_2(H) + survivors / T
 
 
 def _redo_dense(codes, redo, q, w, k, mask, kk):
@@ -289,13 +291,26 @@ def _redo_dense(codes, redo, q, w, k, mask, kk):
     return codes
 
 
-def choose_path(params: TritonTopkParams, T: int, kk: int) -> str:
-    """'dense' or 'certified' for a call: the configured path, else dense for short contexts."""
-    if params.path in ("dense", "certified"):
-        return params.path
-    if params.path != "auto":
-        raise ValueError(f"config.path: expected 'auto', 'dense' or 'certified', got {params.path!r}")
-    return "dense" if T < params.min_keys or kk >= T else "certified"
+def choose_path(q, w, k, mask, kk, config) -> str:
+    """'dense' or 'certified': the configured path; "auto" takes dense below config.min_keys keys,
+    else probes PROBE_GROUPS anchor groups through seeds and screen (one synchronisation) and
+    goes certified when ``predicted_work`` is below PAYS_BELOW."""
+    T = k.shape[1]
+    if config.path != "auto":
+        return config.path
+    if T < config.min_keys or kk >= T:
+        return "dense"
+    B, S, H, _ = q.shape
+    G, _ = score_tile_shape(H)
+    A = max(G, triton.cdiv(config.anchor_stride, G) * G)
+    starts = torch.linspace(0, (S - 1) // A, min(PROBE_GROUPS, triton.cdiv(S, A))).long() * A
+    rows = (starts[:, None] + torch.arange(A)).flatten()
+    rows = rows[rows < S].to(q.device)
+    m = None if mask is None else mask.expand(B, S, T)[:, rows]
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    _, _, list_count, cap, plan, _ = _screen_stage(q[:, rows], w[:, rows], k, m, kk, config, nk)
+    work = predicted_work(list_count, cap, T, H, plan.g.shape[2], A, min(T, kk + kk // 4 + 1))
+    return "certified" if float(work) < PAYS_BELOW else "dense"
 
 
 def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=None, trace=None):
@@ -306,14 +321,14 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
     receives the CertifiedTrace of the call when the certified path ran.
     """
     kk = _check(q, k, weights, topk, mask)
-    params = TritonTopkParams.from_config(config)
+    config = CertifiedTopkConfig() if config is None else config
     q, k, w = _operands(q, k, weights)
     T = k.shape[1]
-    if choose_path(params, T, kk) == "dense":
+    if choose_path(q, w, k, mask, kk, config) == "dense":
         codes = dense_codes_topk(q, w, k, mask, kk)
         _record(stats, q, T, None)
         return decode_codes(codes, T)
-    codes, tr = certified_codes(q, w, k, mask, kk, params)
+    codes, tr = certified_codes(q, w, k, mask, kk, config)
     codes = _redo_dense(codes, tr.redo, q, w, k, mask, kk)
     _record(stats, q, T, tr)
     if trace is not None:
@@ -321,16 +336,62 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
     return decode_codes(codes, T)
 
 
-def _record(stats, q, T, tr):
-    """Accumulate device-side counters into a TopkStats-like object (no synchronisation)."""
-    if stats is None or not hasattr(stats, "accumulate"):
+def _record(stats: TopkStats | None, q, T, tr):
+    """Add the call's counters to ``stats`` as device tensors (no synchronisation)."""
+    if stats is None:
         return
     B, S = q.shape[:2]
+    dev = q.device
+    stats.add("queries", torch.tensor(B * S, device=dev))
     if tr is None:
-        stats.accumulate(queries=B * S, keys_screened=0, survivors=B * S * T, written=B * S * T,
-                         fallbacks={"dense_cheaper": B * S})
+        stats.add("dense_cheaper", torch.tensor(B * S, device=dev))
         return
-    G = tr.list_queries
-    survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum() * G
-    stats.accumulate(queries=B * S, keys_screened=B * S * T, survivors=survivors,
-                     written=tr.cand_count.sum(), fallbacks={"overflow": tr.redo.sum()})
+    survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum() * tr.list_queries
+    stats.add("keys_screened", torch.tensor(B * S * T, device=dev))
+    stats.add("survivors", survivors)
+    stats.add("written", tr.cand_count.sum())
+    stats.add("overflow", tr.redo.sum())
+
+
+def decode_topk_cuda(q, k, weights, topk, mask=None, *, witnesses=None):
+    """Top-K for a few queries (decode, SPEC A.5): (values [B,S,kk] fp32, indices [B,S,kk] int64).
+
+    Same contract and output as ``dense_topk_cuda``. ``witnesses`` [B,W] int64: keys selected by
+    the previous call of the same layer (any values: out-of-range and repeated ids are ignored).
+    The distinct valid witnesses are scored; tau = the kk-th best of them (-inf if fewer than kk
+    are visible); then every key is scored densely and only visible keys with s >= tau are
+    compacted into the exact selector. Rows whose compacted set overflows CANDIDATE_FACTOR * kk,
+    or whose tau is -inf, are answered densely (one synchronisation). Stale witnesses cost speed.
+    """
+    kk = _check(q, k, weights, topk, mask)
+    q, k, w = _operands(q, k, weights)
+    B, S = q.shape[:2]
+    T = k.shape[1]
+    dev = q.device
+    if witnesses is None or witnesses.shape[-1] < kk:
+        return decode_codes(dense_codes_topk(q, w, k, mask, kk), T)
+    if witnesses.dim() != 2 or witnesses.shape[0] != B:
+        raise ValueError(f"witnesses: expected shape [B={B}, W], got {tuple(witnesses.shape)}")
+    ids = witnesses.to(device=dev, dtype=torch.int64)
+    ids = torch.where((ids >= 0) & (ids < T), ids, T).sort(-1).values
+    repeated = torch.cat((torch.zeros_like(ids[:, :1], dtype=torch.bool), ids[:, 1:] == ids[:, :-1]), -1)
+    ids = torch.where(repeated, T, ids).sort(-1).values
+    counts = (ids < T).sum(-1, keepdim=True).to(torch.int32)
+    ids = torch.where(ids < T, ids, 0).to(torch.int32).view(B, 1, -1).contiguous()
+    G, _ = score_tile_shape(q.shape[2])
+    n_tiles = triton.cdiv(S, G)
+    seed_codes = score_keys(q, w, k, ids, counts, cap=ids.shape[-1], tiles_per_list=n_tiles,
+                            mask=mask, splits=key_splits(B * n_tiles, ids.shape[-1]), fill=True)
+    kth = torch.topk(seed_codes, kk, dim=-1, sorted=False).values.amin(-1)
+    tau, _ = decode_codes(kth, T)
+    tau = torch.where(torch.isfinite(tau), tau, torch.full_like(tau, float("-inf"))).contiguous()
+    all_ids = torch.arange(T, dtype=torch.int32, device=dev).view(1, 1, T).expand(B, 1, T)
+    all_counts = torch.full((B, 1), T, dtype=torch.int32, device=dev)
+    cand_cap = min(T, CANDIDATE_FACTOR * kk)
+    cand = torch.full((B, S, cand_cap), torch.iinfo(torch.int64).min, dtype=torch.int64, device=dev)
+    cand_count = torch.zeros((B, S), dtype=torch.int32, device=dev)
+    score_keys(q, w, k, all_ids, all_counts, cap=T, tiles_per_list=n_tiles, mask=mask, tau=tau,
+               out=cand, out_count=cand_count, splits=key_splits(B * n_tiles, T))
+    codes = top_codes(cand, kk)
+    redo = (cand_count > cand_cap) | (cand_count < kk)
+    return decode_codes(_redo_dense(codes, redo, q, w, k, mask, kk), T)

@@ -164,7 +164,7 @@ def mask_operand(mask: torch.Tensor | None, B: int, S: int, T: int):
 
 
 def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None, out=None,
-               out_count=None, splits=1, block_t=128, num_warps=8, num_stages=3):
+               out_count=None, splits=1, fill=False, block_t=128, num_warps=8, num_stages=3):
     """Run the scorer over key lists (see the module docstring).
 
     q [B,S,H,D] (bf16/fp16/fp32, last dim contiguous), w [B,S,H] fp32, k [B,T,D] same dtype as q,
@@ -172,7 +172,8 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     Without ``tau``: returns codes [B,S,cap'] int64 with cap' = ids.shape[-1] (position p of the
     list). With ``tau`` [B,S] fp32: writes into ``out`` [B,S,cap_out] int64 (pre-filled by the
     caller) and ``out_count`` [B,S] int32 (zeroed by the caller), compacting kept keys.
-    ``splits`` programs share each key list (non-compact mode: positions stay fixed).
+    ``splits`` programs share each key list (non-compact mode: positions stay fixed). ``fill``:
+    pre-fill the non-compact output with the lowest code (lists shorter than their buffer).
     """
     B, S, H, D = q.shape
     T = k.shape[1]
@@ -181,7 +182,9 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
     compact = tau is not None
     if not compact:
-        out = torch.empty(B, S, ids.shape[-1], dtype=torch.int64, device=q.device)
+        shape = (B, S, ids.shape[-1])
+        out = (torch.full(shape, torch.iinfo(torch.int64).min, dtype=torch.int64, device=q.device)
+               if fill else torch.empty(shape, dtype=torch.int64, device=q.device))
         out_count = counts
         tau = w
     ieee = q.dtype == torch.float32

@@ -1,0 +1,315 @@
+"""DSA indexer top-K on one GPU: inductor_dense vs triton_dense vs certified (+ decode rows).
+
+Run on a CUDA machine from the repository root:
+
+    PYTHONPATH=. python3 benchmarks/indexer.py --out benchmarks/results/indexer_h200.json
+
+Every row: median ms (CUDA events, warm-up excluded), peak memory above the inputs, and
+``identical`` (indices equal to triton_dense's in the same run; for certified also bitwise-equal
+values). Per input the certified pipeline is traced once (path forced to "certified") to report
+the pruned fraction, survivors, the seed gap b = tau* - tau and the bound slack delta = U - s
+(SPEC A.6), both also in units of the query's score standard deviation sigma.
+Inputs: ``transformers_random`` (activations of a random-init transformers DeepseekV32Indexer) and
+``structured`` (runtime.structured_indexer, parameters recorded in the JSON). Mask: a chunk of S
+queries at the end of a T-key context, causal inside the chunk.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from compiler.lowering.certified_topk_triton import (
+    certified_topk_cuda,
+    decode_topk_cuda,
+    dense_topk_cuda,
+)
+from compiler.lowering.dsa_score_triton import score_keys
+from compiler.lowering.dsa_screen_triton import screen
+from runtime.certified_topk import CertifiedTopkConfig
+from runtime.rounding import key_norm_up, round_up_to_float32
+from runtime.structured_indexer import structured_indexer_inputs
+
+D = 128
+TOPK = 2048
+SCORE_BUDGET_BYTES = 24 << 30  # [chunk, H, T] fp32 scores of the inductor baseline
+
+
+def timed(fn, budget_ms=2000.0, max_reps=10):
+    """(median ms over repeated runs after one warm-up run, peak GiB above the memory allocated
+    before the timed runs, the last result)."""
+    out = fn()
+    torch.cuda.synchronize()
+    del out
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    t_end = time.perf_counter() + budget_ms / 1e3
+    while len(times) < max_reps and (len(times) < 2 or time.perf_counter() < t_end):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        out = fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+        if len(times) < max_reps:
+            del out
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return statistics.median(times), peak, out
+
+
+def ceilings():
+    """Device-to-device copy bandwidth (read + write) and bf16 matmul rate, measured here."""
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms, _, _ = timed(lambda: y.copy_(x), 500)
+    del x, y
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_ms, _, _ = timed(lambda: a @ b, 500)
+    return {"copy_GBps": 2 * (2 << 30) / ms / 1e6, "bf16_matmul_TFLOPs": 2 * 8192**3 / mm_ms / 1e9}
+
+
+def causal_chunk_mask(S, T):
+    """[1,S,T] bool: query i sits at position T - S + i and sees keys <= its position."""
+    return torch.ones(S, T, dtype=torch.bool, device="cuda").tril(T - S)[None]
+
+
+def transformers_random(S, T, H, seed=0):
+    """q [1,S,H,D] bf16, k [1,T,D] bf16, weights [1,S,H] fp32 (softmax_scale and H**-0.5 folded)
+    from a random-init transformers DeepseekV32Indexer on random hidden states."""
+    from transformers import DeepseekV32Config
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
+        DeepseekV32Indexer,
+        DeepseekV32RotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
+
+    torch.manual_seed(seed)
+    cfg = DeepseekV32Config(hidden_size=1024, q_lora_rank=512, index_n_heads=H, index_head_dim=D,
+                            qk_rope_head_dim=64, index_topk=TOPK, num_hidden_layers=1)
+    ix = DeepseekV32Indexer(cfg, 0).cuda()
+    rope = DeepseekV32RotaryEmbedding(cfg).cuda()
+    with torch.no_grad():
+        x = torch.randn(1, T, cfg.hidden_size, device="cuda")
+        q_resid = torch.randn(1, S, cfg.q_lora_rank, device="cuda")
+        cos, sin = rope(x, torch.arange(T, device="cuda")[None])
+        q = ix.wq_b(q_resid).view(1, S, H, D)
+        k = ix.k_norm(ix.wk(x)).unsqueeze(2)
+        r = cfg.qk_rope_head_dim
+        q_rot, _ = apply_rotary_pos_emb(q[..., :r], q[..., :r], cos[:, T - S:], sin[:, T - S:], 2)
+        k_rot, _ = apply_rotary_pos_emb(k[..., :r], k[..., :r], cos, sin, 2)
+        q = torch.cat([q_rot, q[..., r:]], -1)
+        k = torch.cat([k_rot, k[..., r:]], -1).squeeze(2)
+        w = ix.weights_proj(x[:, T - S:]).float() * H**-0.5 * ix.softmax_scale
+    params = {"generator": "transformers DeepseekV32Indexer, default init", "hidden_size": 1024,
+              "q_lora_rank": 512, "qk_rope_head_dim": 64, "seed": seed}
+    return q.to(torch.bfloat16).contiguous(), k.to(torch.bfloat16).contiguous(), w.contiguous(), params
+
+
+_STRUCTURED = {}
+
+
+def structured(S, T, H, seed=0):
+    """Generated once per H at the largest S and T of the run (on the CPU), then sliced: the
+    first S queries and the first T keys (the generator's locality does not depend on sizes)."""
+    if H not in _STRUCTURED:
+        _STRUCTURED.clear()
+        q, k, w, params = structured_indexer_inputs(1, max(ARGS.S), max(ARGS.T), H, D, seed=seed,
+                                                    dtype=torch.bfloat16)
+        _STRUCTURED[H] = (q.cuda(), k.cuda(), w.float().cuda(), params)
+    q, k, w, params = _STRUCTURED[H]
+    return q[:, :S].contiguous(), k[:, :T].contiguous(), w[:, :S].contiguous(), {**params, "S": S, "T": T}
+
+
+@torch.compile
+def _inductor_chunk(q, k, w, m, kk: int):
+    scores = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))
+    scores = F.relu(scores)
+    index_scores = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2)
+    index_scores = index_scores.masked_fill(~m, float("-inf"))
+    return index_scores.topk(kk, dim=-1)
+
+
+def inductor_dense(q, k, w, mask, kk):
+    """The transformers pattern compiled by inductor, query-chunked to bound [chunk,H,T]."""
+    S, H, T = q.shape[1], q.shape[2], k.shape[1]
+    chunk = min(S, 1 << (SCORE_BUDGET_BYTES // (H * T * 4)).bit_length() - 1)
+    idx = [_inductor_chunk(q[:, s:s + chunk], k, w[:, s:s + chunk], mask[:, s:s + chunk], kk).indices
+           for s in range(0, S, chunk)]
+    return torch.cat(idx, 1)
+
+
+def decode_dense(q, k, w, mask, kk):
+    """One decode step in plain torch (the transformers pattern, eager)."""
+    scores = F.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)))
+    index_scores = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2).masked_fill(~mask, float("-inf"))
+    return index_scores.topk(kk, dim=-1).indices
+
+
+def diagnostics(q, k, w, mask, kk, dense_values, n_rows=32):
+    """Traced certified call: pruning, survivors, seed gap b and slack delta (SPEC A.6)."""
+    trace = []
+    cfg = CertifiedTopkConfig(path="certified")
+    certified_topk_cuda(q, k, w, kk, mask, config=cfg, trace=trace)
+    tr = trace[0]
+    S, T = q.shape[1], k.shape[1]
+    refined = torch.where(tr.list_count > tr.cap, T, tr.list_count).float()
+    visible = mask.sum(-1).float()
+    out = {
+        "pruned_frac": float(1 - refined.mean() * 1 / visible.mean()),
+        "refined_per_query": float(refined.mean()),
+        "written_per_query": float(tr.cand_count.float().mean()),
+        "overflow_lists": int((tr.list_count > tr.cap).sum()),
+        "redo_rows": int(tr.redo.sum()),
+        "tau_minus_inf_rows": int((tr.tau == float("-inf")).sum()),
+        "r_rows": int(tr.plan.g.shape[2]),
+    }
+    rows = torch.linspace(0, S - 1, n_rows, device="cuda").long()
+    nk = round_up_to_float32(key_norm_up(k[0].float()))
+    b_sig, d_sig, d_abs, b_abs, prunable = [], [], [], [], []
+    for s in rows.tolist():
+        vis = mask[0, s]
+        x = q[0, s].float() @ k[0].float().T
+        sc = (w[0, s, :, None] * F.relu(x)).sum(0)
+        sigma = sc[vis].std()
+        g = tr.plan.g[0, s].float() @ k[0].float().T
+        U = ((tr.plan.alpha[0, s, :, None] * F.relu(g) + tr.plan.beta[0, s, :, None] * g.clamp(max=0)).sum(0)
+             + tr.plan.e[0, s] * nk + tr.plan.c[0, s])
+        tau_star = dense_values[0, s, kk - 1]
+        b = tau_star - tr.tau[0, s]
+        delta = (U - sc)[vis]
+        gap = (tau_star - sc)[vis]
+        b_abs.append(float(b))
+        b_sig.append(float(b / sigma))
+        d_abs.append(float(delta.median()))
+        d_sig.append(float(delta.median() / sigma))
+        prunable.append(float((gap > delta + b).float().mean()))
+    out.update({"b_median": statistics.median(b_abs), "b_over_sigma_median": statistics.median(b_sig),
+                "delta_median": statistics.median(d_abs),
+                "delta_over_sigma_median": statistics.median(d_sig),
+                "prunable_frac_by_b_delta": statistics.mean(prunable)})
+    return out, tr
+
+
+def stage_times(q, k, w, mask, tr):
+    """Screen and refine kernels timed alone, and the screen's distance to the tensor-core floor."""
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    p = tr.plan
+    L = tr.list_count.shape[1]
+    screen_ms, _, (ids, counts) = timed(lambda: screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk,
+                                                    mask=mask, lists_per_batch=L,
+                                                    list_queries=tr.list_queries, cap=tr.cap), 1000)
+    cand = torch.empty(q.shape[0], q.shape[1], 4 * TOPK, dtype=torch.int64, device="cuda")
+    cnt = torch.zeros(q.shape[:2], dtype=torch.int32, device="cuda")
+
+    def refine():
+        cnt.zero_()
+        score_keys(q, w, k, ids, counts, cap=tr.cap, tiles_per_list=1, mask=mask, tau=tr.tau,
+                   out=cand, out_count=cnt)
+
+    refine_ms, _, _ = timed(refine, 1000)
+    return screen_ms, refine_ms
+
+
+def run_config(S, T, H, inputs, kk, ceil, rows, do_inductor):
+    gen = transformers_random if inputs == "transformers_random" else structured
+    q, k, w, params = gen(S, T, H)
+    mask = causal_chunk_mask(S, T)
+    base = {"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "dtype": "bfloat16", "input": inputs}
+
+    dense_ms, dense_mem, (dv, di) = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask))
+    diag, tr = diagnostics(q, k, w, mask, kk, dv)
+    common = {"pruned_frac": diag["pruned_frac"], "survivors_per_query": diag["refined_per_query"]}
+    rows.append({**base, "method": "triton_dense", "ms": dense_ms, "peak_mem_gib": dense_mem,
+                 "identical": True, "pruned_frac": 0.0, "survivors_per_query": T})
+    cert_ms, cert_mem, (cv, ci) = timed(lambda: certified_topk_cuda(q, k, w, TOPK, mask))
+    stats_trace = []
+    certified_topk_cuda(q, k, w, TOPK, mask, trace=stats_trace)
+    path = "certified" if stats_trace else "dense"
+    rows.append({**base, "method": "certified", "ms": cert_ms, "peak_mem_gib": cert_mem,
+                 "identical": bool(torch.equal(ci, di) and torch.equal(cv, dv)), "path": path,
+                 **common, "diagnostics": diag, "input_params": params})
+    forced_ms, forced_mem, (fv, fi) = timed(lambda: certified_topk_cuda(
+        q, k, w, TOPK, mask, config=CertifiedTopkConfig(path="certified")))
+    screen_ms, refine_ms = stage_times(q, k, w, mask, tr)
+    rp = tr.plan.g.shape[2]
+    floor_ms = 2 * S * T * D * (diag["r_rows"]) / (ceil["bf16_matmul_TFLOPs"] * 1e9)
+    rows.append({**base, "method": "certified_forced", "ms": forced_ms, "peak_mem_gib": forced_mem,
+                 "identical": bool(torch.equal(fi, di) and torch.equal(fv, dv)), **common,
+                 "screen_ms": screen_ms, "refine_ms": refine_ms, "screen_rows_padded": rp,
+                 "screen_tc_floor_ms": floor_ms, "screen_vs_floor": screen_ms / floor_ms})
+    if do_inductor:
+        ind_ms, ind_mem, ii = timed(lambda: inductor_dense(q, k, w, mask, kk), 3000, 3)
+        same = (ii.long().sort(-1).values == di.sort(-1).values).all(-1).float().mean()
+        rows.append({**base, "method": "inductor_dense", "ms": ind_ms,
+                     "peak_mem_gib": ind_mem,
+                     "identical": bool(torch.equal(ii.long(), di)), "same_set_rows": float(same),
+                     "pruned_frac": 0.0, "survivors_per_query": T})
+    if S == max(ARGS.S) and H == 64:
+        decode_rows(q, k, w, mask, base, rows)
+    del q, k, w, mask
+    torch.cuda.empty_cache()
+
+
+def decode_rows(q, k, w, mask, base, rows):
+    """One query (the chunk's last) with the previous query's selection as witnesses."""
+    ql, wl, ml = q[:, -1:], w[:, -1:], mask[:, -1:]
+    _, prev = dense_topk_cuda(q[:, -2:-1], k, w[:, -2:-1], TOPK, mask[:, -2:-1])
+    dv, di = dense_topk_cuda(ql, k, wl, TOPK, ml)
+    b = {**base, "S": 1}
+    ms, mem, ti = timed(lambda: decode_dense(ql, k, wl, ml, TOPK), 500)
+    rows.append({**b, "method": "decode_dense", "ms": ms, "peak_mem_gib": mem,
+                 "identical": bool(torch.equal(ti, di)),
+                 "pruned_frac": 0.0})
+    ms, mem, _ = timed(lambda: dense_topk_cuda(ql, k, wl, TOPK, ml), 500)
+    rows.append({**b, "method": "decode_triton_dense", "ms": ms, "peak_mem_gib": mem,
+                 "identical": True, "pruned_frac": 0.0})
+    ms, mem, (cv, ci) = timed(lambda: decode_topk_cuda(ql, k, wl, TOPK, ml, witnesses=prev[:, 0]), 500)
+    rows.append({**b, "method": "decode_certified", "ms": ms, "peak_mem_gib": mem, "pruned_frac": 0.0,
+                 "identical": bool(torch.equal(ci, di) and torch.equal(cv, dv))})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--S", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--T", type=int, nargs="+", default=[32768, 131072, 524288])
+    ap.add_argument("--H", type=int, nargs="+", default=[64, 32])
+    ap.add_argument("--inputs", nargs="+", default=["structured", "transformers_random"])
+    ap.add_argument("--budget_s", type=float, default=480)
+    ap.add_argument("--inductor_max_T", type=int, default=524288)
+    global ARGS
+    ARGS = ap.parse_args()
+    t0 = time.perf_counter()
+    ceil = ceilings()
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": triton.__version__, "ceilings": ceil, "rows": [], "skipped": []}
+    print(json.dumps(ceil))
+    configs = [(S, T, H, x) for H in ARGS.H for x in ARGS.inputs for S in sorted(ARGS.S, reverse=True)
+               for T in sorted(ARGS.T, key=lambda t: (t != 131072, -t))]
+    for S, T, H, x in configs:
+        if time.perf_counter() - t0 > ARGS.budget_s:
+            doc["skipped"].append({"S": S, "T": T, "H": H, "input": x})
+            continue
+        n0 = len(doc["rows"])
+        try:
+            run_config(S, T, H, x, TOPK, ceil, doc["rows"], T <= ARGS.inductor_max_T)
+        except Exception as exc:  # recorded, the run goes on with the next shape
+            doc["rows"].append({"S": S, "T": T, "H": H, "input": x, "error": repr(exc)[:500]})
+            torch.cuda.empty_cache()
+        for r in doc["rows"][n0:]:
+            print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
+                   if k not in ("diagnostics", "input_params")}, flush=True)
+        with open(ARGS.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    print(f"total {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
