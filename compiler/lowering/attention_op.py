@@ -1,0 +1,79 @@
+"""``torch.ops.pulsar_dosa.attention``: a model's attention that follows the active Pulsar layout.
+
+Schema: ``attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, bool is_causal, float? scale,
+bool enable_gqa, str form) -> Tensor``; q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] (Hkv = Hq unless
+``enable_gqa``); returns [B, Hq, Sq, D] in q's dtype.
+
+With no active layout (``runtime.attention_layout.active_layout()`` is None) it computes what the
+replaced code computed, with the same torch calls:
+
+* ``form="sdpa"``: ``F.scaled_dot_product_attention(q, k, v, attn_mask, 0.0, is_causal, scale,
+  enable_gqa=enable_gqa)``;
+* ``form`` in ``EAGER_FORMS``: ``softmax((q @ kᵀ) ∘ scale + attn_mask, -1[, float32]).to(q.dtype) @ v``
+  with ``∘`` a product (``eager_mul*``) or a division (``eager_div*``) by ``scale`` (required),
+  the softmax in float32 for the ``*_softmax_fp32`` forms, and k/v repeated per query head first
+  when ``enable_gqa``.
+
+With an active layout the mask and ``is_causal`` are ignored: the layout decides visibility and the
+attention runs through ``layout.attend`` (the Triton two-interval kernel on CUDA, the plain-torch
+reference elsewhere), with the effective scale (the SDPA default 1/sqrt(D) when ``scale`` is None).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from compiler.lowering.flash_attention_triton import two_interval_attention_triton
+from runtime.attention_layout import active_layout
+from runtime.attention_reference import two_interval_attention
+
+SDPA_FORM = "sdpa"
+EAGER_FORMS = ("eager_mul", "eager_div", "eager_mul_softmax_fp32", "eager_div_softmax_fp32")
+FORMS = (SDPA_FORM, *EAGER_FORMS)
+
+
+def effective_scale(form: str, scale: Optional[float], head_dim: int) -> float:
+    """The multiplier of q·k that the original attention applied."""
+    if scale is None:
+        return head_dim ** -0.5
+    return 1.0 / scale if form.startswith("eager_div") else scale
+
+
+def eager_attention(q, k, v, attn_mask, scale: float, enable_gqa: bool, form: str) -> torch.Tensor:
+    """The eager chain, replayed op by op (see the module docstring)."""
+    if enable_gqa:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-2, -1))
+    scores = scores / scale if form.startswith("eager_div") else scores * scale
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    softmax_dtype = torch.float32 if form.endswith("softmax_fp32") else None
+    probs = F.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
+@torch.library.custom_op("pulsar_dosa::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
+              is_causal: bool, scale: Optional[float], enable_gqa: bool, form: str) -> torch.Tensor:
+    """Layout-aware attention (module docstring)."""
+    if form not in FORMS:
+        raise ValueError(f"form: expected one of {list(FORMS)}, got {form!r}")
+    if form != SDPA_FORM and scale is None:
+        raise ValueError(f"scale: form {form!r} needs the chain's scale factor, got None")
+    layout = active_layout()
+    if layout is None:
+        if form == SDPA_FORM:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.0,
+                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return eager_attention(q, k, v, attn_mask, scale, enable_gqa, form)
+    attention_fn = two_interval_attention_triton if q.is_cuda else two_interval_attention
+    return layout.attend(q, k, v, scale=effective_scale(form, scale, q.shape[-1]),
+                         attention_fn=attention_fn)
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, attn_mask, is_causal, scale, enable_gqa, form):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))

@@ -1,0 +1,257 @@
+"""The attention pass: a model's attention -> ``pulsar_dosa.attention`` (follows the Pulsar layout).
+
+Two pattern families on the Dynamo (torch-level) graph, each with GQA ``repeat_kv`` on k and v
+folded into ``enable_gqa`` (``x[:, :, None].expand(B, Hkv, n, S, D).reshape(B, Hkv·n, S, D)`` or
+``x.repeat_interleave(n, dim=1)``, the same n on k and v):
+
+    sdpa     F.scaled_dot_product_attention(q, k, v, attn_mask?, dropout_p=0, is_causal, scale?, enable_gqa)
+    eager    matmul(softmax(matmul(q, kᵀ) (*|/) c [+ mask], dim=-1[, dtype=float32]) [.to] [dropout p=0], v)
+
+with kᵀ = ``k.transpose(-2, -1)`` (any spelling of the last two dims) and c a Python number.
+Variants (report ``variant``): the op form (``compiler.lowering.attention_op.FORMS``) plus
+``+gqa`` when a repeat was folded and ``+mask`` when a mask is passed. A matched chain must be
+closed: every interior node (scores, softmax, casts, the transposed or repeated k and v) feeds
+only the next node of the chain, e.g. attention weights that are also returned make a near miss.
+Near misses (left untouched, recorded with the reason): dropout that may be active, a scale that
+is a tensor, a softmax over another dim or in another dtype, operands that are not 4-D
+[B, H, S, D], k and v of different shapes.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from compiler.lowering.attention_op import SDPA_FORM
+from compiler.passes.matcher import (arg, insert_call, module_path, normalize_dim, op_kind, same_size,
+                                     tensor_meta)
+
+KIND = "attention"
+OP = torch.ops.pulsar_dosa.attention.default
+SDPA_TARGETS = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+
+
+class NearMiss(Exception):
+    """A candidate that fails a check; the message is the reason."""
+
+
+@dataclass
+class AttentionMatch:
+    """A safe attention subgraph: what replaces ``anchor`` and which nodes die with it."""
+
+    anchor: fx.Node
+    q: fx.Node
+    k: fx.Node
+    v: fx.Node
+    mask: Optional[fx.Node]
+    is_causal: bool
+    scale: Optional[float]
+    enable_gqa: bool
+    form: str
+    interior: list[fx.Node]
+
+    @property
+    def variant(self) -> str:
+        return self.form + ("+gqa" if self.enable_gqa else "") + ("+mask" if self.mask is not None else "")
+
+
+def repeat_kv_source(node: Any) -> tuple[Any, int, list[fx.Node]]:
+    """``(x, n, nodes)`` when ``node`` repeats every head of 4-D ``x`` n times along dim 1, else ``(node, 1, [])``."""
+    if not isinstance(node, fx.Node):
+        return node, 1, []
+    if (node.op == "call_method" and node.target == "repeat_interleave") or \
+            (node.op == "call_function" and node.target is torch.repeat_interleave):
+        source, repeats = node.args[0], arg(node, 1, "repeats")
+        dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else None)
+        src = tensor_meta(source)
+        if isinstance(repeats, int) and src is not None and src.dim() == 4 and normalize_dim(dim, 4) == 1:
+            return source, repeats, [node]
+        return node, 1, []
+    if op_kind(node) != "reshape" or not isinstance(node.args[0], fx.Node) or op_kind(node.args[0]) != "expand":
+        return node, 1, []
+    expand = node.args[0]
+    index = expand.args[0]
+    if not (isinstance(index, fx.Node) and index.op == "call_function" and index.target is operator.getitem):
+        return node, 1, []
+    source, key = index.args
+    full = slice(None, None, None)
+    src, wide, out = tensor_meta(source), tensor_meta(expand), tensor_meta(node)
+    if key != (full, full, None, full, full) or src is None or wide is None or out is None or src.dim() != 4:
+        return node, 1, []
+    b, h, s, d = src.shape
+    n = wide.shape[2]
+    if wide.dim() != 5 or not all(same_size(x, y) for x, y in zip(wide.shape, (b, h, n, s, d))) \
+            or out.dim() != 4 or not all(same_size(x, y) for x, y in zip(out.shape, (b, h * n, s, d))) \
+            or not isinstance(n, int):
+        return node, 1, []
+    return source, n, [node, expand, index]
+
+
+def fold_repeat_kv(k: Any, v: Any) -> tuple[Any, Any, bool, list[fx.Node]]:
+    """Strip a matching repeat of k and v: ``(k, v, folded, repeat nodes)``."""
+    k_src, k_rep, k_nodes = repeat_kv_source(k)
+    v_src, v_rep, v_nodes = repeat_kv_source(v)
+    if k_rep > 1 and k_rep == v_rep:
+        return k_src, v_src, True, k_nodes + v_nodes
+    return k, v, False, []
+
+
+def check_operands(q: Any, k: Any, v: Any) -> None:
+    """q, k, v 4-D [B, H, S, D] tensors, k and v not provably of different shapes (equality of
+    symbolic lengths is checked when the op runs), heads of q a static multiple of k's."""
+    metas = [tensor_meta(x) for x in (q, k, v)]
+    if any(m is None or m.dim() != 4 for m in metas):
+        raise NearMiss("q, k and v must be 4-D [B, H, S, D] tensors")
+    mq, mk, mv = metas
+    if any(statically_known_true(a != b) for a, b in zip(mk.shape, mv.shape)):
+        raise NearMiss(f"k and v have different shapes {tuple(mk.shape)} and {tuple(mv.shape)}")
+    if not same_size(mq.shape[3], mk.shape[3]) or not same_size(mq.shape[0], mk.shape[0]):
+        raise NearMiss("q and k differ in batch or head dim")
+    hq, hkv = mq.shape[1], mk.shape[1]
+    if not (isinstance(hq, int) and isinstance(hkv, int) and hkv > 0 and hq % hkv == 0):
+        raise NearMiss("query heads are not a static multiple of key/value heads")
+
+
+def single_use(nodes: list[fx.Node]) -> None:
+    """Every interior node feeds exactly one user (the next node of the chain)."""
+    for node in nodes:
+        if len(node.users) != 1:
+            raise NearMiss(f"intermediate {node.name} is used outside the attention chain")
+
+
+def match_sdpa(node: fx.Node) -> AttentionMatch:
+    """``F.scaled_dot_product_attention`` with inactive dropout -> the op in sdpa form."""
+    q, k, v = node.args[:3]
+    mask = arg(node, 3, "attn_mask")
+    dropout = arg(node, 4, "dropout_p", 0.0)
+    is_causal = arg(node, 5, "is_causal", False)
+    scale = arg(node, 6, "scale")
+    enable_gqa = node.kwargs.get("enable_gqa", False)
+    if not (isinstance(dropout, (int, float)) and dropout == 0):
+        raise NearMiss(f"dropout_p={dropout} may be active")
+    if not isinstance(is_causal, bool) or not isinstance(enable_gqa, bool):
+        raise NearMiss("is_causal/enable_gqa are not constants")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise NearMiss("scale is not a Python number")
+    k, v, folded, repeats = fold_repeat_kv(k, v)
+    single_use(repeats)
+    check_operands(q, k, v)
+    return AttentionMatch(node, q, k, v, mask, is_causal, None if scale is None else float(scale),
+                          enable_gqa or folded, SDPA_FORM, repeats)
+
+
+def through_inactive_dropout(node: Any, chain: list[fx.Node]) -> Any:
+    """Skip ``F.dropout(x, p=0)`` / ``dropout(x, training=False)`` (appending it to ``chain``)."""
+    if isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.dropout:
+        p, training = arg(node, 1, "p", 0.5), arg(node, 2, "training", True)
+        if not (p == 0 or training is False):
+            raise NearMiss("dropout on the attention weights may be active")
+        chain.append(node)
+        return node.args[0]
+    return node
+
+
+def softmax_of(node: Any) -> tuple[Optional[fx.Node], list[fx.Node]]:
+    """The softmax that feeds ``node`` through dropout and casts, with the skipped nodes."""
+    chain: list[fx.Node] = []
+    while isinstance(node, fx.Node):
+        node = through_inactive_dropout(node, chain)
+        if op_kind(node) == "softmax":
+            return node, chain
+        if op_kind(node) in ("cast", "contiguous", "clone"):
+            chain.append(node)
+            node = node.args[0]
+            continue
+        return None, chain
+    return None, chain
+
+
+def match_eager(anchor: fx.Node) -> Optional[AttentionMatch]:
+    """``matmul(softmax(...), v)`` -> the op in an eager form; None when no softmax feeds it."""
+    probs, v = anchor.args[0], anchor.args[1]
+    softmax, chain = softmax_of(probs)
+    if softmax is None:
+        return None
+    dim = arg(softmax, 1, "dim")
+    dtype = softmax.kwargs.get("dtype", softmax.args[2] if len(softmax.args) > 2 else None)
+    if normalize_dim(dim, 4) != 3:
+        raise NearMiss(f"softmax over dim {dim}, not the key dim")
+    scores = softmax.args[0]
+    chain.append(softmax)
+    mask = None
+    if op_kind(scores) == "add":
+        left, right = scores.args[0], scores.args[1]
+        chain.append(scores)
+        scores, mask = (left, right) if op_kind(left) in ("mul", "div", "matmul") else (right, left)
+        if not isinstance(mask, fx.Node):
+            raise NearMiss("the added mask is not a tensor")
+    divides, scale = False, 1.0
+    if op_kind(scores) in ("mul", "div"):
+        left, right = scores.args[0], scores.args[1]
+        divides = op_kind(scores) == "div"
+        factor, product = (right, left) if isinstance(right, (int, float)) or divides else (left, right)
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool):
+            raise NearMiss("the score scale is not a Python number")
+        chain.append(scores)
+        scores, scale = product, float(factor)
+    if op_kind(scores) != "matmul":
+        raise NearMiss("the softmax input is not matmul(q, kᵀ) [scaled] [+ mask]")
+    chain.append(scores)
+    q, kt = scores.args[0], scores.args[1]
+    if op_kind(kt) != "transpose" or {normalize_dim(kt.args[1], 4), normalize_dim(kt.args[2], 4)} != {2, 3}:
+        raise NearMiss("the key operand is not k.transpose(-2, -1)")
+    chain.append(kt)
+    k, v_src, folded, repeats = fold_repeat_kv(kt.args[0], v)
+    single_use(chain + repeats)
+    check_operands(q, k, v_src)
+    q_meta = tensor_meta(q)
+    if dtype not in (None, torch.float32):
+        raise NearMiss(f"softmax in dtype {dtype}")
+    if dtype is None and q_meta.dtype != torch.float32 and tensor_meta(softmax).dtype != q_meta.dtype:
+        raise NearMiss("softmax output dtype differs from q's")
+    if any(tensor_meta(n).dtype != q_meta.dtype for n in chain if op_kind(n) == "cast") \
+            or tensor_meta(probs).dtype != q_meta.dtype:
+        raise NearMiss("attention weights are not cast back to q's dtype")
+    form = ("eager_div" if divides else "eager_mul") + ("_softmax_fp32" if dtype is torch.float32 else "")
+    return AttentionMatch(anchor, q, k, v_src, mask, False, scale, folded, form, chain + repeats)
+
+
+def rewrite(graph: fx.Graph, match: AttentionMatch) -> fx.Node:
+    """Insert the op before the anchor, reroute the anchor's users, erase the dead chain."""
+    with graph.inserting_before(match.anchor):
+        op = insert_call(graph, "call_function", OP,
+                         (match.q, match.k, match.v, match.mask, match.is_causal, match.scale,
+                          match.enable_gqa, match.form), like=match.anchor)
+    match.anchor.replace_all_uses_with(op)
+    graph.erase_node(match.anchor)
+    for node in match.interior:
+        graph.erase_node(node)
+    return op
+
+
+def run(ctx) -> None:
+    """Match every SDPA call and every ``matmul(softmax, v)`` of ``ctx.gm``, then rewrite the safe ones."""
+    graph = ctx.gm.graph
+    matches = []
+    for node in list(graph.nodes):
+        try:
+            if node.op == "call_function" and node.target in SDPA_TARGETS:
+                matches.append(match_sdpa(node))
+            elif op_kind(node) == "matmul":
+                found = match_eager(node)
+                if found is not None:
+                    matches.append(found)
+        except NearMiss as miss:
+            ctx.report.add_near_miss(KIND, module_path(node), str(miss), node.name)
+    for match in matches:
+        op = rewrite(graph, match)
+        shapes = {name: tensor_meta(x).shape for name, x in (("q", match.q), ("k", match.k), ("v", match.v))}
+        if match.mask is not None:
+            shapes["mask"] = tensor_meta(match.mask).shape
+        ctx.report.add_rewrite(KIND, module_path(op), variant=match.variant, shapes=shapes,
+                               path="pulsar_layout", form=match.form)
