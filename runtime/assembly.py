@@ -131,10 +131,10 @@ def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
 def assemble(token_ids: torch.Tensor, block_size: int, *, mode: str = "pulsar", sink: int = 64,
              anchor: int | None = None, chunk: int = 32, ratio: float = 0.125,
              heuristic: str = "max_idf", positions: str = "sparse",
-             shared_spine: bool = False) -> PackedLayout:
+             shared_spine: bool = False, tie_break: str = "position") -> PackedLayout:
     """Pack the phase-1 inputs of ``mode`` for the 1-D integer ``token_ids`` [L].
 
-    ``sink``, ``chunk``, ``ratio``, ``heuristic`` set the pulsar summaries
+    ``sink``, ``chunk``, ``ratio``, ``heuristic``, ``tie_break`` set the pulsar summaries
     (``runtime.summaries.select_summaries``); ``anchor`` (star only) is the anchor length, None
     for the whole first block; ``shared_spine`` applies to pulsar only. Tensors are created on
     ``token_ids.device``.
@@ -164,7 +164,7 @@ def assemble(token_ids: torch.Tensor, block_size: int, *, mode: str = "pulsar", 
         return _pack_inputs([blocks[0]] + [torch.cat([head, b]) for b in blocks[1:]], block_size, positions,
                             length)
     summaries = select_summaries(token_ids, block_size, heuristic=heuristic, chunk=chunk,
-                                 ratio=ratio, sink=sink)
+                                 ratio=ratio, sink=sink, tie_break=tie_break)
     if num_blocks(length, block_size) == 1:
         return _pack_inputs(blocks, block_size, positions, length)
     sink_tokens = blocks[0][:sink]

@@ -20,10 +20,12 @@ Definitions used throughout (token ids ``t`` of length ``L``, block size ``B``):
   than ``sigma_i`` tokens. The budget of the shorter last block follows its own length; as the
   last block has no successor its summary is never assembled, yet it is returned like any other.
 * Selection: the ``k_i`` best-scoring groups of each block, returned as their token positions in
-  ascending (reading) order. Ties are broken by position: the earlier group wins. This is
-  deterministic and reproducible on every host; Max-IDF ties often when there are few blocks
-  (all scores sit on the handful of values ``log(n / d)``), and the rule then keeps the earliest
-  groups, i.e. degrades to a prefix of the block rather than an arbitrary mix.
+  ascending (reading) order. Ties are broken by position (``tie_break="position"``, the
+  default): the earlier group wins. This is deterministic and reproducible on every host. Max-IDF
+  ties often: its scores sit on the n values ``log(n / d)`` and in natural text nearly every group
+  holds some token found in no other block, so most groups of a block tie at ``log(n)`` and the
+  rule keeps a prefix of the block. ``tie_break="tfidf"`` orders tied groups by their TF-IDF
+  first (then by position), which keeps Max-IDF's choice wherever it is strict.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import torch
 
 HEURISTICS = ("max_idf", "tfidf", "bm25", "entropy", "uniform")
 SCORED_HEURISTICS = ("max_idf", "tfidf", "bm25", "entropy")
+TIE_BREAKS = ("position", "tfidf")
 BM25_K1 = 1.2
 BM25_B = 0.75
 RATIO_MAX_DENOMINATOR = 10**6
@@ -220,9 +223,13 @@ def _split_by_block(positions: torch.Tensor, block_size: int, n: int) -> list[to
     return list(torch.split(positions, counts.tolist()))
 
 
-def _top_groups(groups: ChunkGroupScores, budget: torch.Tensor) -> torch.Tensor:
-    """Mask [G] of the budget[b] best groups of each block b, earlier group first on ties."""
-    order = torch.sort(groups.score, descending=True, stable=True).indices
+def _top_groups(groups: ChunkGroupScores, budget: torch.Tensor, secondary: torch.Tensor | None) -> torch.Tensor:
+    """Mask [G] of the budget[b] best groups of each block b: by score, then by ``secondary``
+    (when given), then the earlier group (chained stable sorts over the position order)."""
+    order = torch.arange(groups.score.numel(), device=groups.score.device)
+    if secondary is not None:
+        order = torch.sort(secondary, descending=True, stable=True).indices
+    order = order[torch.sort(groups.score[order], descending=True, stable=True).indices]
     order = order[torch.sort(groups.block[order], stable=True).indices]
     per_block = torch.bincount(groups.block, minlength=budget.numel())
     first_of_block = torch.cumsum(per_block, 0) - per_block
@@ -246,13 +253,15 @@ def _uniform_positions(length: int, block_size: int, budget: torch.Tensor, chunk
 
 
 def select_summaries(token_ids: torch.Tensor, block_size: int, *, heuristic: str = "max_idf",
-                     chunk: int = 32, ratio: float = 0.125, sink: int = 64) -> list[torch.Tensor]:
+                     chunk: int = 32, ratio: float = 0.125, sink: int = 64,
+                     tie_break: str = "position") -> list[torch.Tensor]:
     """Summary of every block: ascending int64 positions into ``token_ids`` (one tensor per block).
 
     ``token_ids``: 1-D non-negative integer tensor [L]. ``heuristic``: one of ``max_idf``,
-    ``tfidf``, ``bm25``, ``entropy`` (top ``k_i`` chunk groups per block, module docstring) or
-    ``uniform`` (``floor(linspace)`` over the block's candidates, ``k_i * chunk`` tokens, capped
-    at the number of candidates). Positions lie in their own block and never in the sink.
+    ``tfidf``, ``bm25``, ``entropy`` (top ``k_i`` chunk groups per block, ties resolved by
+    ``tie_break``: module docstring) or ``uniform`` (``floor(linspace)`` over the block's
+    candidates, ``k_i * chunk`` tokens, capped at the number of candidates; no ties). Positions
+    lie in their own block and never in the sink.
     """
     check_token_ids(token_ids)
     check_positive_int("block_size", block_size)
@@ -260,6 +269,8 @@ def select_summaries(token_ids: torch.Tensor, block_size: int, *, heuristic: str
     _check_ratio(ratio)
     _check_sink(sink, block_size)
     _check_heuristic(heuristic, HEURISTICS)
+    if tie_break not in TIE_BREAKS:
+        raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
     length = token_ids.numel()
     device = token_ids.device
     n = num_blocks(length, block_size)
@@ -269,7 +280,10 @@ def select_summaries(token_ids: torch.Tensor, block_size: int, *, heuristic: str
         positions = _uniform_positions(length, block_size, budget, chunk, sink, device)
         return _split_by_block(positions, block_size, n)
     groups = score_chunk_groups(token_ids, block_size, heuristic=heuristic, chunk=chunk, sink=sink)
-    chosen = _top_groups(groups, budget)
+    secondary = None
+    if tie_break == "tfidf":
+        secondary = score_chunk_groups(token_ids, block_size, heuristic="tfidf", chunk=chunk, sink=sink).score
+    chosen = _top_groups(groups, budget, secondary)
     gid, _, _, _ = _groups(length, block_size, chunk, sink, device)
     candidates = torch.nonzero(gid >= 0).flatten()
     positions = candidates[chosen[gid[candidates]]]

@@ -76,6 +76,15 @@ def test_pulsar_contiguous_positions_restart_per_input():
     assert layout.query_position_start == 8
 
 
+def test_pulsar_summaries_follow_the_tie_break():
+    # B1 = [1 3 9 8]: groups [4,5] = (1, 3) and [6,7] = (9, 8) tie at Max-IDF log 4; TF-IDF prefers [6,7]
+    tokens = torch.tensor([5, 1, 1, 2, 1, 3, 9, 8, 1, 1, 7, 1, 1, 2])
+    by_position = assemble(tokens, 4, **PULSAR)
+    by_tfidf = assemble(tokens, 4, tie_break="tfidf", **PULSAR)
+    assert by_position.source_index[10:14].tolist() == [0, 3, 4, 5]  # Input_2 = [sink, Σ0, Σ1, ...]
+    assert by_tfidf.source_index[10:14].tolist() == [0, 3, 6, 7]
+
+
 def test_shared_spine_layout_encodes_sink_and_summaries_once_before_the_blocks():
     got = fields(assemble(TOKENS, 4, shared_spine=True, **PULSAR))
     assert got == {
@@ -169,6 +178,7 @@ def test_visibility_expands_the_two_interval_rule():
     (dict(positions="absolute"), ValueError, "positions"),
     (dict(shared_spine=1), TypeError, "shared_spine"),
     (dict(sink=5), ValueError, "sink"),
+    (dict(sink=1, tie_break="random"), ValueError, "tie_break"),
 ])
 def test_assemble_rejects_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):

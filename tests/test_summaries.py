@@ -109,6 +109,22 @@ def test_ties_go_to_the_earlier_group(heuristic, expected):
     assert summaries[2].tolist() == [18, 19, 20]
 
 
+def test_tfidf_tie_break_orders_max_idf_ties_by_mean_idf():
+    # block 1 groups [1 1 1 7] and [8 9 1 1] tie at Max-IDF log 2; the second has the higher TF-IDF
+    tokens = torch.tensor([1] * 8 + [1, 1, 1, 7, 8, 9, 1, 1])
+    by_position = select_summaries(tokens, 8, chunk=4, ratio=0.5, sink=0)
+    by_tfidf = select_summaries(tokens, 8, chunk=4, ratio=0.5, sink=0, tie_break="tfidf")
+    assert by_position[1].tolist() == [8, 9, 10, 11]
+    assert by_tfidf[1].tolist() == [12, 13, 14, 15]
+
+
+def test_tfidf_tie_break_keeps_strict_max_idf_winners():
+    # block 3: group A wins Max-IDF strictly although group B has the higher TF-IDF
+    summaries = select_summaries(FOUR_BLOCKS, 9, tie_break="tfidf", **ONE_GROUP)
+    assert summaries[3].tolist() == [27, 28, 29]
+    assert summaries[1].tolist() == [9, 10, 11]  # full ties remain broken by position
+
+
 def test_selected_groups_come_back_in_position_order():
     # TF-IDF of block 1's groups: [14,15] (two block-unique tokens) > [10,11] (one) > the rest
     tokens = torch.tensor([1] * 8 + [1, 1, 1, 7, 1, 1, 8, 9])
@@ -263,6 +279,7 @@ def test_groups_with_the_same_tokens_in_another_order_tie_and_the_earlier_wins(h
     (dict(sink=-1), ValueError, "sink"),
     (dict(sink=10), ValueError, "sink"),
     (dict(sink=True), TypeError, "sink"),
+    (dict(tie_break="random"), ValueError, "tie_break"),
 ])
 def test_select_summaries_rejects_bad_options(kwargs, error, match):
     with pytest.raises(error, match=match):
