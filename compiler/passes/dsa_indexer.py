@@ -35,13 +35,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from compiler.plan_apply import indexer_settings
+from compiler.plan_capture import indexer_op
 from compiler.passes.matcher import (arg, erase_dead_pure, escaping_nodes, insert_call, is_scalar,
                                      is_unit, module_path, normalize_dim, op_kind, post_dominators,
                                      same_shape, same_size, skip_layout_preserving, tensor_meta,
                                      value)
 
 KIND = "dsa_indexer"
-OP = torch.ops.pulsar_dosa.certified_topk.default
 
 
 class MaskVariant(enum.Enum):
@@ -273,7 +274,7 @@ def check_head_weighting(hw: fx.Node, m: "_Builder") -> fx.Node:
     if out_labels != b + s + t or sorted(sw) != sorted(b + s + h) or len(set(sp)) != 4:
         raise NearMiss(f"head-weighting einsum {hw.args[0]!r} does not sum the scores' dim 2 against [B,S,H] weights")
     perm = tuple(sw.index(c) for c in b + s + h)
-    m.weights = Operand(w, [] if perm == (0, 1, 2) else [("permute", perm)])
+    m.weights = Operand(w, [] if perm == (0, 1, 2) else [("permute", (perm,))])
     return p
 
 
@@ -356,8 +357,8 @@ def check_qk(node: fx.Node, m: "_Builder") -> None:
         qperm = tuple(la.index(c) for c in bb + s + h + d)
         kperm = tuple(lb.index(c) for c in bb + t + d)
         m.qk_variant = QkVariant.EINSUM
-        m.q = Operand(a, [] if qperm == (0, 1, 2, 3) else [("permute", qperm)])
-        m.k = Operand(b, [] if kperm == (0, 1, 2) else [("permute", kperm)])
+        m.q = Operand(a, [] if qperm == (0, 1, 2, 3) else [("permute", (qperm,))])
+        m.k = Operand(b, [] if kperm == (0, 1, 2) else [("permute", (kperm,))])
         return
     if kind == "reshape":
         bmm = m.skip(node.args[0])
@@ -462,8 +463,8 @@ def _emit(graph: fx.Graph, operand: Operand, like: fx.Node) -> fx.Node:
     return node
 
 
-def rewrite(graph: fx.Graph, match: IndexerMatch, options) -> fx.Node:
-    """Replace the matched region by one certified_topk call; returns the op node."""
+def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
+    """Replace the matched region by one certified_topk call (``settings``: its plan arguments); returns the op node."""
     anchor = match.anchor
     with graph.inserting_before(anchor):
         q, k, w = (_emit(graph, o, anchor) for o in (match.q, match.k, match.weights))
@@ -476,8 +477,8 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options) -> fx.Node:
         mask = match.mask
         if mask is not None and match.invert_mask:
             mask = insert_call(graph, "call_function", torch.logical_not, (mask,), like=anchor)
-        op = insert_call(graph, "call_function", OP, (q, k, w, match.topk, mask),
-                         {"layer": match.module, "path": options.certified, "record_stats": options.record_stats},
+        op = insert_call(graph, "call_function", indexer_op(options), (q, k, w, match.topk, mask),
+                         {"layer": match.module, **settings.op_kwargs(), "record_stats": options.record_stats},
                          like=anchor)
     anchor.replace_all_uses_with(op)
     for node in reversed(match.interior):
@@ -501,10 +502,12 @@ def run(ctx) -> None:
         except NearMiss as miss:
             ctx.report.add_near_miss(KIND, module_path(anchor), str(miss), anchor.name)
     for match in matches:
-        op = rewrite(graph, match, ctx.options)
+        settings = indexer_settings(ctx.options, match.module, _fixed_shape(match.q), value(match.topk),
+                                    value(match.q.node).device.type)
+        op = rewrite(graph, match, ctx.options, settings)
         q, k, w = (value(a) for a in op.args[:3])
         shapes = {"q": q.shape, "k": k.shape, "weights": w.shape}
         if op.args[4] is not None:
             shapes["mask"] = value(op.args[4]).shape
         ctx.report.add_rewrite(KIND, match.module, variant=match.variant, shapes=shapes,
-                               path=ctx.options.certified, r=None, topk=str(value(match.topk)))
+                               topk=str(value(match.topk)), **settings.report_fields())
