@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import os
 from typing import Any, Callable, Mapping
 
 DOWNSTREAMS = ("inductor", "eager", "tensorrt")
@@ -65,6 +66,17 @@ def _check_passes(key: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _check_plan(key: str, value: Any) -> Any:
+    from compiler.plan_schema import Plan, load_plan  # late: plans pull in the cost model (sympy)
+
+    if value is None or isinstance(value, Plan):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return load_plan(value)
+    raise TypeError(f"option {key!r}: expected a path to a JSON plan (python -m compiler.plan), a Plan or None, "
+                    f"got {type(value).__name__} {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
     """Validated backend options. Build it with :meth:`from_user`; every field is documented in its ``doc``."""
@@ -77,6 +89,12 @@ class CompileOptions:
                             "top-K path of the rewritten indexers: 'auto' (cost-based), 'dense' or 'certified'")
     record_stats: bool = option(True, _check_bool,
                                 "accumulate per-layer top-K statistics (device tensors, no host sync)")
+    plan: Any = option(None, _check_plan,
+                       "per-layer indexer plan: a JSON plan path (loaded and validated) or a Plan; each layer's "
+                       "r and crossover come from it, and its content is part of uuid()")
+    capture: bool = option(False, _check_bool,
+                           "record each rewritten indexer's inputs instead of optimising (plan calibration, "
+                           "compiler.plan_capture)")
 
     @classmethod
     def from_user(cls, options: "CompileOptions | Mapping[str, Any] | None") -> "CompileOptions":

@@ -29,10 +29,28 @@ class LayerSettings:
     predicted_pruned_frac: float | None
     source: str
 
+    def report_fields(self) -> dict:
+        """What a rewrite entry of the report records about the choice."""
+        return {"path": self.path, "r": self.r, "min_keys": self.min_keys,
+                "predicted_pruned_frac": self.predicted_pruned_frac, "settings_from": self.source}
+
     def op_kwargs(self) -> dict:
         """``path``, ``r`` and ``min_keys`` for the op call (-1 = the runtime's default)."""
         return {"path": self.path, "r": -1 if self.r is None else self.r,
                 "min_keys": -1 if self.min_keys is None else self.min_keys}
+
+
+def _static_int(size) -> int | None:
+    """A size known at compile time as a plain int, else None (symbolic)."""
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def indexer_settings(options, layer: str, q_shape, topk, device_type: str) -> LayerSettings:
+    """``layer_settings`` for a rewrite: q_shape is the op's [B,S,H,D] q shape, topk its topk argument,
+    ``options`` the backend's CompileOptions (its ``plan`` and ``certified`` fields)."""
+    return layer_settings(layer, plan=options.plan, forced_path=options.certified,
+                          heads=_static_int(q_shape[2]), head_dim=_static_int(q_shape[3]),
+                          topk=_static_int(topk), device_type=device_type)
 
 
 def layer_settings(layer: str, *, plan: Plan | None, forced_path: str, heads: int | None,

@@ -1,0 +1,123 @@
+"""Offline per-layer indexer plans: ``python -m compiler.plan --model M --tokens F --out plan.json``.
+
+Runs the model eagerly on calibration tokens, captures each DSA indexer layer's q, k, weights through
+the backend's own indexer pass (``compiler.plan_capture``), measures per layer the survival m(r) of
+each candidate budget r with the runtime's certified top-K, the seed gap and slack distributions,
+lets the cost model choose r, the path and the crossover length, and writes a versioned JSON plan
+(``compiler.plan_schema``). ``--plot out.png`` also draws m(r) per layer and the predicted speedup.
+
+Use the plan with ``torch.compile(model, backend="pulsar_dosa", options={"plan": "plan.json"})``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from compiler.cost_model import CPU_REFERENCE, H200_ESTIMATE, KernelConstants, candidate_rs
+from compiler.plan_schema import Plan, save_plan
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m compiler.plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True,
+                   help="transformers model directory, config.json (random init) or module:function factory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--tokens", help=".txt of whitespace-separated token ids, or an integer .npy / .pt array")
+    src.add_argument("--text", help="plain text, tokenised with the model's tokenizer")
+    p.add_argument("--out", required=True, help="where to write the JSON plan")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation (no weights)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per calibration sequence (default: the whole stream, or each row)")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per model call")
+    p.add_argument("--candidates", default=None,
+                   help="comma-separated retained-head budgets r to measure (default: the tile-aligned set)")
+    p.add_argument("--constants", default=None,
+                   help="'cpu', 'h200' or a JSON file of KernelConstants (default: cpu, or h200 on --device cuda)")
+    p.add_argument("--design-length", type=int, default=131072,
+                   help="key length the choice of r is optimised for (default 131072)")
+    p.add_argument("--queries", type=int, default=None,
+                   help="queries per indexer call to plan for (default: causal prefill, one per key)")
+    p.add_argument("--device", default="cpu", help="device the model runs on (default cpu)")
+    p.add_argument("--plot", default=None, help="also write a PNG of m(r) and the predicted speedup")
+    return p.parse_args(argv)
+
+
+def resolve_constants(spec: str | None, device: str) -> KernelConstants:
+    """'cpu' / 'h200' / a JSON path -> constants; None picks by device."""
+    if spec is None:
+        return H200_ESTIMATE if device.startswith("cuda") else CPU_REFERENCE
+    if spec == "cpu":
+        return CPU_REFERENCE
+    if spec == "h200":
+        return H200_ESTIMATE
+    return KernelConstants.from_json(spec)
+
+
+def parse_candidates(spec: str | None, heads: int, constants: KernelConstants) -> list[int]:
+    """Budgets to measure: ``spec`` parsed, or the tile-aligned set below ``heads``."""
+    if spec is None:
+        return candidate_rs(heads, constants.screen_tile)
+    try:
+        rs = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError as exc:
+        raise ValueError(f"--candidates: expected comma-separated ints, got {spec!r}") from exc
+    bad = [r for r in rs if not 1 <= r < heads]
+    if bad or not rs:
+        raise ValueError(f"--candidates: expected budgets in [1, {heads - 1}] (heads={heads}), got {spec!r}")
+    return rs
+
+
+def build_plan(args: argparse.Namespace) -> Plan:
+    """Everything but writing: load, capture, measure, choose."""
+    import torch
+
+    from compiler.plan_capture import capture_indexer_inputs
+    from compiler.plan_inputs import (batch_sequences, describe_tokens, load_model, load_token_ids,
+                                      tokenize_text)
+    from compiler.plan_measure import choose_from_measurement, measure_layer
+    from compiler.plan_progress import progress
+
+    constants = resolve_constants(args.constants, args.device)
+    loaded = load_model(args.model, seed=args.seed)
+    if args.tokens is not None:
+        ids, source = load_token_ids(args.tokens), args.tokens
+    else:
+        ids, source = tokenize_text(args.text, loaded.tokenizer), args.text
+    batches = batch_sequences(ids, args.seq_len, args.batch_size)
+    device = torch.device(args.device)
+    model = loaded.model.to(device)
+    with progress(len(batches), "capture (batches)") as step:
+        recorder = capture_indexer_inputs(model, [b.to(device) for b in batches], lambda i: step())
+    layers = []
+    for name, calls in recorder.calls.items():
+        heads = calls[0].q.shape[2]
+        rs = parse_candidates(args.candidates, heads, constants)
+        with progress((len(rs) + 1) * len(calls), f"measure {name} (r x batches)") as step:
+            measurement = measure_layer(name, calls, rs, on_call=step)
+            layers.append(choose_from_measurement(measurement, constants, args.design_length, args.queries,
+                                                  on_call=step))
+    return Plan(model=loaded.description, inputs=describe_tokens(ids, source, batches),
+                design_length=args.design_length, queries=args.queries, constants=constants,
+                layers=tuple(layers))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = build_plan(args)
+    save_plan(plan, args.out)
+    for e in plan.layers:
+        pruned = "-" if e.predicted_pruned_frac is None else f"{e.predicted_pruned_frac:.3f}"
+        print(f"{e.layer}: path={e.path} r={e.r} crossover={e.crossover} pruned={pruned} "
+              f"speedup@{plan.design_length}={e.predicted_speedup:.2f}", file=sys.stderr)
+    print(f"wrote {args.out} (sha256 {plan.hash[:16]}...)", file=sys.stderr)
+    if args.plot:
+        from compiler.plan_plot import plot_plan
+
+        print(f"wrote {plot_plan(plan, Path(args.plot))}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Capturing each indexer layer's inputs while the model runs, through the backend's own indexer pass.
+
+With the option ``capture=True`` the DSA indexer pass puts ``torch.ops.pulsar_dosa.capture_topk``
+where it would put ``certified_topk`` (same schema). That op records its inputs into the recorder of
+the enclosing ``capturing()`` block and answers with ``runtime.dense_scorer.dense_topk``, so the model
+computes exactly what it computes uncompiled. Layers are therefore found and named by the same
+pattern matching and module paths as a normal compile: no model-specific hooks.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+import compiler.lowering  # noqa: F401  (registers pulsar_dosa::certified_topk, whose fake kernel is reused)
+from runtime.dense_scorer import dense_topk
+
+
+@dataclass(frozen=True)
+class CapturedCall:
+    """One indexer call's inputs as float32 CPU tensors (mask keeps its dtype), as the op received them."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    weights: torch.Tensor
+    topk: int
+    mask: torch.Tensor | None
+
+
+@dataclass
+class CaptureRecorder:
+    """layer (module path) -> captured calls, layers in the order they first ran."""
+
+    calls: dict[str, list[CapturedCall]] = field(default_factory=dict)
+
+    def record(self, layer: str, q, k, weights, topk: int, mask) -> None:
+        entry = CapturedCall(q.detach().float().cpu(), k.detach().float().cpu(),
+                             weights.detach().float().cpu(), int(topk),
+                             None if mask is None else mask.detach().cpu())
+        self.calls.setdefault(layer, []).append(entry)
+
+
+_ACTIVE: list[CaptureRecorder] = []
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[CaptureRecorder]:
+    """Make a fresh recorder current: every ``capture_topk`` run inside the block records into it."""
+    recorder = CaptureRecorder()
+    _ACTIVE.append(recorder)
+    try:
+        yield recorder
+    finally:
+        _ACTIVE.pop()
+
+
+@torch.library.custom_op("pulsar_dosa::capture_topk", mutates_args=())
+def capture_topk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    topk: int,
+    mask: torch.Tensor | None = None,
+    layer: str = "",
+    r: int = -1,
+    min_keys: int = -1,
+    path: str = "auto",
+    record_stats: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Record the inputs under ``layer`` and return ``dense_topk`` (values float32, indices int64)."""
+    if not _ACTIVE:
+        raise RuntimeError("pulsar_dosa.capture_topk ran outside compiler.plan_capture.capturing(): "
+                           "compile with capture=True only to calibrate plans")
+    _ACTIVE[-1].record(layer, q, k, weights, topk, mask)
+    return dense_topk(q, k, weights, topk, mask)
+
+
+@capture_topk.register_fake
+def _capture_topk_fake(q, k, weights, topk, mask=None, layer="", r=-1, min_keys=-1, path="auto",
+                       record_stats=True):
+    return torch.ops.pulsar_dosa.certified_topk.default(q, k, weights, topk, mask, layer, r, min_keys, path,
+                                                        record_stats)
+
+
+def indexer_op(options):
+    """The op the indexer pass emits: ``capture_topk`` when ``options.capture``, else ``certified_topk``."""
+    return torch.ops.pulsar_dosa.capture_topk.default if options.capture else torch.ops.pulsar_dosa.certified_topk.default
+
+
+def capture_indexer_inputs(model: torch.nn.Module, batches: Iterable[torch.Tensor],
+                           on_batch: Callable[[int], None] | None = None) -> CaptureRecorder:
+    """Run ``model(batch)`` for each batch, compiled by the pulsar_dosa backend in capture mode, and
+    return the recorded calls. ``on_batch(i)`` is called after batch i (progress reporting).
+
+    Raises ValueError when no indexer was rewritten, with the pass's near misses as the reason.
+    """
+    from compiler.report import collecting
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="pulsar_dosa", options={"capture": True, "downstream": "eager"})
+    with collecting() as report, capturing() as recorder, torch.no_grad():
+        for i, batch in enumerate(batches):
+            compiled(batch)
+            if on_batch is not None:
+                on_batch(i)
+    torch._dynamo.reset()
+    if not recorder.calls:
+        misses = "; ".join(f"{m.module or m.node}: {m.reason}" for m in report.near_misses
+                           if m.kind == "dsa_indexer") or "no candidate pattern"
+        raise ValueError(f"model {type(model).__name__} has no DSA indexer that the pulsar_dosa pass "
+                         f"rewrites ({misses}); a plan needs at least one indexer layer")
+    return recorder
