@@ -38,6 +38,7 @@ from runtime.structured_indexer import structured_indexer_inputs
 D = 128
 TOPK = 2048
 SCORE_BUDGET_BYTES = 24 << 30  # [chunk, H, T] fp32 scores of the inductor baseline
+BREAKDOWN = {}
 
 
 def timed(fn, budget_ms=2000.0, max_reps=10):
@@ -45,20 +46,19 @@ def timed(fn, budget_ms=2000.0, max_reps=10):
     before the timed runs, the last result)."""
     out = fn()
     torch.cuda.synchronize()
-    del out
+    out = None
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     times = []
     t_end = time.perf_counter() + budget_ms / 1e3
     while len(times) < max_reps and (len(times) < 2 or time.perf_counter() < t_end):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        out = None
         a.record()
         out = fn()
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b))
-        if len(times) < max_reps:
-            del out
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     return statistics.median(times), peak, out
 
@@ -217,6 +217,49 @@ def stage_times(q, k, w, mask, tr):
     return screen_ms, refine_ms
 
 
+def kernel_breakdown(fn, top=12):
+    """GPU time per kernel name (ms) of one call of fn, from torch.profiler, largest first."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0)
+        if t > 0:
+            per[e.key[:80]] = per.get(e.key[:80], 0.0) + t / 1e3
+    items = sorted(per.items(), key=lambda kv: -kv[1])
+    return {"total_ms": sum(per.values()), "kernels": items[:top]}
+
+
+def sweep_launch_configs(S=4096, T=131072, H=64):
+    """Dense scorer and screen kernels alone under a few launch configurations (ms)."""
+    q, k, w, _ = structured(S, T, H)
+    mask = causal_chunk_mask(S, T)
+    ids = torch.arange(T, dtype=torch.int32, device="cuda").view(1, 1, T)
+    counts = torch.full((1, 1), T, dtype=torch.int32, device="cuda")
+    out = {"shape": {"S": S, "T": T, "H": H}, "score": [], "screen": []}
+    for nw, bt, ns in ((8, 128, 3), (4, 128, 3), (8, 64, 3), (8, 128, 2), (4, 64, 4)):
+        ms, _, _ = timed(lambda: score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30,
+                                            mask=mask, block_t=bt, num_warps=nw, num_stages=ns), 800)
+        out["score"].append({"num_warps": nw, "block_t": bt, "num_stages": ns, "ms": ms,
+                             "TFLOPs": 2 * S * H * T * D / ms / 1e9})
+    trace = []
+    certified_topk_cuda(q, k, w, TOPK, mask, config=CertifiedTopkConfig(path="certified"), trace=trace)
+    p, tr = trace[0].plan, trace[0]
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    for nw, bt, ns in ((8, 128, 3), (4, 128, 3), (8, 64, 3), (4, 64, 3)):
+        ms, _, _ = timed(lambda: screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
+                                        lists_per_batch=tr.list_count.shape[1],
+                                        list_queries=tr.list_queries, cap=tr.cap, block_t=bt,
+                                        num_warps=nw, num_stages=ns), 800)
+        out["screen"].append({"num_warps": nw, "block_t": bt, "num_stages": ns, "ms": ms})
+    return out
+
+
 def run_config(S, T, H, inputs, kk, ceil, rows, do_inductor):
     gen = transformers_random if inputs == "transformers_random" else structured
     q, k, w, params = gen(S, T, H)
@@ -235,6 +278,8 @@ def run_config(S, T, H, inputs, kk, ceil, rows, do_inductor):
     rows.append({**base, "method": "certified", "ms": cert_ms, "peak_mem_gib": cert_mem,
                  "identical": bool(torch.equal(ci, di) and torch.equal(cv, dv)), "path": path,
                  **common, "diagnostics": diag, "input_params": params})
+    if inputs != "structured" and T != 131072:
+        return finish(q, k, w, mask, base, rows, S, H)
     forced_ms, forced_mem, (fv, fi) = timed(lambda: certified_topk_cuda(
         q, k, w, TOPK, mask, config=CertifiedTopkConfig(path="certified")))
     screen_ms, refine_ms = stage_times(q, k, w, mask, tr)
@@ -244,13 +289,21 @@ def run_config(S, T, H, inputs, kk, ceil, rows, do_inductor):
                  "identical": bool(torch.equal(fi, di) and torch.equal(fv, dv)), **common,
                  "screen_ms": screen_ms, "refine_ms": refine_ms, "screen_rows_padded": rp,
                  "screen_tc_floor_ms": floor_ms, "screen_vs_floor": screen_ms / floor_ms})
-    if do_inductor:
+    if S == max(ARGS.S) and T == 131072 and H == 64 and inputs == "structured":
+        BREAKDOWN["certified_forced"] = kernel_breakdown(lambda: certified_topk_cuda(
+            q, k, w, TOPK, mask, config=CertifiedTopkConfig(path="certified")))
+        BREAKDOWN["triton_dense"] = kernel_breakdown(lambda: dense_topk_cuda(q, k, w, TOPK, mask))
+    if do_inductor and inputs == "structured":
         ind_ms, ind_mem, ii = timed(lambda: inductor_dense(q, k, w, mask, kk), 3000, 3)
         same = (ii.long().sort(-1).values == di.sort(-1).values).all(-1).float().mean()
         rows.append({**base, "method": "inductor_dense", "ms": ind_ms,
                      "peak_mem_gib": ind_mem,
                      "identical": bool(torch.equal(ii.long(), di)), "same_set_rows": float(same),
                      "pruned_frac": 0.0, "survivors_per_query": T})
+    finish(q, k, w, mask, base, rows, S, H)
+
+
+def finish(q, k, w, mask, base, rows, S, H):
     if S == max(ARGS.S) and H == 64:
         decode_rows(q, k, w, mask, base, rows)
     del q, k, w, mask
@@ -308,6 +361,14 @@ def main():
                    if k not in ("diagnostics", "input_params")}, flush=True)
         with open(ARGS.out, "w") as f:
             json.dump(doc, f, indent=1)
+        doc["breakdown"] = BREAKDOWN
+    if time.perf_counter() - t0 < ARGS.budget_s:
+        doc["launch_sweep"] = sweep_launch_configs()
+        print(json.dumps(doc["launch_sweep"]))
+    for name, bd in BREAKDOWN.items():
+        print(name, round(bd["total_ms"], 2), [(n[:50], round(t, 2)) for n, t in bd["kernels"]])
+    with open(ARGS.out, "w") as f:
+        json.dump(doc, f, indent=1)
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 

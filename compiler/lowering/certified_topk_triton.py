@@ -21,7 +21,7 @@ than the candidate buffer of CANDIDATE_FACTOR * kk holds: a large seed gap) are 
 device and recomputed densely after one host synchronisation (the only one of a "certified" call;
 "auto" adds one for its probe). Nothing is dropped: every flagged row is answered densely.
 
-Path choice (config.path): "dense", "certified", or "auto" = dense below config.min_keys keys,
+Path choice (config.path): "dense", "certified", or "auto" = dense below CUDA_MIN_KEYS keys,
 else a probe of a few anchor groups through seeds and screen predicts the work (SPEC A.6).
 Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile:
 kk + workspace_frac * T keys), min_keys, path; the witnesses are the anchor's top kk + kk/4 keys
@@ -59,8 +59,10 @@ DENSE_CHUNK_BYTES = 4 << 30
 """Largest order-code buffer [rows, T] int64 the dense path allocates at once."""
 P_SAMPLE = 256
 """Witness keys used to estimate the activation frequencies p_h (they steer choices only)."""
-CANDIDATE_FACTOR = 4
+CANDIDATE_FACTOR = 8
 """Candidate buffer per query (keys with s >= tau): CANDIDATE_FACTOR * kk order codes."""
+CUDA_MIN_KEYS = 65536
+"""The "auto" path stays dense below max(config.min_keys, CUDA_MIN_KEYS) keys (fixed costs)."""
 PROBE_GROUPS = 4
 """Anchor groups the "auto" path runs through seeds and screen before choosing a path."""
 PAYS_BELOW = 0.8
@@ -292,13 +294,13 @@ def _redo_dense(codes, redo, q, w, k, mask, kk):
 
 
 def choose_path(q, w, k, mask, kk, config) -> str:
-    """'dense' or 'certified': the configured path; "auto" takes dense below config.min_keys keys,
+    """'dense' or 'certified': the configured path; "auto" takes dense below CUDA_MIN_KEYS keys,
     else probes PROBE_GROUPS anchor groups through seeds and screen (one synchronisation) and
     goes certified when ``predicted_work`` is below PAYS_BELOW."""
     T = k.shape[1]
     if config.path != "auto":
         return config.path
-    if T < config.min_keys or kk >= T:
+    if T < max(config.min_keys, CUDA_MIN_KEYS) or kk >= T:
         return "dense"
     B, S, H, _ = q.shape
     G, _ = score_tile_shape(H)

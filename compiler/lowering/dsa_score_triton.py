@@ -19,8 +19,9 @@ overflowed: the program then scores every key ``0..T-1`` instead (dense rescan o
 
 Output modes: ``COMPACT=False`` writes the code of list position p to ``out[b, s, p]``;
 ``COMPACT=True`` writes only visible keys with ``not (score < tau[b, s])`` (NaN kept), compacted per
-query by an atomic counter ``out_count[b, s]`` into ``out[b, s, :cap_out]``; the counter keeps
-counting past ``cap_out`` so that the caller can detect a full buffer.
+query into ``out[b, s, :cap_out]``; the count ``out_count[b, s]`` keeps counting past ``cap_out``
+so that the caller can detect a full buffer (kept in registers when one program owns the query's
+list, by atomics when key splits share it).
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ def _indexer_score_kernel(
     sqb, sqs, sqh, swb, sws, skb, skt, sib, sil, scb, msb, mss, mst, sob, sos,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
+    ATOMIC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -104,6 +106,7 @@ def _indexer_score_kernel(
     chunk = tl.cdiv(tl.cdiv(n, tl.num_programs(1)), BLOCK_T) * BLOCK_T
     p_lo = tl.program_id(1) * chunk
     p_hi = tl.minimum(p_lo + chunk, n)
+    running = tl.zeros([BLOCK_S], dtype=tl.int32)
     for p0 in range(p_lo, p_hi, BLOCK_T):
         pos = p0 + tl.arange(0, BLOCK_T)
         pok = pos < p_hi
@@ -125,11 +128,17 @@ def _indexer_score_kernel(
         if COMPACT:
             keep = visible & ~(score < tau[:, None])
             keep_i = keep.to(tl.int32)
-            base = tl.atomic_add(out_count_ptr + b * S + rows, tl.sum(keep_i, axis=1), mask=row_ok)
+            if ATOMIC:
+                base = tl.atomic_add(out_count_ptr + b * S + rows, tl.sum(keep_i, axis=1), mask=row_ok)
+            else:
+                base = running
+                running += tl.sum(keep_i, axis=1)
             slot = base[:, None] + tl.cumsum(keep_i, axis=1) - 1
             tl.store(out_ptr + b * sob + rows[:, None] * sos + slot, code, mask=keep & (slot < cap_out))
         else:
             tl.store(out_ptr + b * sob + rows[:, None] * sos + pos[None, :], code, mask=ok)
+    if COMPACT and not ATOMIC:
+        tl.store(out_count_ptr + b * S + rows, running, mask=row_ok)
 
 
 MATRIX_ROWS = 32 if INTERPRET else 128
@@ -194,7 +203,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), k.stride(0), k.stride(1),
         ids.stride(0), ids.stride(1), counts.stride(0), msb, mss, mst, out.stride(0), out.stride(1),
         BLOCK_S=block_s, HP=hp, D=D, BLOCK_T=block_t, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, num_warps=num_warps, num_stages=num_stages,
+        TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, num_warps=num_warps, num_stages=num_stages,
     )
     return out
 

@@ -15,7 +15,8 @@ A key survives for query s when it is visible and ``not (U < tau[s])`` (strict p
 survives). Survivors are compacted per *refine list*: a list serves ``G`` consecutive queries (the
 scorer's tile), and a key enters the list if it survives for any of them. Lists are written to
 ``ids[b, list, :cap]`` (in no particular order); ``count[b, list]`` keeps counting past ``cap`` so that
-the scorer can detect an overflowed list and rescan densely.
+the scorer can detect an overflowed list and rescan densely. A program that owns its lists (one
+key split) counts in registers; programs that share lists (key splits) use atomic counters.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def _screen_kernel(
     sgb, sgs, sgr, sab, sas, skb, skt, snb, sib, sil, scb, msb, mss, mst,
     BLOCK_SS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     G: tl.constexpr, MASK_KIND: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
+    ATOMIC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -62,6 +64,7 @@ def _screen_kernel(
     chunk = tl.cdiv(tl.cdiv(T, tl.num_programs(1)), BLOCK_T) * BLOCK_T
     t_lo = tl.program_id(1) * chunk
     t_hi = tl.minimum(t_lo + chunk, T)
+    running = tl.zeros([NSUB], dtype=tl.int32)
     for t0 in range(t_lo, t_hi, BLOCK_T):
         key = t0 + tl.arange(0, BLOCK_T)
         kok = key < t_hi
@@ -81,10 +84,16 @@ def _screen_kernel(
         u = u + bias
         survive = (visible & ~(u < tau[:, None])).to(tl.int32)
         sub = tl.max(tl.reshape(survive, (NSUB, G, BLOCK_T)), axis=1)
-        base = tl.atomic_add(count_ptr + b * scb + lists, tl.sum(sub, axis=1), mask=lok)
+        if ATOMIC:
+            base = tl.atomic_add(count_ptr + b * scb + lists, tl.sum(sub, axis=1), mask=lok)
+        else:
+            base = running
+            running += tl.sum(sub, axis=1)
         slot = base[:, None] + tl.cumsum(sub, axis=1) - 1
         tl.store(ids_ptr + b * sib + lists[:, None] * sil + slot, key[None, :],
                  mask=(sub > 0) & (slot < cap) & lok[:, None])
+    if not ATOMIC:
+        tl.store(count_ptr + b * scb + lists, running, mask=lok)
 
 
 def screen_tile_queries(rp: int, g: int) -> int:
@@ -116,6 +125,6 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
         k.stride(0), k.stride(1), nk.stride(0), ids.stride(0), ids.stride(1), count.stride(0),
         msb, mss, mst,
         BLOCK_SS=block_ss, RP=RP, D=D, BLOCK_T=block_t, G=list_queries, MASK_KIND=kind, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, num_warps=num_warps, num_stages=num_stages,
+        TO_FP32=INTERPRET or ieee, ATOMIC=splits > 1, num_warps=num_warps, num_stages=num_stages,
     )
     return ids, count
