@@ -287,8 +287,17 @@ def _certified_rows(inputs, config, certified, values, indices) -> dict[str, tor
     overflow_rows[cb[overflow], cs[overflow]] = True
     _dense_rows(inputs, overflow_rows, values, indices)
 
-    # Refine, second sieve, final selection over seeds U C.
+    counts = {
+        "overflow": overflow.sum(),
+        "keys_seeded": seeds.sum(),
+        "keys_screened": screened.sum(),
+        "survivors": survive.sum(),
+    }
     ok = ~overflow
+    if not bool(ok.any()):
+        return counts
+
+    # Refine, second sieve, final selection over seeds U C.
     ob, os_, tau_ok = cb[ok], cs[ok], tau[ok]
     surv_idx, surv_valid = _compact(survive[ok])
     surv_keys = inputs.k[ob[:, None], surv_idx.clamp_max(T - 1)]
@@ -298,17 +307,12 @@ def _certified_rows(inputs, config, certified, values, indices) -> dict[str, tor
     cand_scores = torch.full((n_ok, T + 1), float("-inf"), device=q.device)
     cand_scores.scatter_(1, seed_idx[ok], torch.where(seed_valid[ok], seed_scores[ok], float("-inf")))
     cand_scores.scatter_(1, torch.where(written, surv_idx, T), surv_scores)
-    cand = seeds[ok].clone()
-    cand |= torch.zeros_like(cand).scatter(1, surv_idx.clamp_max(T - 1), written)
+    cand = torch.zeros((n_ok, T + 1), dtype=torch.bool, device=q.device)
+    cand = cand.scatter(1, surv_idx, written)[:, :T] | seeds[ok]
     cand_idx, cand_valid = _compact(cand)
     cand_values = torch.where(cand_valid, cand_scores.gather(1, cand_idx), float("-inf"))
     top_values, top_pos = select_topk(cand_values, cand_valid, kk)
     values[ob, os_] = top_values
     indices[ob, os_] = cand_idx.gather(1, top_pos)
-    return {
-        "overflow": overflow.sum(),
-        "keys_seeded": seeds.sum(),
-        "keys_screened": screened.sum(),
-        "survivors": survive.sum(),
-        "written": written.sum(),
-    }
+    counts["written"] = written.sum()
+    return counts

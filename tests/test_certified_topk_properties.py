@@ -1,0 +1,330 @@
+"""certified_topk is dense_topk, bitwise, on adversarial inputs; dense_topk is the brute force.
+
+Inputs are drawn by hypothesis (derandomized, so CI is deterministic) over tiny shapes and
+adversarial regimes: integer values with many exact ties (at and around tau), all scores
+equal, huge and tiny norms, per-head scales over 40 decades, all-positive / all-negative /
+few-positive weights, one or few visible keys, causal, bool and additive masks, NaN / inf in
+q, k, weights and mask, bf16 / fp16 inputs, and configurations that force every route.
+"""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from runtime.certified_topk import (
+    FALLBACK_REASONS,
+    CertifiedTopkConfig,
+    TopkStats,
+    certified_topk,
+)
+from runtime.dense_scorer import dense_topk
+from runtime.structured_indexer import structured_indexer_inputs
+
+NAN, INF = float("nan"), float("inf")
+REGIMES = ("normal", "integer", "integer", "constant", "huge", "tiny", "mixed_scale", "sparse")
+SIGNS = ("mixed", "positive", "negative", "few_positive")
+MASKS = ("none", "bool", "bool_few", "causal", "additive", "additive_nonfinite")
+NONFINITE = (None, None, None, None, "nan_q", "inf_q", "nan_k", "ninf_k", "inf_w", "nan_w")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread avoids thread start-up dominating every call."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _values(regime, shape, g):
+    if regime == "integer":
+        return torch.randint(-3, 4, shape, generator=g).float()
+    if regime == "constant":
+        return torch.full(shape, float(torch.randint(1, 4, (), generator=g)))
+    x = torch.randn(shape, generator=g)
+    if regime == "huge":
+        return x * 1e18
+    if regime == "tiny":
+        return x * 1e-30
+    if regime == "mixed_scale":
+        return x * 10.0 ** (40 * torch.rand(shape[:-1] + (1,), generator=g) - 20)
+    if regime == "sparse":
+        return x * (torch.rand(shape, generator=g) < 0.3)
+    return x
+
+
+def _weights(signs, regime, B, S, H, g):
+    w = _values(regime, (B, S, H), g)
+    if signs == "positive":
+        return w.abs()
+    if signs == "negative":
+        return -w.abs()
+    if signs == "few_positive":
+        few = torch.rand(B, S, H, generator=g) < 1.5 / H
+        return torch.where(few, w.abs(), -0.3 * w.abs())
+    return w
+
+
+def _mask(kind, B, S, T, regime, g):
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return torch.rand(B, S, T, generator=g) < torch.rand((), generator=g)
+    if kind == "bool_few":
+        rank = torch.argsort(torch.rand(B, S, T, generator=g), dim=-1)
+        return rank < torch.randint(1, 4, (B, S, 1), generator=g)
+    if kind == "causal":
+        pos = torch.arange(T - S, T)[:, None]
+        return (torch.arange(T)[None, :] <= pos).expand(B, S, T).clone()
+    offsets = torch.randint(-2, 3, (B, S, T), generator=g).float()
+    if regime not in ("integer", "constant"):
+        offsets = offsets * torch.rand(B, S, T, generator=g)
+    mask = torch.where(torch.rand(B, S, T, generator=g) < 0.3, -INF, offsets)
+    if kind == "additive_nonfinite":
+        pick = torch.rand(B, S, T, generator=g)
+        mask = torch.where(pick < 0.05, NAN, torch.where(pick > 0.95, INF, mask))
+    return mask
+
+
+def _poison(which, q, k, w, g):
+    if which is None:
+        return q, k, w
+    target = {"q": q, "k": k, "w": w}[which.split("_")[1]]
+    flat = target.view(-1)
+    flat[torch.randint(flat.numel(), (), generator=g)] = {"nan": NAN, "inf": INF, "ninf": -INF}[which.split("_")[0]]
+    return q, k, w
+
+
+@st.composite
+def indexer_cases(draw):
+    B, S = draw(st.integers(1, 2)), draw(st.integers(1, 6))
+    T, H, D = draw(st.integers(1, 40)), draw(st.integers(1, 8)), draw(st.integers(1, 8))
+    topk = draw(st.integers(1, 45))
+    regime = draw(st.sampled_from(REGIMES))
+    signs = draw(st.sampled_from(SIGNS))
+    mask_kind = draw(st.sampled_from(MASKS))
+    poison = draw(st.sampled_from(NONFINITE))
+    dtype = draw(st.sampled_from((torch.float32, torch.float32, torch.bfloat16, torch.float16)))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    q = _values(regime, (B, S, H, D), g)
+    k = _values(regime, (B, T, D), g)
+    w = _weights(signs, regime, B, S, H, g)
+    q, k, w = _poison(poison, q, k, w, g)
+    mask = _mask(mask_kind, B, S, T, regime, g)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(dtype)
+    return q.to(dtype), k.to(dtype), w.to(dtype), topk, mask, regime
+
+
+@st.composite
+def configs(draw):
+    return CertifiedTopkConfig(
+        r=draw(st.one_of(st.none(), st.integers(1, 9))),
+        anchor_stride=draw(st.integers(1, 4)),
+        sink=draw(st.integers(0, 3)),
+        window=draw(st.integers(0, 5)),
+        workspace_frac=draw(st.sampled_from((0.0, 0.1, 0.5, 4.0))),
+        min_keys=draw(st.sampled_from((0, 0, 0, 8))),
+        path=draw(st.sampled_from(("auto", "auto", "certified", "dense"))),
+    )
+
+
+def _assert_same(got, want):
+    """Identical indices and bitwise-identical values (NaN where NaN)."""
+    (gv, gi), (wv, wi) = got, want
+    assert gi.dtype == wi.dtype == torch.int64 and gv.dtype == wv.dtype == torch.float32
+    assert torch.equal(gi, wi)
+    assert torch.equal(torch.isnan(gv), torch.isnan(wv))
+    assert torch.equal(torch.where(torch.isnan(gv), 0, gv.view(torch.int32)),
+                       torch.where(torch.isnan(wv), 0, wv.view(torch.int32)))
+
+
+@settings(max_examples=2500, deadline=None, derandomize=True)
+@given(case=indexer_cases(), config=configs())
+def test_certified_topk_equals_dense_topk_bitwise_on_adversarial_inputs(case, config):
+    q, k, w, topk, mask, _ = case
+    stats = TopkStats()
+    got = certified_topk(q, k, w, topk, mask, config=config, stats=stats)
+    _assert_same(got, dense_topk(q, k, w, topk, mask))
+    summary = stats.summary()
+    assert summary["queries"] == q.shape[0] * q.shape[1]
+    assert sum(summary["fallbacks"].values()) + summary["anchors"] <= summary["queries"]
+    assert summary["written"] <= summary["survivors"] <= summary["keys_screened"]
+
+
+def _brute_force_topk(q, k, w, topk, mask):
+    """Independent reference: numpy float32 scorer, python ``sorted`` with THE ORDER."""
+    q, k, w = (x.float().numpy() for x in (q, k, w))
+    B, S, H, D = q.shape
+    T = k.shape[1]
+    x = np.zeros((B, S, H, T), dtype=np.float32)
+    scores = np.zeros((B, S, T), dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for d in range(D):
+            x = x + q[:, :, :, d, None] * k[:, None, None, :, d]
+        for h in range(H):
+            scores = scores + w[:, :, h, None] * np.maximum(x[:, :, h], np.float32(0))
+    if mask is None:
+        visible = np.ones((B, S, T), dtype=bool)
+    elif mask.dtype == torch.bool:
+        visible = mask.numpy()
+    else:
+        additive = mask.float().numpy()
+        visible = additive != -np.inf
+        with np.errstate(invalid="ignore"):
+            scores = np.where(visible, scores + np.where(visible, additive, 0), scores)
+    scores = np.where(visible, scores, np.float32(-np.inf)).astype(np.float32)
+
+    def order(row, vis):
+        def key(i):
+            value = float(row[i])
+            return (0 if value != value else 1, 0.0 if value != value else -value, not vis[i], i)
+        return sorted(range(T), key=key)
+
+    kk = min(topk, T)
+    idx = np.array([[order(scores[b, s], visible[b, s])[:kk] for s in range(S)] for b in range(B)],
+                   dtype=np.int64).reshape(B, S, kk)
+    return torch.from_numpy(np.take_along_axis(scores, idx, -1)), torch.from_numpy(idx), scores
+
+
+@settings(max_examples=2500, deadline=None, derandomize=True)
+@given(case=indexer_cases())
+def test_dense_topk_equals_an_independent_brute_force(case):
+    q, k, w, topk, mask, regime = case
+    values, indices, scores = _brute_force_topk(q, k, w, topk, mask)
+    _assert_same(dense_topk(q, k, w, topk, mask), (values, indices))
+    integral = all(bool(torch.isfinite(x).all()) and torch.equal(x, x.round()) for x in (q, k, w))
+    if regime == "integer" and integral and (mask is None or mask.dtype == torch.bool):
+        # Small integers: float32 arithmetic is exact, so these are the exact real scores.
+        qi, ki, wi = (x.to(torch.int64).numpy() for x in (q, k, w))
+        exact = (wi[..., None] * np.maximum(np.einsum("bshd,btd->bsht", qi, ki), 0)).sum(2)
+        visible = np.ones_like(exact, dtype=bool) if mask is None else mask.numpy()
+        assert np.array_equal(scores[visible], exact[visible].astype(np.float32))
+
+
+def _structured(S=64, T=2048, H=16, D=32, seed=0):
+    q, k, w, _ = structured_indexer_inputs(1, S, T, H, D, seed=seed)
+    return q, k, w
+
+
+def test_certificate_prunes_most_keys_of_structured_indexer_inputs():
+    q, k, w = _structured()
+    stats = TopkStats()
+    got = certified_topk(q, k, w, 64, config=CertifiedTopkConfig(min_keys=0), stats=stats)
+    _assert_same(got, dense_topk(q, k, w, 64))
+    summary = stats.summary()
+    assert summary["keys_screened"] > 0.5 * summary["keys_visible"]
+    assert stats.pruned_frac > 0.5
+    assert sum(summary["fallbacks"].values()) == 0
+
+
+def test_causal_structured_inputs_prune_and_stay_exact():
+    q, k, w = _structured(S=32, T=1024)
+    mask = torch.arange(1024)[None, None, :] <= torch.arange(1024 - 32, 1024)[None, :, None]
+    stats = TopkStats()
+    got = certified_topk(q, k, w, 32, mask, config=CertifiedTopkConfig(min_keys=0), stats=stats)
+    _assert_same(got, dense_topk(q, k, w, 32, mask))
+    assert stats.pruned_frac > 0.5
+
+
+def _route_counts(q, k, w, topk, mask=None, **config):
+    stats = TopkStats()
+    got = certified_topk(q, k, w, topk, mask, config=CertifiedTopkConfig(**config), stats=stats)
+    _assert_same(got, dense_topk(q, k, w, topk, mask))
+    return stats.summary()
+
+
+def _random(B=1, S=4, T=30, H=4, D=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, S, H, D, generator=g), torch.randn(B, T, D, generator=g), torch.randn(B, S, H, generator=g)
+
+
+def test_nonfinite_query_falls_back_and_is_counted():
+    q, k, w = _random()
+    q[0, 2, 1, 0] = NAN
+    w[0, 3, 0] = INF
+    summary = _route_counts(q, k, w, 3, min_keys=0, anchor_stride=4)
+    assert summary["fallbacks"]["nonfinite"] == 2 and summary["anchors"] == 1
+
+
+def test_nonfinite_visible_key_or_bias_falls_back_but_a_hidden_one_does_not():
+    q, k, w = _random()
+    k[0, 5, 2] = -INF
+    mask = torch.zeros(1, 4, 30)
+    mask[0, 1:, 5] = -INF  # key 5 hidden for queries 1-3, visible to query 0 (the anchor)
+    mask[0, 2, 7] = NAN
+    summary = _route_counts(q, k, w, 3, mask, min_keys=0, anchor_stride=4)
+    assert summary["fallbacks"]["nonfinite"] == 2  # the anchor (query 0) and query 2
+    assert summary["anchors"] == 0
+
+
+def test_score_range_that_could_overflow_float32_falls_back_and_is_counted():
+    q, k, w = _random()
+    q[0, 1] *= 1e19
+    k *= 1e19
+    summary = _route_counts(q, k, w, 3, min_keys=0, anchor_stride=4)
+    assert summary["fallbacks"]["numeric_range"] >= 1
+
+
+def test_topk_not_below_the_visible_count_falls_back_and_is_counted():
+    q, k, w = _random(S=3)
+    summary = _route_counts(q, k, w, 30, min_keys=0)
+    assert summary["fallbacks"]["topk_ge_visible"] == 3 and summary["keys_screened"] == 0
+
+
+def test_few_visible_keys_or_dense_path_fall_back_as_dense_cheaper():
+    q, k, w = _random(S=5)
+    assert _route_counts(q, k, w, 3, min_keys=31)["fallbacks"]["dense_cheaper"] == 5
+    assert _route_counts(q, k, w, 3, path="dense")["fallbacks"]["dense_cheaper"] == 5
+    assert _route_counts(q, k, w, 3, min_keys=31, path="certified")["fallbacks"]["dense_cheaper"] == 0
+
+
+def test_survivors_beyond_the_workspace_fall_back_as_overflow_and_stay_exact():
+    q, k, w = _random(S=6, T=40, H=8, D=8)
+    summary = _route_counts(q, k, w, 2, min_keys=0, anchor_stride=6, sink=0, window=0,
+                            workspace_frac=0.0)
+    assert summary["fallbacks"]["overflow"] >= 1
+    relaxed = _route_counts(q, k, w, 2, min_keys=0, anchor_stride=6, sink=0, window=0,
+                            workspace_frac=1.0)
+    assert relaxed["fallbacks"]["overflow"] == 0
+
+
+def test_stats_accumulate_over_calls_and_count_every_reason():
+    q, k, w = _random()
+    stats = TopkStats()
+    for _ in range(2):
+        certified_topk(q, k, w, 3, config=CertifiedTopkConfig(min_keys=0, anchor_stride=2), stats=stats)
+    summary = stats.summary()
+    assert summary["queries"] == 8 and summary["anchors"] == 4
+    assert summary["keys_visible"] == 8 * 30
+    assert set(summary["fallbacks"]) == set(FALLBACK_REASONS)
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("r", 0, "r: expected an int >= 1"),
+        ("r", 2.5, "r: expected an int >= 1"),
+        ("anchor_stride", 0, "anchor_stride: expected an int >= 1"),
+        ("sink", -1, "sink: expected an int >= 0"),
+        ("window", True, "window: expected an int >= 0"),
+        ("min_keys", -2, "min_keys: expected an int >= 0"),
+        ("workspace_frac", -0.5, "workspace_frac: expected a finite number >= 0"),
+        ("workspace_frac", NAN, "workspace_frac: expected a finite number >= 0"),
+        ("path", "fast", "path: expected one of"),
+    ],
+)
+def test_invalid_config_raises_an_error_naming_the_field(field, value, words):
+    with pytest.raises(ValueError) as info:
+        CertifiedTopkConfig(**{field: value})
+    assert words in str(info.value)
+
+
+def test_wrong_config_or_stats_type_raises_type_error():
+    q, k, w = _random()
+    with pytest.raises(TypeError, match="config: expected a CertifiedTopkConfig"):
+        certified_topk(q, k, w, 3, config={"r": 2})
+    with pytest.raises(TypeError, match="stats: expected a TopkStats"):
+        certified_topk(q, k, w, 3, stats={})
+    with pytest.raises(ValueError, match="name: expected a counter"):
+        TopkStats().add("pruned", torch.tensor(1))
