@@ -329,24 +329,30 @@ DEFAULT_SURVIVAL = 0.03
 """Survival fraction assumed without a plan: the DoSA paper's trained-indexer rate (SPEC A.7, 2.65%)."""
 
 
+def assumed_budget(heads: int, tile: int) -> int | None:
+    """The budget assumed without a plan: the smallest tile-aligned r >= heads / 4 (trained indexers
+    have few positive heads per query, SPEC A.8), or None when no aligned budget is below ``heads``."""
+    rs = [r for r in candidate_rs(heads, tile) if 4 * r >= heads]
+    return rs[0] if rs else None
+
+
 def default_choice(shape: IndexerShape, c: KernelConstants, design_length: int) -> LayerChoice:
     """The choice without a plan: r left to the runtime's per-query rule (None), crossover predicted
-    for the smallest tile-aligned budget at ``DEFAULT_SURVIVAL``; dense when no budget can pay."""
-    rs = candidate_rs(shape.heads, c.screen_tile)
-    if not rs:
-        return LayerChoice("dense", None, None, None, 1.0)
-    crossover = crossover_length(rs[0], DEFAULT_SURVIVAL, shape, c)
+    for ``assumed_budget`` at ``DEFAULT_SURVIVAL``; dense when that cannot pay."""
+    r = assumed_budget(shape.heads, c.screen_tile)
+    crossover = None if r is None else crossover_length(r, DEFAULT_SURVIVAL, shape, c)
     if crossover is None:
         return LayerChoice("dense", None, None, None, 1.0)
-    speedup = predicted_speedup(max(design_length, crossover), rs[0], DEFAULT_SURVIVAL, crossover, shape, c)
+    speedup = predicted_speedup(max(design_length, crossover), r, DEFAULT_SURVIVAL, crossover, shape, c)
     return LayerChoice("certified", None, crossover, None, speedup)
 
 
 def speedup_curve(choice: LayerChoice, survival: float | None, shape: IndexerShape, c: KernelConstants,
                   lengths: Sequence[int]) -> list[float]:
-    """Predicted indexer speedup of a choice at each length (for plots and reports)."""
+    """Predicted indexer speedup of a choice at each length (for plots and reports); a choice without
+    r or survival uses the no-plan assumptions."""
     if choice.path == "dense":
         return [1.0 for _ in lengths]
     m = survival if survival is not None else DEFAULT_SURVIVAL
-    r = choice.r if choice.r is not None else candidate_rs(shape.heads, c.screen_tile)[0]
+    r = choice.r if choice.r is not None else assumed_budget(shape.heads, c.screen_tile)
     return [predicted_speedup(n, r, m, choice.crossover, shape, c) for n in lengths]

@@ -235,8 +235,9 @@ def _opt(check, where: str, value: Any, *bounds):
 def _layer(where: str, e: Any) -> LayerPlan:
     _keys(where, e, {"layer", "path", "r", "crossover", "heads", "head_dim", "topk",
                      "predicted_pruned_frac", "predicted_speedup", "candidates", "seed_gap", "slack"})
-    if not isinstance(e["layer"], str) or not e["layer"]:
-        raise PlanError(f"{where}.layer: expected a non-empty module path, got {e['layer']!r}")
+    if not isinstance(e["layer"], str):
+        raise PlanError(f"{where}.layer: expected a module path string ('' is the compiled module itself), "
+                        f"got {e['layer']!r}")
     where = f"plan.layers[{e['layer']}]"
     if e["path"] not in PATHS:
         raise PlanError(f"{where}.path: expected one of {PATHS}, got {e['path']!r}")

@@ -5,7 +5,7 @@ import pytest
 import sympy
 
 from compiler.cost_model import (CPU_REFERENCE, H200_ESTIMATE, IndexerShape, KernelConstants, T,
-                                 amdahl_speedup, candidate_rs, certified_call_time, choose_layer,
+                                 amdahl_speedup, assumed_budget, candidate_rs, certified_call_time, choose_layer,
                                  crossover_length, default_choice, dense_call_time, screen_rows)
 
 # Unit rates and no fixed costs: every term of the work model is a count that can be done by hand.
@@ -130,6 +130,13 @@ def test_choice_breaks_ties_towards_the_smaller_budget():
 
 def test_budgets_at_or_above_the_head_count_are_never_chosen():
     assert choose_layer({8: 0.0}, CHUNK, UNIT, design_length=1000).path == "dense"
+
+
+def test_assumed_budget_is_the_first_aligned_budget_covering_a_quarter_of_the_heads():
+    assert assumed_budget(64, 16) == 30
+    assert assumed_budget(64, 1) == 16
+    assert assumed_budget(32, 8) == 14
+    assert assumed_budget(8, 16) is None
 
 
 def test_default_choice_leaves_r_to_the_runtime_and_predicts_a_crossover():
