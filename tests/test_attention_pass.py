@@ -175,3 +175,19 @@ def test_compiled_llama_follows_pulsar_phases_like_the_uncompiled_model(implemen
     for (k1, v1), (k2, v2) in zip(kept, naive_kept_kv(model, ids, separate)):
         torch.testing.assert_close(k1, k2, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
+
+
+def test_layouts_accept_the_triton_kernel_as_attention_function():
+    """The op passes ``two_interval_attention_triton`` on CUDA; here it runs under the interpreter."""
+    from compiler.lowering.flash_attention_triton import two_interval_attention_triton
+    from runtime.attention_layout import QueryPhase
+
+    q, k, v = qkv(sq=3, sk=9)
+    for layout in (QueryPhase(kept=6, owner=True), QueryPhase(kept=6, owner=False)):
+        got = layout.attend(q, k, v, scale=0.3, attention_fn=two_interval_attention_triton)
+        want = layout.attend(q, k, v, scale=0.3)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    q, k, v = qkv(sq=7, sk=7)
+    packed = PackedPhase(torch.tensor([0, 0, 0, 3, 3, 3, 3]), torch.tensor([0, 0, 0, 3, 3, 5, 5]))
+    torch.testing.assert_close(packed.attend(q, k, v, scale=0.3, attention_fn=two_interval_attention_triton),
+                               packed.attend(q, k, v, scale=0.3), atol=1e-5, rtol=1e-5)
