@@ -56,12 +56,13 @@ def order_code(score, visible, key, T):
 def load_mask_tile(mask_ptr, b, rows, keys, ok, msb, mss, mst, MASK_KIND: tl.constexpr):
     """(visible, bias) for a [rows, keys] tile; bias is the finite additive part (0 if hidden)."""
     if MASK_KIND == 1:
-        m = tl.load(mask_ptr + b * msb + rows[:, None] * mss + keys[None, :] * mst, mask=ok, other=0)
+        m = tl.load(mask_ptr + b * msb + rows.to(tl.int64)[:, None] * mss + keys[None, :] * mst,
+                    mask=ok, other=0)
         visible = ok & (m != 0)
         bias = tl.zeros(visible.shape, dtype=tl.float32)
     elif MASK_KIND == 2:
-        m = tl.load(mask_ptr + b * msb + rows[:, None] * mss + keys[None, :] * mst, mask=ok,
-                    other=float("-inf")).to(tl.float32)
+        m = tl.load(mask_ptr + b * msb + rows.to(tl.int64)[:, None] * mss + keys[None, :] * mst,
+                    mask=ok, other=float("-inf")).to(tl.float32)
         visible = ok & (m != float("-inf"))
         bias = tl.where(visible, m, 0.0)
     else:
@@ -82,7 +83,7 @@ def _indexer_score_kernel(
     pid = tl.program_id(0)
     b = pid // n_tiles
     tile = pid % n_tiles
-    lst = tile // tiles_per_list
+    lst = (tile // tiles_per_list).to(tl.int64)
 
     r = tl.arange(0, BLOCK_S * HP)
     qrow = tile * BLOCK_S + r // HP
@@ -95,7 +96,7 @@ def _indexer_score_kernel(
         qt = qt.to(tl.float32)
     wt = tl.load(w_ptr + b * swb + qrow * sws + head, mask=rok, other=0.0).to(tl.float32)
 
-    rows = tile * BLOCK_S + tl.arange(0, BLOCK_S)
+    rows = (tile * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
     row_ok = rows < S
     if COMPACT:
         tau = tl.load(tau_ptr + b * S + rows, mask=row_ok, other=float("inf"))

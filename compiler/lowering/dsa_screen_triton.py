@@ -52,13 +52,13 @@ def _screen_kernel(
     alpha = tl.load(alpha_ptr + b * sab + qrow * sas + rho, mask=rok, other=0.0)
     beta = tl.load(beta_ptr + b * sab + qrow * sas + rho, mask=rok, other=0.0)
 
-    rows = tile * BLOCK_SS + tl.arange(0, BLOCK_SS)
+    rows = (tile * BLOCK_SS + tl.arange(0, BLOCK_SS)).to(tl.int64)
     row_ok = rows < S
     e = tl.load(e_ptr + b * S + rows, mask=row_ok, other=0.0)
     c = tl.load(c_ptr + b * S + rows, mask=row_ok, other=0.0)
     tau = tl.load(tau_ptr + b * S + rows, mask=row_ok, other=float("inf"))
     NSUB: tl.constexpr = BLOCK_SS // G
-    lists = tile * NSUB + tl.arange(0, NSUB)
+    lists = (tile * NSUB + tl.arange(0, NSUB)).to(tl.int64)
     lok = lists < n_lists
 
     chunk = tl.cdiv(tl.cdiv(T, tl.num_programs(1)), BLOCK_T) * BLOCK_T
