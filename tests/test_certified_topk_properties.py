@@ -18,6 +18,7 @@ from runtime.certified_topk import (
     certified_topk,
 )
 from runtime.dense_scorer import dense_topk
+from runtime.seeds import anchor_rows, seed_mask
 from runtime.structured_indexer import structured_indexer_inputs
 
 NAN, INF = float("nan"), float("inf")
@@ -200,6 +201,35 @@ def test_dense_topk_equals_an_independent_brute_force(case):
         exact = (wi[..., None] * np.maximum(np.einsum("bshd,btd->bsht", qi, ki), 0)).sum(2)
         visible = np.ones_like(exact, dtype=bool) if mask is None else mask.numpy()
         assert np.array_equal(scores[visible], exact[visible].astype(np.float32))
+
+
+@settings(max_examples=1200, deadline=None, derandomize=True)
+@given(
+    T=st.integers(1, 40), kk=st.integers(1, 40), sink=st.integers(0, 5), window=st.integers(0, 5),
+    density=st.floats(0, 1), seed=st.integers(0, 2**31 - 1),
+)
+def test_seeds_are_distinct_visible_keys_at_least_kk_and_include_witnesses_sink_and_window(
+    T, kk, sink, window, density, seed
+):
+    g = torch.Generator().manual_seed(seed)
+    visible = torch.rand(3, T, generator=g) < density
+    witnesses = torch.randint(T, (3, kk), generator=g)
+    seeds = seed_mask(visible, witnesses, kk, sink, window)
+    assert (seeds <= visible).all()
+    assert (seeds.sum(-1) >= torch.minimum(visible.sum(-1), torch.tensor(kk))).all()
+    for n in range(3):
+        keys = visible[n].nonzero().flatten().tolist()
+        wanted = set(keys[:sink]) | set(keys[max(0, len(keys) - window):] if window else []) | (
+            set(witnesses[n].tolist()) & set(keys))
+        chosen = set(seeds[n].nonzero().flatten().tolist())
+        assert wanted <= chosen
+        spare = [key for key in keys if key not in wanted]
+        extra = max(0, min(kk - len(wanted), len(spare)))
+        assert chosen - wanted == set(spare[len(spare) - extra:])  # most recent first
+
+
+def test_anchor_of_each_query_is_the_last_anchor_at_or_before_it():
+    assert anchor_rows(7, 3, torch.device("cpu")).tolist() == [0, 0, 0, 3, 3, 3, 6]
 
 
 def _structured(S=64, T=2048, H=16, D=32, seed=0):
