@@ -28,8 +28,9 @@ from compiler.report import format_table
 HIDDEN_SCORE = -1e37
 
 
-def tiny_config(layers: int = 3, attn: str = "sdpa", topk: int = 8, heads: int = 8, head_dim: int = 64):
-    """A DeepseekV32 config small enough for CPU: MLA + DSA indexer in every layer, MoE after layer 0."""
+def tiny_config(layers: int = 3, attn: str = "sdpa", topk: int = 8, heads: int = 8, head_dim: int = 64,
+                dense_layers: int = 1):
+    """A DeepseekV32 config small enough for CPU: MLA + DSA indexer in every layer, MoE after ``dense_layers``."""
     from transformers import DeepseekV32Config
 
     return DeepseekV32Config(
@@ -37,7 +38,7 @@ def tiny_config(layers: int = 3, attn: str = "sdpa", topk: int = 8, heads: int =
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
         n_routed_experts=4, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16,
         qk_nope_head_dim=16, n_group=2, topk_group=1, num_experts_per_tok=2, index_topk=topk,
-        index_head_dim=head_dim, index_n_heads=heads, first_k_dense_replace=1,
+        index_head_dim=head_dim, index_n_heads=heads, first_k_dense_replace=dense_layers,
         max_position_embeddings=1024, attn_implementation=attn)
 
 
