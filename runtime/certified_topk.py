@@ -277,7 +277,7 @@ def _certified_rows(inputs, config, certified, values, indices) -> dict[str, tor
         bound = evaluate_bound(plan, inputs.k[cb, keys], key_norm[cb, keys])
         if inputs.bias is not None:
             bound = next_up(bound + inputs.bias[cb, cs, keys].to(torch.float64))
-        passes.append(round_up_to_float32(bound) >= tau[:, None])
+        passes.append(~(round_up_to_float32(bound) < tau[:, None]))  # prune only on strict <
     screened = visible & ~seeds
     survive = screened & torch.cat(passes, dim=-1)
 

@@ -2,7 +2,7 @@
 
 Contract (SPEC A.1):
 
-* ``q``       [B, S, H, D]  query heads of the indexer, float16 / bfloat16 / float32;
+* ``q``       [B, S, H, D]  query heads of the indexer (H, D >= 1), float16 / bfloat16 / float32;
 * ``k``       [B, T, D]     keys shared by all heads, same dtypes;
 * ``weights`` [B, S, H]     signed per-head weights with every scale folded in, same dtypes;
 * ``topk``    a positive Python int (``bool`` is refused);
@@ -111,6 +111,8 @@ def check_indexer_inputs(
     weights = _check_float_tensor("weights", weights, 3, "[B,S,H]")
     topk = _check_topk(topk)
     B, S, H, D = q.shape
+    if H < 1 or D < 1:
+        raise ValueError(f"q: expected at least one head and one dimension [B,S,H>=1,D>=1], got {tuple(q.shape)}")
     if k.shape[0] != B or k.shape[2] != D:
         raise ValueError(
             f"k: expected shape [B,T,D] with B={B}, D={D} (from q), got {tuple(k.shape)}"

@@ -257,6 +257,25 @@ def test_causal_structured_inputs_prune_and_stay_exact():
     assert stats.pruned_frac > 0.5
 
 
+def test_non_contiguous_inputs_and_expanded_masks_give_the_dense_result():
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 8, 6, 5, generator=g).transpose(2, 3)
+    k = torch.randn(2, 6, 30, generator=g).transpose(1, 2)
+    w = torch.randn(8, 5, 2, generator=g).permute(2, 0, 1)
+    config = CertifiedTopkConfig(anchor_stride=2, sink=1, window=1, min_keys=0)
+    bool_mask = (torch.arange(30) < 20).expand(2, 8, 30)
+    float_mask = torch.zeros(1, 1, 30).masked_fill(torch.arange(30) > 25, -INF).expand(2, 8, 30)
+    for mask in (None, bool_mask, float_mask):
+        _assert_same(certified_topk(q, k, w, 4, mask, config=config), dense_topk(q, k, w, 4, mask))
+
+
+def test_empty_batch_queries_or_keys_give_empty_outputs():
+    for B, S, T in ((0, 2, 5), (1, 0, 5), (1, 2, 0)):
+        q, k, w = torch.ones(B, S, 3, 4), torch.ones(B, T, 4), torch.ones(B, S, 3)
+        values, indices = certified_topk(q, k, w, 2)
+        assert values.shape == indices.shape == (B, S, min(2, T)) and indices.dtype == torch.int64
+
+
 def _route_counts(q, k, w, topk, mask=None, **config):
     stats = TopkStats()
     got = certified_topk(q, k, w, topk, mask, config=CertifiedTopkConfig(**config), stats=stats)

@@ -31,6 +31,11 @@ def test_kk_is_topk_clipped_to_the_number_of_keys():
     assert check_indexer_inputs(q, k, w, 100).topk == 100
 
 
+def test_empty_batch_query_or_key_dimensions_are_accepted():
+    x = check_indexer_inputs(torch.zeros(0, 0, H, D), torch.zeros(0, 0, D), torch.zeros(0, 0, H), 3)
+    assert x.kk == 0 and x.visible.shape == (0, 0, 0)
+
+
 def test_no_mask_means_every_key_visible_and_no_bias():
     x = check_indexer_inputs(*_inputs(), 2)
     assert x.visible.shape == (B, S, T) and bool(x.visible.all()) and x.bias is None
@@ -59,6 +64,8 @@ def test_additive_mask_hides_minus_inf_and_keeps_other_values_as_bias():
     "which, bad, error, words",
     [
         ("q", torch.zeros(B, S, H), ValueError, "q: expected 4 dimensions"),
+        ("q", torch.zeros(B, S, 0, D), ValueError, "q: expected at least one head and one dimension"),
+        ("q", torch.zeros(B, S, H, 0), ValueError, "q: expected at least one head and one dimension"),
         ("k", torch.zeros(B, T), ValueError, "k: expected 3 dimensions"),
         ("weights", torch.zeros(B, S), ValueError, "weights: expected 3 dimensions"),
         ("k", torch.zeros(B, T, D + 1), ValueError, "k: expected shape [B,T,D]"),
