@@ -30,6 +30,10 @@ from typing import Mapping, Sequence
 
 import sympy
 
+from runtime.certified_topk import CertifiedTopkConfig
+
+_RUNTIME_DEFAULTS = CertifiedTopkConfig()
+
 T = sympy.Symbol("T", positive=True, integer=True)
 """The key length of a call (the sequence length seen by the indexer)."""
 
@@ -132,7 +136,8 @@ class IndexerShape:
     ``queries=None`` models a causal prefill (S = T queries, query i sees i + 1 keys); an int models a
     chunk of that many queries at the end of T keys. ``seeds`` is N0 (defaults to topk + sink + window,
     an upper bound on the seed set of the runtime's default rule), ``anchor_stride`` the spacing of
-    densely scored anchor queries.
+    densely scored anchor queries; sink, window and anchor_stride default to the runtime's
+    ``CertifiedTopkConfig`` defaults.
     """
 
     heads: int
@@ -140,9 +145,9 @@ class IndexerShape:
     topk: int
     batch: int = 1
     queries: int | None = None
-    sink: int = 64
-    window: int = 64
-    anchor_stride: int = 16
+    sink: int = _RUNTIME_DEFAULTS.sink
+    window: int = _RUNTIME_DEFAULTS.window
+    anchor_stride: int = _RUNTIME_DEFAULTS.anchor_stride
     seeds: int | None = None
 
     def __post_init__(self) -> None:

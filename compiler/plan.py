@@ -55,18 +55,27 @@ def resolve_constants(spec: str | None, device: str) -> KernelConstants:
     return KernelConstants.from_json(spec)
 
 
-def parse_candidates(spec: str | None, heads: int, constants: KernelConstants) -> list[int]:
-    """Budgets to measure: ``spec`` parsed, or the tile-aligned set below ``heads``."""
+def parse_candidates(spec: str | None) -> list[int] | None:
+    """``--candidates`` as sorted distinct budgets >= 1 (None: the tile-aligned set of each layer)."""
     if spec is None:
-        return candidate_rs(heads, constants.screen_tile)
+        return None
     try:
         rs = sorted({int(x) for x in spec.split(",") if x.strip()})
     except ValueError as exc:
         raise ValueError(f"--candidates: expected comma-separated ints, got {spec!r}") from exc
-    bad = [r for r in rs if not 1 <= r < heads]
-    if bad or not rs:
-        raise ValueError(f"--candidates: expected budgets in [1, {heads - 1}] (heads={heads}), got {spec!r}")
+    if not rs or rs[0] < 1:
+        raise ValueError(f"--candidates: expected budgets >= 1, got {spec!r}")
     return rs
+
+
+def layer_candidates(requested: list[int] | None, heads: int, constants: KernelConstants) -> list[int]:
+    """The budgets measured on a layer with ``heads`` heads: the requested ones (each < heads) or the
+    tile-aligned set."""
+    if requested is None:
+        return candidate_rs(heads, constants.screen_tile)
+    if requested[-1] >= heads:
+        raise ValueError(f"--candidates: expected budgets below the layer's {heads} heads, got {requested}")
+    return requested
 
 
 def build_plan(args: argparse.Namespace) -> Plan:
@@ -80,6 +89,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
     from compiler.plan_progress import progress
 
     constants = resolve_constants(args.constants, args.device)
+    requested = parse_candidates(args.candidates)
     loaded = load_model(args.model, seed=args.seed)
     if args.tokens is not None:
         ids, source = load_token_ids(args.tokens), args.tokens
@@ -93,7 +103,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
     layers = []
     for name, calls in recorder.calls.items():
         heads = calls[0].q.shape[2]
-        rs = parse_candidates(args.candidates, heads, constants)
+        rs = layer_candidates(requested, heads, constants)
         with progress((len(rs) + 1) * len(calls), f"measure {name} (r x batches)") as step:
             measurement = measure_layer(name, calls, rs, on_call=step)
             layers.append(choose_from_measurement(measurement, constants, args.design_length, args.queries,

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from compiler.cost_model import CPU_REFERENCE, H200_ESTIMATE, IndexerShape, default_choice
 from compiler.plan_schema import Plan, PlanError
-from runtime.certified_topk import CertifiedTopkConfig
 
 DEFAULT_DESIGN_LENGTH = 131072
 """Key length the cost model's defaults are predicted for when no plan is given."""
@@ -75,9 +74,7 @@ def layer_settings(layer: str, *, plan: Plan | None, forced_path: str, heads: in
         return LayerSettings(forced_path, None, None, None, "options")
     if heads is None or head_dim is None or topk is None:
         return LayerSettings("auto", None, None, None, "runtime defaults")
-    defaults = CertifiedTopkConfig()
-    shape = IndexerShape(heads=heads, head_dim=head_dim, topk=topk, sink=defaults.sink, window=defaults.window,
-                         anchor_stride=defaults.anchor_stride)
+    shape = IndexerShape(heads=heads, head_dim=head_dim, topk=topk)
     constants = H200_ESTIMATE if device_type == "cuda" else CPU_REFERENCE
     choice = default_choice(shape, constants, DEFAULT_DESIGN_LENGTH)
     if choice.path == "dense":

@@ -133,10 +133,8 @@ def seed_gap_and_slack(calls: Sequence[CapturedCall], r: int | None,
 def choose_from_measurement(measurement: LayerMeasurement, constants: KernelConstants, design_length: int,
                             queries: int | None, on_call: Callable[[], None] | None = None) -> LayerPlan:
     """The cost model's choice for the layer, with the diagnostics of the chosen budget."""
-    defaults = CertifiedTopkConfig()
     shape = IndexerShape(heads=measurement.heads, head_dim=measurement.head_dim, topk=measurement.topk,
-                         queries=queries, sink=defaults.sink, window=defaults.window,
-                         anchor_stride=defaults.anchor_stride)
+                         queries=queries)
     survival = {c.r: c.survival for c in measurement.candidates}
     choice = choose_layer(survival, shape, constants, design_length)
     best_measured = min(measurement.candidates, key=lambda c: (c.survival, c.r), default=None)

@@ -27,8 +27,7 @@ def plot_plan(plan: Plan, out: str | Path, lengths: list[int] | None = None) -> 
         if entry.candidates:
             rs = [c.r for c in entry.candidates]
             left.plot(rs, [c.survival for c in entry.candidates], marker="o", label=entry.layer)
-        shape = IndexerShape(heads=entry.heads, head_dim=entry.head_dim, topk=entry.topk,
-                             queries=plan.queries)
+        shape = IndexerShape(heads=entry.heads, head_dim=entry.head_dim, topk=entry.topk, queries=plan.queries)
         choice = LayerChoice(entry.path, entry.r, entry.crossover, entry.predicted_pruned_frac,
                              entry.predicted_speedup)
         survival = None if entry.predicted_pruned_frac is None else 1.0 - entry.predicted_pruned_frac

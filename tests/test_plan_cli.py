@@ -1,0 +1,114 @@
+"""The plan CLI end to end on a tiny random-init DeepseekV32ForCausalLM, and the plan applied to it."""
+import json
+
+import pytest
+import torch
+
+from compiler.cost_model import CPU_REFERENCE, H200_ESTIMATE, IndexerShape, crossover_length
+from compiler.plan import layer_candidates, main
+from compiler.plan_schema import PLAN_VERSION, load_plan
+from compiler.report import collecting
+
+LAYERS = ["model.layers.0.self_attn.indexer", "model.layers.1.self_attn.indexer"]
+TOKENS = 620  # more than topk + sink + window (16 + 64 + 512) keys, so the certificate screens keys
+
+
+def tiny_config():
+    from transformers import DeepseekV32Config
+
+    return DeepseekV32Config(vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                             n_routed_experts=2, kv_lora_rank=8, q_lora_rank=16, qk_rope_head_dim=8,
+                             v_head_dim=8, qk_nope_head_dim=8, n_group=1, topk_group=1, num_experts_per_tok=1,
+                             first_k_dense_replace=1, index_topk=16, index_head_dim=16, index_n_heads=32,
+                             max_position_embeddings=1024)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plan")
+    tiny_config().save_pretrained(root / "model")
+    ids = torch.randint(0, 128, (TOKENS,), generator=torch.Generator().manual_seed(0))
+    (root / "ids.txt").write_text(" ".join(str(int(i)) for i in ids))
+    args = ["--model", str(root / "model"), "--tokens", str(root / "ids.txt"), "--out", str(root / "plan.json"),
+            "--candidates", "4,12", "--seed", "1", "--plot", str(root / "plan.png")]
+    assert main(args) == 0
+    return root
+
+
+def test_plan_has_one_entry_per_indexer_layer_with_measurements_and_inputs(generated):
+    plan = load_plan(generated / "plan.json")
+    assert plan.version == PLAN_VERSION
+    assert [e.layer for e in plan.layers] == LAYERS
+    for e in plan.layers:
+        assert (e.heads, e.head_dim, e.topk) == (32, 16, 16)
+        assert [c.r for c in e.candidates] == [4, 12]
+        assert all(c.queries == TOKENS and c.keys_screened > 0 for c in e.candidates)
+        assert e.seed_gap.count > 0 and e.seed_gap.min >= 0
+        assert e.slack.count > 0 and e.slack.min >= 0
+    assert plan.inputs["tokens"] == TOKENS and plan.inputs["sequences"] == 1
+    assert plan.model["weights"] == "random init, seed 1"
+
+
+def test_random_init_indexers_are_planned_dense_because_screening_cannot_pay(generated):
+    plan = load_plan(generated / "plan.json")
+    for e in plan.layers:
+        shape = IndexerShape(heads=e.heads, head_dim=e.head_dim, topk=e.topk)
+        assert all(crossover_length(c.r, c.survival, shape, plan.constants) is None for c in e.candidates)
+        assert (e.path, e.r, e.crossover, e.predicted_speedup) == ("dense", None, None, 1.0)
+
+
+def test_plot_is_a_png(generated):
+    assert (generated / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_generated_plan_is_applied_and_reported_per_layer(generated):
+    from transformers import DeepseekV32ForCausalLM
+
+    torch.manual_seed(1)
+    model = DeepseekV32ForCausalLM(tiny_config()).eval()
+    torch._dynamo.reset()
+    with collecting() as report, torch.no_grad():
+        compiled = torch.compile(model, backend="pulsar_dosa",
+                                 options={"plan": str(generated / "plan.json"), "downstream": "eager"})
+        compiled(torch.randint(0, 128, (1, 24)))
+    torch._dynamo.reset()
+    assert sorted((rw.module, rw.path, rw.r) for rw in report.rewrites) == [(n, "dense", None) for n in LAYERS]
+
+
+def test_a_plan_whose_layers_do_not_match_the_model_is_rejected(generated, tmp_path):
+    from transformers import DeepseekV32ForCausalLM
+
+    data = json.loads((generated / "plan.json").read_text())
+    data["layers"][1]["layer"] = "model.layers.7.self_attn.indexer"
+    (tmp_path / "other.json").write_text(json.dumps(data))
+    model = DeepseekV32ForCausalLM(tiny_config()).eval()
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="plan has no layer 'model.layers.1.self_attn.indexer'"), torch.no_grad():
+        torch.compile(model, backend="pulsar_dosa",
+                      options={"plan": str(tmp_path / "other.json"), "downstream": "eager"})(
+            torch.randint(0, 128, (1, 24)))
+    torch._dynamo.reset()
+
+
+def test_a_model_without_an_indexer_is_rejected(tmp_path):
+    (tmp_path / "ids.txt").write_text("1 2 3 4")
+    with pytest.raises(ValueError, match="has no DSA indexer"):
+        main(["--model", "torch.nn:Identity", "--tokens", str(tmp_path / "ids.txt"),
+              "--out", str(tmp_path / "plan.json")])
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_candidates_are_checked_before_the_model_is_loaded(tmp_path):
+    (tmp_path / "ids.txt").write_text("1 2 3 4")
+    for bad in ("0,4", "4,x"):
+        with pytest.raises(ValueError, match="--candidates"):  # not the missing model's error
+            main(["--model", "no_such_model_dir", "--tokens", str(tmp_path / "ids.txt"),
+                  "--out", str(tmp_path / "plan.json"), "--candidates", bad])
+
+
+def test_layer_candidates_stay_below_the_head_count():
+    assert layer_candidates([4, 12], 32, CPU_REFERENCE) == [4, 12]
+    assert layer_candidates(None, 32, H200_ESTIMATE) == [14, 30]
+    with pytest.raises(ValueError, match="below the layer's 32 heads"):
+        layer_candidates([4, 32], 32, CPU_REFERENCE)
