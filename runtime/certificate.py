@@ -74,11 +74,12 @@ def plan_certificate(
     """Plan the certificate of each query.
 
     q [..., H, D] float32 (finite), w [..., H] float32 (finite), p [..., H] activation
-    frequencies in [0, 1], r [...] int64 retained budgets in [1, H]. Returns a plan with
-    r_max = max(r) rows per query.
+    frequencies in [0, 1], r [...] int64 retained budgets (clipped to [1, H]). Returns a plan
+    with r_max = max(r) rows per query.
     """
     H, D = q.shape[-2], q.shape[-1]
     q64, w64, p64 = q.to(torch.float64), w.to(torch.float64), p.to(torch.float64)
+    r = r.clamp(1, H)
     r_max = int(r.max()) if r.numel() else 1
     positive, negative = w64 > 0, w64 < 0
     head_norm = _norm(q64)

@@ -34,11 +34,11 @@ import torch
 
 from runtime.certificate import default_r, evaluate_bound, plan_certificate
 from runtime.dense_scorer import (
+    exact_scores,
     head_dots,
     masked_scores,
     select_topk,
     weighted_relu_sum,
-    exact_scores,
 )
 from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
 from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32
@@ -141,8 +141,11 @@ def _compact(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _route(inputs: IndexerInputs, config: CertifiedTopkConfig) -> dict[str, torch.Tensor]:
-    """Exclusive [B,S] bool masks: one per fallback reason (but overflow), "anchor", "certified"."""
-    B, S, T, H, D = inputs.shape
+    """Exclusive [B,S] bool masks: one per fallback reason (but overflow), "anchor", "certified".
+
+    Requires B*S > 0 and T > 0.
+    """
+    B, S = inputs.q.shape[:2]
     q, w, k, visible = inputs.q, inputs.weights, inputs.k, inputs.visible
     key_finite = torch.isfinite(k).all(-1)
     nonfinite = ~(torch.isfinite(q).all(-1).all(-1) & torch.isfinite(w).all(-1))
@@ -155,13 +158,13 @@ def _route(inputs: IndexerInputs, config: CertifiedTopkConfig) -> dict[str, torc
     head_norm = torch.sqrt((q64 * q64).sum(-1))
     key_norm = key_norm_up(torch.where(key_finite[..., None], k, 0.0))
     zero = torch.zeros((), dtype=torch.float64, device=q.device)
-    max_key = torch.where(visible, key_norm[:, None, :], zero).amax(-1) if T else zero
+    max_key = torch.where(visible, key_norm[:, None, :], zero).amax(-1)
     max_bias = zero
-    if inputs.bias is not None and T:
+    if inputs.bias is not None:
         bias64 = torch.where(visible & torch.isfinite(inputs.bias), inputs.bias, 0.0).double()
         max_bias = bias64.abs().amax(-1)
     safe = range_is_safe(
-        (w64.abs() * head_norm).sum(-1), head_norm.amax(-1) if H else zero, max_key, max_bias
+        (w64.abs() * head_norm).sum(-1), head_norm.amax(-1), max_key, max_bias
     )
     n_visible = visible.sum(-1)
     if config.path == "dense":
