@@ -1,0 +1,89 @@
+"""The backend's options object, its validation errors, its uuid, and how torch.compile reaches the backend."""
+import importlib.util
+
+import pytest
+import torch
+
+from compiler.backend import pulsar_dosa
+from compiler.options import CompileOptions
+from compiler.report import collecting
+
+
+def test_defaults():
+    opts = CompileOptions.from_user(None)
+    assert (opts.downstream, opts.passes, opts.certified, opts.record_stats) == ("inductor", None, "auto", True)
+    assert opts.enabled_passes(("dsa_indexer", "attention")) == ("dsa_indexer", "attention")
+
+
+def test_unknown_key_is_a_value_error_naming_the_key():
+    with pytest.raises(ValueError, match="unknown key 'downstrem'"):
+        CompileOptions.from_user({"downstrem": "eager"})
+
+
+@pytest.mark.parametrize("key,value,error,text", [
+    ("downstream", "tvm", ValueError, "'downstream'.*'inductor', 'eager', 'tensorrt'"),
+    ("downstream", 3, TypeError, "'downstream'"),
+    ("certified", "fast", ValueError, "'certified'.*'auto', 'dense', 'certified'"),
+    ("record_stats", 1, TypeError, "'record_stats': expected a bool"),
+    ("passes", "dsa_indexer", TypeError, "'passes': expected a list"),
+    ("passes", ["dsa_indexer", "nope"], ValueError, "unknown pass family 'nope'"),
+    ("passes", ["dsa_indexer", "dsa_indexer"], ValueError, "listed twice"),
+])
+def test_bad_values_name_the_key_and_what_was_expected(key, value, error, text):
+    with pytest.raises(error, match=text):
+        CompileOptions.from_user({key: value})
+
+
+def test_options_must_be_a_mapping():
+    with pytest.raises(TypeError, match="options: expected a dict"):
+        CompileOptions.from_user(["eager"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_tensorrt") is not None, reason="torch_tensorrt is installed")
+def test_tensorrt_without_torch_tensorrt_is_a_clear_error():
+    with pytest.raises(ImportError, match="torch_tensorrt.*not importable"):
+        CompileOptions.from_user({"downstream": "tensorrt"})
+
+
+def test_uuid_is_stable_and_changes_with_any_option():
+    a = CompileOptions.from_user({"downstream": "eager"})
+    assert a.uuid() == CompileOptions.from_user({"downstream": "eager"}).uuid()
+    others = [{"downstream": "inductor"}, {"downstream": "eager", "certified": "dense"},
+              {"downstream": "eager", "record_stats": False}, {"downstream": "eager", "passes": []}]
+    assert len({a.uuid(), *(CompileOptions.from_user(o).uuid() for o in others)}) == 5
+
+
+def test_options_are_frozen():
+    with pytest.raises(Exception):
+        CompileOptions().downstream = "eager"
+
+
+def _tiny(x):
+    return torch.topk(x.sin(), 2).indices
+
+
+def test_backend_name_resolves_without_import_and_receives_torch_compile_options():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("pulsar_dosa") is pulsar_dosa
+    torch._dynamo.reset()
+    with collecting() as report:
+        fn = torch.compile(_tiny, backend="pulsar_dosa", options={"downstream": "eager", "certified": "dense"})
+        assert torch.equal(fn(torch.arange(6.0)), _tiny(torch.arange(6.0)))
+    assert report.compiles[0]["downstream"] == "eager"
+    assert report.compiles[0]["options_uuid"] == CompileOptions.from_user(
+        {"downstream": "eager", "certified": "dense"}).uuid()
+    assert [name for _, name, _ in report.pass_times][:1] == ["dsa_indexer"]
+
+
+def test_bad_options_through_torch_compile_fail_with_the_options_error():
+    torch._dynamo.reset()
+    fn = torch.compile(_tiny, backend="pulsar_dosa", options={"downstream": "tvm"})
+    with pytest.raises(Exception, match="'downstream'.*expected one of"):
+        fn(torch.arange(6.0))
+
+
+def test_mode_applies_to_inductor_only():
+    with pytest.raises(ValueError, match="mode.*inductor"):
+        pulsar_dosa(torch.fx.symbolic_trace(torch.nn.ReLU()), [torch.zeros(2)],
+                    options={"downstream": "eager"}, mode="max-autotune")

@@ -1,0 +1,57 @@
+"""compiler.explain and the Report: entries, counters, printed tables, the current-report stack."""
+import torch
+
+import compiler
+from compiler.report import Report, collecting, current_report, format_table
+
+
+class Indexer(torch.nn.Module):
+    def forward(self, q, k, w):
+        x = torch.relu(torch.einsum("bshd,btd->bsht", q, k))
+        return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).topk(3, dim=-1).indices
+
+
+class Smallest(torch.nn.Module):
+    def forward(self, q, k, w):
+        x = torch.relu(torch.einsum("bshd,btd->bsht", q, k))
+        return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).topk(3, dim=-1, largest=False).indices
+
+
+def _args():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(1, 4, 2, 8, generator=g), torch.randn(1, 12, 8, generator=g), torch.rand(1, 4, 2, generator=g)
+
+
+def test_explain_returns_rewrites_stats_and_a_printable_table():
+    report = compiler.explain(Indexer(), *_args(), options={"downstream": "eager"})
+    (rw,) = report.rewrites
+    assert (rw.kind, rw.compile_index) == ("dsa_indexer", 0) and rw.path in ("auto", "dense", "certified")
+    assert report.stats[rw.module]["queries"] == 4
+    assert sum(report.fallback_totals().values()) == 4  # 12 keys: every query is answered densely
+    text = str(report)
+    assert "dsa_indexer" in text and rw.variant in text and "queries" in text
+
+
+def test_near_miss_appears_in_the_printed_table():
+    report = compiler.explain(Smallest(), *_args(), options={"downstream": "eager"})
+    assert report.rewrites == []
+    assert "largest=False" in str(report)
+
+
+def test_record_stats_false_leaves_no_statistics():
+    report = compiler.explain(Indexer(), *_args(), options={"downstream": "eager", "record_stats": False})
+    assert len(report.rewrites) == 1 and report.stats == {}
+
+
+def test_collecting_nests_and_restores_the_current_report():
+    outer = current_report()
+    with collecting() as a:
+        assert current_report() is a
+        with collecting(Report()) as b:
+            assert current_report() is b
+        assert current_report() is a
+    assert current_report() is outer
+
+
+def test_format_table_aligns_columns():
+    assert format_table(["a", "bb"], [[1, 2], [333, 4]]).splitlines() == ["a    bb", "---  --", "1    2", "333  4"]

@@ -1,0 +1,88 @@
+"""torch.ops.pulsar_dosa.certified_topk: registration, opcheck, fake kernel with symbolic sizes,
+equality with the dense reference, per-layer statistics."""
+import pytest
+import torch
+
+import compiler
+from compiler.lowering.certified_topk_op import topk_config
+from compiler.lowering.stats import TOPK_STATS
+from runtime.certified_topk import CertifiedTopkConfig
+from runtime.dense_scorer import dense_topk
+
+
+def _inputs(B=2, S=5, H=3, D=8, T=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, w = torch.randn(B, S, H, D, generator=g), torch.randn(B, T, D, generator=g), torch.randn(B, S, H, generator=g)
+    visible = torch.rand(B, S, T, generator=g) > 0.3
+    return q, k, w, visible
+
+
+def test_registered_on_import_and_exposed():
+    assert compiler.certified_topk._opoverload is torch.ops.pulsar_dosa.certified_topk.default
+    schema = str(torch.ops.pulsar_dosa.certified_topk.default._schema)
+    assert "SymInt topk, Tensor? mask=None, str layer=\"\"" in schema
+
+
+@pytest.mark.parametrize("mask_kind", [None, "bool", "additive"])
+def test_opcheck(mask_kind):
+    q, k, w, visible = _inputs()
+    mask = {None: None, "bool": visible,
+            "additive": torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))}[mask_kind]
+    torch.library.opcheck(torch.ops.pulsar_dosa.certified_topk.default, (q, k, w, 4, mask),
+                          {"layer": "opcheck", "record_stats": False})
+
+
+@pytest.mark.parametrize("path", ["auto", "dense", "certified"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_equals_dense_reference_bitwise(path, dtype):
+    q, k, w, visible = (t.to(dtype) if t.is_floating_point() else t for t in _inputs(seed=1))
+    got = torch.ops.pulsar_dosa.certified_topk(q, k, w, 6, visible, path=path, record_stats=False)
+    want = dense_topk(q, k, w, 6, visible)
+    assert got[0].dtype == torch.float32 and got[1].dtype == torch.int64
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_topk_above_T_returns_T_columns():
+    q, k, w, _ = _inputs(T=4)
+    values, indices = torch.ops.pulsar_dosa.certified_topk(q, k, w, 9, record_stats=False)
+    assert values.shape == indices.shape == (2, 5, 4)
+
+
+def test_fake_kernel_keeps_symbolic_sizes_without_guards():
+    def f(q, k, w):
+        return torch.ops.pulsar_dosa.certified_topk(q, k, w, 3, record_stats=False)
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="symbolic")(*_inputs()[:3])
+    (out,) = [n for n in gm.graph.nodes if n.op == "call_function" and "certified_topk" in str(n.target)]
+    values = out.meta["val"][0]
+    assert any(isinstance(s, torch.SymInt) for s in values.shape[:2])
+    assert values.shape[2] == 3
+
+
+def test_bad_rank_is_a_value_error_naming_the_arguments():
+    q, k, w, _ = _inputs()
+    with pytest.raises(ValueError, match="q"):
+        torch.ops.pulsar_dosa.certified_topk(q[0], k, w, 3, record_stats=False)
+
+
+def test_scalar_arguments_map_to_the_runtime_config():
+    default = CertifiedTopkConfig()
+    assert topk_config(-1, -1, "auto") == default
+    assert topk_config(5, 64, "certified") == CertifiedTopkConfig(r=5, min_keys=64, path="certified")
+    with pytest.raises(ValueError, match="path"):
+        topk_config(-1, -1, "fast")
+    with pytest.raises(ValueError, match="r: expected -1"):
+        topk_config(-2, -1, "auto")
+
+
+def test_statistics_accumulate_per_layer_only_when_recorded():
+    TOPK_STATS.reset()
+    q, k, w, visible = _inputs()
+    for _ in range(2):
+        torch.ops.pulsar_dosa.certified_topk(q, k, w, 4, visible, layer="layers.3")
+    torch.ops.pulsar_dosa.certified_topk(q, k, w, 4, visible, layer="layers.4", record_stats=False)
+    summaries = TOPK_STATS.summaries()
+    assert list(summaries) == ["layers.3"]
+    assert summaries["layers.3"]["queries"] == 2 * q.shape[0] * q.shape[1]
+    TOPK_STATS.reset()
+    assert TOPK_STATS.summaries() == {}
