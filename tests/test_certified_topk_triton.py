@@ -1,0 +1,154 @@
+"""The Triton top-K pipeline (run here under TRITON_INTERPRET=1, tiny sizes) against the references.
+
+Integer-valued inputs make every fp32 sum exact in any order, so the Triton scorer must then agree
+bitwise with runtime.dense_topk (THE SCORER and THE ORDER, ties included). On general inputs the
+certified path must agree bitwise with the dense Triton path (the GPU contract).
+"""
+import pytest
+import torch
+
+from compiler.lowering.certified_topk_triton import (
+    CUDA_MIN_KEYS,
+    certified_topk_cuda,
+    choose_path,
+    decode_topk_cuda,
+    dense_topk_cuda,
+)
+from compiler.lowering.dsa_score_triton import decode_codes, score_keys
+from compiler.lowering.dsa_screen_triton import screen
+from runtime.certified_topk import CertifiedTopkConfig
+from runtime.dense_scorer import dense_topk
+from runtime.rounding import key_norm_up, round_up_to_float32
+from runtime.structured_indexer import structured_indexer_inputs
+
+CERTIFIED = CertifiedTopkConfig(path="certified", anchor_stride=16, workspace_frac=0.1)
+
+
+def integer_inputs(S, T, H, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-3, 4, (1, S, H, D), generator=g).float()
+    k = torch.randint(-3, 4, (1, T, D), generator=g).float()
+    w = torch.randint(-2, 3, (1, S, H), generator=g).float()
+    return q, k, w
+
+
+def structured(S=32, T=2048, H=8, D=32):
+    q, k, w, _ = structured_indexer_inputs(1, S, T, H, D, positive_heads=1, dtype=torch.bfloat16)
+    mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None]
+    return q, k, w, mask
+
+
+def assert_same(a, b):
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+def test_dense_triton_equals_runtime_reference_bitwise_with_ties(mask_kind):
+    S, T = 9, 300
+    q, k, w = integer_inputs(S, T, 4, 16, seed=1)
+    g = torch.Generator().manual_seed(2)
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand(1, S, T, generator=g) < 0.7
+    elif mask_kind == "additive":
+        mask = torch.randint(-2, 3, (1, S, T), generator=g).float()
+        mask[torch.rand(1, S, T, generator=g) < 0.3] = float("-inf")
+        mask[0, 0, 5], mask[0, 1, 7], mask[0, 2, 9] = float("inf"), float("nan"), float("-inf")
+    assert_same(dense_topk_cuda(q, k, w, 40, mask), dense_topk(q, k, w, 40, mask))
+
+
+def test_certified_equals_runtime_reference_on_integer_inputs():
+    q, k, w = integer_inputs(20, 700, 4, 16, seed=3)
+    config = CertifiedTopkConfig(path="certified", anchor_stride=8)
+    assert_same(certified_topk_cuda(q, k, w, 16, config=config), dense_topk(q, k, w, 16))
+
+
+def test_certified_equals_dense_triton_and_prunes_on_structured_bf16():
+    q, k, w, mask = structured()
+    trace = []
+    out = certified_topk_cuda(q, k, w, 64, mask, config=CERTIFIED, trace=trace)
+    assert_same(out, dense_topk_cuda(q, k, w, 64, mask))
+    assert trace[0].list_count.float().median() < 0.5 * k.shape[1]
+
+
+def test_screen_keeps_every_key_scoring_at_least_tau():
+    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
+    trace = []
+    certified_topk_cuda(q, k, w, 32, mask, config=CERTIFIED, trace=trace)
+    tr, p, T = trace[0], trace[0].plan, k.shape[1]
+    values, _ = dense_topk_cuda(q, k, w, 32, mask)
+    tau = values[..., -1].contiguous()  # the exact kk-th score: the tightest valid threshold
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    ids, count = screen(p.g, p.alpha, p.beta, p.e, p.c, tau, k, nk, mask=mask,
+                        lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries, cap=T)
+    all_ids = torch.arange(T, dtype=torch.int32).view(1, 1, T)
+    codes = score_keys(q, w.float(), k, all_ids, torch.full((1, 1), T, dtype=torch.int32), cap=T,
+                       tiles_per_list=1 << 30, mask=mask)
+    scores, _ = decode_codes(codes, T)
+    G = tr.list_queries
+    for s in range(q.shape[1]):
+        kept = set(ids[0, s // G, : count[0, s // G]].tolist())
+        needed = set((mask[0, s] & (scores[0, s] >= tau[0, s])).nonzero().flatten().tolist())
+        assert len(needed) >= 32 and needed <= kept, (s, sorted(needed - kept))
+    assert count.max() < T  # the screen pruned something
+
+
+def test_overflowed_survivor_lists_are_rescanned_densely():
+    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
+    config = CertifiedTopkConfig(path="certified", anchor_stride=16, workspace_frac=0.0)
+    trace = []
+    out = certified_topk_cuda(q, k, w, 32, mask, config=config, trace=trace)
+    assert (trace[0].list_count > trace[0].cap).any()
+    assert_same(out, dense_topk_cuda(q, k, w, 32, mask))
+
+
+def test_rows_with_fewer_visible_keys_than_topk_return_hidden_keys_in_index_order():
+    q, k, w = integer_inputs(16, 512, 4, 16, seed=4)
+    mask = torch.ones(1, 16, 512, dtype=torch.bool)
+    mask[0, 3, 20:] = False
+    mask[0, 7, :] = False
+    out = certified_topk_cuda(q, k, w, 64, mask, config=CertifiedTopkConfig(path="certified"))
+    assert_same(out, dense_topk(q, k, w, 64, mask))
+
+
+def test_nonfinite_keys_and_weights_give_the_dense_answer():
+    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
+    k = k.clone()
+    w = w.clone()
+    k[0, 100, 3] = float("nan")
+    k[0, 200, 0] = float("inf")
+    w[0, 5, 1] = float("nan")
+    out = certified_topk_cuda(q, k, w, 32, mask, config=CERTIFIED)
+    assert_same(out, dense_topk_cuda(q, k, w, 32, mask))
+
+
+@pytest.mark.parametrize("witnesses", ["previous", "stale", "absent"])
+def test_decode_is_exact_whatever_the_witnesses(witnesses):
+    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
+    _, prev = dense_topk_cuda(q[:, -2:-1], k, w[:, -2:-1], 32, mask[:, -2:-1])
+    wit = {"previous": prev[:, 0],
+           "stale": torch.tensor([[5, 5, 7, -3, 5000] + list(range(900, 940))]),
+           "absent": None}[witnesses]
+    out = decode_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:], witnesses=wit)
+    assert_same(out, dense_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:]))
+
+
+def test_bad_arguments_raise_errors_naming_the_argument():
+    q, k, w = integer_inputs(4, 64, 2, 16, seed=5)
+    with pytest.raises(ValueError, match="topk"):
+        certified_topk_cuda(q, k, w, 0)
+    with pytest.raises(ValueError, match="mask"):
+        certified_topk_cuda(q, k, w, 8, torch.ones(1, 4, 63, dtype=torch.bool))
+    with pytest.raises(ValueError, match="k"):
+        certified_topk_cuda(q, k.to("meta"), w, 8)
+    with pytest.raises(ValueError, match="witnesses"):
+        decode_topk_cuda(q, k, w, 8, witnesses=torch.zeros(2, 3, 8, dtype=torch.long))
+
+
+def test_auto_path_is_dense_below_the_cuda_minimum_and_follows_a_forced_path():
+    q, k, w = integer_inputs(4, 64, 2, 16, seed=6)
+    auto = CertifiedTopkConfig(path="auto", min_keys=0)
+    assert choose_path(q, w, k, None, 8, auto) == "dense"
+    assert choose_path(q, w, k, None, 8, CERTIFIED) == "certified"
+    assert 64 < CUDA_MIN_KEYS
