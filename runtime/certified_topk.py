@@ -303,8 +303,9 @@ def _certified_rows(inputs, config, certified, values, indices) -> dict[str, tor
     # Refine, second sieve, final selection over seeds U C.
     ob, os_, tau_ok = cb[ok], cs[ok], tau[ok]
     surv_idx, surv_valid = _compact(survive[ok])
-    surv_keys = inputs.k[ob[:, None], surv_idx.clamp_max(T - 1)]
-    surv_scores = _with_bias(inputs, exact_scores(q[ok], w[ok], surv_keys), ob, os_, surv_idx.clamp_max(T - 1))
+    surv_keys = surv_idx.clamp_max(T - 1)
+    surv_scores = exact_scores(q[ok], w[ok], inputs.k[ob[:, None], surv_keys])
+    surv_scores = _with_bias(inputs, surv_scores, ob, os_, surv_keys)
     written = surv_valid & (surv_scores >= tau_ok[:, None])
     n_ok = ob.numel()
     cand_scores = torch.full((n_ok, T + 1), float("-inf"), device=q.device)

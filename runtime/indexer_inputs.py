@@ -112,7 +112,9 @@ def check_indexer_inputs(
     topk = _check_topk(topk)
     B, S, H, D = q.shape
     if H < 1 or D < 1:
-        raise ValueError(f"q: expected at least one head and one dimension [B,S,H>=1,D>=1], got {tuple(q.shape)}")
+        raise ValueError(
+            f"q: expected at least one head and one dimension [B,S,H>=1,D>=1], got {tuple(q.shape)}"
+        )
     if k.shape[0] != B or k.shape[2] != D:
         raise ValueError(
             f"k: expected shape [B,T,D] with B={B}, D={D} (from q), got {tuple(k.shape)}"

@@ -92,7 +92,8 @@ def _poison(which, q, k, w, g):
         return q, k, w
     target = {"q": q, "k": k, "w": w}[which.split("_")[1]]
     flat = target.view(-1)
-    flat[torch.randint(flat.numel(), (), generator=g)] = {"nan": NAN, "inf": INF, "ninf": -INF}[which.split("_")[0]]
+    value = {"nan": NAN, "inf": INF, "ninf": -INF}[which.split("_")[0]]
+    flat[torch.randint(flat.numel(), (), generator=g)] = value
     return q, k, w
 
 
@@ -248,6 +249,18 @@ def test_certificate_prunes_most_keys_of_structured_indexer_inputs():
     assert sum(summary["fallbacks"].values()) == 0
 
 
+def test_structured_inputs_are_deterministic_with_few_positive_heads_per_query():
+    q, k, w, params = structured_indexer_inputs(2, 8, 64, 8, 16, seed=5, positive_heads=2)
+    again = structured_indexer_inputs(2, 8, 64, 8, 16, seed=5, positive_heads=2)
+    assert all(torch.equal(a, b) for a, b in zip((q, k, w), again[:3]))
+    assert (q.shape, k.shape, w.shape) == ((2, 8, 8, 16), (2, 64, 16), (2, 8, 8))
+    assert ((w > 0).sum(-1) == 2).all() and params["positive_heads"] == 2
+    with pytest.raises(ValueError, match="positive_heads: expected an int in"):
+        structured_indexer_inputs(1, 2, 3, 4, 5, positive_heads=5)
+    with pytest.raises(ValueError, match="T: expected a positive int"):
+        structured_indexer_inputs(1, 2, 0, 4, 5)
+
+
 def test_causal_structured_inputs_prune_and_stay_exact():
     q, k, w = _structured(S=32, T=1024)
     mask = torch.arange(1024)[None, None, :] <= torch.arange(1024 - 32, 1024)[None, :, None]
@@ -285,7 +298,8 @@ def _route_counts(q, k, w, topk, mask=None, **config):
 
 def _random(B=1, S=4, T=30, H=4, D=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(B, S, H, D, generator=g), torch.randn(B, T, D, generator=g), torch.randn(B, S, H, generator=g)
+    q = torch.randn(B, S, H, D, generator=g)
+    return q, torch.randn(B, T, D, generator=g), torch.randn(B, S, H, generator=g)
 
 
 def test_nonfinite_query_falls_back_and_is_counted():
