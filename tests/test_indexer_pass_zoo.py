@@ -227,3 +227,40 @@ def test_unrelated_topk_is_neither_rewritten_nor_a_near_miss():
 def test_disabled_pass_family_rewrites_nothing():
     report = compiler.explain(TransformersStyle(), *_args("additive"), options={"downstream": "eager", "passes": []})
     assert report.rewrites == [] and report.pass_times == []
+
+
+class NarrowedScores(torch.nn.Module):
+    def forward(self, q, k, w):
+        x = torch.relu(torch.einsum("bshd,btd->bsht", q, k))
+        return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).half().topk(KK, dim=-1).indices
+
+
+class BroadcastMask(torch.nn.Module):
+    def forward(self, q, k, w, row_mask):
+        x = torch.relu(torch.einsum("bshd,btd->bsht", q, k))
+        return (torch.matmul(w.unsqueeze(-2), x).squeeze(-2) + row_mask).topk(KK, dim=-1).indices
+
+
+def test_narrowing_cast_and_broadcast_mask_are_near_misses():
+    q, k, w, _, additive = make_inputs(6)
+    for model, args, reason in ((NarrowedScores(), (q, k, w), "cast of the scores from torch.float32 to torch.float16"),
+                                (BroadcastMask(), (q, k, w, additive[:, :1]), "expected the scores' shape")):
+        report = compiler.explain(model, *args, options={"downstream": "eager"})
+        assert report.rewrites == [] and reason in report.near_misses[0].reason
+        assert torch.equal(report.output, model(*args))
+
+
+class HiddenMaskNotInverted(torch.nn.Module):
+    """masked_fill(hidden, -inf) with hidden = True where masked: the pass passes logical_not(hidden)."""
+
+    def forward(self, q, k, w, hidden):
+        x = torch.relu(torch.einsum("bshd,btd->bsht", q, k))
+        return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).masked_fill(hidden, float("-inf")).topk(KK, dim=-1)
+
+
+def test_masked_fill_with_a_hidden_mask_is_inverted_for_the_op():
+    q, k, w, visible, _ = make_inputs(7)
+    args = (q, k, w, ~visible)
+    report = compiler.explain(HiddenMaskNotInverted(), *args, options={"downstream": "eager"})
+    assert [r.variant for r in report.rewrites] == ["qk_einsum+no_scale+heads_matmul+mask_fill"]
+    _assert_same_selection(tuple(report.output), tuple(HiddenMaskNotInverted()(*args)))

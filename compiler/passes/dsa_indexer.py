@@ -20,7 +20,7 @@ keys' scores are within that rounding of each other.
 
 A topk whose head-weighting position holds no contraction is not a candidate (e.g. an MoE router)
 and is only counted. A candidate that fails a later check is a near miss, recorded with its reason,
-and left untouched. Before any rewrite, the region is proved closed: every interior node is
+and left untouched (so is one whose graph the matcher cannot read: "unsupported form"). Before any rewrite, the region is proved closed: every interior node is
 post-dominated by the anchor (``matcher.escaping_nodes``), and the operand shapes are
 [B,S,H,D], [B,T,D], [B,S,H], [B,S,T] on ``node.meta`` (``statically_known_true``, no guards).
 All candidates are analysed on the unmodified graph, then the safe ones are rewritten.
@@ -173,6 +173,9 @@ def check_mask_step(x: fx.Node, m: "_Builder") -> fx.Node:
     """Recognise the mask step above the topk input; returns the head-weighting output node."""
     src = m.skip(x)
     kind = op_kind(src)
+    if kind == "cast" and _head_contraction(skip_layout_preserving(src.args[0])[0]) is not None:
+        raise NearMiss(f"cast of the scores from {_meta(src.args[0], 'scores').dtype} to {_meta(src, 'scores').dtype} "
+                       "before topk changes their order")
     if kind == "add" and "alpha" not in src.kwargs and len(src.args) == 2:
         a, b = src.args
         sides = [(c, other) for c, other in ((a, b), (b, a))
@@ -501,6 +504,9 @@ def run(ctx) -> None:
             ctx.report.counters[f"{KIND}.not_candidate"] += 1
         except NearMiss as miss:
             ctx.report.add_near_miss(KIND, module_path(anchor), str(miss), anchor.name)
+        except (TypeError, ValueError, IndexError, AttributeError, KeyError) as error:
+            ctx.report.add_near_miss(KIND, module_path(anchor), f"unsupported form ({type(error).__name__}: {error})",
+                                     anchor.name)
     for match in matches:
         settings = indexer_settings(ctx.options, match.module, _fixed_shape(match.q), value(match.topk),
                                     value(match.q.node).device.type)
