@@ -55,3 +55,15 @@ def test_collecting_nests_and_restores_the_current_report():
 
 def test_format_table_aligns_columns():
     assert format_table(["a", "bb"], [[1, 2], [333, 4]]).splitlines() == ["a    bb", "---  --", "1    2", "333  4"]
+
+
+def test_static_recompilation_rewrites_again_and_is_recorded_per_compile():
+    report = compiler.explain(Indexer(), *_args(), options={"downstream": "eager"}, dynamic=False)
+    q, k, w = _args()
+    longer = torch.cat([k, torch.randn(1, 7, 8, generator=torch.Generator().manual_seed(1))], dim=1)
+    with collecting(report):
+        out = report.compiled(q, longer, w)
+    assert torch.equal(out, Indexer()(q, longer, w))
+    assert len(report.compiles) == 2
+    assert [r.compile_index for r in report.rewrites] == [0, 1]
+    assert "1  dsa_indexer" in str(report)
