@@ -14,15 +14,18 @@ layout-preserving ops (``matcher.skip_layout_preserving``) between steps:
                               | view(bmm(Q.reshape(B,S*H,D), K[B,D,T]), [B,S,H,T])
 
 Folding is exact in real arithmetic: relu(c·x) = c·relu(x) for c > 0 and (c·q)·k = c·(q·k) for any
-c. The op's scores are THE SCORER's (fp32, fixed summation order), so they may differ from the
-original graph's matmul scores in the last bits; the selected keys coincide except where two
-keys' scores are within that rounding of each other.
+c, so the op computes the same real function as the replaced chain. The op returns the exact top-K
+of that function as THE SCORER evaluates it in fp32; the original graph evaluates it with BLAS
+matmuls whose rounding differs in the last bits. The two selections are identical unless two keys'
+scores are within that rounding of the kk-th place, or tie exactly (torch.topk orders equal scores
+arbitrarily, the op by lower key index).
 
 A topk whose head-weighting position holds no contraction is not a candidate (e.g. an MoE router)
-and is only counted. A candidate that fails a later check is a near miss, recorded with its reason,
-and left untouched (so is one whose graph the matcher cannot read: "unsupported form"). Before any rewrite, the region is proved closed: every interior node is
-post-dominated by the anchor (``matcher.escaping_nodes``), and the operand shapes are
-[B,S,H,D], [B,T,D], [B,S,H], [B,S,T] on ``node.meta`` (``statically_known_true``, no guards).
+and is only counted. A candidate that fails a later check is a near miss, recorded with its
+reason, and left untouched (so is one whose graph the matcher cannot read: "unsupported form").
+Before any rewrite the region is proved closed: every interior node is post-dominated by the
+anchor (``matcher.escaping_nodes``); and the operands are [B,S,H,D], [B,T,D], [B,S,H], [B,S,T] on
+``node.meta`` (``statically_known_true``, no guards).
 All candidates are analysed on the unmodified graph, then the safe ones are rewritten.
 """
 from __future__ import annotations
@@ -106,6 +109,9 @@ class Scale:
 
 @dataclasses.dataclass
 class IndexerMatch:
+    """A proved-safe match: the op's operands (with layout fixes and folded scales), the interior
+    nodes the op replaces, and the operand-side nodes that may become dead afterwards."""
+
     anchor: fx.Node
     module: str
     topk: Any
