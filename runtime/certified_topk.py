@@ -261,9 +261,9 @@ def _certified_rows(inputs, config, certified, values, indices) -> dict[str, tor
 
     # Seeds: exact scores, tau, activation frequencies.
     seed_idx, seed_valid = _compact(seeds)
-    seed_keys = inputs.k[cb[:, None], seed_idx.clamp_max(T - 1)]
-    seed_dots = head_dots(q, seed_keys)
-    seed_scores = _with_bias(inputs, weighted_relu_sum(w, seed_dots), cb, cs, seed_idx.clamp_max(T - 1))
+    seed_keys = seed_idx.clamp_max(T - 1)
+    seed_dots = head_dots(q, inputs.k[cb[:, None], seed_keys])
+    seed_scores = _with_bias(inputs, weighted_relu_sum(w, seed_dots), cb, cs, seed_keys)
     seed_scores = torch.where(seed_valid, seed_scores, float("-inf"))
     tau = seed_scores.topk(kk, dim=-1).values[:, -1]
     active = ((seed_dots > 0) & seed_valid[:, None, :]).sum(-1).to(torch.float64)
@@ -309,7 +309,7 @@ def _certified_rows(inputs, config, certified, values, indices) -> dict[str, tor
     written = surv_valid & (surv_scores >= tau_ok[:, None])
     n_ok = ob.numel()
     cand_scores = torch.full((n_ok, T + 1), float("-inf"), device=q.device)
-    cand_scores.scatter_(1, seed_idx[ok], torch.where(seed_valid[ok], seed_scores[ok], float("-inf")))
+    cand_scores.scatter_(1, seed_idx[ok], seed_scores[ok])  # padding lands in column T
     cand_scores.scatter_(1, torch.where(written, surv_idx, T), surv_scores)
     cand = torch.zeros((n_ok, T + 1), dtype=torch.bool, device=q.device)
     cand = cand.scatter(1, surv_idx, written)[:, :T] | seeds[ok]

@@ -53,7 +53,8 @@ def structured_indexer_inputs(
                         ("topic_run", topic_run), ("query_run", query_run)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    if isinstance(positive_heads, bool) or not isinstance(positive_heads, int) or not 0 <= positive_heads <= H:
+    if isinstance(positive_heads, bool) or not isinstance(positive_heads, int) \
+            or not 0 <= positive_heads <= H:
         raise ValueError(f"positive_heads: expected an int in [0, H={H}], got {positive_heads!r}")
     gen = generator if generator is not None else torch.Generator().manual_seed(seed)
 
