@@ -33,7 +33,7 @@ MODES = ("pulsar", "star", "dense")
 POSITIONS = ("sparse", "contiguous")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PackedLayout:
     """Packed phase-1 tokens, every field a 1-D tensor over the P packed tokens unless stated.
 
@@ -46,6 +46,7 @@ class PackedLayout:
     block_of: int64, the block of the source token (source_index // block_size); for kept
         tokens it is also the block whose input they belong to.
     query_position_start: int, first position id of the phase-2 query tokens.
+    Equality is identity (fields are tensors); compare fields with ``torch.equal``.
     """
 
     source_index: torch.Tensor
