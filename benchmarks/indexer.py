@@ -1,8 +1,9 @@
 """DSA indexer top-K on one GPU: inductor_dense vs triton_dense vs certified (+ decode rows).
 
-Run on a CUDA machine from the repository root:
+Run on a CUDA machine from the repository root, then render the tables:
 
     PYTHONPATH=. python3 benchmarks/indexer.py --out benchmarks/results/indexer_h200.json
+    PYTHONPATH=. python3 benchmarks/indexer.py --render benchmarks/results/indexer_h200.json
 
 Every row: median ms (CUDA events, warm-up excluded), peak memory above the inputs, and
 ``identical`` (indices equal to triton_dense's in the same run; for certified also bitwise-equal
@@ -159,11 +160,14 @@ def diagnostics(q, k, w, mask, kk, dense_values, n_rows=32):
     certified_topk_cuda(q, k, w, kk, mask, config=cfg, trace=trace)
     tr = trace[0]
     S, T = q.shape[1], k.shape[1]
-    refined = torch.where(tr.list_count > tr.cap, T, tr.list_count).float()
-    visible = mask.sum(-1).float()
+    G = tr.list_queries
+    visible = mask[0].sum(-1).float()
+    refined = torch.where(tr.list_count > tr.cap, T, tr.list_count).float()[0]
+    refined = torch.minimum(refined.repeat_interleave(G)[:S], visible)  # a query refines its list
     out = {
-        "pruned_frac": float(1 - refined.mean() * 1 / visible.mean()),
+        "pruned_frac": float(1 - refined.sum() / visible.sum()),
         "refined_per_query": float(refined.mean()),
+        "list_queries": G,
         "written_per_query": float(tr.cand_count.float().mean()),
         "overflow_lists": int((tr.list_count > tr.cap).sum()),
         "redo_rows": int(tr.redo.sum()),
@@ -303,6 +307,21 @@ def run_config(S, T, H, inputs, kk, ceil, rows, do_inductor):
     finish(q, k, w, mask, base, rows, S, H)
 
 
+def run_quick(S, T, H, inputs, rows):
+    """triton_dense, certified (auto) and certified (forced) only: time, peak memory, identical."""
+    gen = transformers_random if inputs == "transformers_random" else structured
+    q, k, w, _ = gen(S, T, H)
+    mask = causal_chunk_mask(S, T)
+    base = {"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "dtype": "bfloat16", "input": inputs}
+    dense_ms, dense_mem, (dv, di) = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), 1000)
+    rows.append({**base, "method": "triton_dense", "ms": dense_ms, "peak_mem_gib": dense_mem,
+                 "identical": True})
+    for method, cfg in (("certified", None), ("certified_forced", CertifiedTopkConfig(path="certified"))):
+        ms, mem, (cv, ci) = timed(lambda: certified_topk_cuda(q, k, w, TOPK, mask, config=cfg), 1000)
+        rows.append({**base, "method": method, "ms": ms, "peak_mem_gib": mem,
+                     "identical": bool(torch.equal(ci, di) and torch.equal(cv, dv))})
+
+
 def finish(q, k, w, mask, base, rows, S, H):
     if S == max(ARGS.S) and H == 64:
         decode_rows(q, k, w, mask, base, rows)
@@ -328,19 +347,94 @@ def decode_rows(q, k, w, mask, base, rows):
                  "identical": bool(torch.equal(ci, di) and torch.equal(cv, dv))})
 
 
+def _fmt(x, nd=1):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def render_markdown(doc) -> str:
+    """The results JSON as markdown tables (prefill, decode, kernel breakdown)."""
+    rows = [r for r in doc["rows"] if "error" not in r]
+    c = doc["ceilings"]
+    out = [f"Device: {doc['device']}, torch {doc['torch']}, triton {doc['triton']}. Ceilings measured "
+           f"in the same run: device copy {c['copy_GBps']:.0f} GB/s (read + write), bf16 matmul "
+           f"{c['bf16_matmul_TFLOPs']:.0f} TFLOP/s. D = {D}, topk = {TOPK}, bf16, causal chunk mask.",
+           "", "pruned = 1 - keys refined / keys visible (a survivor list serves the scorer's tile of "
+           "G = 128 / H queries; an overflowed list counts as every key: shown as 0 when negative); "
+           "survivors/query = keys refined per query; b = tau* - tau (seed gap), delta = median of "
+           "U - s over visible keys, both over 32 sampled queries, in units of the query's score "
+           "standard deviation. 'certified' is the op with path='auto'; 'forced' with "
+           "path='certified' (what a per-layer plan selects).",
+           "", "| input | H | S | T | inductor_dense ms | triton_dense ms | certified ms (path) | "
+           "certified forced ms | x inductor | x triton_dense | x triton_dense forced | identical | "
+           "pruned | survivors/query | b/sigma | delta/sigma | peak GiB dense / cert |",
+           "|" + "---|" * 17]
+    by = {}
+    for r in rows:
+        by.setdefault((r["input"], r["H"], r["S"], r["T"]), {})[r["method"]] = r
+    for (inp, H, S, T), m in sorted(by.items(), key=lambda kv: (kv[0][0] != "structured", -kv[0][1],
+                                                               -kv[0][2], kv[0][3])):
+        if "certified" not in m:
+            continue
+        dn, ce, fo, ind = m["triton_dense"], m["certified"], m.get("certified_forced"), m.get("inductor_dense")
+        dg = ce["diagnostics"]
+        ident = all(x["identical"] for x in (ce, fo) if x)
+        out.append(
+            f"| {inp} | {H} | {S} | {T} | {_fmt(ind and ind['ms'])} | {dn['ms']:.1f} | "
+            f"{ce['ms']:.1f} ({ce['path']}) | {_fmt(fo and fo['ms'])} | "
+            f"{_fmt(ind and ind['ms'] / ce['ms'], 2)} | {dn['ms'] / ce['ms']:.2f} | "
+            f"{_fmt(fo and dn['ms'] / fo['ms'], 2)} | {ident} | {max(0.0, dg['pruned_frac']):.3f} | "
+            f"{dg['refined_per_query']:.0f} | {dg['b_over_sigma_median']:.3f} | "
+            f"{dg['delta_over_sigma_median']:.3f} | {dn['peak_mem_gib']:.1f} / {ce['peak_mem_gib']:.1f} |")
+    out += ["", "Decode (one query, the previous query's selection as witnesses):", "",
+            "| input | T | decode_dense (torch) ms | decode_triton_dense ms | decode_certified ms | "
+            "identical (torch / certified) |", "|---|---|---|---|---|---|"]
+    for (inp, H, S, T), m in sorted(by.items()):
+        if "decode_certified" in m:
+            out.append(f"| {inp} | {T} | {m['decode_dense']['ms']:.2f} | "
+                       f"{m['decode_triton_dense']['ms']:.2f} | {m['decode_certified']['ms']:.2f} | "
+                       f"{m['decode_dense']['identical']} / {m['decode_certified']['identical']} |")
+    out += ["", "Screen kernel alone against the tensor-core floor of its padded rows "
+            "(2 S T D RP / bf16 matmul rate):", "",
+            "| input | H | S | T | screen ms | refine ms | rows RP | floor ms | screen / floor |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for (inp, H, S, T), m in sorted(by.items()):
+        f = m.get("certified_forced")
+        if f:
+            out.append(f"| {inp} | {H} | {S} | {T} | {f['screen_ms']:.1f} | {f['refine_ms']:.1f} | "
+                       f"{f['screen_rows_padded']} | {f['screen_tc_floor_ms']:.2f} | "
+                       f"{f['screen_vs_floor']:.1f} |")
+    for name, bd in doc.get("breakdown", {}).items():
+        out += ["", f"Kernel time of one `{name}` call (structured, H=64, S=16384, T=131072): "
+                f"{bd['total_ms']:.1f} ms", "", "| kernel | ms |", "|---|---|"]
+        out += [f"| `{n}` | {t:.2f} |" for n, t in bd["kernels"]]
+    if doc.get("skipped"):
+        out += ["", "Not run (time budget): " + ", ".join(
+            f"{x['input']} H={x['H']} S={x['S']} T={x['T']}" for x in doc["skipped"])]
+    return "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--render", help="print the markdown tables of a results JSON and exit")
+    ap.add_argument("--out")
     ap.add_argument("--S", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--T", type=int, nargs="+", default=[32768, 131072, 524288])
     ap.add_argument("--H", type=int, nargs="+", default=[64, 32])
     ap.add_argument("--inputs", nargs="+", default=["structured", "transformers_random"])
     ap.add_argument("--budget_s", type=float, default=480)
     ap.add_argument("--inductor_max_T", type=int, default=524288)
+    ap.add_argument("--quick", action="store_true",
+                    help="only triton_dense and certified (auto, forced) for the given shapes")
     global ARGS
     ARGS = ap.parse_args()
+    if ARGS.render:
+        with open(ARGS.render) as f:
+            print(render_markdown(json.load(f)), end="")
+        return
+    if not ARGS.out:
+        ap.error("--out is required to run the benchmark")
     t0 = time.perf_counter()
-    ceil = ceilings()
+    ceil = {} if ARGS.quick else ceilings()
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "ceilings": ceil, "rows": [], "skipped": []}
     print(json.dumps(ceil))
@@ -352,7 +446,10 @@ def main():
             continue
         n0 = len(doc["rows"])
         try:
-            run_config(S, T, H, x, TOPK, ceil, doc["rows"], T <= ARGS.inductor_max_T)
+            if ARGS.quick:
+                run_quick(S, T, H, x, doc["rows"])
+            else:
+                run_config(S, T, H, x, TOPK, ceil, doc["rows"], T <= ARGS.inductor_max_T)
         except Exception as exc:  # recorded, the run goes on with the next shape
             doc["rows"].append({"S": S, "T": T, "H": H, "input": x, "error": repr(exc)[:500]})
             torch.cuda.empty_cache()
@@ -362,7 +459,7 @@ def main():
         with open(ARGS.out, "w") as f:
             json.dump(doc, f, indent=1)
         doc["breakdown"] = BREAKDOWN
-    if time.perf_counter() - t0 < ARGS.budget_s:
+    if not ARGS.quick and time.perf_counter() - t0 < ARGS.budget_s:
         doc["launch_sweep"] = sweep_launch_configs()
         print(json.dumps(doc["launch_sweep"]))
     for name, bd in BREAKDOWN.items():

@@ -251,11 +251,15 @@ def _screen_stage(q, w, k, mask, kk, config, nk):
     return tau, ids, list_count, cap, plan, G
 
 
-def certified_codes(q, w, k, mask, kk, config):
+def key_norms(k):
+    """Upper bounds of the key norms, fp32 [B,T] (never below the exact norm)."""
+    return round_up_to_float32(key_norm_up(k.float()))
+
+
+def certified_codes(q, w, k, mask, kk, config, nk=None):
     """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (module docstring)."""
     B, S = q.shape[:2]
-    T = k.shape[1]
-    nk = round_up_to_float32(key_norm_up(k.float()))
+    nk = key_norms(k) if nk is None else nk
     tau, ids, list_count, cap, plan, G = _screen_stage(q, w, k, mask, kk, config, nk)
     cand_cap = min(cap, CANDIDATE_FACTOR * kk)
     cand = torch.full((B, S, cand_cap), torch.iinfo(torch.int64).min, dtype=torch.int64,
@@ -264,14 +268,10 @@ def certified_codes(q, w, k, mask, kk, config):
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
                out_count=cand_count, splits=key_splits(B * ids.shape[1], cap))
     codes = top_codes(cand, kk)
-    redo = cand_count > cand_cap
-    if mask is not None:
-        redo |= _visible(mask).expand(B, S, T).sum(-1) < kk
+    # A row with >= kk visible keys and tau <= its kk-th score writes >= kk candidates; fewer
+    # means fewer than kk visible keys (tau is then -inf and every visible key was written).
+    redo = (cand_count > cand_cap) | (cand_count < kk)
     return codes, CertifiedTrace(tau, list_count, cand_count, redo, cap, G, plan)
-
-
-def _visible(mask):
-    return mask if mask.dtype == torch.bool else mask != float("-inf")
 
 
 def predicted_work(list_count, cap, T, H, RP, A, n_seed):
@@ -293,10 +293,10 @@ def _redo_dense(codes, redo, q, w, k, mask, kk):
     return codes
 
 
-def choose_path(q, w, k, mask, kk, config) -> str:
+def choose_path(q, w, k, mask, kk, config, nk=None) -> str:
     """'dense' or 'certified': the configured path; "auto" takes dense below CUDA_MIN_KEYS keys,
     else probes PROBE_GROUPS anchor groups through seeds and screen (one synchronisation) and
-    goes certified when ``predicted_work`` is below PAYS_BELOW."""
+    goes certified when ``predicted_work`` is below PAYS_BELOW. ``nk``: key_norms(k) if known."""
     T = k.shape[1]
     if config.path != "auto":
         return config.path
@@ -309,7 +309,7 @@ def choose_path(q, w, k, mask, kk, config) -> str:
     rows = (starts[:, None] + torch.arange(A)).flatten()
     rows = rows[rows < S].to(q.device)
     m = None if mask is None else mask.expand(B, S, T)[:, rows]
-    nk = round_up_to_float32(key_norm_up(k.float()))
+    nk = key_norms(k) if nk is None else nk
     _, _, list_count, cap, plan, _ = _screen_stage(q[:, rows], w[:, rows], k, m, kk, config, nk)
     work = predicted_work(list_count, cap, T, H, plan.g.shape[2], A, min(T, kk + kk // 4 + 1))
     return "certified" if float(work) < PAYS_BELOW else "dense"
@@ -326,11 +326,12 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
     config = CertifiedTopkConfig() if config is None else config
     q, k, w = _operands(q, k, weights)
     T = k.shape[1]
-    if choose_path(q, w, k, mask, kk, config) == "dense":
+    nk = key_norms(k) if config.path != "dense" else None
+    if choose_path(q, w, k, mask, kk, config, nk) == "dense":
         codes = dense_codes_topk(q, w, k, mask, kk)
         _record(stats, q, T, None)
         return decode_codes(codes, T)
-    codes, tr = certified_codes(q, w, k, mask, kk, config)
+    codes, tr = certified_codes(q, w, k, mask, kk, config, nk)
     codes = _redo_dense(codes, tr.redo, q, w, k, mask, kk)
     _record(stats, q, T, tr)
     if trace is not None:
