@@ -18,8 +18,10 @@ Pipeline (SPEC A.2-A.5), per batch row:
 6. selection: top-kk order codes of the written candidates.
 Rows that cannot be answered this way (fewer than kk visible keys, or more candidates ``s >= tau``
 than the candidate buffer of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the
-device and recomputed densely after one host synchronisation (the only one of a "certified" call;
-"auto" adds one for its probe). Nothing is dropped: every flagged row is answered densely.
+device and recomputed densely after a host synchronisation. Nothing is dropped: every flagged row
+is answered densely. Host synchronisations of a certified call: the retained budget max(r) (the
+screen's row count), the flagged-row check, and for "auto" the probe; so the call is not
+capturable in a CUDA graph (the dense path is).
 
 Path choice (config.path): "dense", "certified", or "auto" = dense below CUDA_MIN_KEYS keys,
 else a probe of a few anchor groups through seeds and screen predicts the work (SPEC A.6).
@@ -340,7 +342,10 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
 
 
 def _record(stats: TopkStats | None, q, T, tr):
-    """Add the call's counters to ``stats`` as device tensors (no synchronisation)."""
+    """Add the call's counters to ``stats`` as device tensors (no synchronisation).
+
+    survivors counts refined (query, key) pairs: a tile's survivor list (union over its
+    list_queries queries; all T keys when it overflowed) times list_queries."""
     if stats is None:
         return
     B, S = q.shape[:2]
