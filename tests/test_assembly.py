@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from runtime.assembly import PackedLayout, assemble
+from runtime.summaries import select_summaries
 
 # Blocks of 4: B0 = [5 1 1 2], B1 = [1 3 4 1], B2 = [1 1 7 1], B3 = [1 2] (shorter last block).
 # Document frequencies over the 4 blocks: token 1 -> 4, token 2 -> 2, others -> 1.
@@ -112,6 +113,29 @@ def test_one_block_pulsar_equals_dense(positions, shared_spine):
     pulsar = assemble(tokens, 64, sink=8, chunk=4, positions=positions, shared_spine=shared_spine)
     dense = assemble(tokens, 64, mode="dense", positions=positions)
     assert fields(pulsar) == fields(dense)
+
+
+INPUT_CONFIGS = [
+    dict(length=53, block_size=8, sink=3, chunk=2, ratio=0.25, heuristic="entropy", anchor=5),
+    dict(length=64, block_size=16, sink=0, chunk=4, ratio=0.5, heuristic="max_idf", anchor=16),
+]
+
+
+@pytest.mark.parametrize("config", INPUT_CONFIGS, ids=["L53-B8", "L64-B16"])
+def test_inputs_are_the_spec_concatenations(config):
+    cfg = dict(config)
+    length, block_size, anchor = cfg.pop("length"), cfg.pop("block_size"), cfg.pop("anchor")
+    tokens = torch.randint(0, 9, (length,), generator=torch.Generator().manual_seed(3))
+    blocks = [list(range(s, min(s + block_size, length))) for s in range(0, length, block_size)]
+    sigma = [x.tolist() for x in select_summaries(tokens, block_size, **cfg)]
+    sink = blocks[0][: cfg["sink"]]
+    pulsar = [blocks[0]] + [sink + sum(sigma[:i], []) + blocks[i] for i in range(1, len(blocks))]
+    star = [blocks[0]] + [blocks[0][:anchor] + b for b in blocks[1:]]
+    for mode, want, extra in (("pulsar", pulsar, cfg), ("star", star, dict(anchor=anchor))):
+        layout = assemble(tokens, block_size, mode=mode, **extra)
+        bounds = layout.cu_seqlens.tolist()
+        got = [layout.source_index[a:b].tolist() for a, b in zip(bounds, bounds[1:])]
+        assert got == want
 
 
 def _visible_keys(layout: PackedLayout, visibility: torch.Tensor, query: int) -> list[tuple[int, int]]:
