@@ -62,9 +62,10 @@ def package_dir(name: str) -> Path:
 
 
 def load_tokenizer():
+    data = package_dir("mistral_common") / "data" / TOKENIZER_FILE
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
-    return Tekkenizer.from_file(str(package_dir("mistral_common") / "data" / TOKENIZER_FILE))
+    return Tekkenizer.from_file(str(data))
 
 
 def load_essays(tokenizer) -> list[int]:
