@@ -249,6 +249,27 @@ def test_certificate_prunes_most_keys_of_structured_indexer_inputs():
     assert sum(summary["fallbacks"].values()) == 0
 
 
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("r", [None, 1, 2])
+@pytest.mark.parametrize("variant", ["fp32", "bf16", "integer_ties", "additive_mask"])
+def test_pruned_structured_inputs_stay_exact_across_paths_dtypes_ties_and_masks(seed, r, variant):
+    q, k, w, _ = structured_indexer_inputs(1, 16, 256, 8, 16, seed=seed, query_run=4, topic_run=16)
+    mask = None
+    if variant == "bf16":
+        q, k, w = q.bfloat16(), k.bfloat16(), w.bfloat16()
+    elif variant == "integer_ties":  # coarse integers: many exact ties at and around tau
+        q, k, w = (2 * q).round(), (2 * k).round(), (2 * w).round()
+    elif variant == "additive_mask":
+        causal = torch.arange(256)[None, None, :] <= torch.arange(240, 256)[None, :, None]
+        offsets = torch.randint(-1, 2, (1, 16, 256), generator=torch.Generator().manual_seed(seed)) / 4
+        mask = torch.where(causal, offsets, -INF)
+    stats = TopkStats()
+    config = CertifiedTopkConfig(r=r, min_keys=0, anchor_stride=4, sink=4, window=16)
+    got = certified_topk(q, k, w, 8, mask, config=config, stats=stats)
+    _assert_same(got, dense_topk(q, k, w, 8, mask))
+    assert stats.summary()["keys_screened"] > 0 and stats.pruned_frac > 0.5
+
+
 def test_structured_inputs_are_deterministic_with_few_positive_heads_per_query():
     q, k, w, params = structured_indexer_inputs(2, 8, 64, 8, 16, seed=5, positive_heads=2)
     again = structured_indexer_inputs(2, 8, 64, 8, 16, seed=5, positive_heads=2)
