@@ -34,7 +34,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--candidates", default=None,
                    help="comma-separated retained-head budgets r to measure (default: the tile-aligned set)")
     p.add_argument("--constants", default=None,
-                   help="'cpu', 'h200' or a JSON file of KernelConstants (default: cpu, or h200 on --device cuda)")
+                   help="'cpu', 'h200', 'measure' (time the runtime reference on --device) or a JSON file "
+                        "of KernelConstants (default: cpu, or h200 on --device cuda)")
     p.add_argument("--design-length", type=int, default=131072,
                    help="key length the choice of r is optimised for (default 131072)")
     p.add_argument("--queries", type=int, default=None,
@@ -45,13 +46,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def resolve_constants(spec: str | None, device: str) -> KernelConstants:
-    """'cpu' / 'h200' / a JSON path -> constants; None picks by device."""
+    """'cpu' / 'h200' / 'measure' / a JSON path -> constants; None picks by device."""
     if spec is None:
         return H200_ESTIMATE if device.startswith("cuda") else CPU_REFERENCE
     if spec == "cpu":
         return CPU_REFERENCE
     if spec == "h200":
         return H200_ESTIMATE
+    if spec == "measure":
+        from compiler.plan_constants import measure_reference_constants
+
+        return measure_reference_constants(device)
     return KernelConstants.from_json(spec)
 
 

@@ -31,7 +31,7 @@ def generated(tmp_path_factory):
     ids = torch.randint(0, 128, (TOKENS,), generator=torch.Generator().manual_seed(0))
     (root / "ids.txt").write_text(" ".join(str(int(i)) for i in ids))
     args = ["--model", str(root / "model"), "--tokens", str(root / "ids.txt"), "--out", str(root / "plan.json"),
-            "--candidates", "4,12", "--seed", "1", "--plot", str(root / "plan.png")]
+            "--candidates", "4,8", "--constants", "h200", "--seed", "1", "--plot", str(root / "plan.png")]
     assert main(args) == 0
     return root
 
@@ -42,7 +42,7 @@ def test_plan_has_one_entry_per_indexer_layer_with_measurements_and_inputs(gener
     assert [e.layer for e in plan.layers] == LAYERS
     for e in plan.layers:
         assert (e.heads, e.head_dim, e.topk) == (32, 16, 16)
-        assert [c.r for c in e.candidates] == [4, 12]
+        assert [c.r for c in e.candidates] == [4, 8]
         assert all(c.queries == TOKENS and c.keys_screened > 0 for c in e.candidates)
         assert e.seed_gap.count > 0 and e.seed_gap.min >= 0
         assert e.slack.count > 0 and e.slack.min >= 0
@@ -50,10 +50,12 @@ def test_plan_has_one_entry_per_indexer_layer_with_measurements_and_inputs(gener
     assert plan.model["weights"] == "random init, seed 1"
 
 
-def test_random_init_indexers_are_planned_dense_because_screening_cannot_pay(generated):
+def test_random_init_indexers_prune_too_little_at_small_budgets_so_every_layer_is_planned_dense(generated):
     plan = load_plan(generated / "plan.json")
+    assert plan.constants == H200_ESTIMATE
     for e in plan.layers:
         shape = IndexerShape(heads=e.heads, head_dim=e.head_dim, topk=e.topk)
+        assert all(c.survival > 0.5 for c in e.candidates)  # fewer than half the screened keys pruned
         assert all(crossover_length(c.r, c.survival, shape, plan.constants) is None for c in e.candidates)
         assert (e.path, e.r, e.crossover, e.predicted_speedup) == ("dense", None, None, 1.0)
 

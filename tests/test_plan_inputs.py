@@ -91,3 +91,4 @@ def test_factory_specs_are_called_and_checked():
         load_model("no_such_module_xyz:make")
     with pytest.raises(ValueError, match="expected a transformers model directory"):
         load_model("missing_dir_xyz")
+
