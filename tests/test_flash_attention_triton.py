@@ -99,6 +99,19 @@ def test_non_power_of_two_head_dim_and_strided_inputs():
     assert_matches_reference(q, k, v, prefix_end, segment_start, scale=d ** -0.5)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_arbitrary_per_row_bounds_match_reference(seed):
+    # Unsorted, out-of-range and empty intervals: the tile ranges (whole, partial, skipped) are
+    # derived from row minima and maxima, which must stay right for any bounds.
+    gen = torch.Generator().manual_seed(100 + seed)
+    sq, sk = 40, 70
+    q_start = int(torch.randint(0, sk - sq + 10, (1,), generator=gen))
+    q, k, v = random_qkv(1, 2, 1, sq, sk, 16, torch.float32, seed=200 + seed)
+    prefix_end = torch.randint(-5, sk + 5, (1, sq), generator=gen)
+    segment_start = torch.randint(-5, sk + 5, (1, sq), generator=gen)
+    assert_matches_reference(q, k, v, prefix_end, segment_start, scale=0.3, q_start=q_start)
+
+
 def test_key_tiles_outside_both_intervals_are_never_read():
     # Queries at keys 128..191 see [0, 64) and [128, own position]: keys 64..127 are invisible to
     # the whole query tile. Poisoning them with NaN changes nothing only if their tiles are

@@ -11,7 +11,8 @@ Kernel: one program per (query tile, batch, query head), online softmax in base 
 accumulators. A query tile visits two key ranges only: ``[0, max over its rows of the first
 interval's end)`` and ``[min over its rows of segment_start, its last visible key]``; key tiles
 between them are never loaded, so a packed segment-causal layout costs its visible tiles only
-(keys outside every interval of a tile are never read, even if they hold NaN). bf16/fp16
+(keys outside every interval of a tile are never read, even if they hold NaN). Key tiles that
+every query of the tile sees whole skip the visibility rule. bf16/fp16
 products run on the tensor cores with fp32 accumulation; fp32 inputs use IEEE fp32 products.
 Tile sizes are chosen by measurement on CUDA (``compiler.autotune``, per query-length bucket);
 the choice changes speed only.
@@ -40,22 +41,34 @@ _LOG2_E = math.log2(math.e)
 def _attend_key_tile(acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok,
                      prefix_end, segment_start, last_key, seq_k, qk_scale_log2,
                      stride_ks, stride_kd, stride_vs, stride_vd,
-                     BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Fold one key tile into the running (acc, row max m_i in log2 units, row sum l_i)."""
+                     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+                     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold one key tile into the running (acc, row max m_i in log2 units, row sum l_i).
+
+    MASKED=False only for tiles every row of the query tile sees entirely (no rule applied,
+    no bound check on keys)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    key_ok = offs_n < seq_k
-    k = tl.load(k_head + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-                mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-    v = tl.load(v_head + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+    k_ptrs = k_head + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = v_head + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    if MASKED:
+        key_ok = offs_n < seq_k
+        k = tl.load(k_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
-    in_prefix = offs_n[None, :] < prefix_end[:, None]
-    in_segment = (offs_n[None, :] >= segment_start[:, None]) & (offs_n[None, :] <= last_key[:, None])
-    visible = (in_prefix | in_segment) & key_ok[None, :]
-    scores = tl.where(visible, scores, float("-inf"))
+    if MASKED:
+        in_prefix = offs_n[None, :] < prefix_end[:, None]
+        in_segment = (offs_n[None, :] >= segment_start[:, None]) & (offs_n[None, :] <= last_key[:, None])
+        visible = (in_prefix | in_segment) & key_ok[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     # Rows that have seen no visible key yet keep m = -inf; shifting them by 0 keeps exp2 at 0.
     m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -95,8 +108,8 @@ def _two_interval_attention_kernel(
         stride_pb, stride_ps, stride_sb, stride_ss,
         stride_lb, stride_lh, stride_ls,
         num_q_heads, group, seq_q, seq_k, head_dim, q_start, qk_scale_log2,
-        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, UPCAST: tl.constexpr,
+        DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: BLOCK_M queries of one (batch, query head) against their two key ranges."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -109,21 +122,32 @@ def _two_interval_attention_kernel(
     row_ok = offs_m < seq_q
     d_ok = offs_d < head_dim
 
+    # Row bounds clamped to [0, Sk] (same visibility) and held in int32 (Sk < 2^31).
     # Rows past Sq see nothing: prefix_end 0, segment_start past every key.
-    prefix_end = tl.load(prefix_end_ptr + batch * stride_pb + offs_m * stride_ps,
-                         mask=row_ok, other=0).to(tl.int64)
+    prefix_end = tl.load(prefix_end_ptr + batch * stride_pb + offs_m * stride_ps, mask=row_ok, other=0)
+    prefix_end = tl.minimum(tl.maximum(prefix_end.to(tl.int64), 0), seq_k).to(tl.int32)
     segment_start = tl.load(segment_start_ptr + batch * stride_sb + offs_m * stride_ss,
-                            mask=row_ok, other=seq_k).to(tl.int64)
-    last_key = tl.minimum(q_start + offs_m.to(tl.int64), seq_k - 1)
+                            mask=row_ok, other=seq_k)
+    segment_start = tl.minimum(tl.maximum(segment_start.to(tl.int64), 0), seq_k).to(tl.int32)
+    last_key = tl.minimum(q_start + offs_m.to(tl.int64), seq_k - 1).to(tl.int32)
 
-    # Key ranges of this tile: [0, prefix_hi) for the first interval, [segment_lo, segment_hi)
-    # for the second; rows whose interval is empty do not widen it.
-    prefix_hi = tl.max(tl.where(row_ok, tl.minimum(prefix_end, seq_k), 0), 0)
-    segment_live = row_ok & (tl.maximum(segment_start, 0) <= last_key)
-    segment_lo = tl.min(tl.where(segment_live, tl.maximum(segment_start, 0), seq_k), 0)
+    # Key ranges of this tile. Some row sees keys in [0, prefix_hi) and [segment_lo, segment_hi)
+    # only (rows with an empty interval do not widen it); every row sees [0, prefix_all) and
+    # [segment_all_lo, segment_all_hi). Tiles inside the latter skip the visibility rule.
+    segment_live = row_ok & (segment_start <= last_key)
+    prefix_hi = tl.max(tl.where(row_ok, prefix_end, 0), 0)
+    prefix_all = tl.min(tl.where(row_ok, prefix_end, seq_k), 0)
+    segment_lo = tl.min(tl.where(segment_live, segment_start, seq_k), 0)
     segment_hi = tl.max(tl.where(segment_live, last_key + 1, 0), 0)
-    prefix_tiles_end = tl.cdiv(prefix_hi, BLOCK_N) * BLOCK_N
-    segment_tiles_start = tl.maximum((segment_lo // BLOCK_N) * BLOCK_N, prefix_tiles_end)
+    segment_all_lo = tl.max(tl.where(row_ok, segment_start, 0), 0)
+    segment_all_hi = tl.min(tl.where(row_ok, last_key + 1, seq_k), 0)
+
+    full_prefix_end = (prefix_all // BLOCK_N) * BLOCK_N
+    prefix_end_tile = tl.cdiv(prefix_hi, BLOCK_N) * BLOCK_N
+    segment_first = tl.maximum((segment_lo // BLOCK_N) * BLOCK_N, prefix_end_tile)
+    full_lo = tl.maximum(tl.cdiv(segment_all_lo, BLOCK_N) * BLOCK_N, segment_first)
+    full_hi = tl.maximum((segment_all_hi // BLOCK_N) * BLOCK_N, full_lo)
+    before_full = tl.minimum(full_lo, tl.cdiv(segment_hi, BLOCK_N) * BLOCK_N)
 
     q = tl.load(q_ptr + batch * stride_qb + head * stride_qh
                 + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
@@ -136,16 +160,33 @@ def _two_interval_attention_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for start_n in range(0, prefix_tiles_end, BLOCK_N):
+    # Disjoint tile ranges in key order: prefix (whole, then partial), then segment (partial,
+    # whole, partial).
+    for start_n in range(0, full_prefix_end, BLOCK_N):
         acc, m_i, l_i = _attend_key_tile(
             acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok, prefix_end, segment_start,
             last_key, seq_k, qk_scale_log2, stride_ks, stride_kd, stride_vs, stride_vd,
-            BLOCK_N, UPCAST, DOT_PRECISION)
-    for start_n in range(segment_tiles_start, segment_hi, BLOCK_N):
+            BLOCK_N, False, EVEN_D, UPCAST, DOT_PRECISION)
+    for start_n in range(full_prefix_end, prefix_end_tile, BLOCK_N):
         acc, m_i, l_i = _attend_key_tile(
             acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok, prefix_end, segment_start,
             last_key, seq_k, qk_scale_log2, stride_ks, stride_kd, stride_vs, stride_vd,
-            BLOCK_N, UPCAST, DOT_PRECISION)
+            BLOCK_N, True, EVEN_D, UPCAST, DOT_PRECISION)
+    for start_n in range(segment_first, before_full, BLOCK_N):
+        acc, m_i, l_i = _attend_key_tile(
+            acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok, prefix_end, segment_start,
+            last_key, seq_k, qk_scale_log2, stride_ks, stride_kd, stride_vs, stride_vd,
+            BLOCK_N, True, EVEN_D, UPCAST, DOT_PRECISION)
+    for start_n in range(full_lo, full_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_key_tile(
+            acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok, prefix_end, segment_start,
+            last_key, seq_k, qk_scale_log2, stride_ks, stride_kd, stride_vs, stride_vd,
+            BLOCK_N, False, EVEN_D, UPCAST, DOT_PRECISION)
+    for start_n in range(full_hi, segment_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_key_tile(
+            acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok, prefix_end, segment_start,
+            last_key, seq_k, qk_scale_log2, stride_ks, stride_kd, stride_vs, stride_vd,
+            BLOCK_N, True, EVEN_D, UPCAST, DOT_PRECISION)
 
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -158,12 +199,11 @@ def _two_interval_attention_kernel(
 
 
 
-
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _check_kernel_inputs(q, k, v, prefix_end, segment_start) -> None:
-    """Raise TypeError/ValueError for inputs the kernel cannot take (dtype, device)."""
+    """Raise TypeError/ValueError for inputs the kernel cannot take (dtype, device, length)."""
     if q.dtype not in _KERNEL_DTYPES:
         raise TypeError(f"q must be bfloat16, float16 or float32, got {q.dtype}")
     for name, t in (("k", k), ("v", v)):
@@ -172,6 +212,9 @@ def _check_kernel_inputs(q, k, v, prefix_end, segment_start) -> None:
     for name, t in (("k", k), ("v", v), ("prefix_end", prefix_end), ("segment_start", segment_start)):
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+    for name, t in (("q", q), ("k", k)):
+        if t.shape[2] >= 2 ** 31:
+            raise ValueError(f"{name} must have fewer than 2^31 tokens (int32 indices), got {t.shape[2]}")
 
 
 def _launch(q, k, v, prefix_end, segment_start, scale: float, q_start: int):
@@ -192,7 +235,7 @@ def _launch(q, k, v, prefix_end, segment_start, scale: float, q_start: int):
             *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             *prefix_end.stride(), *segment_start.stride(), *lse.stride(),
             hq, hq // hkv, sq, sk, d, q_start, scale * _LOG2_E,
-            BLOCK_D=block_d, UPCAST=_INTERPRETED,
+            BLOCK_D=block_d, EVEN_D=block_d == d, UPCAST=_INTERPRETED,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             **config.kwargs())
 
