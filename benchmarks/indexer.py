@@ -407,6 +407,12 @@ def render_markdown(doc) -> str:
         out += ["", f"Kernel time of one `{name}` call (structured, H=64, S=16384, T=131072): "
                 f"{bd['total_ms']:.1f} ms", "", "| kernel | ms |", "|---|---|"]
         out += [f"| `{n}` | {t:.2f} |" for n, t in bd["kernels"]]
+    if doc.get("rerun"):
+        rr = doc["rerun"]
+        out += ["", f"Rerun ({rr['note']}):", "", "| input | H | S | T | method | ms | peak GiB | identical |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['input']} | {r['H']} | {r['S']} | {r['T']} | {r['method']} | {r['ms']:.1f} | "
+                f"{r['peak_mem_gib']:.1f} | {r['identical']} |" for r in rr["rows"] if "error" not in r]
     if doc.get("skipped"):
         out += ["", "Not run (time budget): " + ", ".join(
             f"{x['input']} H={x['H']} S={x['S']} T={x['T']}" for x in doc["skipped"])]
