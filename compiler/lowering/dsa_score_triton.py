@@ -38,7 +38,6 @@ MASK_BOOL = 1
 MASK_ADDITIVE = 2
 
 HIDDEN_CODE32 = -(2**31)
-NAN_CODE32 = 2**31 - 1
 
 
 @triton.jit
@@ -195,16 +194,18 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         shape = (B, S, ids.shape[-1])
         out = (torch.full(shape, torch.iinfo(torch.int64).min, dtype=torch.int64, device=q.device)
                if fill else torch.empty(shape, dtype=torch.int64, device=q.device))
-        out_count = counts
-        tau = w
     ieee = q.dtype == torch.float32
+    # Operands a variant never reads (tau and out_count without COMPACT, mask with MASK_NONE) are
+    # passed as any tensor of the call: the kernel's constexpr branches skip them.
     _indexer_score_kernel[(B * n_tiles, splits)](
-        q, w, k, ids, counts, tau, m if m is not None else q, out, out_count,
+        q, w, k, ids, counts, w if tau is None else tau, q if m is None else m, out,
+        counts if out_count is None else out_count,
         S, T, H, cap, out.shape[-1], tiles_per_list, n_tiles,
         q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), k.stride(0), k.stride(1),
         ids.stride(0), ids.stride(1), counts.stride(0), msb, mss, mst, out.stride(0), out.stride(1),
         BLOCK_S=block_s, HP=hp, D=D, BLOCK_T=block_t, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, num_warps=num_warps, num_stages=num_stages,
+        TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
 

@@ -119,7 +119,7 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
     ieee = k.dtype == torch.float32
     splits = key_splits(B * n_tiles, T, block_t)
     _screen_kernel[(B * n_tiles, splits)](
-        g, alpha, beta, e, c, tau, k, nk, m if m is not None else k, ids, count,
+        g, alpha, beta, e, c, tau, k, nk, k if m is None else m, ids, count,  # k: unread mask slot
         S, T, cap, n_tiles, lists_per_batch,
         g.stride(0), g.stride(1), g.stride(2), alpha.stride(0), alpha.stride(1),
         k.stride(0), k.stride(1), nk.stride(0), ids.stride(0), ids.stride(1), count.stride(0),
