@@ -42,7 +42,7 @@ from runtime.dense_scorer import (
 )
 from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
 from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32
-from runtime.seeds import anchor_rows, seed_mask
+from runtime.seeds import SOFT_HIDDEN_BIAS, anchor_rows, seed_mask
 
 __all__ = ["FALLBACK_REASONS", "CertifiedTopkConfig", "TopkStats", "certified_topk"]
 
@@ -159,13 +159,7 @@ def _route(inputs: IndexerInputs, config: CertifiedTopkConfig) -> dict[str, torc
     key_norm = key_norm_up(torch.where(key_finite[..., None], k, 0.0))
     zero = torch.zeros((), dtype=torch.float64, device=q.device)
     max_key = torch.where(visible, key_norm[:, None, :], zero).amax(-1)
-    max_bias = zero
-    if inputs.bias is not None:
-        bias64 = torch.where(visible & torch.isfinite(inputs.bias), inputs.bias, 0.0).double()
-        max_bias = bias64.abs().amax(-1)
-    safe = range_is_safe(
-        (w64.abs() * head_norm).sum(-1), head_norm.amax(-1), max_key, max_bias
-    )
+    safe = range_is_safe((w64.abs() * head_norm).sum(-1), head_norm.amax(-1), max_key)
     n_visible = visible.sum(-1)
     if config.path == "dense":
         dense_cheaper = torch.ones_like(safe)
@@ -256,7 +250,8 @@ def _certified_rows(inputs, config, certified, values, indices) -> dict[str, tor
     cb, cs = certified.nonzero(as_tuple=True)
     visible = inputs.visible[cb, cs]
     witnesses = indices[cb, anchor_rows(S, config.anchor_stride, cb.device)[cs]]
-    seeds = seed_mask(visible, witnesses, kk, config.sink, config.window)
+    preferred = None if inputs.bias is None else inputs.bias[cb, cs] >= SOFT_HIDDEN_BIAS
+    seeds = seed_mask(visible, witnesses, kk, config.sink, config.window, preferred)
     q, w = inputs.q[cb, cs], inputs.weights[cb, cs]
 
     # Seeds: exact scores, tau, activation frequencies.

@@ -9,8 +9,11 @@ computed in ANY order (sequential, pairwise, BLAS blocking, with or without FMA)
 Masses, for one query: M_s = sum_h |w_h| ||q_h||, W = sum_h |w_h|, all computed in float64.
 
 Preconditions (checked per query before the certificate is used, see ``range_is_safe``): inputs
-finite and (max(M_s, max_h ||q_h||) ||k|| + |bias|) (1 + 2^-10) < 2^126 for every visible key,
-so that no float32 or float64 step overflows.
+finite and max(M_s, max_h ||q_h||) ||k|| (1 + 2^-10) < 2^126 for every visible key, so that no
+step of THE SCORER before the bias and no float64 step overflows. The additive bias is not part
+of this check: it enters only through the last float32 add fl32(s^ + b), and rounding to nearest
+is monotone even when it overflows to +-inf, so the argument of item 1 below holds for any finite
+bias (transformers' eager masks use float32 min, about -3.4e38, for hidden keys).
 
 1. THE SCORER versus the exact score s(k) = sum_h w_h relu(q_h . k) (real arithmetic on the
    float32 inputs). x^_h accumulates D products: |x^_h - x_h| <= gamma_D ||q_h|| ||k|| + alpha,
@@ -135,8 +138,7 @@ def range_is_safe(
     mass_scores: torch.Tensor,
     max_head_norm: torch.Tensor,
     max_key_norm: torch.Tensor,
-    max_abs_bias: torch.Tensor,
 ) -> torch.Tensor:
-    """True where no float32 scorer step can overflow (float64 inputs broadcast, bool result)."""
-    reach = torch.maximum(mass_scores, max_head_norm) * max_key_norm + max_abs_bias
+    """True where no float32 scorer step before the bias can overflow (float64, bool result)."""
+    reach = torch.maximum(mass_scores, max_head_norm) * max_key_norm
     return reach * (1.0 + 2.0**-10) < SAFE_RANGE

@@ -291,6 +291,21 @@ def test_causal_structured_inputs_prune_and_stay_exact():
     assert stats.pruned_frac > 0.5
 
 
+def test_float32_min_additive_mask_of_transformers_eager_prunes_without_range_fallback():
+    """transformers' eager causal masks hide keys with float32 min, not -inf: such keys stay
+    visible (their values are fl32(score + min)), must not trip the overflow precondition, and
+    must not be chosen as witnesses, so the certificate still prunes."""
+    q, k, w = _structured(S=32, T=1024)
+    causal = torch.arange(1024)[None, None, :] <= torch.arange(512, 544)[None, :, None]
+    mask = torch.where(causal, 0.0, torch.finfo(torch.float32).min)
+    stats = TopkStats()
+    got = certified_topk(q, k, w, 32, mask, config=CertifiedTopkConfig(min_keys=0), stats=stats)
+    _assert_same(got, dense_topk(q, k, w, 32, mask))
+    summary = stats.summary()
+    assert summary["fallbacks"]["numeric_range"] == 0
+    assert stats.pruned_frac > 0.5
+
+
 def test_non_contiguous_inputs_and_expanded_masks_give_the_dense_result():
     g = torch.Generator().manual_seed(7)
     q = torch.randn(2, 8, 6, 5, generator=g).transpose(2, 3)
