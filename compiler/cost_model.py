@@ -5,7 +5,7 @@ Work model, per query that sees ``n`` visible keys (``n > N0``), ``H`` heads of 
     dense(n)     = n·H·D / dense_rate + n / select_rate
     certified(n) = plan + n·H·D / (anchor_stride·dense_rate)         anchor queries scored densely
                  + N0·H·D / refine_rate                               seeds scored exactly
-                 + (n − N0)·ρ(r)·D / screen_rate                      screen, ρ(r) = r + d_a padded to the tile
+                 + (n − N0)·ρ(r)·D / screen_rate                      screen, ρ(r) = r + d_a padded
                  + m·(n − N0)·H·D / refine_rate                       refine the survivors
                  + (N0 + m·(n − N0)) / select_rate                    select over seeds and survivors
 
@@ -37,8 +37,10 @@ _RUNTIME_DEFAULTS = CertifiedTopkConfig()
 T = sympy.Symbol("T", positive=True, integer=True)
 """The key length of a call (the sequence length seen by the indexer)."""
 
-AUX_ROWS = 2
-"""d_a: screening rows beyond the r retained heads (the negative aggregate a_A and the norm term)."""
+AUX_ROWS = 1
+"""d_a: rows of the screen's matrix product beyond the r retained heads: the aggregate row (a_A, or V on
+the abs path). SPEC A.3 counts r + 2 logical dots; the norm term E·||k|| is a per-key scalar product, not
+a row, in both the reference (``runtime.certificate.evaluate_bound``) and the Triton screen."""
 
 _RATE_FIELDS = ("dense_macs_per_s", "screen_macs_per_s", "refine_macs_per_s", "select_keys_per_s")
 _TIME_FIELDS = ("plan_s_per_query", "dense_fixed_s", "certified_fixed_s")
@@ -48,9 +50,9 @@ _TIME_FIELDS = ("plan_s_per_query", "dense_fixed_s", "certified_fixed_s")
 class KernelConstants:
     """Measured throughputs and fixed costs of the indexer's stages on one device.
 
-    Rates are positive (per second); times are non-negative seconds. ``screen_tile`` is the row tile of
-    the screen kernel's matrix product: r + d_a screening rows cost as many as the next multiple of it.
-    ``source`` says where the numbers were measured.
+    Rates are positive (per second); times are non-negative seconds. The screen's r + d_a rows are
+    padded to the next power of two when ``screen_pow2`` (the Triton screen's RP), then to a multiple of
+    ``screen_tile``; the padded rows cost as much as real ones. ``source`` says where the numbers come from.
     """
 
     dense_macs_per_s: float
@@ -61,6 +63,7 @@ class KernelConstants:
     dense_fixed_s: float
     certified_fixed_s: float
     screen_tile: int
+    screen_pow2: bool
     source: str
 
     def __post_init__(self) -> None:
@@ -76,6 +79,8 @@ class KernelConstants:
                 raise ValueError(f"KernelConstants.{name}: expected finite seconds >= 0, got {value!r}")
         if isinstance(self.screen_tile, bool) or not isinstance(self.screen_tile, int) or self.screen_tile < 1:
             raise ValueError(f"KernelConstants.screen_tile: expected an int >= 1, got {self.screen_tile!r}")
+        if not isinstance(self.screen_pow2, bool):
+            raise TypeError(f"KernelConstants.screen_pow2: expected a bool, got {self.screen_pow2!r}")
         if not isinstance(self.source, str):
             raise TypeError(f"KernelConstants.source: expected str, got {type(self.source).__name__}")
 
@@ -109,6 +114,7 @@ CPU_REFERENCE = KernelConstants(
     dense_fixed_s=1.0e-3,
     certified_fixed_s=2.0e-2,
     screen_tile=1,
+    screen_pow2=False,
     source="runtime/ plain-torch reference, compiler.plan_constants.measure_reference_constants on a "
            "2-core x86 CPU (best of 9 runs, S=32 T=2048 H=16 D=32, torch 2.13; other load present)",
 )
@@ -122,9 +128,11 @@ H200_ESTIMATE = KernelConstants(
     plan_s_per_query=2.0e-9,
     dense_fixed_s=2.0e-5,
     certified_fixed_s=1.5e-4,
-    screen_tile=16,
+    screen_tile=1,
+    screen_pow2=True,
     source="H200 estimate before measurement: exact fp32 dense scorer ~30% of fp32 CUDA-core peak, "
-           "screen on bf16 tensor cores ~15% of peak, refine at half the dense rate; replace with "
+           "screen on bf16 tensor cores ~15% of peak with rows padded to a power of two (the Triton "
+           "screen's RP), refine at half the dense rate; replace with "
            "KernelConstants.from_json of the GPU benchmark's constants",
 )
 """Estimated H200 constants; ``KernelConstants.from_json`` loads the measured set."""
@@ -179,22 +187,20 @@ def _exact(x: float) -> sympy.Rational:
     return sympy.Rational(float(x))
 
 
-def screen_rows(r: int, tile: int) -> int:
-    """ρ(r): screening rows per key, r + d_a padded up to a multiple of the screen tile."""
+def screen_rows(r: int, c: KernelConstants) -> int:
+    """ρ(r): screening rows per key, r + d_a padded as the constants' screen pads them."""
     _require_int("r", r, 1)
-    _require_int("tile", tile, 1)
-    return -(-(r + AUX_ROWS) // tile) * tile
+    rows = r + AUX_ROWS
+    if c.screen_pow2:
+        rows = 1 << (rows - 1).bit_length()
+    return -(-rows // c.screen_tile) * c.screen_tile
 
 
-def candidate_rs(heads: int, tile: int) -> list[int]:
-    """Tile-aligned retained-head budgets: every r < heads with r + d_a a multiple of ``tile``.
-
-    Returns [] when even the first aligned budget reaches ``heads`` (screening cannot pay there).
-    """
+def candidate_rs(heads: int, c: KernelConstants) -> list[int]:
+    """Aligned retained-head budgets below ``heads``: each r that uses every row of its padded screen
+    (ρ(r + 1) > ρ(r)), i.e. the largest budget for each padded row count."""
     _require_int("heads", heads, 1)
-    _require_int("tile", tile, 1)
-    aligned = (k * tile - AUX_ROWS for k in range(1, (heads + AUX_ROWS) // tile + 2))
-    return [r for r in aligned if 1 <= r < heads]
+    return [r for r in range(1, heads) if screen_rows(r + 1, c) > screen_rows(r, c)]
 
 
 def dense_query_cost(n, shape: IndexerShape, c: KernelConstants):
@@ -209,7 +215,7 @@ def certified_query_cost(n, r: int, m, shape: IndexerShape, c: KernelConstants):
     return (_exact(c.plan_s_per_query)
             + n * hd / (shape.anchor_stride * _exact(c.dense_macs_per_s))
             + n0 * hd / _exact(c.refine_macs_per_s)
-            + screened * screen_rows(r, c.screen_tile) * shape.head_dim / _exact(c.screen_macs_per_s)
+            + screened * screen_rows(r, c) * shape.head_dim / _exact(c.screen_macs_per_s)
             + m * screened * hd / _exact(c.refine_macs_per_s)
             + (n0 + m * screened) / _exact(c.select_keys_per_s))
 
@@ -335,17 +341,17 @@ DEFAULT_SURVIVAL = 0.03
 """Survival fraction assumed without a plan: the DoSA paper's trained-indexer rate (SPEC A.7, 2.65%)."""
 
 
-def assumed_budget(heads: int, tile: int) -> int | None:
-    """The budget assumed without a plan: the smallest tile-aligned r >= heads / 4 (trained indexers
-    have few positive heads per query, SPEC A.8), or None when no aligned budget is below ``heads``."""
-    rs = [r for r in candidate_rs(heads, tile) if 4 * r >= heads]
+def assumed_budget(heads: int, c: KernelConstants) -> int | None:
+    """The budget assumed without a plan: the smallest aligned r >= heads / 4 (trained indexers have
+    few positive heads per query, SPEC A.8), or None when no aligned budget is below ``heads``."""
+    rs = [r for r in candidate_rs(heads, c) if 4 * r >= heads]
     return rs[0] if rs else None
 
 
 def default_choice(shape: IndexerShape, c: KernelConstants, design_length: int) -> LayerChoice:
     """The choice without a plan: r left to the runtime's per-query rule (None), crossover predicted
     for ``assumed_budget`` at ``DEFAULT_SURVIVAL``; dense when that cannot pay."""
-    r = assumed_budget(shape.heads, c.screen_tile)
+    r = assumed_budget(shape.heads, c)
     crossover = None if r is None else crossover_length(r, DEFAULT_SURVIVAL, shape, c)
     if crossover is None:
         return LayerChoice("dense", None, None, None, 1.0)
@@ -360,5 +366,5 @@ def speedup_curve(choice: LayerChoice, survival: float | None, shape: IndexerSha
     if choice.path == "dense":
         return [1.0 for _ in lengths]
     m = survival if survival is not None else DEFAULT_SURVIVAL
-    r = choice.r if choice.r is not None else assumed_budget(shape.heads, c.screen_tile)
+    r = choice.r if choice.r is not None else assumed_budget(shape.heads, c)
     return [predicted_speedup(n, r, m, choice.crossover, shape, c) for n in lengths]

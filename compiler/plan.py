@@ -77,7 +77,7 @@ def layer_candidates(requested: list[int] | None, heads: int, constants: KernelC
     """The budgets measured on a layer with ``heads`` heads: the requested ones (each < heads) or the
     tile-aligned set."""
     if requested is None:
-        return candidate_rs(heads, constants.screen_tile)
+        return candidate_rs(heads, constants)
     if requested[-1] >= heads:
         raise ValueError(f"--candidates: expected budgets below the layer's {heads} heads, got {requested}")
     return requested

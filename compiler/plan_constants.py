@@ -11,8 +11,8 @@ load on the machine):
 * plan:   ``plan_certificate`` per query                          seconds / S
 * fixed:  one whole ``certified_topk`` call on a minimal input, path "dense" and "certified"
 
-``screen_tile`` is 1 (the reference pads nothing). These are the reference's constants, not the
-Triton kernels': GPU constants come from the GPU benchmark (``KernelConstants.from_json``).
+``screen_tile`` is 1 and ``screen_pow2`` False (the reference pads nothing). These are the reference's
+constants, not the Triton kernels': GPU constants come from the GPU benchmark (``KernelConstants.from_json``).
 """
 from __future__ import annotations
 
@@ -80,6 +80,7 @@ def measure_reference_constants(device: str | torch.device = "cpu", *, S: int = 
         dense_fixed_s=tiny_call("dense"),
         certified_fixed_s=tiny_call("certified"),
         screen_tile=1,
+        screen_pow2=False,
         source=f"runtime reference measured on {device.type} ({torch.get_num_threads()} threads, "
                f"S={S} T={T} H={H} D={D} kk={kk} r={r}, torch {torch.__version__})",
     )

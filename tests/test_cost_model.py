@@ -11,9 +11,10 @@ from compiler.cost_model import (CPU_REFERENCE, H200_ESTIMATE, IndexerShape, Ker
 # Unit rates and no fixed costs: every term of the work model is a count that can be done by hand.
 UNIT = KernelConstants(dense_macs_per_s=1.0, screen_macs_per_s=1.0, refine_macs_per_s=1.0,
                        select_keys_per_s=1.0, plan_s_per_query=0.0, dense_fixed_s=0.0,
-                       certified_fixed_s=0.0, screen_tile=1, source="hand-computed test rates")
-# H = 8, D = 1, N0 = topk = 1, one anchor per 8 queries: dense(n) = 9n and, for r = 1 (3 screen rows),
-# certified(n) = n (anchor) + 8 (seed) + 3(n-1) (screen) + 8m(n-1) (refine) + 1 + m(n-1) (select).
+                       certified_fixed_s=0.0, screen_tile=1, screen_pow2=False,
+                       source="hand-computed test rates")
+# H = 8, D = 1, N0 = topk = 1, one anchor per 8 queries: dense(n) = 9n and, for r = 1 (2 screen rows),
+# certified(n) = n (anchor) + 8 (seed) + 2(n-1) (screen) + 8m(n-1) (refine) + 1 + m(n-1) (select).
 CHUNK = IndexerShape(heads=8, head_dim=1, topk=1, queries=1, sink=0, window=0, anchor_stride=8)
 PREFILL = dataclasses.replace(CHUNK, queries=None)
 
@@ -32,34 +33,41 @@ def brute_force_times(shape, c, r, m, length):
         s = n - shape.n0
         cert += (c.plan_s_per_query + n * hd / (shape.anchor_stride * c.dense_macs_per_s)
                  + shape.n0 * hd / c.refine_macs_per_s
-                 + s * screen_rows(r, c.screen_tile) * shape.head_dim / c.screen_macs_per_s
+                 + s * screen_rows(r, c) * shape.head_dim / c.screen_macs_per_s
                  + m * s * hd / c.refine_macs_per_s + (shape.n0 + m * s) / c.select_keys_per_s)
     return (c.dense_fixed_s + shape.batch * dense, c.certified_fixed_s + shape.batch * cert)
 
 
-def test_screen_rows_pad_r_plus_aux_rows_to_the_tile():
-    assert screen_rows(1, 1) == 3
-    assert screen_rows(14, 16) == 16
-    assert screen_rows(15, 16) == 32
+def padded(tile, pow2):
+    return dataclasses.replace(UNIT, screen_tile=tile, screen_pow2=pow2)
 
 
-def test_candidate_budgets_are_tile_aligned_and_below_the_head_count():
-    assert candidate_rs(64, 16) == [14, 30, 46, 62]
-    assert candidate_rs(32, 8) == [6, 14, 22, 30]
-    assert candidate_rs(8, 1) == [1, 2, 3, 4, 5, 6, 7]
-    assert candidate_rs(8, 16) == []
+def test_screen_rows_pad_r_plus_the_aux_row_to_the_tile_and_power_of_two():
+    assert screen_rows(1, UNIT) == 2 and screen_rows(6, UNIT) == 7
+    assert screen_rows(15, padded(16, False)) == 16 and screen_rows(16, padded(16, False)) == 32
+    assert screen_rows(4, padded(1, True)) == 8 and screen_rows(7, padded(1, True)) == 8
+    assert screen_rows(1, padded(16, True)) == 16 and screen_rows(16, padded(16, True)) == 32
+
+
+def test_candidate_budgets_fill_their_padded_rows_and_stay_below_the_head_count():
+    assert candidate_rs(64, padded(16, False)) == [15, 31, 47, 63]
+    assert candidate_rs(64, padded(1, True)) == [1, 3, 7, 15, 31, 63]
+    assert candidate_rs(32, H200_ESTIMATE) == [1, 3, 7, 15, 31]
+    assert candidate_rs(8, UNIT) == [1, 2, 3, 4, 5, 6, 7]
+    assert candidate_rs(8, padded(16, False)) == []
 
 
 def test_chunk_call_times_match_the_hand_computed_polynomials():
     assert sympy.simplify(dense_call_time(CHUNK, UNIT) - 9 * T) == 0
-    # m = 0: n + 8 + 3(n - 1) + 1 = 4n + 6.
-    assert sympy.simplify(certified_call_time(1, 0.0, CHUNK, UNIT) - (4 * T + 6)) == 0
+    # m = 0: n + 8 + 2(n - 1) + 1 = 3n + 7.
+    assert sympy.simplify(certified_call_time(1, 0.0, CHUNK, UNIT) - (3 * T + 7)) == 0
 
 
 def test_prefill_call_times_match_the_hand_computed_polynomials():
-    # dense: sum_{n=1..T} 9n; certified: 9 (query 1 is dense) + sum_{n=2..T} (4n + 6) = 2T^2 + 8T - 1.
+    # dense: sum_{n=1..T} 9n; certified: 9 (query 1 is dense) + sum_{n=2..T} (3n + 7) = 1.5T^2 + 8.5T - 1.
     assert sympy.expand(dense_call_time(PREFILL, UNIT) - sympy.Rational(9, 2) * T * (T + 1)) == 0
-    assert sympy.expand(certified_call_time(1, 0.0, PREFILL, UNIT) - (2 * T**2 + 8 * T - 1)) == 0
+    expected = sympy.Rational(3, 2) * T**2 + sympy.Rational(17, 2) * T - 1
+    assert sympy.expand(certified_call_time(1, 0.0, PREFILL, UNIT) - expected) == 0
 
 
 @pytest.mark.parametrize("shape", [CHUNK, PREFILL, dataclasses.replace(CHUNK, queries=5, batch=3)])
@@ -73,19 +81,19 @@ def test_symbolic_call_times_equal_the_brute_force_sum_over_queries(shape, c):
 
 def test_crossover_of_a_chunk_is_the_first_length_strictly_past_the_root():
     fixed = dataclasses.replace(UNIT, certified_fixed_s=100.0)
-    # m = 0: 106 + 4T < 9T  <=>  T > 21.2.
-    assert crossover_length(1, 0.0, CHUNK, fixed) == 22
-    # m = 1/2: 101.5 + 8.5T < 9T  <=>  T > 203; at T = 203 the paths tie, so certified starts at 204.
-    assert crossover_length(1, 0.5, CHUNK, fixed) == 204
+    # m = 0: 107 + 3T < 9T  <=>  T > 17.83.
+    assert crossover_length(1, 0.0, CHUNK, fixed) == 18
+    # m = 1/2, fixed 101: 103.5 + 7.5T < 9T  <=>  T > 69; at T = 69 the paths tie, so certified starts at 70.
+    assert crossover_length(1, 0.5, CHUNK, dataclasses.replace(UNIT, certified_fixed_s=101.0)) == 70
 
 
 def test_crossover_of_a_prefill_solves_the_quadratic():
     fixed = dataclasses.replace(UNIT, certified_fixed_s=100.0)
-    # 2T^2 + 8T + 99 < 4.5T^2 + 4.5T  <=>  T > (3.5 + sqrt(1002.25)) / 5 = 7.03...
-    assert crossover_length(1, 0.0, PREFILL, fixed) == 8
-    for length in (7, 8):
+    # 1.5T^2 + 8.5T + 99 < 4.5T^2 + 4.5T  <=>  T > (4 + sqrt(1204)) / 6 = 6.45...
+    assert crossover_length(1, 0.0, PREFILL, fixed) == 7
+    for length in (6, 7):
         dense, cert = brute_force_times(PREFILL, fixed, 1, 0.0, length)
-        assert (cert < dense) == (length == 8)
+        assert (cert < dense) == (length == 7)
 
 
 def test_crossover_never_precedes_the_lengths_where_queries_can_be_screened():
@@ -95,20 +103,20 @@ def test_crossover_never_precedes_the_lengths_where_queries_can_be_screened():
 
 
 def test_no_crossover_when_survivors_cost_more_than_the_screen_saves():
-    # Slope 4 + 9m >= 9 for m >= 5/9: dense stays cheaper at every length.
-    assert crossover_length(1, 5 / 9, CHUNK, UNIT) is None
+    # Slope 3 + 9m >= 9 for m >= 2/3: dense stays cheaper at every length.
+    assert crossover_length(1, 0.75, CHUNK, UNIT) is None
     assert crossover_length(1, 0.9, PREFILL, UNIT) is None
-    assert crossover_length(1, 0.5, CHUNK, UNIT) is not None
+    assert crossover_length(1, 0.625, CHUNK, UNIT) is not None
 
 
 def test_choice_is_dense_when_the_design_length_is_short_and_certified_when_long():
     fixed = dataclasses.replace(UNIT, certified_fixed_s=100.0)
-    short = choose_layer({1: 0.0}, CHUNK, fixed, design_length=21)
+    short = choose_layer({1: 0.0}, CHUNK, fixed, design_length=17)
     long = choose_layer({1: 0.0}, CHUNK, fixed, design_length=1000)
     assert (short.path, short.r, short.crossover) == ("dense", None, None)
-    assert (long.path, long.r, long.crossover) == ("certified", 1, 22)
+    assert (long.path, long.r, long.crossover) == ("certified", 1, 18)
     assert long.predicted_pruned_frac == 1.0
-    assert long.predicted_speedup == pytest.approx(9000 / (100 + 4 * 1000 + 6))
+    assert long.predicted_speedup == pytest.approx(9000 / (100 + 3 * 1000 + 7))
 
 
 def test_choice_is_dense_when_every_measured_budget_prunes_too_little():
@@ -117,14 +125,14 @@ def test_choice_is_dense_when_every_measured_budget_prunes_too_little():
 
 
 def test_choice_takes_the_budget_with_the_lowest_predicted_time():
-    # Per-key slopes: r=1: 3 + 9m1 + 1 = 4 + 9*0.5 = 8.5; r=2: 5 + 9*0.1 = 5.9; r=4: 7 + 0 = 7.
+    # Per-key slopes (anchor 1 + rows r + 1 + 9m): r=1: 7.5; r=2: 4 + 0.9 = 4.9; r=4: 6.
     choice = choose_layer({1: 0.5, 2: 0.1, 4: 0.0}, CHUNK, UNIT, design_length=1000)
     assert choice.r == 2 and choice.predicted_pruned_frac == pytest.approx(0.9)
 
 
 def test_choice_breaks_ties_towards_the_smaller_budget():
-    # With a screen tile of 2, r = 1 and r = 2 both pad to 4 rows: equal m gives equal times.
-    tiled = dataclasses.replace(UNIT, screen_tile=2)
+    # With a screen tile of 4, r = 1 and r = 2 both pad to 4 rows: equal m gives equal times.
+    tiled = dataclasses.replace(UNIT, screen_tile=4)
     assert choose_layer({2: 0.25, 1: 0.25}, CHUNK, tiled, design_length=1000).r == 1
 
 
@@ -133,10 +141,10 @@ def test_budgets_at_or_above_the_head_count_are_never_chosen():
 
 
 def test_assumed_budget_is_the_first_aligned_budget_covering_a_quarter_of_the_heads():
-    assert assumed_budget(64, 16) == 30
-    assert assumed_budget(64, 1) == 16
-    assert assumed_budget(32, 8) == 14
-    assert assumed_budget(8, 16) is None
+    assert assumed_budget(64, padded(16, False)) == 31
+    assert assumed_budget(64, H200_ESTIMATE) == 31
+    assert assumed_budget(64, UNIT) == 16
+    assert assumed_budget(8, padded(16, False)) is None
 
 
 def test_default_choice_leaves_r_to_the_runtime_and_predicts_a_crossover():
@@ -144,7 +152,8 @@ def test_default_choice_leaves_r_to_the_runtime_and_predicts_a_crossover():
     choice = default_choice(shape, H200_ESTIMATE, 131072)
     assert choice.path == "certified" and choice.r is None
     assert shape.n0 < choice.crossover < 131072
-    assert default_choice(IndexerShape(heads=8, head_dim=128, topk=2048), H200_ESTIMATE, 131072).path == "dense"
+    no_budget = padded(16, False)
+    assert default_choice(IndexerShape(heads=8, head_dim=128, topk=2048), no_budget, 131072).path == "dense"
 
 
 def test_amdahl_matches_hand_values():

@@ -111,6 +111,6 @@ def test_candidates_are_checked_before_the_model_is_loaded(tmp_path):
 
 def test_layer_candidates_stay_below_the_head_count():
     assert layer_candidates([4, 12], 32, CPU_REFERENCE) == [4, 12]
-    assert layer_candidates(None, 32, H200_ESTIMATE) == [14, 30]
+    assert layer_candidates(None, 32, H200_ESTIMATE) == [1, 3, 7, 15, 31]
     with pytest.raises(ValueError, match="below the layer's 32 heads"):
         layer_candidates([4, 32], 32, CPU_REFERENCE)
