@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from compiler.cost_model import CPU_REFERENCE, H200_ESTIMATE, KernelConstants, candidate_rs
 from compiler.plan_schema import Plan, save_plan
@@ -21,11 +21,14 @@ from compiler.plan_schema import Plan, save_plan
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m compiler.plan", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True,
+    p.add_argument("--model",
                    help="transformers model directory, config.json (random init) or module:function factory")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--tokens", help=".txt of whitespace-separated token ids, or an integer .npy / .pt array")
     src.add_argument("--text", help="plain text, tokenised with the model's tokenizer")
+    p.add_argument("--structured", default=None, metavar="B,S,T,H,D,K",
+                   help="instead of a model: one layer named 'structured' on synthetic inputs of "
+                        "runtime.structured_indexer (causal over the last S of T keys, seeded by --seed)")
     p.add_argument("--out", required=True, help="where to write the JSON plan")
     p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation (no weights)")
     p.add_argument("--seq-len", type=int, default=None,
@@ -42,7 +45,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="queries per indexer call to plan for (default: causal prefill, one per key)")
     p.add_argument("--device", default="cpu", help="device the model runs on (default cpu)")
     p.add_argument("--plot", default=None, help="also write a PNG of m(r) and the predicted speedup")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.structured is None and (args.model is None or (args.tokens is None and args.text is None)):
+        p.error("give --model with --tokens or --text, or --structured")
+    if args.structured is not None and (args.model or args.tokens or args.text):
+        p.error("--structured replaces --model, --tokens and --text")
+    return args
 
 
 def resolve_constants(spec: str | None, device: str) -> KernelConstants:
@@ -83,18 +91,60 @@ def layer_candidates(requested: list[int] | None, heads: int, constants: KernelC
     return requested
 
 
+def plan_from_calls(calls: Mapping[str, Sequence], *, constants: KernelConstants, design_length: int,
+                    queries: int | None, candidates: list[int] | None, model: Any, inputs: Any) -> Plan:
+    """Measure and choose every layer of ``calls`` (layer -> CapturedCalls) and assemble the plan;
+    ``model`` and ``inputs`` are the plan's descriptions."""
+    from compiler.plan_measure import choose_from_measurement, measure_layer
+    from compiler.plan_progress import progress
+
+    layers = []
+    for name, layer_calls in calls.items():
+        rs = layer_candidates(candidates, layer_calls[0].q.shape[2], constants)
+        with progress((len(rs) + 1) * len(layer_calls), f"measure {name} (r x batches)") as step:
+            measurement = measure_layer(name, layer_calls, rs, on_call=step)
+            layers.append(choose_from_measurement(measurement, constants, design_length, queries, on_call=step))
+    return Plan(model=model, inputs=inputs, design_length=design_length, queries=queries, constants=constants,
+                layers=tuple(layers))
+
+
+def structured_calls(spec: str, seed: int, device: str) -> tuple[dict, dict]:
+    """``--structured B,S,T,H,D,K`` -> ({"structured": [call]}, inputs description)."""
+    import torch
+
+    from compiler.plan_capture import CapturedCall
+    from runtime.structured_indexer import structured_indexer_inputs
+
+    try:
+        B, S, T, H, D, K = (int(x) for x in spec.split(","))
+    except ValueError as exc:
+        raise ValueError(f"--structured: expected six ints B,S,T,H,D,K, got {spec!r}") from exc
+    if not 1 <= S <= T:
+        raise ValueError(f"--structured: expected 1 <= S <= T, got S={S}, T={T}")
+    q, k, w, params = structured_indexer_inputs(B, S, T, H, D, seed=seed)
+    mask = torch.ones(S, T, dtype=torch.bool).tril(diagonal=T - S).expand(B, S, T)
+    call = CapturedCall(q.to(device), k.to(device), w.to(device), K, mask.to(device))
+    return {"structured": [call]}, {"source": "runtime.structured_indexer", "topk": K, "causal": True,
+                                    "parameters": {n: v if isinstance(v, (int, float, str)) else str(v)
+                                                   for n, v in params.items()}}
+
+
 def build_plan(args: argparse.Namespace) -> Plan:
-    """Everything but writing: load, capture, measure, choose."""
+    """Everything but writing: load, capture (or synthesise), measure, choose."""
     import torch
 
     from compiler.plan_capture import capture_indexer_inputs
     from compiler.plan_inputs import (batch_sequences, describe_tokens, load_model, load_token_ids,
                                       tokenize_text)
-    from compiler.plan_measure import choose_from_measurement, measure_layer
     from compiler.plan_progress import progress
 
     constants = resolve_constants(args.constants, args.device)
     requested = parse_candidates(args.candidates)
+    settings = dict(constants=constants, design_length=args.design_length, queries=args.queries,
+                    candidates=requested)
+    if args.structured is not None:
+        calls, inputs = structured_calls(args.structured, args.seed, args.device)
+        return plan_from_calls(calls, model={"spec": "structured"}, inputs=inputs, **settings)
     loaded = load_model(args.model, seed=args.seed)
     if args.tokens is not None:
         ids, source = load_token_ids(args.tokens), args.tokens
@@ -105,17 +155,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
     model = loaded.model.to(device)
     with progress(len(batches), "capture (batches)") as step:
         recorder = capture_indexer_inputs(model, [b.to(device) for b in batches], lambda i: step())
-    layers = []
-    for name, calls in recorder.calls.items():
-        heads = calls[0].q.shape[2]
-        rs = layer_candidates(requested, heads, constants)
-        with progress((len(rs) + 1) * len(calls), f"measure {name} (r x batches)") as step:
-            measurement = measure_layer(name, calls, rs, on_call=step)
-            layers.append(choose_from_measurement(measurement, constants, args.design_length, args.queries,
-                                                  on_call=step))
-    return Plan(model=loaded.description, inputs=describe_tokens(ids, source, batches),
-                design_length=args.design_length, queries=args.queries, constants=constants,
-                layers=tuple(layers))
+    return plan_from_calls(recorder.calls, model=loaded.description,
+                           inputs=describe_tokens(ids, source, batches), **settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

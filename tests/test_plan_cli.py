@@ -114,3 +114,20 @@ def test_layer_candidates_stay_below_the_head_count():
     assert layer_candidates(None, 32, H200_ESTIMATE) == [1, 3, 7, 15, 31]
     with pytest.raises(ValueError, match="below the layer's 32 heads"):
         layer_candidates([4, 32], 32, CPU_REFERENCE)
+
+
+def test_structured_geometry_gets_a_certified_plan(tmp_path):
+    out = tmp_path / "structured.json"
+    assert main(["--structured", "1,48,1200,16,16,64", "--candidates", "3,7", "--constants", "h200",
+                 "--out", str(out)]) == 0
+    (entry,) = load_plan(out).layers
+    assert entry.layer == "structured" and (entry.heads, entry.head_dim, entry.topk) == (16, 16, 64)
+    assert entry.path == "certified" and entry.r in (3, 7) and entry.predicted_pruned_frac > 0.9
+    assert load_plan(out).inputs["parameters"]["T"] == 1200
+
+
+def test_structured_and_model_inputs_are_exclusive(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["--structured", "1,8,64,4,8,4", "--model", "x", "--out", str(tmp_path / "p.json")])
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "p.json")])
