@@ -198,7 +198,6 @@ def _two_interval_attention_kernel(
     tl.store(lse_ptr + batch * stride_lb + head * stride_lh + offs_m * stride_ls, lse, mask=row_ok)
 
 
-
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -215,6 +214,8 @@ def _check_kernel_inputs(q, k, v, prefix_end, segment_start) -> None:
     for name, t in (("q", q), ("k", k)):
         if t.shape[2] >= 2 ** 31:
             raise ValueError(f"{name} must have fewer than 2^31 tokens (int32 indices), got {t.shape[2]}")
+    if q.shape[0] * q.shape[1] > 65535:
+        raise ValueError(f"q must have batch x heads <= 65535 (one grid axis), got {q.shape[0] * q.shape[1]}")
 
 
 def _launch(q, k, v, prefix_end, segment_start, scale: float, q_start: int):
