@@ -20,7 +20,7 @@ from runtime.dense_scorer import dense_topk
 
 @dataclass(frozen=True)
 class CapturedCall:
-    """One indexer call's inputs as float32 CPU tensors (mask keeps its dtype), as the op received them."""
+    """One indexer call's inputs as float32 tensors (mask keeps its dtype); the recorder keeps CPU copies."""
 
     q: torch.Tensor
     k: torch.Tensor
