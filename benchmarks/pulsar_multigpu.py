@@ -201,7 +201,7 @@ def one_device_run(model, context_ids, query_ids, config: PulsarConfig, settings
                       max_new_tokens=new_tokens)
 
     phase2_ms, _ = timed(lambda: run(1), device, settings.reps)
-    full_ms, tokens = timed(lambda: run(settings.new_tokens), device, 1)
+    full_ms, tokens = timed(lambda: run(settings.new_tokens), device, settings.reps)
     row = {"mode": config.mode, "L": context_ids.numel(), "world_size": 1, "block_size": config.block_size,
            "tokens_per_device": layout.source_index.numel(), "phase1_ms": phase1_ms, "phase1_rank_ms": [phase1_ms],
            "phase2_ms": phase2_ms, "decode_ms_per_token": decode_ms(full_ms, phase2_ms, settings.new_tokens),
@@ -291,7 +291,7 @@ def in_turn_run(model, context_ids, query_ids, config: PulsarConfig, ranks: int,
         return sharded_decode(model, shards, query_ids, query_position_start=start, max_new_tokens=new_tokens)
 
     phase2_ms, _ = timed(lambda: run(1), device, settings.reps)
-    full_ms, tokens = timed(lambda: run(settings.new_tokens), device, 1)
+    full_ms, tokens = timed(lambda: run(settings.new_tokens), device, settings.reps)
     gathered = [(torch.cat([s[layer][0] for s in shards], 2), torch.cat([s[layer][1] for s in shards], 2))
                 for layer in range(len(shards[0]))]
     return {"mode": config.mode, "L": context_ids.numel(), "world_size": ranks, "block_size": config.block_size,
@@ -345,7 +345,7 @@ def distributed_run(model, context_ids, query_ids, config: PulsarConfig, setting
                       max_new_tokens=new_tokens, owner=owner, merge=gather_and_merge(), agree=agree)
 
     phase2_ms, _ = timed(lambda: run(1), device, settings.reps, before=dist.barrier)
-    full_ms, tokens = timed(lambda: run(settings.new_tokens), device, 1, before=dist.barrier)
+    full_ms, tokens = timed(lambda: run(settings.new_tokens), device, settings.reps, before=dist.barrier)
     all_ms = [None] * world
     dist.all_gather_object(all_ms, (rank_ms, local.source_index.numel(), tokens.tolist()))
     gathered = gather_kept_to_rank0(kept, config, context_ids.numel(), world, device)
@@ -365,19 +365,38 @@ def release(device: torch.device) -> None:
 
 
 def print_row(row: dict) -> None:
+    if "error" in row:
+        print(f"{row['mode']:>6} L={row['L']:>6} ranks={row['world_size']} failed: {row['error']}", flush=True)
+        return
     print(f"{row['mode']:>6} L={row['L']:>6} ranks={row['world_size']} tokens/device={row['tokens_per_device']:>6} "
           f"phase1 {row['phase1_ms']:9.1f} ms  phase2 {row['phase2_ms']:8.1f} ms  "
           f"tokens_equal={row['tokens_equal']} kv_max_abs_diff={row['kv_max_abs_diff']} "
           f"simulated={row['simulated']}", flush=True)
 
 
+def mode_rows(model, context_ids, query_ids, config: PulsarConfig, settings: Settings, ranks: int,
+              device: torch.device, in_turn: bool, add: Callable[[Optional[dict]], None]) -> None:
+    """The rows of one (mode, length): one device, then (star, pulsar) over the ranks."""
+    lead = not dist.is_initialized() or dist.get_rank() == 0
+    reference = one_device_run(model, context_ids, query_ids, config, settings, device) if lead else None
+    add(reference.row if reference is not None else None)
+    if config.mode == "dense":
+        if dist.is_initialized():
+            dist.barrier()
+    elif in_turn:
+        add(in_turn_run(model, context_ids, query_ids, config, ranks, settings, device, reference))
+    else:
+        add(distributed_run(model, context_ids, query_ids, config, settings, device, reference))
+
+
 def benchmark_rows(model, settings: Settings, ranks: int, device: torch.device, in_turn: bool,
                    emit: Callable[[list[dict]], None]) -> list[dict]:
     """All rows: per length, dense on one device, then star and pulsar on one device and over ranks.
 
-    ``emit`` gets the rows so far after every new row (on rank 0 only), so partial runs leave results.
+    ``emit`` gets the rows so far after every new row (on rank 0 only), so partial runs leave
+    results. In one process (``in_turn``) a (mode, length) that raises becomes a row with its
+    ``error`` and the others still run; over processes an error ends the run.
     """
-    lead = not dist.is_initialized() or dist.get_rank() == 0
     rows: list[dict] = []
 
     def add(row: Optional[dict]) -> None:
@@ -390,16 +409,13 @@ def benchmark_rows(model, settings: Settings, ranks: int, device: torch.device, 
         context_ids, query_ids = workload(length, settings.query_tokens, settings.shape.vocab)
         for mode in settings.modes:
             config = pulsar_config(settings, mode, length, ranks)
-            reference = one_device_run(model, context_ids, query_ids, config, settings, device) if lead else None
-            add(reference.row if reference is not None else None)
-            if mode == "dense":
-                if dist.is_initialized():
-                    dist.barrier()
-            elif in_turn:
-                add(in_turn_run(model, context_ids, query_ids, config, ranks, settings, device, reference))
-            else:
-                add(distributed_run(model, context_ids, query_ids, config, settings, device, reference))
-            del reference
+            try:
+                mode_rows(model, context_ids, query_ids, config, settings, ranks, device, in_turn, add)
+            except Exception as error:  # noqa: BLE001 (reported in the row, see the docstring)
+                if not in_turn:
+                    raise
+                add({"mode": mode, "L": length, "world_size": ranks, "simulated": True,
+                     "error": f"{type(error).__name__}: {error}"[:1000]})
             release(device)
     return rows
 
@@ -430,6 +446,10 @@ def markdown(result: dict) -> str:
         return "–" if x is None else format(x, spec)
 
     for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['mode']} | {r['L']} | {r['world_size']} | failed: {r['error'][:200]} "
+                         "| | | | | | |")
+            continue
         lines.append(f"| {r['mode']} | {r['L']} | {r['world_size']} | {r['tokens_per_device']} | "
                      f"{r['phase1_ms']:.1f} | {r['phase2_ms']:.1f} | {fmt(r['decode_ms_per_token'], '.1f')} | "
                      f"{'–' if r['tokens_equal'] is None else r['tokens_equal']} | "
