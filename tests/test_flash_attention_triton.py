@@ -142,7 +142,7 @@ def test_custom_op_passes_opcheck():
     zeros = torch.zeros(1, 17, dtype=torch.int64)
     torch.library.opcheck(torch.ops.pulsar_dosa.two_interval_attention_triton,
                           (q, k, v, zeros, zeros, 0.25, 0),
-                          test_utils=("test_schema", "test_faketensor"))
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 @pytest.mark.parametrize("change, error, words", [

@@ -100,7 +100,7 @@ def test_single_partial_is_returned_unchanged():
 def test_custom_op_passes_opcheck():
     outputs, lses = random_partials(2, (3, 4), 16, torch.float32, seed=8)
     torch.library.opcheck(torch.ops.pulsar_dosa.merge_partials_triton, (outputs, lses),
-                          test_utils=("test_schema", "test_faketensor"))
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 @pytest.mark.parametrize("outputs, lses, error, words", [
