@@ -235,19 +235,34 @@ class NarrowedScores(torch.nn.Module):
         return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).half().topk(KK, dim=-1).indices
 
 
-class BroadcastMask(torch.nn.Module):
-    def forward(self, q, k, w, row_mask):
+class BroadcastCausalMask(torch.nn.Module):
+    """A causal mask built by comparison, [1,S,T] against [B,S,T] scores (position ids shared by the batch)."""
+
+    def forward(self, q, k, w, position_ids):
         x = torch.relu(torch.einsum("bshd,btd->bsht", q, k))
-        return (torch.matmul(w.unsqueeze(-2), x).squeeze(-2) + row_mask).topk(KK, dim=-1).indices
+        s = torch.matmul(w.unsqueeze(-2), x).squeeze(-2)
+        future = torch.arange(s.shape[-1])[None, None, :] > position_ids[:, :, None]
+        return s.masked_fill(future, float("-inf")).topk(KK, dim=-1).indices
 
 
-def test_narrowing_cast_and_broadcast_mask_are_near_misses():
-    q, k, w, _, additive = make_inputs(6)
-    for model, args, reason in ((NarrowedScores(), (q, k, w), "cast of the scores from torch.float32 to torch.float16"),
-                                (BroadcastMask(), (q, k, w, additive[:, :1]), "expected the scores' shape")):
-        report = compiler.explain(model, *args, options={"downstream": "eager"})
-        assert report.rewrites == [] and reason in report.near_misses[0].reason
-        assert torch.equal(report.output, model(*args))
+def test_narrowing_cast_is_a_near_miss():
+    q, k, w, _, _ = make_inputs(6)
+    report = compiler.explain(NarrowedScores(), q, k, w, options={"downstream": "eager"})
+    assert report.rewrites == []
+    assert "cast of the scores from torch.float32 to torch.float16" in report.near_misses[0].reason
+    assert torch.equal(report.output, NarrowedScores()(q, k, w))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_broadcast_mask_is_expanded_for_the_op(dynamic):
+    q, k, w, _, _ = make_inputs(8)
+    position_ids = torch.arange(T - S, T)[None]
+    report = compiler.explain(BroadcastCausalMask(), q, k, w, position_ids, options={"downstream": "eager"},
+                              dynamic=dynamic)
+    assert [r.variant for r in report.rewrites] == ["qk_einsum+no_scale+heads_matmul+mask_fill"]
+    assert report.rewrites[0].shapes["mask"] == report.rewrites[0].shapes["k"][:1] + (
+        report.rewrites[0].shapes["q"][1], report.rewrites[0].shapes["k"][1])
+    assert torch.equal(report.output, BroadcastCausalMask()(q, k, w, position_ids))
 
 
 class HiddenMaskNotInverted(torch.nn.Module):

@@ -4,7 +4,7 @@ Anchored on every ``topk`` of the Dynamo graph, the matcher walks producers step
 layout-preserving ops (``matcher.skip_layout_preserving``) between steps:
 
     topk(x, kk, dim=last, largest=True)                        [then getitem .values/.indices]
-    mask step      MaskVariant: x = s + mask | s.masked_fill(cond, -inf) | s
+    mask step      MaskVariant: x = s + mask | s.masked_fill(cond, -inf) | s   (mask broadcast to [B,S,T])
     head weighting HeadVariant: matmul(W[B,S,1,H], P[B,S,H,T]) | sum(P * W[B,S,H,1], dim=2)
                                 | einsum(W[b,s,h], P[b,s,h,t] -> [b,s,t])
     post scale     P = relu(...) (*|/) c                       (c a scalar; folded into weights)
@@ -120,6 +120,7 @@ class IndexerMatch:
     weights: Operand
     mask: fx.Node | None
     invert_mask: bool
+    expand_mask: bool
     scales: list[Scale]
     interior: list[fx.Node]
     operand_nodes: list[fx.Node]
@@ -232,8 +233,12 @@ def check_anchor(anchor: fx.Node, x: fx.Node, hw_out: fx.Node, m: "_Builder") ->
     for user in anchor.users:
         if op_kind(user) != "getitem" or user.args[1] not in (0, 1):
             raise NearMiss("topk result used other than through .values/.indices")
-    if m.mask is not None and not same_shape(_meta(m.mask, "mask").shape, xt.shape):
-        raise NearMiss(f"mask is {_shape(_meta(m.mask, 'mask'))}, expected the scores' shape {_shape(xt)}")
+    if m.mask is not None:
+        mt = _meta(m.mask, "mask")
+        m.expand_mask = not same_shape(mt.shape, xt.shape)
+        trailing = xt.shape[3 - mt.dim():] if mt.dim() <= 3 else ()
+        if mt.dim() > 3 or not all(is_unit(a) or same_size(a, b) for a, b in zip(mt.shape, trailing)):
+            raise NearMiss(f"mask is {_shape(mt)}, expected the scores' shape {_shape(xt)} or one broadcast to it")
     return arg(anchor, 1, "k")
 
 
@@ -397,6 +402,7 @@ class _Builder:
         self.operand_nodes: list[fx.Node] = []
         self.mask: fx.Node | None = None
         self.invert_mask = False
+        self.expand_mask = False
         self.mask_variant = MaskVariant.NONE
         self.head_variant: HeadVariant | None = None
         self.scale_variant = ScaleVariant.NONE
@@ -432,7 +438,8 @@ def match_indexer(anchor: fx.Node, pdom: dict) -> IndexerMatch:
     escaping = escaping_nodes(pdom, m.interior, anchor)
     if escaping:
         raise NearMiss(f"intermediate {escaping[0].name} is used outside the matched region")
-    return IndexerMatch(anchor, module_path(anchor), kk, m.q, m.k, m.weights, m.mask, m.invert_mask, m.scales,
+    return IndexerMatch(anchor, module_path(anchor), kk, m.q, m.k, m.weights, m.mask, m.invert_mask, m.expand_mask,
+                        m.scales,
                         m.interior, m.operand_nodes + [m.q.node, m.k.node, m.weights.node],
                         variant_name(m.qk_variant, m.scale_variant, m.head_variant, m.mask_variant))
 
@@ -486,6 +493,10 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
         mask = match.mask
         if mask is not None and match.invert_mask:
             mask = insert_call(graph, "call_function", torch.logical_not, (mask,), like=anchor)
+        if mask is not None and match.expand_mask:
+            sizes = [insert_call(graph, "call_method", "size", (node, dim), like=anchor)
+                     for node, dim in ((q, 0), (q, 1), (k, 1))]
+            mask = insert_call(graph, "call_method", "expand", (mask, *sizes), like=anchor)
         op = insert_call(graph, "call_function", indexer_op(options), (q, k, w, match.topk, mask),
                          {"layer": match.module, **settings.op_kwargs(), "record_stats": options.record_stats},
                          like=anchor)
