@@ -178,6 +178,11 @@ def max_abs_diff(kept: KeptKV, truth: KeptKV) -> float:
     return worst
 
 
+def max_abs(kept: KeptKV) -> float:
+    """Largest |value| over every layer's kept keys and values (the scale of ``max_abs_diff``)."""
+    return max(float(t.float().abs().max()) for pair in kept for t in pair)
+
+
 @dataclass
 class Reference:
     """The one-device driver's run of one (mode, length)."""
@@ -205,7 +210,7 @@ def one_device_run(model, context_ids, query_ids, config: PulsarConfig, settings
     row = {"mode": config.mode, "L": context_ids.numel(), "world_size": 1, "block_size": config.block_size,
            "tokens_per_device": layout.source_index.numel(), "phase1_ms": phase1_ms, "phase1_rank_ms": [phase1_ms],
            "phase2_ms": phase2_ms, "decode_ms_per_token": decode_ms(full_ms, phase2_ms, settings.new_tokens),
-           "tokens_equal": None, "kv_max_abs_diff": None, "simulated": False}
+           "tokens_equal": None, "kv_max_abs_diff": None, "simulated": False, "tokens": tokens.tolist()}
     return Reference(row, kept, tokens)
 
 
@@ -298,7 +303,8 @@ def in_turn_run(model, context_ids, query_ids, config: PulsarConfig, ranks: int,
             "tokens_per_device": max(tokens_per_rank), "phase1_ms": max(rank_ms), "phase1_rank_ms": rank_ms,
             "phase2_ms": phase2_ms, "decode_ms_per_token": decode_ms(full_ms, phase2_ms, settings.new_tokens),
             "tokens_equal": bool(torch.equal(tokens, reference.tokens)),
-            "kv_max_abs_diff": max_abs_diff(gathered, reference.kept), "simulated": True}
+            "kv_max_abs_diff": max_abs_diff(gathered, reference.kept), "simulated": True,
+            "kv_max_abs": max_abs(reference.kept), "tokens": tokens.tolist()}
 
 
 def gather_kept_to_rank0(kept: KeptKV, config: PulsarConfig, length: int, world: int,
@@ -356,7 +362,8 @@ def distributed_run(model, context_ids, query_ids, config: PulsarConfig, setting
             "phase1_rank_ms": [x[0] for x in all_ms], "phase2_ms": phase2_ms,
             "decode_ms_per_token": decode_ms(full_ms, phase2_ms, settings.new_tokens),
             "tokens_equal": all(x[2] == reference.tokens.tolist() for x in all_ms),
-            "kv_max_abs_diff": max_abs_diff(gathered, reference.kept), "simulated": False}
+            "kv_max_abs_diff": max_abs_diff(gathered, reference.kept), "simulated": False,
+            "kv_max_abs": max_abs(reference.kept), "tokens": all_ms[0][2]}
 
 
 def release(device: torch.device) -> None:
@@ -518,7 +525,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+FULL_DEFAULTS = dict(lengths=[65536, 131072], sink=64, chunk=32, ratio=0.125, query_tokens=32, new_tokens=8,
+                     reps=3, dtype="bfloat16")
+TINY_DEFAULTS = dict(lengths=[128, 192], sink=4, chunk=4, ratio=0.25, query_tokens=5, new_tokens=4, reps=1,
+                     dtype="float32")
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Command-line options; unset sizes take ``FULL_DEFAULTS``, or ``TINY_DEFAULTS`` with ``--tiny``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--world-size", type=int, help="spawn this many ranks (one device each)")
@@ -527,30 +541,28 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("nccl", "gloo"), default=None,
                         help="process-group backend (default: nccl on cuda, gloo on cpu)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    parser.add_argument("--lengths", type=int, nargs="+", default=None,
-                        help="context lengths (default 65536 131072; --tiny: 128 192)")
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--sink", type=int, default=64)
-    parser.add_argument("--chunk", type=int, default=32)
-    parser.add_argument("--ratio", type=float, default=0.125)
-    parser.add_argument("--query-tokens", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=8)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--lengths", type=int, nargs="+")
+    parser.add_argument("--sink", type=int)
+    parser.add_argument("--chunk", type=int)
+    parser.add_argument("--ratio", type=float)
+    parser.add_argument("--query-tokens", type=int)
+    parser.add_argument("--new-tokens", type=int)
+    parser.add_argument("--reps", type=int, help="timed repetitions after one warm-up")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"))
     parser.add_argument("--tiny", action="store_true",
-                        help="tiny model, fp32, lengths 128 and 192, sink 4, chunk 4, ratio 0.25 (CPU runs)")
+                        help=f"tiny model (hidden 64) and sizes {TINY_DEFAULTS} (CPU runs); else {FULL_DEFAULTS}")
     parser.add_argument("--out", default=None, help="JSON result path")
     parser.add_argument("--md", default=None, help="Markdown table path")
     args = parser.parse_args(argv)
+    for name, value in (TINY_DEFAULTS if args.tiny else FULL_DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.backend is None:
         args.backend = "nccl" if args.device == "cuda" else "gloo"
     if args.backend == "nccl" and args.device != "cuda":
         parser.error("--backend nccl needs --device cuda")
-    if args.tiny:
-        args.lengths = args.lengths or [128, 192]
-        args.sink, args.chunk, args.ratio = 4, 4, 0.25
-        args.query_tokens, args.new_tokens, args.reps = 5, 4, 1
-    args.lengths = args.lengths or [65536, 131072]
-    for name in ("world_size", "ranks_in_turn"):
+    for name in ("world_size", "ranks_in_turn", "reps", "new_tokens", "query_tokens", "layers"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -561,7 +573,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     shape = ModelShape(layers=args.layers, **(TINY if args.tiny else LLAMA_8B))
     return Settings(shape=shape, lengths=tuple(args.lengths), sink=args.sink, chunk=args.chunk, ratio=args.ratio,
                     query_tokens=args.query_tokens, new_tokens=args.new_tokens, reps=args.reps,
-                    dtype="float32" if args.tiny else "bfloat16", modes=tuple(args.modes))
+                    dtype=args.dtype, modes=tuple(args.modes))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
