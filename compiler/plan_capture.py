@@ -20,7 +20,7 @@ from runtime.dense_scorer import dense_topk
 
 @dataclass(frozen=True)
 class CapturedCall:
-    """One indexer call's inputs as float32 tensors (mask keeps its dtype); the recorder keeps CPU copies."""
+    """One indexer call's inputs as float32 copies on the op's device (mask keeps its dtype)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -36,9 +36,9 @@ class CaptureRecorder:
     calls: dict[str, list[CapturedCall]] = field(default_factory=dict)
 
     def record(self, layer: str, q, k, weights, topk: int, mask) -> None:
-        entry = CapturedCall(q.detach().float().cpu(), k.detach().float().cpu(),
-                             weights.detach().float().cpu(), int(topk),
-                             None if mask is None else mask.detach().cpu())
+        entry = CapturedCall(q.detach().float().clone(), k.detach().float().clone(),
+                             weights.detach().float().clone(), int(topk),
+                             None if mask is None else mask.detach().clone())
         self.calls.setdefault(layer, []).append(entry)
 
 

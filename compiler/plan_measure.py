@@ -44,13 +44,21 @@ class LayerMeasurement:
 
 
 def distribution(values: torch.Tensor) -> Distribution | None:
-    """Count, mean, min, max and 5/50/95 % quantiles of a 1-D float sample (None when empty)."""
-    v = values.detach().double().flatten()
-    if v.numel() == 0:
+    """Count, mean, min, max and 5/50/95 % quantiles (linear interpolation between order statistics,
+    as ``torch.quantile``, without its size limit) of a float sample (None when empty)."""
+    v = values.detach().double().flatten().sort().values
+    n = v.numel()
+    if n == 0:
         return None
-    q = torch.quantile(v, torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64))
-    return Distribution(count=int(v.numel()), mean=float(v.mean()), min=float(v.min()), max=float(v.max()),
-                        p05=float(q[0]), p50=float(q[1]), p95=float(q[2]))
+
+    def quantile(p: float) -> float:
+        pos = p * (n - 1)
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        return float(v[lo] + (v[hi] - v[lo]) * (pos - lo))
+
+    return Distribution(count=n, mean=float(v.mean()), min=float(v[0]), max=float(v[-1]),
+                        p05=quantile(0.05), p50=quantile(0.5), p95=quantile(0.95))
 
 
 def measure_survival(calls: Sequence[CapturedCall], r: int,
@@ -86,11 +94,12 @@ def certificate_diagnostics(call: CapturedCall, config: CertifiedTopkConfig) -> 
     B, S, T, H, D = inputs.shape
     kk = inputs.kk
     anchors = anchor_rows(S, config.anchor_stride, inputs.q.device)
-    first = torch.arange(0, S, config.anchor_stride)
+    device = inputs.q.device
+    first = torch.arange(0, S, config.anchor_stride, device=device)
     _, witnesses = dense_topk(call.q[:, first], call.k, call.weights[:, first], call.topk,
                               None if call.mask is None else call.mask[:, first])
     finite = torch.isfinite(inputs.q).all(-1).all(-1) & torch.isfinite(inputs.weights).all(-1)
-    certified = (anchors != torch.arange(S))[None, :] & (inputs.visible.sum(-1) > kk) & finite
+    certified = (anchors != torch.arange(S, device=device))[None, :] & (inputs.visible.sum(-1) > kk) & finite
     cb, cs = certified.nonzero(as_tuple=True)
     key_norm = key_norm_up(inputs.k)
     gaps, slacks = [], []
@@ -112,7 +121,7 @@ def certificate_diagnostics(call: CapturedCall, config: CertifiedTopkConfig) -> 
         r = default_r(w) if config.r is None else torch.full_like(b, min(config.r, H))
         bound = evaluate_bound(plan_certificate(q, w, p, r), keys, key_norm[b])
         slacks.append((bound - scores.double())[visible & ~seeds & keep[:, None]])
-    empty = torch.zeros(0, dtype=torch.float64)
+    empty = torch.zeros(0, dtype=torch.float64, device=device)
     return (torch.cat(gaps) if gaps else empty), (torch.cat(slacks) if slacks else empty)
 
 

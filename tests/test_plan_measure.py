@@ -1,4 +1,5 @@
 """Plan measurements: m(r) from the runtime's statistics, seed gaps and slacks, the layer choice."""
+import pytest
 import torch
 
 from compiler.cost_model import H200_ESTIMATE
@@ -78,3 +79,10 @@ def test_layer_choice_is_dense_for_random_inputs_and_certified_for_structured_on
     assert structured.path == "certified" and structured.r == 4
     assert structured.crossover is not None and structured.predicted_pruned_frac > 0.9
     assert structured.seed_gap.count > 0 and structured.slack.min >= 0
+
+
+def test_distribution_quantiles_match_torch_quantile():
+    v = torch.randn(999, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    d = distribution(v)
+    expected = torch.quantile(v, torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64))
+    assert (d.p05, d.p50, d.p95) == pytest.approx(expected.tolist(), rel=1e-12)
