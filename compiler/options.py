@@ -122,8 +122,3 @@ class CompileOptions:
         """A stable hex hash of every field: equal options give equal ids across processes."""
         payload = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()
-
-    @classmethod
-    def describe(cls) -> dict[str, str]:
-        """Option name -> 'default: doc', for help texts."""
-        return {f.name: f"{f.default!r}: {f.metadata['doc']}" for f in dataclasses.fields(cls)}

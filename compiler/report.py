@@ -115,6 +115,9 @@ class Report:
                                       [[layer, *[_fmt(s.get(k, "")) for k in keys],
                                         ", ".join(f"{r}={n}" for r, n in s.get("fallbacks", {}).items() if n)
                                         or "-"] for layer, s in self.stats.items()]))
+            totals = self.fallback_totals()
+            parts.append("fallbacks (queries answered densely), all layers: "
+                         + (", ".join(f"{r}={n}" for r, n in totals.items() if n) or "none"))
         return "\n\n".join(parts)
 
 
