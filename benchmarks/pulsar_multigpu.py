@@ -12,8 +12,13 @@ For every length it runs ``dense`` on one device (the whole context, one causal 
 ``star`` and ``pulsar`` both on one device (``runtime.pulsar``: the reference) and over the ranks,
 and reports per row: ``phase1_ms`` (layout assembly and context encoding; over ranks the slowest
 rank), ``phase2_ms`` (the query forward up to the first generated token), ``decode_ms_per_token``,
-``tokens_equal`` (generated ids identical to the one-device driver's) and ``kv_max_abs_diff``
-(kept KV of every layer, gathered in block order, against the one-device driver's).
+``tokens_equal`` (generated ids identical to the one-device driver's), ``kv_max_abs_diff`` (kept
+KV of every layer, gathered in block order, against the one-device driver's; ``kv_max_abs`` gives
+its scale) and ``tokens``. The sharded computation is exact in real arithmetic; in floating point a
+rank's forward packs fewer tokens than the one-device forward, so matmul and attention tiles round
+differently: in fp32 the differences stay at rounding level, in bf16 they reach the last bit of
+the KV, and greedy decoding of a random-weight model (nearly flat logits) can then pick another
+token. ``--dtype float32`` separates such rounding from a logic error.
 
 Ways to run:
 
