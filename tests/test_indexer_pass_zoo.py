@@ -279,3 +279,26 @@ def test_masked_fill_with_a_hidden_mask_is_inverted_for_the_op():
     report = compiler.explain(HiddenMaskNotInverted(), *args, options={"downstream": "eager"})
     assert [r.variant for r in report.rewrites] == ["qk_einsum+no_scale+heads_matmul+mask_fill"]
     _assert_same_selection(tuple(report.output), tuple(HiddenMaskNotInverted()(*args)))
+
+
+class LowestFill(torch.nn.Module):
+    """masked_fill with torch.finfo(float32).min, as some DSA variants write it."""
+
+    def __init__(self, values_too=False):
+        super().__init__()
+        self.values_too = values_too
+
+    def forward(self, q, k, w, visible):
+        x = torch.relu(torch.einsum("bshd,btd->bsht", q, k))
+        s = torch.matmul(w.unsqueeze(-2), x).squeeze(-2).masked_fill(~visible, torch.finfo(torch.float32).min)
+        top = s.topk(KK, dim=-1)
+        return (top.values, top.indices) if self.values_too else top.indices
+
+
+def test_lowest_finite_fill_is_rewritten_only_when_values_are_unused():
+    q, k, w, visible, _ = make_inputs(9)
+    report = compiler.explain(LowestFill(), q, k, w, visible, options={"downstream": "eager"})
+    assert [r.variant for r in report.rewrites] == ["qk_einsum+no_scale+heads_matmul+mask_fill"]
+    assert torch.equal(report.output, LowestFill()(q, k, w, visible))
+    report = compiler.explain(LowestFill(values_too=True), q, k, w, visible, options={"downstream": "eager"})
+    assert report.rewrites == [] and "values used" in report.near_misses[0].reason

@@ -4,7 +4,8 @@ Anchored on every ``topk`` of the Dynamo graph, the matcher walks producers step
 layout-preserving ops (``matcher.skip_layout_preserving``) between steps:
 
     topk(x, kk, dim=last, largest=True)                        [then getitem .values/.indices]
-    mask step      MaskVariant: x = s + mask | s.masked_fill(cond, -inf) | s   (mask broadcast to [B,S,T])
+    mask step      MaskVariant: x = s + mask | s.masked_fill(cond, -inf) | s   (mask broadcast to [B,S,T];
+                   a fill of finfo(float32).min, below every finite score, only when the values are unused)
     head weighting HeadVariant: matmul(W[B,S,1,H], P[B,S,H,T]) | sum(P * W[B,S,H,1], dim=2)
                                 | einsum(W[b,s,h], P[b,s,h,t] -> [b,s,t])
     post scale     P = relu(...) (*|/) c                       (c a scalar; folded into weights)
@@ -18,7 +19,9 @@ c, so the op computes the same real function as the replaced chain. The op retur
 of that function as THE SCORER evaluates it in fp32; the original graph evaluates it with BLAS
 matmuls whose rounding differs in the last bits. The two selections are identical unless two keys'
 scores are within that rounding of the kk-th place, or tie exactly (torch.topk orders equal scores
-arbitrarily, the op by lower key index).
+arbitrarily, the op by lower key index). A finfo(float32).min fill is read as hidden (-inf): masked
+keys then rank after every visible key whose score is finite, as in the original; a visible score
+of -inf (only from non-finite inputs) would rank below such a masked key there but above it here.
 
 A topk whose head-weighting position holds no contraction is not a candidate (e.g. an MoE router)
 and is only counted. A candidate that fails a later check is a near miss, recorded with its
@@ -46,6 +49,7 @@ from compiler.passes.matcher import (arg, erase_dead_pure, escaping_nodes, inser
                                      value)
 
 KIND = "dsa_indexer"
+LOWEST_FP32 = torch.finfo(torch.float32).min
 
 
 class MaskVariant(enum.Enum):
@@ -200,8 +204,9 @@ def check_mask_step(x: fx.Node, m: "_Builder") -> fx.Node:
         chain, cond, fill = arg(src, 0, "input"), arg(src, 1, "mask"), arg(src, 2, "value")
         if _head_contraction(skip_layout_preserving(chain)[0]) is None:
             raise NotCandidate
-        if not (isinstance(fill, float) and fill == -math.inf):
-            raise NearMiss(f"masked_fill with value {fill!r}, expected -inf")
+        if not (isinstance(fill, float) and fill in (-math.inf, LOWEST_FP32)):
+            raise NearMiss(f"masked_fill with value {fill!r}, expected -inf or torch.finfo(torch.float32).min")
+        m.fill_is_lowest = fill == LOWEST_FP32
         if not isinstance(cond, fx.Node) or _meta(cond, "mask").dtype != torch.bool:
             raise NearMiss("masked_fill condition is not a bool tensor")
         m.interior.append(src)
@@ -233,6 +238,8 @@ def check_anchor(anchor: fx.Node, x: fx.Node, hw_out: fx.Node, m: "_Builder") ->
     for user in anchor.users:
         if op_kind(user) != "getitem" or user.args[1] not in (0, 1):
             raise NearMiss("topk result used other than through .values/.indices")
+        if m.fill_is_lowest and user.args[1] == 0:
+            raise NearMiss("masked_fill with finfo(float32).min and the values used: the op reports -inf there")
     if m.mask is not None:
         mt = _meta(m.mask, "mask")
         m.expand_mask = not same_shape(mt.shape, xt.shape)
@@ -403,6 +410,7 @@ class _Builder:
         self.mask: fx.Node | None = None
         self.invert_mask = False
         self.expand_mask = False
+        self.fill_is_lowest = False
         self.mask_variant = MaskVariant.NONE
         self.head_variant: HeadVariant | None = None
         self.scale_variant = ScaleVariant.NONE
