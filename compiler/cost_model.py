@@ -120,22 +120,23 @@ CPU_REFERENCE = KernelConstants(
 )
 """The plain-torch reference on CPU (what the op runs there); ``--constants measure`` re-measures it."""
 
-H200_ESTIMATE = KernelConstants(
-    dense_macs_per_s=2.0e13,
-    screen_macs_per_s=1.5e14,
-    refine_macs_per_s=1.0e13,
-    select_keys_per_s=5.0e10,
-    plan_s_per_query=2.0e-9,
-    dense_fixed_s=2.0e-5,
-    certified_fixed_s=1.5e-4,
+H200_FITTED = KernelConstants(
+    dense_macs_per_s=1.23e14,
+    screen_macs_per_s=2.4e13,
+    refine_macs_per_s=3.0e14,
+    select_keys_per_s=4.7e10,
+    plan_s_per_query=1.0e-6,
+    dense_fixed_s=5.7e-3,
+    certified_fixed_s=6.8e-3,
     screen_tile=1,
     screen_pow2=True,
-    source="H200 estimate before measurement: exact fp32 dense scorer ~30% of fp32 CUDA-core peak, "
-           "screen on bf16 tensor cores ~15% of peak with rows padded to a power of two (the Triton "
-           "screen's RP), refine at half the dense rate; replace with "
-           "KernelConstants.from_json of the GPU benchmark's constants",
+    source="least-squares fit of this model to benchmarks/results/indexer_h200.json (triton_dense and "
+           "certified_forced rows, structured inputs, H=32/64, S=4096/16384, T=32K-512K, D=128, topk=2048, "
+           "bf16; select rate from its kernel breakdown); effective rates: the screen rate includes the "
+           "per-key passes around the screen kernel, the refine rate counts per-query survivors served "
+           "by shared survivor lists. Fitted times within 20% of the measured ones.",
 )
-"""Estimated H200 constants; ``KernelConstants.from_json`` loads the measured set."""
+"""The Triton path on one H200, fitted to the indexer benchmark; ``KernelConstants.from_json`` loads others."""
 
 
 @dataclass(frozen=True)
@@ -341,10 +342,14 @@ DEFAULT_SURVIVAL = 0.03
 """Survival fraction assumed without a plan: the DoSA paper's trained-indexer rate (SPEC A.7, 2.65%)."""
 
 
+ASSUMED_R = 4
+"""Budget assumed without a plan: the runtime's default rule (|H+| rounded up to a multiple of 4) for a
+query with at most 4 positive heads, the regime of trained indexers (SPEC A.8)."""
+
+
 def assumed_budget(heads: int, c: KernelConstants) -> int | None:
-    """The budget assumed without a plan: the smallest aligned r >= heads / 4 (trained indexers have
-    few positive heads per query, SPEC A.8), or None when no aligned budget is below ``heads``."""
-    rs = [r for r in candidate_rs(heads, c) if 4 * r >= heads]
+    """The smallest aligned budget >= ASSUMED_R below ``heads`` (None when there is none)."""
+    rs = [r for r in candidate_rs(heads, c) if r >= ASSUMED_R]
     return rs[0] if rs else None
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from compiler.cost_model import CPU_REFERENCE, H200_ESTIMATE, KernelConstants, candidate_rs
+from compiler.cost_model import CPU_REFERENCE, H200_FITTED, KernelConstants, candidate_rs
 from compiler.plan_schema import Plan, save_plan
 
 
@@ -56,11 +56,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def resolve_constants(spec: str | None, device: str) -> KernelConstants:
     """'cpu' / 'h200' / 'measure' / a JSON path -> constants; None picks by device."""
     if spec is None:
-        return H200_ESTIMATE if device.startswith("cuda") else CPU_REFERENCE
+        return H200_FITTED if device.startswith("cuda") else CPU_REFERENCE
     if spec == "cpu":
         return CPU_REFERENCE
     if spec == "h200":
-        return H200_ESTIMATE
+        return H200_FITTED
     if spec == "measure":
         from compiler.plan_constants import measure_reference_constants
 

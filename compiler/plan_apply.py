@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.cost_model import CPU_REFERENCE, H200_ESTIMATE, IndexerShape, default_choice
+from compiler.cost_model import CPU_REFERENCE, H200_FITTED, IndexerShape, default_choice
 from compiler.plan_schema import Plan, PlanError
 
 DEFAULT_DESIGN_LENGTH = 131072
@@ -75,7 +75,7 @@ def layer_settings(layer: str, *, plan: Plan | None, forced_path: str, heads: in
     if heads is None or head_dim is None or topk is None:
         return LayerSettings("auto", None, None, None, "runtime defaults")
     shape = IndexerShape(heads=heads, head_dim=head_dim, topk=topk)
-    constants = H200_ESTIMATE if device_type == "cuda" else CPU_REFERENCE
+    constants = H200_FITTED if device_type == "cuda" else CPU_REFERENCE
     choice = default_choice(shape, constants, DEFAULT_DESIGN_LENGTH)
     if choice.path == "dense":
         return LayerSettings("dense", None, None, None, "cost model")

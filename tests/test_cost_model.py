@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import sympy
 
-from compiler.cost_model import (CPU_REFERENCE, H200_ESTIMATE, IndexerShape, KernelConstants, T,
+from compiler.cost_model import (CPU_REFERENCE, H200_FITTED, IndexerShape, KernelConstants, T,
                                  amdahl_speedup, assumed_budget, candidate_rs, certified_call_time, choose_layer,
                                  crossover_length, default_choice, dense_call_time, screen_rows)
 
@@ -52,7 +52,7 @@ def test_screen_rows_pad_r_plus_the_aux_row_to_the_tile_and_power_of_two():
 def test_candidate_budgets_fill_their_padded_rows_and_stay_below_the_head_count():
     assert candidate_rs(64, padded(16, False)) == [15, 31, 47, 63]
     assert candidate_rs(64, padded(1, True)) == [1, 3, 7, 15, 31, 63]
-    assert candidate_rs(32, H200_ESTIMATE) == [1, 3, 7, 15, 31]
+    assert candidate_rs(32, H200_FITTED) == [1, 3, 7, 15, 31]
     assert candidate_rs(8, UNIT) == [1, 2, 3, 4, 5, 6, 7]
     assert candidate_rs(8, padded(16, False)) == []
 
@@ -71,7 +71,7 @@ def test_prefill_call_times_match_the_hand_computed_polynomials():
 
 
 @pytest.mark.parametrize("shape", [CHUNK, PREFILL, dataclasses.replace(CHUNK, queries=5, batch=3)])
-@pytest.mark.parametrize("c", [UNIT, CPU_REFERENCE, H200_ESTIMATE])
+@pytest.mark.parametrize("c", [UNIT, CPU_REFERENCE, H200_FITTED])
 def test_symbolic_call_times_equal_the_brute_force_sum_over_queries(shape, c):
     for length in (40, 97):
         dense, cert = brute_force_times(shape, c, 5, 0.25, length)
@@ -140,16 +140,17 @@ def test_budgets_at_or_above_the_head_count_are_never_chosen():
     assert choose_layer({8: 0.0}, CHUNK, UNIT, design_length=1000).path == "dense"
 
 
-def test_assumed_budget_is_the_first_aligned_budget_covering_a_quarter_of_the_heads():
-    assert assumed_budget(64, padded(16, False)) == 31
-    assert assumed_budget(64, H200_ESTIMATE) == 31
-    assert assumed_budget(64, UNIT) == 16
+def test_assumed_budget_is_the_first_aligned_budget_of_at_least_four_heads():
+    assert assumed_budget(64, padded(16, False)) == 15
+    assert assumed_budget(64, H200_FITTED) == 7
+    assert assumed_budget(64, UNIT) == 4
+    assert assumed_budget(4, UNIT) is None
     assert assumed_budget(8, padded(16, False)) is None
 
 
 def test_default_choice_leaves_r_to_the_runtime_and_predicts_a_crossover():
     shape = IndexerShape(heads=64, head_dim=128, topk=2048)
-    choice = default_choice(shape, H200_ESTIMATE, 131072)
+    choice = default_choice(shape, H200_FITTED, 131072)
     assert choice.path == "certified" and choice.r is None
     assert shape.n0 < choice.crossover < 131072
     no_budget = padded(16, False)

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from compiler.cost_model import CPU_REFERENCE, H200_ESTIMATE, IndexerShape, crossover_length
+from compiler.cost_model import CPU_REFERENCE, H200_FITTED, IndexerShape, crossover_length
 from compiler.plan import layer_candidates, main
 from compiler.plan_schema import PLAN_VERSION, load_plan
 from compiler.report import collecting
@@ -52,7 +52,7 @@ def test_plan_has_one_entry_per_indexer_layer_with_measurements_and_inputs(gener
 
 def test_random_init_indexers_prune_too_little_at_small_budgets_so_every_layer_is_planned_dense(generated):
     plan = load_plan(generated / "plan.json")
-    assert plan.constants == H200_ESTIMATE
+    assert plan.constants == H200_FITTED
     for e in plan.layers:
         shape = IndexerShape(heads=e.heads, head_dim=e.head_dim, topk=e.topk)
         assert all(c.survival > 0.5 for c in e.candidates)  # fewer than half the screened keys pruned
@@ -111,7 +111,7 @@ def test_candidates_are_checked_before_the_model_is_loaded(tmp_path):
 
 def test_layer_candidates_stay_below_the_head_count():
     assert layer_candidates([4, 12], 32, CPU_REFERENCE) == [4, 12]
-    assert layer_candidates(None, 32, H200_ESTIMATE) == [1, 3, 7, 15, 31]
+    assert layer_candidates(None, 32, H200_FITTED) == [1, 3, 7, 15, 31]
     with pytest.raises(ValueError, match="below the layer's 32 heads"):
         layer_candidates([4, 32], 32, CPU_REFERENCE)
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from compiler.cost_model import H200_ESTIMATE
+from compiler.cost_model import H200_FITTED
 from compiler.plan_capture import CapturedCall
 from compiler.plan_measure import (certificate_diagnostics, choose_from_measurement, distribution,
                                    measure_layer, measure_survival)
@@ -71,9 +71,9 @@ def test_distribution_summarises_a_sample():
 
 
 def test_layer_choice_is_dense_for_random_inputs_and_certified_for_structured_ones():
-    random_layer = choose_from_measurement(measure_layer("a", [random_call()], [4]), H200_ESTIMATE,
+    random_layer = choose_from_measurement(measure_layer("a", [random_call()], [4]), H200_FITTED,
                                            design_length=131072, queries=None)
-    structured = choose_from_measurement(measure_layer("b", [structured_call()], [4]), H200_ESTIMATE,
+    structured = choose_from_measurement(measure_layer("b", [structured_call()], [4]), H200_FITTED,
                                          design_length=131072, queries=None)
     assert (random_layer.path, random_layer.r, random_layer.crossover) == ("dense", None, None)
     assert structured.path == "certified" and structured.r == 4
