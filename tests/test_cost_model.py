@@ -1,5 +1,7 @@
 """The cost model against hand-computed cases and a brute-force sum over queries."""
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import sympy
@@ -184,3 +186,24 @@ def test_bad_arguments_are_rejected_naming_them():
         IndexerShape(heads=8.0, head_dim=1, topk=1)
     with pytest.raises(ValueError, match="fraction"):
         amdahl_speedup(1.2, 2.0)
+
+
+def test_h200_constants_reproduce_the_indexer_benchmark_within_thirty_percent():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "indexer_h200.json"
+    rows = {}
+    for row in json.loads(path.read_text())["rows"]:
+        if row["input"] == "structured" and row["method"] in ("triton_dense", "certified_forced"):
+            rows.setdefault((row["H"], row["S"], row["T"], row["D"], row["topk"]), {})[row["method"]] = row
+    checked = 0
+    for (H, S, length, D, topk), methods in rows.items():
+        if len(methods) < 2:
+            continue
+        shape = IndexerShape(heads=H, head_dim=D, topk=topk, queries=S)
+        # The benchmark's certified path: default budget rule (few positive heads: r = 4, 8 padded rows).
+        m = methods["certified_forced"]["survivors_per_query"] / (length - S / 2 - shape.n0)
+        dense = float(dense_call_time(shape, H200_FITTED).subs(T, length)) * 1e3
+        cert = float(certified_call_time(4, m, shape, H200_FITTED).subs(T, length)) * 1e3
+        assert dense == pytest.approx(methods["triton_dense"]["ms"], rel=0.3)
+        assert cert == pytest.approx(methods["certified_forced"]["ms"], rel=0.3)
+        checked += 1
+    assert checked >= 6

@@ -119,7 +119,7 @@ def test_layer_candidates_stay_below_the_head_count():
 def test_structured_geometry_gets_a_certified_plan(tmp_path):
     out = tmp_path / "structured.json"
     assert main(["--structured", "1,48,1200,16,16,64", "--candidates", "3,7", "--constants", "h200",
-                 "--out", str(out)]) == 0
+                 "--design-length", "1048576", "--out", str(out)]) == 0
     (entry,) = load_plan(out).layers
     assert entry.layer == "structured" and (entry.heads, entry.head_dim, entry.topk) == (16, 16, 64)
     assert entry.path == "certified" and entry.r in (3, 7) and entry.predicted_pruned_frac > 0.9
