@@ -94,13 +94,23 @@ class Report:
                 totals[reason] += int(count)
         return dict(totals)
 
+    def _pruned_cell(self, rewrite: Rewrite) -> str:
+        """'predicted/measured' pruned fraction of a rewrite's layer ('-' where unknown)."""
+        predicted = rewrite.details.get("predicted_pruned_frac")
+        layer_stats = self.stats.get(rewrite.module, {})
+        measured = layer_stats.get("pruned_frac") if layer_stats.get("keys_screened", 0) > 0 else None
+        if predicted is None and measured is None:
+            return "-"
+        return "/".join("-" if x is None else f"{x:.3f}" for x in (predicted, measured))
+
     def __str__(self) -> str:
         parts = [f"pulsar_dosa report: {len(self.compiles)} compile(s), {len(self.rewrites)} rewrite(s), "
                  f"{len(self.near_misses)} near miss(es)"]
         if self.rewrites:
             parts.append(format_table(
-                ["#", "kind", "module", "variant", "path", "r", "shapes"],
+                ["#", "kind", "module", "variant", "path", "r", "crossover", "pruned pred/meas", "shapes"],
                 [[r.compile_index, r.kind, r.module, r.variant, r.path, "default" if r.r is None else r.r,
+                  r.details.get("min_keys", "-"), self._pruned_cell(r),
                   " ".join(f"{k}[{','.join(v)}]" for k, v in r.shapes.items())] for r in self.rewrites]))
         if self.near_misses:
             parts.append(format_table(["#", "kind", "module", "node", "reason"],
