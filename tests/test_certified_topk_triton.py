@@ -152,3 +152,30 @@ def test_auto_path_is_dense_below_the_cuda_minimum_and_follows_a_forced_path():
     assert choose_path(q, w, k, None, 8, auto) == "dense"
     assert choose_path(q, w, k, None, 8, CERTIFIED) == "certified"
     assert 64 < CUDA_MIN_KEYS
+
+
+def test_auto_path_with_a_crossover_follows_it_without_a_probe(monkeypatch):
+    import compiler.lowering.certified_topk_triton as triton_topk
+
+    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
+    auto = CertifiedTopkConfig(path="auto", anchor_stride=16, workspace_frac=0.1)
+    probes = []
+    real_stage = triton_topk._screen_stage
+    monkeypatch.setattr(triton_topk, "_screen_stage", lambda *a: probes.append(1) or real_stage(*a))
+    assert choose_path(q, w, k, mask, 32, auto, crossover=1024) == "certified"
+    assert choose_path(q, w, k, mask, 32, auto, crossover=1025) == "dense"
+    assert probes == []
+    dense = dense_topk_cuda(q, k, w, 32, mask)
+    for crossover, runs_certified in ((0, True), (1024, True), (1025, False)):
+        trace = []
+        out = certified_topk_cuda(q, k, w, 32, mask, config=auto, trace=trace, crossover=crossover)
+        assert_same(out, dense)
+        assert len(trace) == int(runs_certified)
+    assert len(probes) == 2  # the two certified calls' own screen stages, no probe
+
+
+def test_crossover_must_be_a_key_length():
+    q, k, w = integer_inputs(4, 64, 2, 16, seed=7)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="crossover"):
+            certified_topk_cuda(q, k, w, 8, crossover=bad)

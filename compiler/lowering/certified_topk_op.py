@@ -68,7 +68,8 @@ def _certified_topk_cuda(q, k, weights, topk, mask=None, layer="", r=-1, min_key
 
     config = topk_config(r, min_keys, path)
     stats = TOPK_STATS.for_layer(layer, q.device) if record_stats else None
-    return certified_topk_cuda(q, k, weights, topk, mask, config=config, stats=stats)
+    return certified_topk_cuda(q, k, weights, topk, mask, config=config, stats=stats,
+                               crossover=None if min_keys == -1 else min_keys)
 
 
 @certified_topk.register_fake

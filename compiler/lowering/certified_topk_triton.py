@@ -23,8 +23,11 @@ is answered densely. Host synchronisations of a certified call: the retained bud
 screen's row count), the flagged-row check, and for "auto" the probe; so the call is not
 capturable in a CUDA graph (the dense path is).
 
-Path choice (config.path): "dense", "certified", or "auto" = dense below CUDA_MIN_KEYS keys,
-else a probe of a few anchor groups through seeds and screen predicts the work (SPEC A.6).
+Path choice (config.path): "dense", "certified", or "auto". Under "auto" with a ``crossover``
+(a key length decided offline: the op's ``min_keys`` >= 0, baked in by a plan or the cost model)
+the call is certified when T >= crossover and dense below, without a probe; without one it is
+dense below max(config.min_keys, CUDA_MIN_KEYS) keys, else a probe of a few anchor groups through
+seeds and screen predicts the work (SPEC A.6). Either way the output is the dense one.
 Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile:
 kk + workspace_frac * T keys), min_keys, path; the witnesses are the anchor's top kk + kk/4 keys
 (sink and window are not added on this path). Decode: ``decode_topk_cuda``.
@@ -295,14 +298,28 @@ def _redo_dense(codes, redo, q, w, k, mask, kk):
     return codes
 
 
-def choose_path(q, w, k, mask, kk, config, nk=None) -> str:
-    """'dense' or 'certified': the configured path; "auto" takes dense below CUDA_MIN_KEYS keys,
-    else probes PROBE_GROUPS anchor groups through seeds and screen (one synchronisation) and
-    goes certified when ``predicted_work`` is below PAYS_BELOW. ``nk``: key_norms(k) if known."""
+def check_crossover(crossover) -> None:
+    """ValueError unless ``crossover`` is None or an int >= 0 (a key length)."""
+    if crossover is not None and (isinstance(crossover, bool) or not isinstance(crossover, int)
+                                  or crossover < 0):
+        raise ValueError(f"crossover: expected None or an int >= 0 (a key length), got {crossover!r}")
+
+
+def choose_path(q, w, k, mask, kk, config, nk=None, crossover=None) -> str:
+    """'dense' or 'certified': the configured path; "auto" takes dense when kk >= T; with a
+    ``crossover`` certified when T >= crossover, else dense (no probe); without one dense below
+    CUDA_MIN_KEYS keys, else probes PROBE_GROUPS anchor groups through seeds and screen (one
+    synchronisation) and goes certified when ``predicted_work`` is below PAYS_BELOW.
+    ``nk``: key_norms(k) if known."""
+    check_crossover(crossover)
     T = k.shape[1]
     if config.path != "auto":
         return config.path
-    if T < max(config.min_keys, CUDA_MIN_KEYS) or kk >= T:
+    if kk >= T:
+        return "dense"
+    if crossover is not None:
+        return "certified" if T >= crossover else "dense"
+    if T < max(config.min_keys, CUDA_MIN_KEYS):
         return "dense"
     B, S, H, _ = q.shape
     G, _ = score_tile_shape(H)
@@ -317,19 +334,23 @@ def choose_path(q, w, k, mask, kk, config, nk=None) -> str:
     return "certified" if float(work) < PAYS_BELOW else "dense"
 
 
-def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=None, trace=None):
+def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=None, trace=None,
+                        crossover=None):
     """Certified top-K on CUDA: (values [B,S,kk] fp32, indices [B,S,kk] int64).
 
     Same arguments and contract as runtime.certified_topk.certified_topk; output identical to
     ``dense_topk_cuda`` (bitwise values, identical indices) for every input. ``trace``, a list,
-    receives the CertifiedTrace of the call when the certified path ran.
+    receives the CertifiedTrace of the call when the certified path ran. ``crossover`` (None or a
+    key length >= 0): under path "auto", the decided length from which the call is certified
+    (``choose_path``); None lets the probe decide.
     """
+    check_crossover(crossover)
     kk = _check(q, k, weights, topk, mask)
     config = CertifiedTopkConfig() if config is None else config
     q, k, w = _operands(q, k, weights)
     T = k.shape[1]
     nk = key_norms(k) if config.path != "dense" else None
-    if choose_path(q, w, k, mask, kk, config, nk) == "dense":
+    if choose_path(q, w, k, mask, kk, config, nk, crossover) == "dense":
         codes = dense_codes_topk(q, w, k, mask, kk)
         _record(stats, q, T, None)
         return decode_codes(codes, T)
