@@ -186,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         sel = selection[name]
         rows.append([name, len(rewrites), rewrites[0].variant if rewrites else "-",
                      f"{sel['equal']}/{sel['tie']}/{sel['differ']}", stats.get("queries", 0),
-                     f"{stats.get('pruned_frac', 0.0):.3f}", fallbacks])
+                     f"{stats['pruned_frac']:.3f}" if stats.get("keys_screened") else "-", fallbacks])
     print(format_table(["indexer", "rewrites", "variant", "rows equal/tie/differ", "queries", "pruned", "fallbacks"],
                        rows))
+    print("(pruned: fraction of screened keys the certificate ruled out; '-' where no query took the "
+          "certified path: below the cost model's crossover length every query is scored densely)")
     for miss in report.near_misses:
         print(f"near miss ({miss.kind}): {miss.module}: {miss.reason}")
     diff = (logits.float() - eager.logits.float()).abs().max().item()
