@@ -9,5 +9,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-python -m pip install -q "torch==2.13.0" "triton==3.6.0"
+python -m pip install -q "torch==2.13.0" "triton==3.6.0" "numpy<2.4"
 python -m pip install -q -e ".[test]"
