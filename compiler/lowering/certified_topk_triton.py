@@ -229,8 +229,9 @@ def _activation_frequency(q, k, seed_ids, A):
     return pos.view(B, nA * A, H)[:, :S]
 
 
-def _screen_stage(q, w, k, mask, kk, config, nk):
-    """Anchors, seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, G)."""
+def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
+    """Anchors, seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, G).
+    ``screen_config``: the screen's LaunchConfig, None to let ``screen`` choose it."""
     B, S, H, D = q.shape
     T = k.shape[1]
     dev = q.device
@@ -252,7 +253,8 @@ def _screen_stage(q, w, k, mask, kk, config, nk):
     tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
     cap = min(T, triton.cdiv(kk + int(config.workspace_frac * T), 128) * 128)
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
-                             lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap)
+                             lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap,
+                             config=screen_config)
     return tau, ids, list_count, cap, plan, G
 
 
@@ -261,11 +263,12 @@ def key_norms(k):
     return round_up_to_float32(key_norm_up(k.float()))
 
 
-def certified_codes(q, w, k, mask, kk, config, nk=None):
-    """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (module docstring)."""
+def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
+    """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (module docstring).
+    ``screen_config``: the screen's LaunchConfig (None: autotuned, dsa_screen_triton.screen)."""
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
-    tau, ids, list_count, cap, plan, G = _screen_stage(q, w, k, mask, kk, config, nk)
+    tau, ids, list_count, cap, plan, G = _screen_stage(q, w, k, mask, kk, config, nk, screen_config)
     cand_cap = min(cap, CANDIDATE_FACTOR * kk)
     cand = torch.full((B, S, cand_cap), torch.iinfo(torch.int64).min, dtype=torch.int64,
                       device=q.device)
@@ -335,14 +338,16 @@ def choose_path(q, w, k, mask, kk, config, nk=None, crossover=None) -> str:
 
 
 def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=None, trace=None,
-                        crossover=None):
+                        crossover=None, screen_config=None):
     """Certified top-K on CUDA: (values [B,S,kk] fp32, indices [B,S,kk] int64).
 
     Same arguments and contract as runtime.certified_topk.certified_topk; output identical to
     ``dense_topk_cuda`` (bitwise values, identical indices) for every input. ``trace``, a list,
     receives the CertifiedTrace of the call when the certified path ran. ``crossover`` (None or a
     key length >= 0): under path "auto", the decided length from which the call is certified
-    (``choose_path``); None lets the probe decide.
+    (``choose_path``); None lets the probe decide. ``screen_config``: the screen kernel's
+    LaunchConfig (one of dsa_screen_triton.SCREEN_CONFIGS); None autotunes it on CUDA. Any config
+    gives the same output (only the screen is tuned; the scorer's config is fixed).
     """
     check_crossover(crossover)
     kk = _check(q, k, weights, topk, mask)
@@ -354,7 +359,7 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
         codes = dense_codes_topk(q, w, k, mask, kk)
         _record(stats, q, T, None)
         return decode_codes(codes, T)
-    codes, tr = certified_codes(q, w, k, mask, kk, config, nk)
+    codes, tr = certified_codes(q, w, k, mask, kk, config, nk, screen_config)
     codes = _redo_dense(codes, tr.redo, q, w, k, mask, kk)
     _record(stats, q, T, tr)
     if trace is not None:

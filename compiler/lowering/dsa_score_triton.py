@@ -22,6 +22,14 @@ Output modes: ``COMPACT=False`` writes the code of list position p to ``out[b, s
 query into ``out[b, s, :cap_out]``; the count ``out_count[b, s]`` keeps counting past ``cap_out``
 so that the caller can detect a full buffer (kept in registers when one program owns the query's
 list, by atomics when key splits share it).
+
+Launch configuration: ONE fixed config, ``SCORER_CONFIG``, for every call in every process (not
+tuned). The scorer defines the values: the order of the head sum ``tl.sum`` over the register tile
+follows the tile's layout, which BLOCK_T and num_warps decide, so two configs may round a score
+differently. Tuning per length would let a key scored densely at one length and as a survivor at
+another differ in the last bit; a fixed config makes dense, seed and refine scores bitwise the
+same by construction. BLOCK_T=128, 8 warps, 3 stages: the config of the H200 measurements in
+benchmarks/results/indexer_h200.md.
 """
 from __future__ import annotations
 
@@ -30,6 +38,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from compiler.autotune import LaunchConfig
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -141,6 +151,9 @@ def _indexer_score_kernel(
         tl.store(out_count_ptr + b * S + rows, running, mask=row_ok)
 
 
+SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128)
+"""The scorer's one launch config (module docstring: why it is fixed)."""
+
 MATRIX_ROWS = 32 if INTERPRET else 128
 
 
@@ -173,7 +186,7 @@ def mask_operand(mask: torch.Tensor | None, B: int, S: int, T: int):
 
 
 def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None, out=None,
-               out_count=None, splits=1, fill=False, block_t=128, num_warps=8, num_stages=3):
+               out_count=None, splits=1, fill=False):
     """Run the scorer over key lists (see the module docstring).
 
     q [B,S,H,D] (bf16/fp16/fp32, last dim contiguous), w [B,S,H] fp32, k [B,T,D] same dtype as q,
@@ -183,6 +196,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     caller) and ``out_count`` [B,S] int32 (zeroed by the caller), compacting kept keys.
     ``splits`` programs share each key list (non-compact mode: positions stay fixed). ``fill``:
     pre-fill the non-compact output with the lowest code (lists shorter than their buffer).
+    Always launched with SCORER_CONFIG.
     """
     B, S, H, D = q.shape
     T = k.shape[1]
@@ -203,9 +217,8 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         S, T, H, cap, out.shape[-1], tiles_per_list, n_tiles,
         q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), k.stride(0), k.stride(1),
         ids.stride(0), ids.stride(1), counts.stride(0), msb, mss, mst, out.stride(0), out.stride(1),
-        BLOCK_S=block_s, HP=hp, D=D, BLOCK_T=block_t, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, num_warps=num_warps,
-        num_stages=num_stages,
+        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
+        TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, **SCORER_CONFIG.kwargs(),
     )
     return out
 

@@ -17,14 +17,44 @@ scorer's tile), and a key enters the list if it survives for any of them. Lists 
 ``ids[b, list, :cap]`` (in no particular order); ``count[b, list]`` keeps counting past ``cap`` so that
 the scorer can detect an overflowed list and rescan densely. A program that owns its lists (one
 key split) counts in registers; programs that share lists (key splits) use atomic counters.
+
+Launch configuration: the screen is autotuned (``compiler.autotune.choose_config``, keyed on the
+device, the bucketed key length T, D, RP, G, the key dtype and the mask kind) over ``SCREEN_CONFIGS``,
+which vary only BLOCK_T, num_warps and num_stages. None of them changes the arithmetic the margin
+of ``certified_topk_triton.screen_margin`` assumes: each bound is the same D-term fp32-accumulated
+dot (same operand dtype, same input precision; the margin allows any accumulation order and
+tensor-core rounding, MMA_FACTOR) followed by the same (RP + 2)-term sum (any order allowed). So
+every config keeps every key with ``U >= tau``; configs may differ only in which extra keys survive
+and in the order of a list, never in the output of the pipeline. A candidate that fails to compile
+or launch is skipped (``launchable_configs``).
 """
 from __future__ import annotations
+
+from typing import Callable, Sequence
 
 import torch
 import triton
 import triton.language as tl
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import InterpreterError, OutOfResources
 
+from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket
 from compiler.lowering.dsa_score_triton import INTERPRET, key_splits, load_mask_tile, mask_operand
+
+SCREEN_CONFIGS = (
+    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128),
+    LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64),
+    LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=128),
+    LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_T=256),
+    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64),
+    LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=256),
+)
+"""Screen launch candidates; the first is the default (the only one on the CPU / interpreter)."""
+LAUNCH_ERRORS = (CompilationError, OutOfResources, InterpreterError, RuntimeError)
+"""Exceptions by which a candidate config is skipped (Triton compile/launch failures)."""
+DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+"""Key dtypes the screen takes, as ints for the tuning key."""
+_LAUNCHABLE: dict[tuple, tuple[LaunchConfig, ...]] = {}
 
 
 @triton.jit
@@ -101,30 +131,85 @@ def screen_tile_queries(rp: int, g: int) -> int:
     return max(128 // rp, g)
 
 
-def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_queries, cap, block_t=128,
-           num_warps=8, num_stages=3):
+def launchable_configs(configs: Sequence[LaunchConfig],
+                       launch: Callable[[LaunchConfig], None]) -> tuple[LaunchConfig, ...]:
+    """The candidates whose ``launch`` succeeds once (in order); a failing one (LAUNCH_ERRORS) is
+    skipped. Raises the last failure when none succeeds."""
+    ok, failure = [], None
+    for config in configs:
+        try:
+            launch(config)
+        except LAUNCH_ERRORS as err:
+            failure = err
+            continue
+        ok.append(config)
+    if not ok:
+        raise failure
+    return tuple(ok)
+
+
+def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_queries, cap,
+           config: LaunchConfig | None = None):
     """Screen every key for every query; returns (ids [B,L,cap] int32, count [B,L] int32).
 
     g [B,S,RP,D] in k's dtype (RP a power of two), alpha/beta [B,S,RP] fp32, e/c [B,S] fp32, tau [B,S]
     fp32, k [B,T,D], nk [B,T] fp32 upper bounds of the key norms, mask None | [B,S,T].
     ``list_queries`` (G) consecutive queries share one list; L = lists_per_batch = ceil(S / G).
+    ``config``: a launch config (e.g. one of SCREEN_CONFIGS); None chooses one by measurement on
+    CUDA (cached per device and bucketed T), SCREEN_CONFIGS[0] elsewhere. Every config gives the
+    same survivor guarantee (module docstring).
     """
     B, S, RP, D = g.shape
     T = k.shape[1]
+    ids = torch.empty(B, lists_per_batch, cap, dtype=torch.int32, device=k.device)
+    count = torch.empty(B, lists_per_batch, dtype=torch.int32, device=k.device)
+    kind, m, mask_strides = mask_operand(mask, B, S, T)
+
+    def launch(cfg: LaunchConfig) -> None:
+        count.zero_()
+        _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids, count,
+                       lists_per_batch, list_queries, cfg)
+
+    if config is None:
+        config = choose_screen_config(launch, k, kind, RP, list_queries)
+    launch(config)
+    return ids, count
+
+
+def choose_screen_config(launch: Callable[[LaunchConfig], None], k, mask_kind: int, rp: int,
+                         list_queries: int) -> LaunchConfig:
+    """The screen's config for this call's shape: SCREEN_CONFIGS[0] off CUDA or under the
+    interpreter; else the fastest launchable candidate for (device, bucketed T, D, RP, G, dtype,
+    mask kind), measured once and cached on disk by ``choose_config``."""
+    if k.device.type != "cuda" or interpreter_active():
+        return SCREEN_CONFIGS[0]
+    T, D = k.shape[1], k.shape[2]
+    shape = {"D": D, "RP": rp, "G": list_queries, "mask_kind": mask_kind,
+             "dtype": DTYPE_CODES[k.dtype]}
+    seen = (str(k.device), length_bucket(T), tuple(sorted(shape.items())))
+    if seen not in _LAUNCHABLE:
+        _LAUNCHABLE[seen] = launchable_configs(SCREEN_CONFIGS, launch)
+    return choose_config("dsa_screen", _LAUNCHABLE[seen], launch, device=k.device, length=T,
+                         shape=shape)
+
+
+def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids, count,
+                   lists_per_batch, list_queries, config: LaunchConfig) -> None:
+    """One launch of the screen kernel with ``config`` (BLOCK_T, num_warps, num_stages)."""
+    B, S, RP, D = g.shape
+    T = k.shape[1]
+    msb, mss, mst = mask_strides
     block_ss = screen_tile_queries(RP, list_queries)
     n_tiles = triton.cdiv(S, block_ss)
-    ids = torch.empty(B, lists_per_batch, cap, dtype=torch.int32, device=k.device)
-    count = torch.zeros(B, lists_per_batch, dtype=torch.int32, device=k.device)
-    kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
     ieee = k.dtype == torch.float32
-    splits = key_splits(B * n_tiles, T, block_t)
+    launch = config.kwargs()
+    splits = key_splits(B * n_tiles, T, launch["BLOCK_T"])
     _screen_kernel[(B * n_tiles, splits)](
         g, alpha, beta, e, c, tau, k, nk, k if m is None else m, ids, count,  # k: unread mask slot
-        S, T, cap, n_tiles, lists_per_batch,
+        S, T, ids.shape[-1], n_tiles, lists_per_batch,
         g.stride(0), g.stride(1), g.stride(2), alpha.stride(0), alpha.stride(1),
         k.stride(0), k.stride(1), nk.stride(0), ids.stride(0), ids.stride(1), count.stride(0),
         msb, mss, mst,
-        BLOCK_SS=block_ss, RP=RP, D=D, BLOCK_T=block_t, G=list_queries, MASK_KIND=kind, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, ATOMIC=splits > 1, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_SS=block_ss, RP=RP, D=D, G=list_queries, MASK_KIND=kind, IEEE=ieee,
+        TO_FP32=INTERPRET or ieee, ATOMIC=splits > 1, **launch,
     )
-    return ids, count

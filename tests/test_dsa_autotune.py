@@ -1,0 +1,123 @@
+"""Launch configs of the DSA indexer kernels (interpreter, tiny sizes): the screen may use any of its
+candidates without changing the survivor sets or the pipeline's output; the scorer always runs with
+its one fixed config; a candidate that cannot launch is skipped."""
+import pytest
+import torch
+from triton.runtime.errors import InterpreterError
+
+import compiler.lowering.dsa_score_triton as score_mod
+from compiler.autotune import LaunchConfig
+from compiler.lowering.certified_topk_triton import (
+    certified_topk_cuda,
+    decode_topk_cuda,
+    dense_topk_cuda,
+)
+from compiler.lowering.dsa_screen_triton import (
+    SCREEN_CONFIGS,
+    choose_screen_config,
+    launchable_configs,
+    screen,
+)
+from runtime.certified_topk import CertifiedTopkConfig
+from runtime.rounding import key_norm_up, round_up_to_float32
+from runtime.structured_indexer import structured_indexer_inputs
+
+CERTIFIED = CertifiedTopkConfig(path="certified", anchor_stride=16, workspace_frac=0.1)
+KK = 32
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    S, T = 16, 1024
+    q, k, w, _ = structured_indexer_inputs(1, S, T, 4, 16, positive_heads=1, dtype=torch.bfloat16)
+    mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None]
+    return q, k, w, mask
+
+
+def survivor_sets(ids, count):
+    return [set(ids[0, i, : count[0, i]].tolist()) for i in range(ids.shape[1])]
+
+
+def assert_same(a, b):
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(a[1], b[1])
+
+
+def test_screen_candidates_are_distinct_and_vary_only_tile_warps_and_stages():
+    assert 3 <= len(SCREEN_CONFIGS) <= 6 and len(set(SCREEN_CONFIGS)) == len(SCREEN_CONFIGS)
+    for config in SCREEN_CONFIGS:
+        assert set(config.kwargs()) == {"BLOCK_T", "num_warps", "num_stages"}
+
+
+def test_screen_takes_the_first_candidate_under_the_interpreter_without_launching(inputs):
+    _, k, _, _ = inputs
+
+    def launch(config):
+        raise AssertionError("no candidate is launched under the interpreter")
+
+    assert choose_screen_config(launch, k, 1, 4, 8) == SCREEN_CONFIGS[0]
+
+
+def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(inputs):
+    q, k, w, mask = inputs
+    trace = []
+    dense = dense_topk_cuda(q, k, w, KK, mask)
+    assert_same(certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace), dense)
+    tr, p = trace[0], trace[0].plan
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    sets = []
+    for config in SCREEN_CONFIGS:
+        ids, count = screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
+                            lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries,
+                            cap=tr.cap, config=config)
+        assert torch.equal(count, tr.list_count), config
+        sets.append(survivor_sets(ids, count))
+        out = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=config)
+        assert_same(out, dense)
+    assert all(s == sets[0] for s in sets[1:])
+    assert max(len(s) for s in sets[0]) < k.shape[1]  # the screen pruned something
+
+
+def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs):
+    q, k, w, mask = inputs
+    trace = []
+    certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace)
+    tr, p = trace[0], trace[0].plan
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    broken = LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=48)  # not a power of two
+    launched = []
+
+    def launch(config):
+        screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
+               lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries, cap=tr.cap,
+               config=config)
+        launched.append(config)
+
+    assert launchable_configs([broken, SCREEN_CONFIGS[0]], launch) == (SCREEN_CONFIGS[0],)
+    assert launched == [SCREEN_CONFIGS[0]]
+    with pytest.raises(InterpreterError, match="power of 2"):
+        launchable_configs([broken], launch)
+
+
+def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, monkeypatch):
+    q, k, w, mask = inputs
+    kernel = score_mod._indexer_score_kernel
+    seen = set()
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.add((kwargs["BLOCK_T"], kwargs["num_warps"], kwargs["num_stages"]))
+                return kernel[grid](*args, **kwargs)
+            return run
+
+    monkeypatch.setattr(score_mod, "_indexer_score_kernel", Spy())
+    dense = dense_topk_cuda(q, k, w, KK, mask)
+    for config in SCREEN_CONFIGS[:2]:
+        assert_same(certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=config),
+                    dense)
+    witnesses = dense[1][:, -1]
+    assert_same(decode_topk_cuda(q[:, -1:], k, w[:, -1:], KK, mask[:, -1:], witnesses=witnesses),
+                dense_topk_cuda(q[:, -1:], k, w[:, -1:], KK, mask[:, -1:]))
+    fixed = score_mod.SCORER_CONFIG.kwargs()
+    assert seen == {(fixed["BLOCK_T"], fixed["num_warps"], fixed["num_stages"])}
