@@ -239,31 +239,6 @@ def kernel_breakdown(fn, top=12):
     return {"total_ms": sum(per.values()), "kernels": items[:top]}
 
 
-def sweep_launch_configs(S=4096, T=131072, H=64):
-    """Dense scorer and screen kernels alone under a few launch configurations (ms)."""
-    q, k, w, _ = structured(S, T, H)
-    mask = causal_chunk_mask(S, T)
-    ids = torch.arange(T, dtype=torch.int32, device="cuda").view(1, 1, T)
-    counts = torch.full((1, 1), T, dtype=torch.int32, device="cuda")
-    out = {"shape": {"S": S, "T": T, "H": H}, "score": [], "screen": []}
-    for nw, bt, ns in ((8, 128, 3), (4, 128, 3), (8, 64, 3), (8, 128, 2), (4, 64, 4)):
-        ms, _, _ = timed(lambda: score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30,
-                                            mask=mask, block_t=bt, num_warps=nw, num_stages=ns), 800)
-        out["score"].append({"num_warps": nw, "block_t": bt, "num_stages": ns, "ms": ms,
-                             "TFLOPs": 2 * S * H * T * D / ms / 1e9})
-    trace = []
-    certified_topk_cuda(q, k, w, TOPK, mask, config=CertifiedTopkConfig(path="certified"), trace=trace)
-    p, tr = trace[0].plan, trace[0]
-    nk = round_up_to_float32(key_norm_up(k.float()))
-    for nw, bt, ns in ((8, 128, 3), (4, 128, 3), (8, 64, 3), (4, 64, 3)):
-        ms, _, _ = timed(lambda: screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
-                                        lists_per_batch=tr.list_count.shape[1],
-                                        list_queries=tr.list_queries, cap=tr.cap, block_t=bt,
-                                        num_warps=nw, num_stages=ns), 800)
-        out["screen"].append({"num_warps": nw, "block_t": bt, "num_stages": ns, "ms": ms})
-    return out
-
-
 def run_config(S, T, H, inputs, kk, ceil, rows, do_inductor):
     gen = transformers_random if inputs == "transformers_random" else structured
     q, k, w, params = gen(S, T, H)
@@ -465,9 +440,6 @@ def main():
         with open(ARGS.out, "w") as f:
             json.dump(doc, f, indent=1)
         doc["breakdown"] = BREAKDOWN
-    if not ARGS.quick and time.perf_counter() - t0 < ARGS.budget_s:
-        doc["launch_sweep"] = sweep_launch_configs()
-        print(json.dumps(doc["launch_sweep"]))
     for name, bd in BREAKDOWN.items():
         print(name, round(bd["total_ms"], 2), [(n[:50], round(t, 2)) for n, t in bd["kernels"]])
     with open(ARGS.out, "w") as f:
