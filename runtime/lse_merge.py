@@ -17,12 +17,9 @@ from __future__ import annotations
 import torch
 
 
-def merge_partials(outputs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge ``n`` attention partials into attention over the union of their key sets.
-
-    outputs ``[n, ..., D]`` (any float dtype), lses ``[n, ...]`` (natural-log log-sum-exp,
-    float). Returns ``(o [..., D] in outputs' dtype, lse [...] fp32)``; arithmetic in fp32.
-    """
+def check_partials(outputs: torch.Tensor, lses: torch.Tensor) -> None:
+    """TypeError/ValueError naming the argument unless outputs ``[n >= 1, ..., D]`` and lses
+    ``[n, ...]`` are floating-point tensors on one device."""
     if not isinstance(outputs, torch.Tensor) or not isinstance(lses, torch.Tensor):
         raise TypeError("outputs and lses must be torch.Tensors, got "
                         f"{type(outputs).__name__} and {type(lses).__name__}")
@@ -35,6 +32,17 @@ def merge_partials(outputs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Ten
                          f"got {tuple(lses.shape)}")
     if outputs.shape[0] == 0:
         raise ValueError("outputs must hold at least one partial (n >= 1)")
+    if lses.device != outputs.device:
+        raise ValueError(f"lses must be on outputs' device {outputs.device}, got {lses.device}")
+
+
+def merge_partials(outputs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge ``n`` attention partials into attention over the union of their key sets.
+
+    outputs ``[n, ..., D]`` (any float dtype), lses ``[n, ...]`` (natural-log log-sum-exp,
+    float). Returns ``(o [..., D] in outputs' dtype, lse [...] fp32)``; arithmetic in fp32.
+    """
+    check_partials(outputs, lses)
     lse32 = lses.float()
     top = lse32.amax(dim=0)
     shift = torch.where(top == float("-inf"), torch.zeros_like(top), top)

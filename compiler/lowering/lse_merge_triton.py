@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from runtime.lse_merge import merge_partials
+from runtime.lse_merge import check_partials, merge_partials
 
 _OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -117,20 +117,9 @@ def merge_partials_triton(outputs: torch.Tensor, lses: torch.Tensor) -> tuple[to
     Contract in the module doc. Raises TypeError/ValueError naming the argument for a bad type,
     dtype, shape or device.
     """
-    if not isinstance(outputs, torch.Tensor) or not isinstance(lses, torch.Tensor):
-        raise TypeError("outputs and lses must be torch.Tensors, got "
-                        f"{type(outputs).__name__} and {type(lses).__name__}")
+    check_partials(outputs, lses)
     if outputs.dtype not in _OUTPUT_DTYPES:
         raise TypeError(f"outputs must be bfloat16, float16 or float32, got {outputs.dtype}")
     if lses.dtype not in _OUTPUT_DTYPES:
         raise TypeError(f"lses must be bfloat16, float16 or float32, got {lses.dtype}")
-    if outputs.dim() < 2:
-        raise ValueError(f"outputs must be [n, ..., D], got shape {tuple(outputs.shape)}")
-    if tuple(lses.shape) != tuple(outputs.shape[:-1]):
-        raise ValueError(f"lses must have shape outputs.shape[:-1] = {tuple(outputs.shape[:-1])}, "
-                         f"got {tuple(lses.shape)}")
-    if outputs.shape[0] == 0:
-        raise ValueError("outputs must hold at least one partial (n >= 1)")
-    if lses.device != outputs.device:
-        raise ValueError(f"lses must be on outputs' device {outputs.device}, got {lses.device}")
     return torch.ops.pulsar_dosa.merge_partials_triton(outputs, lses)
