@@ -6,7 +6,8 @@ runs the kernel once on real tensors of the current bucket. ``choose_config``:
 * on a non-CUDA device or under the Triton CPU interpreter (``TRITON_INTERPRET=1``) returns the first
   candidate, without measuring (one config: the interpreter is slow and its timings mean nothing);
 * otherwise returns the cached choice for the key (kernel, device name, software versions, bucketed
-  length, other shape parameters), or measures every candidate, keeps the fastest and stores it.
+  length, other shape parameters), or measures every candidate that launches (a candidate that
+  fails to compile or launch is skipped), keeps the fastest and stores it.
 
 Lengths are bucketed to powers of two so that a new sequence length reuses its bucket's choice instead
 of measuring again. The cache is a JSON file (``PULSAR_DOSA_AUTOTUNE_CACHE`` or
@@ -126,13 +127,40 @@ def cuda_timer(fn: Callable[[], None]) -> float:
     return float(triton.testing.do_bench(fn, return_mode="median"))
 
 
+def launch_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions by which a candidate config is skipped: Triton compile/launch failures."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import InterpreterError, OutOfResources
+
+    return (CompilationError, OutOfResources, InterpreterError, RuntimeError)
+
+
+def launchable_configs(configs: Sequence[LaunchConfig],
+                       launch: Callable[[LaunchConfig], None]) -> tuple[LaunchConfig, ...]:
+    """The candidates whose ``launch`` succeeds once (in order; this also compiles them); a failing
+    one (``launch_errors``) is skipped. Raises the last failure when none succeeds."""
+    ok, failure = [], None
+    for config in configs:
+        try:
+            launch(config)
+        except launch_errors() as err:
+            failure = err
+            continue
+        ok.append(config)
+    if not ok:
+        raise failure
+    return tuple(ok)
+
+
 def fastest_config(configs: Sequence[LaunchConfig], launch: Callable[[LaunchConfig], None],
                    timer: Callable[[Callable[[], None]], float]) -> LaunchConfig:
-    """The candidate with the smallest ``timer(lambda: launch(config))`` (ties: the earlier one)."""
+    """Among the launchable candidates, the one with the smallest ``timer(lambda: launch(config))``
+    (ties: the earlier one)."""
     if not configs:
         raise ValueError("configs: expected at least one LaunchConfig")
-    times = [timer(lambda cfg=cfg: launch(cfg)) for cfg in configs]
-    return configs[min(range(len(configs)), key=times.__getitem__)]
+    candidates = launchable_configs(configs, launch)
+    times = [timer(lambda cfg=cfg: launch(cfg)) for cfg in candidates]
+    return candidates[min(range(len(candidates)), key=times.__getitem__)]
 
 
 _SHARED_CACHE: AutotuneCache | None = None

@@ -6,7 +6,7 @@ import torch
 from triton.runtime.errors import InterpreterError
 
 import compiler.lowering.dsa_score_triton as score_mod
-from compiler.autotune import LaunchConfig
+from compiler.autotune import LaunchConfig, launchable_configs
 from compiler.lowering.certified_topk_triton import (
     certified_topk_cuda,
     decode_topk_cuda,
@@ -15,7 +15,6 @@ from compiler.lowering.certified_topk_triton import (
 from compiler.lowering.dsa_screen_triton import (
     SCREEN_CONFIGS,
     choose_screen_config,
-    launchable_configs,
     screen,
 )
 from runtime.certified_topk import CertifiedTopkConfig

@@ -42,6 +42,16 @@ def test_fastest_config_is_the_one_with_the_least_measured_time():
     assert fastest_config([SMALL, LARGE], launch, wall_clock_ms) == SMALL
 
 
+def test_fastest_config_skips_a_candidate_that_fails_to_launch():
+    def launch(config):
+        if config == LARGE:
+            raise RuntimeError("out of shared memory")
+
+    assert fastest_config([LARGE, SMALL], launch, wall_clock_ms) == SMALL
+    with pytest.raises(RuntimeError, match="shared memory"):
+        fastest_config([LARGE], launch, wall_clock_ms)
+
+
 def test_cache_entries_survive_a_reload_and_a_corrupt_file_is_replaced(tmp_path):
     path = tmp_path / "sub" / "cache.json"
     AutotuneCache(path).put("screen|bucket=1024", LARGE)

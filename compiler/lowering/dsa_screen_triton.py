@@ -26,19 +26,17 @@ dot (same operand dtype, same input precision; the margin allows any accumulatio
 tensor-core rounding, MMA_FACTOR) followed by the same (RP + 2)-term sum (any order allowed). So
 every config keeps every key with ``U >= tau``; configs may differ only in which extra keys survive
 and in the order of a list, never in the output of the pipeline. A candidate that fails to compile
-or launch is skipped (``launchable_configs``).
+or launch is skipped (``compiler.autotune.fastest_config``).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 import triton
 import triton.language as tl
-from triton.compiler.errors import CompilationError
-from triton.runtime.errors import InterpreterError, OutOfResources
 
-from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket
+from compiler.autotune import LaunchConfig, choose_config, interpreter_active
 from compiler.lowering.dsa_score_triton import INTERPRET, key_splits, load_mask_tile, mask_operand
 
 SCREEN_CONFIGS = (
@@ -50,11 +48,8 @@ SCREEN_CONFIGS = (
     LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=256),
 )
 """Screen launch candidates; the first is the default (the only one on the CPU / interpreter)."""
-LAUNCH_ERRORS = (CompilationError, OutOfResources, InterpreterError, RuntimeError)
-"""Exceptions by which a candidate config is skipped (Triton compile/launch failures)."""
 DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 """Key dtypes the screen takes, as ints for the tuning key."""
-_LAUNCHABLE: dict[tuple, tuple[LaunchConfig, ...]] = {}
 
 
 @triton.jit
@@ -131,23 +126,6 @@ def screen_tile_queries(rp: int, g: int) -> int:
     return max(128 // rp, g)
 
 
-def launchable_configs(configs: Sequence[LaunchConfig],
-                       launch: Callable[[LaunchConfig], None]) -> tuple[LaunchConfig, ...]:
-    """The candidates whose ``launch`` succeeds once (in order); a failing one (LAUNCH_ERRORS) is
-    skipped. Raises the last failure when none succeeds."""
-    ok, failure = [], None
-    for config in configs:
-        try:
-            launch(config)
-        except LAUNCH_ERRORS as err:
-            failure = err
-            continue
-        ok.append(config)
-    if not ok:
-        raise failure
-    return tuple(ok)
-
-
 def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_queries, cap,
            config: LaunchConfig | None = None):
     """Screen every key for every query; returns (ids [B,L,cap] int32, count [B,L] int32).
@@ -186,11 +164,7 @@ def choose_screen_config(launch: Callable[[LaunchConfig], None], k, mask_kind: i
     T, D = k.shape[1], k.shape[2]
     shape = {"D": D, "RP": rp, "G": list_queries, "mask_kind": mask_kind,
              "dtype": DTYPE_CODES[k.dtype]}
-    seen = (str(k.device), length_bucket(T), tuple(sorted(shape.items())))
-    if seen not in _LAUNCHABLE:
-        _LAUNCHABLE[seen] = launchable_configs(SCREEN_CONFIGS, launch)
-    return choose_config("dsa_screen", _LAUNCHABLE[seen], launch, device=k.device, length=T,
-                         shape=shape)
+    return choose_config("dsa_screen", SCREEN_CONFIGS, launch, device=k.device, length=T, shape=shape)
 
 
 def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids, count,
