@@ -22,13 +22,7 @@ from runtime.structured_indexer import structured_indexer_inputs
 REGIMES = ("normal", "integer", "huge", "tiny", "mixed_scale", "cancel", "correlated", "zeros")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids thread start-up dominating every call."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def _draw(regime, shape, g):

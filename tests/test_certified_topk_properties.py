@@ -28,13 +28,7 @@ MASKS = ("none", "bool", "bool_few", "causal", "additive", "additive_nonfinite")
 NONFINITE = (None, None, None, None, "nan_q", "inf_q", "nan_k", "ninf_k", "inf_w", "nan_w")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids thread start-up dominating every call."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def _values(regime, shape, g):
