@@ -69,7 +69,7 @@ from runtime.attention_layout import QueryPhase  # noqa: E402
 from runtime.attention_reference import two_interval_attention  # noqa: E402
 from runtime.distributed import encode_rank_context, gather_and_merge, rank_blocks, restrict_layout  # noqa: E402
 from runtime.lse_merge import merge_partials  # noqa: E402
-from runtime.pulsar import KeptKV, PulsarConfig, cache_from, decode, encode_context, run_forward  # noqa: E402
+from runtime.pulsar import KeptKV, PulsarConfig, decode, encode_context  # noqa: E402
 from runtime.summaries import num_blocks  # noqa: E402
 
 MODES = ("dense", "star", "pulsar")
@@ -264,21 +264,11 @@ class ShardedQueryPhase(QueryPhase):
 def sharded_decode(model, shards: list[KeptKV], query_ids: torch.Tensor, *, query_position_start: int,
                    max_new_tokens: int) -> torch.Tensor:
     """Greedy phase 2 and decode with every rank's partial merged per layer (``ShardedQueryPhase``)."""
-    device = next(model.parameters()).device
     sizes = [shard[0][0].shape[2] for shard in shards]
     kept = [(torch.cat([s[layer][0] for s in shards], 2), torch.cat([s[layer][1] for s in shards], 2))
             for layer in range(len(shards[0]))]
-    cache = cache_from(model, kept)
-    tokens = query_ids.to(device).unsqueeze(0)
-    position = query_position_start
-    generated: list[int] = []
-    while len(generated) < max_new_tokens:
-        positions = torch.arange(position, position + tokens.shape[1], device=device).unsqueeze(0)
-        logits = run_forward(model, ShardedQueryPhase(sizes), tokens, positions, cache)
-        generated.append(int(logits.argmax()))
-        position += tokens.shape[1]
-        tokens = torch.tensor([[generated[-1]]], device=device)
-    return torch.tensor(generated, dtype=torch.int64)
+    return decode(model, kept, query_ids, query_position_start=query_position_start,
+                  max_new_tokens=max_new_tokens, make_phase=lambda: ShardedQueryPhase(sizes))
 
 
 def in_turn_run(model, context_ids, query_ids, config: PulsarConfig, ranks: int, settings: Settings,

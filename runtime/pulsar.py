@@ -152,13 +152,15 @@ def encode_context(model: torch.nn.Module, context_ids: torch.Tensor, layout: Pa
 def decode(model: torch.nn.Module, kept: KeptKV, query_ids: torch.Tensor, *, query_position_start: int,
            max_new_tokens: int, stop_ids: Sequence[int] = (), owner: bool = True,
            merge: Optional[MergeFn] = None,
-           agree: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+           agree: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+           make_phase: Optional[Callable[[], QueryPhase]] = None) -> torch.Tensor:
     """Phase 2 and greedy decode over the kept KV; returns the generated ids (1-D int64).
 
     ``owner``: this rank keeps the new tokens' KV (elsewhere they are dropped after each forward);
     ``merge``: combines per-rank partials (None on one device); ``agree``: makes every rank use
-    the same next token (None on one device). Stops after a token in ``stop_ids`` (included) or
-    ``max_new_tokens`` tokens.
+    the same next token (None on one device); ``make_phase``: builds the layout of each forward
+    (default ``QueryPhase(kept tokens, owner, merge)``). Stops after a token in ``stop_ids``
+    (included) or ``max_new_tokens`` tokens.
     """
     device = model_device(model)
     num_kept = kept[0][0].shape[2]
@@ -169,7 +171,8 @@ def decode(model: torch.nn.Module, kept: KeptKV, query_ids: torch.Tensor, *, que
     generated: list[int] = []
     while len(generated) < max_new_tokens:
         positions = torch.arange(position, position + tokens.shape[1], device=device).unsqueeze(0)
-        logits = run_forward(model, QueryPhase(num_kept, owner, merge), tokens, positions, cache)
+        phase = QueryPhase(num_kept, owner, merge) if make_phase is None else make_phase()
+        logits = run_forward(model, phase, tokens, positions, cache)
         next_token = logits.argmax().reshape(1)
         if agree is not None:
             next_token = agree(next_token)
