@@ -140,10 +140,11 @@ def _compact(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return idx, idx < T
 
 
-def _route(inputs: IndexerInputs, config: CertifiedTopkConfig) -> dict[str, torch.Tensor]:
+def _route(inputs: IndexerInputs, config: CertifiedTopkConfig,
+           key_norm: torch.Tensor) -> dict[str, torch.Tensor]:
     """Exclusive [B,S] bool masks: one per fallback reason (but overflow), "anchor", "certified".
 
-    Requires B*S > 0 and T > 0.
+    key_norm [B,T] float64: ``_key_norms``. Requires B*S > 0 and T > 0.
     """
     B, S = inputs.q.shape[:2]
     q, w, k, visible = inputs.q, inputs.weights, inputs.k, inputs.visible
@@ -156,7 +157,6 @@ def _route(inputs: IndexerInputs, config: CertifiedTopkConfig) -> dict[str, torc
     q64 = torch.where(torch.isfinite(q), q, 0.0).to(torch.float64)
     w64 = torch.where(torch.isfinite(w), w, 0.0).to(torch.float64)
     head_norm = torch.sqrt((q64 * q64).sum(-1))
-    key_norm = key_norm_up(torch.where(key_finite[..., None], k, 0.0))
     zero = torch.zeros((), dtype=torch.float64, device=q.device)
     max_key = torch.where(visible, key_norm[:, None, :], zero).amax(-1)
     safe = range_is_safe((w64.abs() * head_norm).sum(-1), head_norm.amax(-1), max_key)
@@ -182,6 +182,12 @@ def _route(inputs: IndexerInputs, config: CertifiedTopkConfig) -> dict[str, torc
     routes["anchor"] = is_anchor & ~taken
     routes["certified"] = ~is_anchor & ~taken
     return routes
+
+
+def _key_norms(k: torch.Tensor) -> torch.Tensor:
+    """Upper bounds of the key norms [B,T] float64 (``rounding.key_norm_up``); a non-finite key
+    counts as zero here: it is either hidden (never screened) or sends its queries to "nonfinite"."""
+    return key_norm_up(torch.where(torch.isfinite(k).all(-1, keepdim=True), k, 0.0))
 
 
 def _dense_rows(inputs, rows, values, indices) -> None:
@@ -227,7 +233,8 @@ def certified_topk(
     if B * S == 0 or kk == 0:
         return select_topk(masked_scores(inputs), inputs.visible, kk)
 
-    routes = _route(inputs, config)
+    key_norm = _key_norms(inputs.k)
+    routes = _route(inputs, config, key_norm)
     values = torch.empty((B, S, kk), dtype=torch.float32, device=inputs.q.device)
     indices = torch.empty((B, S, kk), dtype=torch.int64, device=inputs.q.device)
     _dense_rows(inputs, ~routes["certified"], values, indices)
@@ -236,14 +243,14 @@ def certified_topk(
     counts["queries"] = torch.tensor(B * S, device=inputs.q.device)
     counts["keys_visible"] = inputs.visible.sum()
     if bool(routes["certified"].any()):
-        counts.update(_certified_rows(inputs, config, routes["certified"], values, indices))
+        counts.update(_certified_rows(inputs, config, routes["certified"], key_norm, values, indices))
     if stats is not None:
         for name, count in counts.items():
             stats.add(name, count)
     return values, indices
 
 
-def _certified_rows(inputs, config, certified, values, indices) -> dict[str, torch.Tensor]:
+def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dict[str, torch.Tensor]:
     """Answer the certified rows in place (steps 3-7); returns their counters."""
     B, S, T, H, D = inputs.shape
     kk = inputs.kk
@@ -267,7 +274,6 @@ def _certified_rows(inputs, config, certified, values, indices) -> dict[str, tor
     # Certificate and screen.
     r = default_r(w) if config.r is None else torch.full_like(cb, min(config.r, H))
     plan = plan_certificate(q, w, p, r)
-    key_norm = key_norm_up(inputs.k)
     chunk = max(1, _SCREEN_ELEMENTS // max(1, cb.numel() * (D + plan.rows.shape[-2] + 1)))
     passes = []
     for start in range(0, T, chunk):
