@@ -1,0 +1,198 @@
+"""The row-gated Triton top-K of int64 order codes (under TRITON_INTERPRET=1) against torch.topk."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compiler.lowering.select_codes_triton import select_top_codes
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0:DeprecationWarning")  # Triton interpreter internals
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+SENTINEL = 0x5E5E5E5E
+
+
+def expected_top(codes, kk):
+    return torch.topk(codes, kk, dim=-1, largest=True, sorted=True).values
+
+
+def all_valid(rows):
+    return torch.ones(rows, dtype=torch.bool)
+
+
+def random_unique_codes(rows, n, seed):
+    """Random int64 codes over the whole range; the seeds used give rows without repeats."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(INT64_MIN, INT64_MAX, (rows, n), dtype=torch.int64, generator=gen)
+    assert all(torch.unique(r).numel() == n for r in codes)
+    return codes
+
+
+@pytest.mark.parametrize("n, kk, block", [(1, 1, 16), (37, 5, 16), (300, 64, 64), (300, 17, 1024)])
+def test_matches_torch_topk_on_random_unique_codes(n, kk, block):
+    codes = random_unique_codes(3, n, seed=n + kk)
+    out = select_top_codes(codes, all_valid(3), kk, block=block)
+    assert out.shape == (3, kk) and out.dtype == torch.int64
+    assert torch.equal(out, expected_top(codes, kk))
+
+
+def test_order_codes_of_indexer_scores_select_the_top_keys():
+    # high word: an fp32 score's order code, low word: T - 1 - key (as the scorer writes them)
+    gen = torch.Generator().manual_seed(5)
+    t = 200
+    scores = torch.randn(2, t, generator=gen)
+    bits = scores.view(torch.int32).to(torch.int64)
+    high = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    codes = high * 2**32 + (t - 1 - torch.arange(t))
+    out = select_top_codes(codes, all_valid(2), 9, block=32)
+    keys = t - 1 - (out & 0xFFFFFFFF)
+    assert torch.equal(keys, torch.topk(scores, 9, dim=-1).indices)
+
+
+def test_codes_sharing_all_high_bits_are_separated_by_their_low_bits():
+    base = torch.tensor(0x1234_5678_9ABC_DE00, dtype=torch.int64)
+    codes = (base + torch.randperm(200, generator=torch.Generator().manual_seed(1))).reshape(2, 100)
+    out = select_top_codes(codes, all_valid(2), 7, block=32)
+    assert torch.equal(out, expected_top(codes, 7))
+
+
+def test_codes_differing_only_in_the_lowest_bit():
+    codes = torch.tensor([[-6, -5, 4, 5, -6, 5]], dtype=torch.int64)
+    codes = codes ^ 1  # pairs that differ in bit 0 only
+    for kk in range(1, 7):
+        assert torch.equal(select_top_codes(codes, all_valid(1), kk, block=16), expected_top(codes, kk))
+
+
+def test_extreme_codes_and_mixed_signs_sort_in_signed_order():
+    row = torch.tensor([0, -1, 1, INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1,
+                        -(2**62), 2**62, -(2**32), 2**32 - 1, 2**31, -(2**31)], dtype=torch.int64)
+    codes = torch.stack([row, row.flip(0)])
+    n = row.numel()
+    for kk in (1, 2, 6, n - 1, n):
+        out = select_top_codes(codes, all_valid(2), kk, block=16)
+        assert torch.equal(out, expected_top(codes, kk)), kk
+
+
+def test_repeated_values_are_selected_as_a_multiset():
+    codes = torch.tensor([[3, 9, 3, 9, 3, 1, 9, 3],
+                          [INT64_MIN] * 5 + [2, INT64_MIN, 2],
+                          [INT64_MAX] * 8,
+                          [7, 7, 7, INT64_MAX, 7, 7, INT64_MAX, 7]], dtype=torch.int64)
+    for kk in range(1, 9):
+        out = select_top_codes(codes, all_valid(4), kk, block=16)
+        assert torch.equal(out, expected_top(codes, kk)), kk
+
+
+def test_kk_equal_to_n_sorts_the_whole_row_over_many_chunks():
+    codes = random_unique_codes(2, 64, seed=3)
+    out = select_top_codes(codes, all_valid(2), 64, block=16)
+    assert torch.equal(out, codes.sort(dim=-1, descending=True).values)
+
+
+def test_a_wrong_kth_value_would_be_caught():
+    codes = torch.tensor([[5, 1, 4, 2, 3]], dtype=torch.int64)
+    out = select_top_codes(codes, all_valid(1), 3, block=16)
+    assert out.tolist() == [[5, 4, 3]]
+    wrong = out.clone()
+    wrong[0, -1] = 2
+    assert not torch.equal(wrong, expected_top(codes, 3))
+
+
+def test_invalid_rows_leave_out_untouched():
+    codes = random_unique_codes(5, 50, seed=4)
+    valid = torch.tensor([False, True, False, True, False])
+    out = torch.full((5, 6), SENTINEL, dtype=torch.int64)
+    returned = select_top_codes(codes, valid, 6, out, block=16)
+    assert returned is out
+    assert torch.equal(out[valid], expected_top(codes, 6)[valid])
+    assert (out[~valid] == SENTINEL).all()
+
+
+def test_no_valid_row_writes_nothing():
+    codes = random_unique_codes(3, 20, seed=6)
+    out = torch.full((3, 4), SENTINEL, dtype=torch.int64)
+    select_top_codes(codes, torch.zeros(3, dtype=torch.bool), 4, out, block=16)
+    assert (out == SENTINEL).all()
+
+
+def test_out_rows_scatter_valid_rows_and_ignore_invalid_rows_entries():
+    codes = random_unique_codes(4, 40, seed=7)
+    valid = torch.tensor([True, False, True, True])
+    out_rows = torch.tensor([5, -99, 0, 2])  # the invalid row's entry is out of range: ignored
+    out = torch.full((7, 3), SENTINEL, dtype=torch.int64)
+    select_top_codes(codes, valid, 3, out, out_rows, block=16)
+    top = expected_top(codes, 3)
+    assert torch.equal(out[5], top[0]) and torch.equal(out[0], top[2]) and torch.equal(out[2], top[3])
+    assert (out[[1, 3, 4, 6]] == SENTINEL).all()
+
+
+def test_rows_of_a_strided_view_are_read_at_their_stride():
+    big = random_unique_codes(6, 30, seed=8)
+    codes = big[::2, 3:28]
+    out = select_top_codes(codes, all_valid(3), 4, block=16)
+    assert torch.equal(out, expected_top(codes, 4))
+
+
+def test_zero_rows_return_an_empty_out():
+    out = select_top_codes(torch.zeros(0, 5, dtype=torch.int64), torch.zeros(0, dtype=torch.bool), 2)
+    assert out.shape == (0, 2)
+
+
+@st.composite
+def adversarial_rows(draw):
+    """Rows whose codes share few distinct high words and low words, with extremes mixed in."""
+    rows = draw(st.integers(1, 3))
+    n = draw(st.integers(1, 80))
+    highs = draw(st.lists(st.sampled_from([INT64_MIN >> 32, -1, 0, 1, 0x7FFF_FFFF, -0x8000_0000 + 1,
+                                           0x1234]), min_size=1, max_size=3))
+    lows = draw(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=4))
+    values = [h * 2**32 + lo for h in highs for lo in lows] + [INT64_MIN, INT64_MAX]
+    codes = draw(st.lists(st.lists(st.sampled_from(values), min_size=n, max_size=n),
+                          min_size=rows, max_size=rows))
+    kk = draw(st.integers(1, n))
+    valid = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
+    return torch.tensor(codes, dtype=torch.int64), kk, torch.tensor(valid)
+
+
+@settings(max_examples=40, deadline=None)
+@given(adversarial_rows())
+def test_property_valid_rows_equal_torch_topk_and_invalid_rows_stay(case):
+    codes, kk, valid = case
+    out = torch.full((codes.shape[0], kk), SENTINEL, dtype=torch.int64)
+    select_top_codes(codes, valid, kk, out, block=16)
+    assert torch.equal(out[valid], expected_top(codes, kk)[valid])
+    assert (out[~valid] == SENTINEL).all()
+
+
+def good_arguments():
+    return dict(codes=torch.zeros(2, 8, dtype=torch.int64), valid=all_valid(2), kk=3)
+
+
+@pytest.mark.parametrize("change, error, name", [
+    (dict(codes=[[1, 2]]), TypeError, "codes"),
+    (dict(codes=torch.zeros(2, 8, dtype=torch.int32)), TypeError, "codes"),
+    (dict(codes=torch.zeros(2, 8, 1, dtype=torch.int64)), ValueError, "codes"),
+    (dict(codes=torch.zeros(8, 2, dtype=torch.int64).t()), ValueError, "codes"),
+    (dict(valid=torch.ones(2, dtype=torch.int64)), TypeError, "valid"),
+    (dict(valid=all_valid(3)), ValueError, "valid"),
+    (dict(kk=0), ValueError, "kk"),
+    (dict(kk=9), ValueError, "kk"),
+    (dict(kk=2.0), TypeError, "kk"),
+    (dict(kk=True), TypeError, "kk"),
+    (dict(out=torch.zeros(2, 4, dtype=torch.int64)), ValueError, "out"),
+    (dict(out=torch.zeros(3, 3, dtype=torch.int64)), ValueError, "out"),
+    (dict(out=torch.zeros(2, 3, dtype=torch.float32)), TypeError, "out"),
+    (dict(out_rows=torch.zeros(2, dtype=torch.int64)), ValueError, "out"),
+    (dict(out=torch.zeros(4, 3, dtype=torch.int64), out_rows=torch.zeros(2, dtype=torch.int32)),
+     TypeError, "out_rows"),
+    (dict(out=torch.zeros(4, 3, dtype=torch.int64), out_rows=torch.zeros(3, dtype=torch.int64)),
+     ValueError, "out_rows"),
+    (dict(block=24), ValueError, "block"),
+    (dict(block=8), ValueError, "block"),
+])
+def test_bad_arguments_raise_naming_the_argument(change, error, name):
+    arguments = {**good_arguments(), **change}
+    with pytest.raises(error, match=rf"\b{name}\b"):
+        select_top_codes(**arguments)
