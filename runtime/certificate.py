@@ -69,18 +69,25 @@ def _norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def plan_certificate(
-    q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r: torch.Tensor
+    q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r: torch.Tensor, r_max: int | None = None
 ) -> CertificatePlan:
     """Plan the certificate of each query.
 
     q [..., H, D] float32 (finite), w [..., H] float32 (finite), p [..., H] activation
     frequencies in [0, 1], r [...] int64 retained budgets (clipped to [1, H]). Returns a plan
-    with r_max = max(r) rows per query.
+    with r_max rows per query (rows past a query's r are zero). ``r_max``: None reads max(r)
+    (one host synchronisation); an int must bound every r (the budgets are clipped to it) and
+    keeps the call free of host synchronisation. A larger r_max only widens the margin.
     """
     H, D = q.shape[-2], q.shape[-1]
     q64, w64, p64 = q.to(torch.float64), w.to(torch.float64), p.to(torch.float64)
-    r = r.clamp(1, H)
-    r_max = int(r.max()) if r.numel() else 1
+    if r_max is None:
+        r = r.clamp(1, H)
+        r_max = int(r.max()) if r.numel() else 1
+    else:
+        if isinstance(r_max, bool) or not isinstance(r_max, int) or not 1 <= r_max <= H:
+            raise ValueError(f"r_max: expected None or an int in [1, H={H}], got {r_max!r}")
+        r = r.clamp(1, r_max)
     positive, negative = w64 > 0, w64 < 0
     head_norm = _norm(q64)
     head_mass = w64.abs() * head_norm

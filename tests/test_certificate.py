@@ -112,6 +112,28 @@ def _exact_relu_score(q, w, k):
     return total
 
 
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(case=certificate_cases(), extra=st.integers(0, 8))
+def test_a_static_row_count_above_every_budget_keeps_the_bound_valid(case, extra):
+    q, k, w, p, r, _ = case
+    H = q.shape[-2]
+    r_max = min(H, int(r.max()) + extra)
+    plan = plan_certificate(q, w, p, r, r_max)
+    assert plan.rows.shape[-2] == r_max
+    assert (plan.retained.sum(-1) <= r.clamp(1, H)).all()
+    bound = evaluate_bound(plan, k, key_norm_up(k))
+    safe = _in_range(q, k, w)
+    assert (exact_scores(q, w, k)[safe] <= bound[safe]).all()
+
+
+def test_a_static_row_count_must_be_a_head_count():
+    q, k, w, p, r, _ = (torch.ones(2, 4, 8), None, torch.ones(2, 4), torch.full((2, 4), 0.5),
+                        torch.ones(2, dtype=torch.long), None)
+    for bad in (0, 5, 2.0, True):
+        with pytest.raises(ValueError, match="r_max"):
+            plan_certificate(q, w, p, r, bad)
+
+
 def test_margin_is_needed_float32_scores_exceed_the_unmargined_bound():
     # H = 1, r = 1, w = 1: the abs path bound is exactly relu(q . k) (zero slack), so every
     # float32 rounding upwards of the scorer exceeds it; the margin covers it.

@@ -12,7 +12,10 @@ from compiler.lowering.certified_topk_triton import (
     certified_topk_cuda,
     choose_path,
     decode_topk_cuda,
+    dense_codes_topk,
     dense_topk_cuda,
+    redo_dense,
+    redo_slots,
 )
 from compiler.lowering.dsa_score_triton import decode_codes, score_keys
 from compiler.lowering.dsa_screen_triton import screen
@@ -92,6 +95,42 @@ def test_screen_keeps_every_key_scoring_at_least_tau():
         needed = set((mask[0, s] & (scores[0, s] >= tau[0, s])).nonzero().flatten().tolist())
         assert len(needed) >= 32 and needed <= kept, (s, sorted(needed - kept))
     assert count.max() < T  # the screen pruned something
+
+
+def test_scorer_row_list_scores_listed_rows_bitwise_and_leaves_empty_slots_alone():
+    q, k, w, mask = structured(S=24, T=300, H=4, D=16)
+    w = w.float()
+    T = k.shape[1]
+    ids = torch.arange(T, dtype=torch.int32).view(1, 1, T)
+    counts = torch.full((1, 1), T, dtype=torch.int32)
+    dense = score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask)
+    rows = torch.tensor([[17, 3, -1, 22, -1, -1, -1, -1, 0, 9, -1]])  # the last tiles: empty
+    out = score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask, rows=rows,
+                     fill=True)
+    for j, row in enumerate(rows[0].tolist()):
+        if row >= 0:
+            assert torch.equal(out[0, j], dense[0, row])
+        else:
+            assert (out[0, j] == torch.iinfo(torch.int64).min).all()
+
+
+def test_redo_answers_every_flagged_row_densely_in_several_rounds(monkeypatch):
+    import compiler.lowering.certified_topk_triton as triton_topk
+
+    q1, k1, w1, m1 = structured(S=20, T=256, H=4, D=16)
+    q2, k2, w2, m2 = structured(S=20, T=256, H=4, D=16)
+    q, k, w = torch.cat((q1, q2.flip(1))), torch.cat((k1, k2.flip(1))), torch.cat((w1, w2)).float()
+    mask = torch.cat((m1, m2))
+    monkeypatch.setattr(triton_topk, "REDO_BUFFER_BYTES", 8 * 256 * 2 * 16)  # 16 slots: 2 rounds
+    assert redo_slots(2, 20, 256, 4) == 16
+    redo = torch.zeros(2, 20, dtype=torch.bool)
+    redo[0, [0, 5, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18, 19]] = True  # 13 rows
+    redo[1, :] = True  # 20 rows: two rounds
+    sentinel = torch.full((2, 20, 24), 7, dtype=torch.int64)
+    codes = redo_dense(sentinel.clone(), redo, q, w, k, mask, 24)
+    dense = dense_codes_topk(q, w, k, mask, 24)
+    assert torch.equal(codes[redo], dense[redo])
+    assert (codes[~redo] == 7).all()
 
 
 def test_overflowed_survivor_lists_are_rescanned_densely():

@@ -11,17 +11,23 @@ Pipeline (SPEC A.2-A.5), per batch row:
    fewer than kk witnesses are visible to it, or when any value is not finite);
 3. plan: runtime.certificate.plan_certificate on the queries (float64), turned into screen rows
    ``g`` (the retained heads and the aux row, rounded to the key dtype), coefficients and the GPU
-   rounding margin (``screen_margin``);
+   rounding margin (``screen_margin``); the row count is static: r from the config, else the
+   per-query default_r capped at DEFAULT_R_CAP;
 4. screen (dsa_screen_triton): U >= tau survives; survivors compacted per scorer tile;
 5. refine (the scorer in compact mode): exact scores of the survivors, only ``s >= tau`` written;
    an overflowed survivor list is rescanned densely by the same kernel, on the device;
 6. selection: top-kk order codes of the written candidates.
 Rows that cannot be answered this way (fewer than kk visible keys, or more candidates ``s >= tau``
 than the candidate buffer of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the
-device and recomputed densely after a host synchronisation. Nothing is dropped: every flagged row
-is answered densely. Host synchronisations of a certified call: the retained budget max(r) (the
-screen's row count), the flagged-row check, and for "auto" the probe; so the call is not
-capturable in a CUDA graph (the dense path is).
+device and answered by ``redo_dense``: dense scoring of the flagged rows and an exact selection
+(select_codes_triton), both gated on the device. Nothing is dropped: every flagged row is answered
+densely.
+
+Host synchronisation: none once the path is decided without data, i.e. path "dense" or
+"certified", or "auto" with a ``crossover`` (what a plan or the cost model gives the compiled op):
+such a call is capturable in a CUDA graph after one call outside the capture (which tunes the
+screen's launch config). Only "auto" without a crossover reads its probe back (one
+synchronisation) and is not capturable.
 
 Path choice (config.path): "dense", "certified", or "auto". Under "auto" with a ``crossover``
 (a key length decided offline: the op's ``min_keys`` >= 0, baked in by a plan or the cost model)
@@ -50,6 +56,7 @@ from compiler.lowering.dsa_score_triton import (
     top_codes,
 )
 from compiler.lowering.dsa_screen_triton import screen
+from compiler.lowering.select_codes_triton import select_top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import check_indexer_inputs
@@ -72,6 +79,11 @@ PROBE_GROUPS = 4
 """Anchor groups the "auto" path runs through seeds and screen before choosing a path."""
 PAYS_BELOW = 0.8
 """The "auto" path goes certified when its predicted work is below this fraction of dense."""
+DEFAULT_R_CAP = 7
+"""Without ``config.r``, the per-query budget default_r is capped here (screen rows: r + aux = 8),
+so that the screen's row count is known without reading the budgets back to the host."""
+REDO_BUFFER_BYTES = 1 << 30
+"""Dense code buffer of one round of ``redo_dense`` ([B, slots, T] int64)."""
 
 
 def _check(q, k, weights, topk, mask):
@@ -151,26 +163,26 @@ def screen_margin(M_s, W, row_mass, D, H, RP):
     return slope, g_eval
 
 
-def plan_screen(q, w, k_dtype, p, r, chunk=4096) -> ScreenPlan:
+def plan_screen(q, w, k_dtype, p, r, r_max, chunk=4096) -> ScreenPlan:
     """Screen rows and coefficients for every query (runtime planning, GPU margin added).
 
-    q [B,S,H,D] (bf16/fp16/fp32), w [B,S,H] fp32, p [B,S,H] activation frequencies, r [B,S] int64.
-    U(k) = sum_rho alpha relu(g . k) + beta min(g . k, 0) + e ||k||_up + c >= the GPU score, for
-    every query with ok; queries without ok must not be pruned.
+    q [B,S,H,D] (bf16/fp16/fp32), w [B,S,H] fp32, p [B,S,H] activation frequencies, r [B,S] int64
+    budgets, r_max an int >= every r (the screen gets next_power_of_2(r_max + 1) rows; no host
+    synchronisation). U(k) = sum_rho alpha relu(g . k) + beta min(g . k, 0) + e ||k||_up + c >=
+    the GPU score, for every query with ok; queries without ok must not be pruned.
     """
     B, S, H, D = q.shape
-    r_max = int(r.max())
     RP = triton.next_power_of_2(r_max + 1)
     parts = []
     for s0 in range(0, S, chunk):
         sl = slice(s0, min(S, s0 + chunk))
-        parts.append(_plan_chunk(q[:, sl].float(), w[:, sl], k_dtype, p[:, sl], r[:, sl], RP))
+        parts.append(_plan_chunk(q[:, sl].float(), w[:, sl], k_dtype, p[:, sl], r[:, sl], r_max, RP))
     return ScreenPlan(*[torch.cat([pt[i] for pt in parts], dim=1) for i in range(6)])
 
 
-def _plan_chunk(q, w, k_dtype, p, r, RP):
+def _plan_chunk(q, w, k_dtype, p, r, r_max, RP):
     B, S, H, D = q.shape
-    plan = plan_certificate(q, w, p, r)
+    plan = plan_certificate(q, w, p, r, r_max)
     n_rows = plan.rows.shape[-2]
     ap = plan.abs_path[..., None]
     rw = plan.row_weights
@@ -246,8 +258,9 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
     kth = torch.topk(seed_codes, kk, dim=-1, sorted=False).values.amin(-1)
     tau_val, _ = decode_codes(kth, T)
     p = _activation_frequency(q, k, seed_ids, A)
+    r_max = min(H, DEFAULT_R_CAP if config.r is None else config.r)
     r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
-    plan = plan_screen(q, w, k.dtype, p, r.clamp(1, H).long())
+    plan = plan_screen(q, w, k.dtype, p, r.clamp(1, r_max).long(), r_max)
     reach = (plan.e + (plan.alpha.abs() + plan.beta.abs()).sum(-1)) * nk.amax(-1, keepdim=True)
     ok = plan.ok & torch.isfinite(tau_val) & (reach < 2.0**100)
     tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
@@ -288,16 +301,42 @@ def predicted_work(list_count, cap, T, H, RP, A, n_seed):
     return 1.0 / A + n_seed / T + RP / triton.next_power_of_2(H) + survivors / T
 
 
-def _redo_dense(codes, redo, q, w, k, mask, kk):
-    """Replace the rows flagged in ``redo`` by dense top-kk codes (one host synchronisation)."""
-    b_idx, s_idx = redo.nonzero(as_tuple=True)
-    if b_idx.numel() == 0:
-        return codes
-    codes = codes.clone()
-    for b in b_idx.unique().tolist():
-        rows = s_idx[b_idx == b]
-        m = None if mask is None else mask[b:b + 1].expand(1, q.shape[1], k.shape[1])[:, rows]
-        codes[b, rows] = dense_codes_topk(q[b:b + 1, rows], w[b:b + 1, rows], k[b:b + 1], m, kk)[0]
+def redo_slots(B: int, S: int, T: int, H: int) -> int:
+    """Rows per round of ``redo_dense``: its [B, slots, T] int64 code buffer fits REDO_BUFFER_BYTES
+    (at least one scorer tile, at most S rounded up to whole tiles)."""
+    block_s, _ = score_tile_shape(H)
+    fit = (REDO_BUFFER_BYTES // (8 * T * B)) // block_s * block_s
+    return max(block_s, min(fit, triton.cdiv(S, block_s) * block_s))
+
+
+def redo_dense(codes, redo, q, w, k, mask, kk):
+    """Overwrite the rows flagged in ``redo`` [B,S] bool with their dense top-kk codes, in place.
+
+    No host synchronisation (capturable in a CUDA graph): the flagged rows of each batch row are
+    ranked on the device, and a fixed number of rounds, ceil(S / slots), each scores the next
+    ``slots`` flagged rows densely into a [B, slots, T] buffer (the same scorer, so bitwise the
+    dense codes) and selects their top kk with ``select_top_codes``. Slots without a flagged row
+    cost a launch and no key reads. codes [B,S,kk] int64 (returned).
+    """
+    B, S = redo.shape
+    T = k.shape[1]
+    slots = redo_slots(B, S, T, q.shape[2])
+    dev = q.device
+    rank = torch.cumsum(redo.to(torch.int64), dim=1) - 1
+    query = torch.arange(S, device=dev).expand(B, S)
+    batch_base = (torch.arange(B, device=dev) * S)[:, None]
+    ids = torch.arange(T, dtype=torch.int32, device=dev).view(1, 1, T).expand(B, 1, T)
+    counts = torch.full((B, 1), T, dtype=torch.int32, device=dev)
+    flat = codes.view(B * S, kk)
+    for start in range(0, S, slots):
+        chosen = redo & (rank >= start) & (rank < start + slots)
+        slot = torch.where(chosen, rank - start, slots)
+        rows = torch.full((B, slots + 1), -1, dtype=torch.int64, device=dev)
+        rows = rows.scatter(1, slot, torch.where(chosen, query, -1))[:, :slots].contiguous()
+        buf = score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask, rows=rows,
+                         splits=key_splits(B * triton.cdiv(slots, score_tile_shape(q.shape[2])[0]), T))
+        select_top_codes(buf.view(B * slots, T), (rows >= 0).view(-1), kk, out=flat,
+                         out_rows=(batch_base + rows.clamp(min=0)).view(-1))
     return codes
 
 
@@ -360,7 +399,7 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
         _record(stats, q, T, None)
         return decode_codes(codes, T)
     codes, tr = certified_codes(q, w, k, mask, kk, config, nk, screen_config)
-    codes = _redo_dense(codes, tr.redo, q, w, k, mask, kk)
+    codes = redo_dense(codes, tr.redo, q, w, k, mask, kk)
     _record(stats, q, T, tr)
     if trace is not None:
         trace.append(tr)
@@ -368,20 +407,24 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
 
 
 def _record(stats: TopkStats | None, q, T, tr):
-    """Add the call's counters to ``stats`` as device tensors (no synchronisation).
+    """Add the call's counters to ``stats`` as device tensors (no synchronisation; inside a CUDA
+    graph the counters hold the capture-time totals plus the last replay's counts).
 
     survivors counts refined (query, key) pairs: a tile's survivor list (union over its
     list_queries queries; all T keys when it overflowed) times list_queries."""
     if stats is None:
         return
     B, S = q.shape[:2]
-    dev = q.device
-    stats.add("queries", torch.tensor(B * S, device=dev))
+
+    def count(n):  # a device fill, not a host-to-device copy: capturable
+        return torch.full((), n, dtype=torch.int64, device=q.device)
+
+    stats.add("queries", count(B * S))
     if tr is None:
-        stats.add("dense_cheaper", torch.tensor(B * S, device=dev))
+        stats.add("dense_cheaper", count(B * S))
         return
     survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum() * tr.list_queries
-    stats.add("keys_screened", torch.tensor(B * S * T, device=dev))
+    stats.add("keys_screened", count(B * S * T))
     stats.add("survivors", survivors)
     stats.add("written", tr.cand_count.sum())
     stats.add("overflow", tr.redo.sum())
@@ -395,7 +438,8 @@ def decode_topk_cuda(q, k, weights, topk, mask=None, *, witnesses=None):
     The distinct valid witnesses are scored; tau = the kk-th best of them (-inf if fewer than kk
     are visible); then every key is scored densely and only visible keys with s >= tau are
     compacted into the exact selector. Rows whose compacted set overflows CANDIDATE_FACTOR * kk,
-    or whose tau is -inf, are answered densely (one synchronisation). Stale witnesses cost speed.
+    or whose tau is -inf, are answered densely on the device (``redo_dense``). No host
+    synchronisation: capturable in a CUDA graph. Stale witnesses cost speed, never exactness.
     """
     kk = _check(q, k, weights, topk, mask)
     q, k, w = _operands(q, k, weights)
@@ -428,4 +472,4 @@ def decode_topk_cuda(q, k, weights, topk, mask=None, *, witnesses=None):
                out=cand, out_count=cand_count, splits=key_splits(B * n_tiles, T))
     codes = top_codes(cand, kk)
     redo = (cand_count > cand_cap) | (cand_count < kk)
-    return decode_codes(_redo_dense(codes, redo, q, w, k, mask, kk), T)
+    return decode_codes(redo_dense(codes, redo, q, w, k, mask, kk), T)

@@ -12,7 +12,7 @@ fp32 value in the high word (hidden keys lowest, NaN highest, -0.0 folded into +
 ``T - 1 - key`` in the low word, so that a descending sort of codes is THE ORDER of the contract
 (values descending, NaN first, visible before hidden, lower key index first) with unique keys.
 
-Key lists: a program (``BLOCK_S`` neighbouring queries) scores the keys of one list
+Key lists: a program (``BLOCK_S`` neighbouring queries, or ``BLOCK_S`` slots of a row list) scores the keys of one list
 ``ids[b, tile // tiles_per_list, :count]``. Dense scoring passes ``arange(T)``; the seed pass passes
 the anchor's top keys; refine passes the screen's survivors. A list whose count exceeds ``cap`` has
 overflowed: the program then scores every key ``0..T-1`` instead (dense rescan on the device).
@@ -82,12 +82,12 @@ def load_mask_tile(mask_ptr, b, rows, keys, ok, msb, mss, mst, MASK_KIND: tl.con
 
 @triton.jit
 def _indexer_score_kernel(
-    q_ptr, w_ptr, k_ptr, ids_ptr, count_ptr, tau_ptr, mask_ptr, out_ptr, out_count_ptr,
-    S, T, H, cap, cap_out, tiles_per_list, n_tiles,
-    sqb, sqs, sqh, swb, sws, skb, skt, sib, sil, scb, msb, mss, mst, sob, sos,
+    q_ptr, w_ptr, k_ptr, ids_ptr, count_ptr, tau_ptr, mask_ptr, out_ptr, out_count_ptr, rows_ptr,
+    S, T, H, cap, cap_out, tiles_per_list, n_tiles, n_slots,
+    sqb, sqs, sqh, swb, sws, skb, skt, sib, sil, scb, msb, mss, mst, sob, sos, srb,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
-    ATOMIC: tl.constexpr,
+    ATOMIC: tl.constexpr, ROWS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -95,9 +95,16 @@ def _indexer_score_kernel(
     lst = (tile // tiles_per_list).to(tl.int64)
 
     r = tl.arange(0, BLOCK_S * HP)
-    qrow = tile * BLOCK_S + r // HP
     head = r % HP
-    rok = (qrow < S) & (head < H)
+    slots = (tile * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
+    if ROWS:
+        slot_r = tile * BLOCK_S + r // HP
+        qrow = tl.load(rows_ptr + b * srb + slot_r, mask=slot_r < n_slots, other=-1)
+        rows = tl.load(rows_ptr + b * srb + slots, mask=slots < n_slots, other=-1).to(tl.int64)
+    else:
+        qrow = tile * BLOCK_S + r // HP
+        rows = slots
+    rok = (qrow >= 0) & (qrow < S) & (head < H)
     d = tl.arange(0, D)
     qt = tl.load(q_ptr + b * sqb + qrow[:, None] * sqs + head[:, None] * sqh + d[None, :],
                  mask=rok[:, None], other=0.0)
@@ -105,14 +112,15 @@ def _indexer_score_kernel(
         qt = qt.to(tl.float32)
     wt = tl.load(w_ptr + b * swb + qrow * sws + head, mask=rok, other=0.0).to(tl.float32)
 
-    rows = (tile * BLOCK_S + tl.arange(0, BLOCK_S)).to(tl.int64)
-    row_ok = rows < S
+    row_ok = (rows >= 0) & (rows < S)
     if COMPACT:
         tau = tl.load(tau_ptr + b * S + rows, mask=row_ok, other=float("inf"))
 
     n = tl.load(count_ptr + b * scb + lst)
     overflow = n > cap
     n = tl.where(overflow, T, n)
+    if ROWS:
+        n = tl.where(tl.max(row_ok.to(tl.int32), axis=0) > 0, n, 0)
     chunk = tl.cdiv(tl.cdiv(n, tl.num_programs(1)), BLOCK_T) * BLOCK_T
     p_lo = tl.program_id(1) * chunk
     p_hi = tl.minimum(p_lo + chunk, n)
@@ -146,7 +154,7 @@ def _indexer_score_kernel(
             slot = base[:, None] + tl.cumsum(keep_i, axis=1) - 1
             tl.store(out_ptr + b * sob + rows[:, None] * sos + slot, code, mask=keep & (slot < cap_out))
         else:
-            tl.store(out_ptr + b * sob + rows[:, None] * sos + pos[None, :], code, mask=ok)
+            tl.store(out_ptr + b * sob + slots[:, None] * sos + pos[None, :], code, mask=ok)
     if COMPACT and not ATOMIC:
         tl.store(out_count_ptr + b * S + rows, running, mask=row_ok)
 
@@ -186,7 +194,7 @@ def mask_operand(mask: torch.Tensor | None, B: int, S: int, T: int):
 
 
 def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None, out=None,
-               out_count=None, splits=1, fill=False):
+               out_count=None, splits=1, fill=False, rows=None):
     """Run the scorer over key lists (see the module docstring).
 
     q [B,S,H,D] (bf16/fp16/fp32, last dim contiguous), w [B,S,H] fp32, k [B,T,D] same dtype as q,
@@ -196,16 +204,22 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     caller) and ``out_count`` [B,S] int32 (zeroed by the caller), compacting kept keys.
     ``splits`` programs share each key list (non-compact mode: positions stay fixed). ``fill``:
     pre-fill the non-compact output with the lowest code (lists shorter than their buffer).
+    ``rows`` [B,R] int64 (non-compact mode only): score the query rows ``rows[b, j]`` instead of
+    0..S-1 and write query row ``rows[b, j]`` to ``out[b, j]`` (codes [B,R,cap']); ``-1`` marks an
+    empty slot (nothing written; a tile of empty slots reads no key). Tiles are over slots.
     Always launched with SCORER_CONFIG.
     """
     B, S, H, D = q.shape
     T = k.shape[1]
     block_s, hp = score_tile_shape(H)
-    n_tiles = triton.cdiv(S, block_s)
+    n_slots = S if rows is None else rows.shape[1]
+    n_tiles = triton.cdiv(n_slots, block_s)
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
     compact = tau is not None
+    if rows is not None and compact:
+        raise ValueError("rows: only the non-compact mode (tau=None) takes a row list")
     if not compact:
-        shape = (B, S, ids.shape[-1])
+        shape = (B, n_slots, ids.shape[-1])
         out = (torch.full(shape, torch.iinfo(torch.int64).min, dtype=torch.int64, device=q.device)
                if fill else torch.empty(shape, dtype=torch.int64, device=q.device))
     ieee = q.dtype == torch.float32
@@ -213,12 +227,14 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     # passed as any tensor of the call: the kernel's constexpr branches skip them.
     _indexer_score_kernel[(B * n_tiles, splits)](
         q, w, k, ids, counts, w if tau is None else tau, q if m is None else m, out,
-        counts if out_count is None else out_count,
-        S, T, H, cap, out.shape[-1], tiles_per_list, n_tiles,
+        counts if out_count is None else out_count, counts if rows is None else rows,
+        S, T, H, cap, out.shape[-1], tiles_per_list, n_tiles, n_slots,
         q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), k.stride(0), k.stride(1),
         ids.stride(0), ids.stride(1), counts.stride(0), msb, mss, mst, out.stride(0), out.stride(1),
+        0 if rows is None else rows.stride(0),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, **SCORER_CONFIG.kwargs(),
+        TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, ROWS=rows is not None,
+        **SCORER_CONFIG.kwargs(),
     )
     return out
 

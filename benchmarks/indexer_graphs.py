@@ -1,0 +1,231 @@
+"""The indexer top-K inside CUDA graphs on one GPU: no host synchronisation, same answer, time.
+
+Run on a CUDA machine from the repository root, then render the table:
+
+    PYTHONPATH=. python3 benchmarks/indexer_graphs.py --out benchmarks/results/indexer_graphs_h200.json
+    PYTHONPATH=. python3 benchmarks/indexer_graphs.py --render benchmarks/results/indexer_graphs_h200.json
+
+Every method is, after two warm-up calls (which also tune the screen's launch config):
+1. run eagerly under ``torch.cuda.set_sync_debug_mode("error")``: any host synchronisation
+   raises, so ``no_sync`` says the call never waited on the device;
+2. captured in a ``torch.cuda.CUDAGraph`` and replayed; ``identical`` compares the replay's output
+   (and the eager one) with ``dense_topk_cuda`` run eagerly: indices equal and values bitwise;
+3. timed: median of eager calls and of graph replays (CUDA events).
+
+Cases: prefill of a chunk of S queries at the end of T keys (causal inside the chunk) on the
+structured inputs (certified path, and the op as the compiled model calls it: path "auto" with
+a crossover), and on the random-init transformers indexer with the path forced to "certified"
+(most rows are answered by the on-device dense redo); decode of one query with the previous
+query's selection as witnesses, and with stale witnesses (the redo answers it). Decode baselines:
+the transformers pattern in plain torch (``decode_dense``) and the dense Triton path, both also
+captured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import triton
+
+import compiler.lowering.certified_topk_op  # noqa: F401  (registers torch.ops.pulsar_dosa)
+from benchmarks.indexer import D, TOPK, causal_chunk_mask, decode_dense, transformers_random
+from compiler.lowering.certified_topk_triton import (
+    certified_topk_cuda,
+    decode_topk_cuda,
+    dense_topk_cuda,
+)
+from compiler.lowering.select_codes_triton import select_top_codes
+from runtime.certified_topk import CertifiedTopkConfig
+from runtime.structured_indexer import structured_indexer_inputs
+
+CERTIFIED = CertifiedTopkConfig(path="certified")
+
+
+def median_ms(fn, reps):
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def without_sync(fn):
+    """(output, True) when ``fn`` ran with host synchronisations forbidden; (None, error text)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return fn(), True
+    except RuntimeError as exc:
+        return None, repr(exc)[:300]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def captured(fn):
+    """(graph, outputs of the captured call) after two warm-up calls on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def same(out, ref):
+    """Indices equal and, when ``out`` carries values, values bitwise equal."""
+    if isinstance(out, torch.Tensor):
+        return bool(torch.equal(out, ref[1]))
+    return bool(torch.equal(out[1], ref[1]) and torch.equal(out[0].view(torch.int32),
+                                                                 ref[0].view(torch.int32)))
+
+
+def measure(fn, ref, reps):
+    """One row: no_sync, identical (eager and replay), eager and replay medians."""
+    fn()
+    torch.cuda.synchronize()
+    eager_out, no_sync = without_sync(fn)
+    graph, graph_out = captured(fn)
+    graph.replay()
+    torch.cuda.synchronize()
+    row = {"no_sync": no_sync,
+           "identical_eager": None if eager_out is None else same(eager_out, ref),
+           "identical_graph": same(graph_out, ref),
+           "eager_ms": median_ms(fn, reps), "graph_ms": median_ms(graph.replay, reps)}
+    del graph
+    torch.cuda.empty_cache()
+    return row
+
+
+def structured(S, T, H):
+    q, k, w, params = structured_indexer_inputs(1, S, T, H, D, dtype=torch.bfloat16)
+    return q.cuda(), k.cuda(), w.float().cuda(), params
+
+
+def prefill_rows(S, T, H, inputs, reps, rows):
+    q, k, w, _ = (structured if inputs == "structured" else transformers_random)(S, T, H)
+    mask = causal_chunk_mask(S, T)
+    ref = dense_topk_cuda(q, k, w, TOPK, mask)
+    base = {"case": "prefill", "input": inputs, "S": S, "T": T, "H": H}
+    methods = {"triton_dense": lambda: dense_topk_cuda(q, k, w, TOPK, mask),
+               "certified": lambda: certified_topk_cuda(q, k, w, TOPK, mask, config=CERTIFIED)}
+    if inputs == "structured":
+        methods["op_auto_crossover"] = lambda: torch.ops.pulsar_dosa.certified_topk(
+            q, k, w, TOPK, mask, "graphs.layer0", -1, 65536, "auto", True)
+    for name, fn in methods.items():
+        rows.append({**base, "method": name, **measure(fn, ref, reps)})
+        print(rows[-1], flush=True)
+
+
+def decode_rows(T, H, reps, rows):
+    q, k, w, _ = structured(2, T, H)
+    mask = causal_chunk_mask(2, T)
+    ql, wl, ml = q[:, 1:], w[:, 1:], mask[:, 1:]
+    _, prev = dense_topk_cuda(q[:, :1], k, w[:, :1], TOPK, mask[:, :1])
+    stale = torch.randint(0, T, (1, TOPK), device="cuda")
+    ref = dense_topk_cuda(ql, k, wl, TOPK, ml)
+    base = {"case": "decode", "input": "structured", "S": 1, "T": T, "H": H}
+    methods = {
+        "decode_dense_torch": lambda: decode_dense(ql, k, wl, ml, TOPK),
+        "decode_triton_dense": lambda: dense_topk_cuda(ql, k, wl, TOPK, ml),
+        "decode_certified": lambda: decode_topk_cuda(ql, k, wl, TOPK, ml, witnesses=prev[:, 0]),
+        "decode_certified_stale": lambda: decode_topk_cuda(ql, k, wl, TOPK, ml, witnesses=stale),
+    }
+    for name, fn in methods.items():
+        rows.append({**base, "method": name, **measure(fn, ref, reps)})
+        print(rows[-1], flush=True)
+
+
+def select_rows(R, N, reps, rows):
+    """The gated selector against torch.topk on random int64 codes: all R rows valid, one valid."""
+    codes = torch.randint(-2**62, 2**62, (R, N), device="cuda")
+    ref = torch.topk(codes, TOPK, dim=-1).values
+    base = {"case": "select", "input": "random_codes", "S": R, "T": N, "H": None}
+    for name, valid in (("select_all_rows", torch.ones(R, dtype=torch.bool, device="cuda")),
+                        ("select_one_row", torch.arange(R, device="cuda") == 0)):
+        out = torch.zeros(R, TOPK, dtype=torch.int64, device="cuda")
+        fn = lambda: select_top_codes(codes, valid, TOPK, out=out)  # noqa: E731
+        fn()
+        torch.cuda.synchronize()
+        rows.append({**base, "method": name, "no_sync": without_sync(fn)[1] is True,
+                     "identical_eager": bool(torch.equal(out[valid], ref[valid])),
+                     "identical_graph": None, "eager_ms": median_ms(fn, reps), "graph_ms": None})
+        print(rows[-1], flush=True)
+    rows.append({**base, "method": "torch_topk_all_rows", "no_sync": True, "identical_eager": True,
+                 "identical_graph": None,
+                 "eager_ms": median_ms(lambda: torch.topk(codes, TOPK, dim=-1), reps),
+                 "graph_ms": None})
+    print(rows[-1], flush=True)
+
+
+def render_markdown(doc) -> str:
+    out = [f"Device: {doc['device']}, torch {doc['torch']}, triton {doc['triton']}. D = {D}, "
+           f"topk = {TOPK}, bf16, causal chunk mask.", "",
+           "| case | input | H | S | T | method | no host sync | identical (eager / graph) | "
+           "eager ms | graph ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        if "error" in r:
+            out.append(f"| {r.get('case')} | {r.get('input')} | {r.get('H')} | {r.get('S')} | "
+                       f"{r.get('T')} | {r.get('method', '-')} | error: {r['error'][:80]} | | | |")
+            continue
+        sync = "yes" if r["no_sync"] is True else "no"
+        graph = "-" if r["graph_ms"] is None else f"{r['graph_ms']:.3f}"
+        out.append(f"| {r['case']} | {r['input']} | {r['H']} | {r['S']} | {r['T']} | {r['method']} | "
+                   f"{sync} | {r['identical_eager']} / {r['identical_graph']} | "
+                   f"{r['eager_ms']:.3f} | {graph} |")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--render")
+    ap.add_argument("--out")
+    ap.add_argument("--prefill", nargs="+", default=["structured:16384:131072:64",
+                                                     "structured:16384:524288:64",
+                                                     "transformers_random:4096:131072:64"],
+                    help="input:S:T:H cases")
+    ap.add_argument("--decode_T", type=int, nargs="+", default=[32768, 131072, 524288])
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            print(render_markdown(json.load(f)), end="")
+        return
+    if not args.out:
+        ap.error("--out is required to run the benchmark")
+    t0 = time.perf_counter()
+    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": triton.__version__, "rows": []}
+    jobs = ([("select", N) for N in (131072, 524288)] + [("decode", T) for T in args.decode_T]
+            + [("prefill", c) for c in args.prefill])
+    for kind, spec in jobs:
+        try:
+            if kind == "select":
+                select_rows(128, spec, args.reps, doc["rows"])
+            elif kind == "decode":
+                decode_rows(spec, 64, 50, doc["rows"])
+            else:
+                inputs, S, T, H = spec.split(":")
+                prefill_rows(int(S), int(T), int(H), inputs, args.reps, doc["rows"])
+        except Exception as exc:  # recorded, the run goes on with the next case
+            doc["rows"].append({"case": kind, "spec": str(spec), "error": repr(exc)[:500]})
+            print(doc["rows"][-1], flush=True)
+            torch.cuda.empty_cache()
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    print(render_markdown(doc))
+    print(f"total {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
