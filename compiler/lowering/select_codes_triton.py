@@ -7,7 +7,7 @@ kk-th value fills the tail with copies of itself), in descending order, are writ
 and writes nothing. Any int64 value is allowed, INT64_MIN and INT64_MAX included. No value is read
 by the host, so a call can be captured in a CUDA graph.
 
-Kernel: one program per row, three stages, all exact integer arithmetic.
+Three stages per row, all exact integer arithmetic.
 
 1. The kk-th largest value ``kth`` by most-significant-digit radix select. ``u = c ^ INT64_MIN``
    flips the sign bit, so that the unsigned order of the bit patterns of u is the signed order of
@@ -17,17 +17,34 @@ Kernel: one program per row, three stages, all exact integer arithmetic.
    and ``k`` drops by the candidates above it. Invariant: the kk-th largest element matches the
    prefix and is the k-th largest among the matching ones. After 16 digits the prefix is u of the
    kk-th largest, and ``k`` is how many copies of it belong to the top kk.
-2. One pass compacting the ``kk - k`` values strictly greater than ``kth`` into the destination
-   row (running offset plus an in-block cumulative sum); positions ``kk - k .. kk-1`` are ``kth``.
+2. One pass writing the ``kk - k`` values strictly greater than ``kth`` into distinct slots
+   ``0 .. kk-k-1`` of the destination row; slots ``kk - k .. kk-1`` are ``kth``.
 3. The destination row is read back into a power-of-two ``[KP]`` register tile (tail padded with
    INT64_MIN, which sorts last and never displaces a real value), sorted descending by ``tl.sort``
    and its first kk entries stored.
 
+Two launch layouts compute exactly these stages.
+
+* One program per row (``splits == 1``): one kernel; stage 2 places values at a running offset
+  plus an in-block cumulative sum. Best when there are many rows.
+* ``P = splits`` programs per row (few rows): the row is cut into P chunks of whole ``BLOCK``
+  blocks (the last ones shorter or empty), and the stages become 16 + 2 launches over a zeroed
+  int32 tally ``[R, 17, 16]``. Count launch p, grid (R, P): each program replays the digit choices
+  of passes 0..p-1 from ``tally[row, :p]``, counts its chunk's matching digits and adds them to
+  ``tally[row, p]`` with ``tl.atomic_add``. Collect, grid (R, P): each program replays all 16
+  choices to get ``kth`` and ``k``, and for each block reserves as many slots as it has values
+  greater than ``kth`` by an atomic add on the row's counter ``tally[row, 16, 0]``, then writes
+  them there. Finish, grid (R,): stage 3. Exactness: the chunks partition ``[0, N)``, so the
+  atomic sums in ``tally[row, p]`` are the row's per-digit counts (integer additions, in any
+  order); every program replays the same choices from the same counts, which are those of the
+  one-program layout; the reserved slot ranges are disjoint and together are ``0 .. kk-k-1``, and
+  stage 3 sorts, so the order of the atomics never shows in the result.
+
 Gating: a program whose row is not valid (or whose destination row lies outside ``out``) runs its
 loops zero times (loop bounds are zero through ``tl.where`` on the loaded flag) and masks every
-store. The destinations of valid rows must be distinct (two valid rows writing one row race).
-Launch configuration: one fixed config (``BLOCK`` elements per chunk, 8 warps), not tuned; the
-result does not depend on it.
+store and atomic. The destinations of valid rows must be distinct (two valid rows writing one row
+race). Launch configuration: ``BLOCK`` elements per block, 8 warps, not tuned; the result depends
+on neither BLOCK nor P.
 """
 from __future__ import annotations
 
@@ -38,6 +55,75 @@ from triton.runtime.interpreter import InterpretedFunction
 
 NUM_WARPS = 8
 DEFAULT_BLOCK = 1024
+PROGRAMS_PER_SM = 2
+"""Target programs per streaming multiprocessor when ``splits`` is chosen automatically."""
+
+
+@triton.jit
+def _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS: tl.constexpr):
+    """(destination row of codes row ``row``, whether that row is valid and its destination in out)."""
+    if HAS_OUT_ROWS:
+        dst = tl.load(out_rows_ptr + row)
+    else:
+        dst = row.to(tl.int64)
+    live = (tl.load(valid_ptr + row) != 0) & (dst >= 0) & (dst < out_num_rows)
+    return dst, live
+
+
+@triton.jit
+def _count_digits(row_codes, lo, hi, prefix, prefix_mask, shift, BLOCK: tl.constexpr):
+    """[16] int32: per value of the 4-bit digit of u at ``shift``, the elements of codes[lo:hi]
+    whose u matches ``prefix`` on the bits of ``prefix_mask``."""
+    offs = tl.arange(0, BLOCK)
+    digits = tl.arange(0, 16)
+    counts = tl.zeros([16], dtype=tl.int32)
+    for start in range(lo, hi, BLOCK):
+        idx = start + offs
+        inside = idx < hi
+        u = tl.load(row_codes + idx, mask=inside, other=0) ^ -9223372036854775808
+        match = inside & ((u & prefix_mask) == prefix)
+        digit = ((u >> shift) & 15).to(tl.int32)
+        hit = match[:, None] & (digit[:, None] == digits[None, :])
+        counts += tl.sum(hit.to(tl.int32), axis=0)
+    return counts
+
+
+@triton.jit
+def _choose_digit(counts, rank):
+    """(digit holding the rank-th largest matching element, its rank among that digit's elements)."""
+    digits = tl.arange(0, 16)
+    # at_or_above[d] = number of matching elements whose digit is >= d (non-increasing in d).
+    at_or_above = tl.sum(tl.where(digits[None, :] >= digits[:, None], counts[None, :], 0), axis=1)
+    chosen = tl.sum((at_or_above >= rank).to(tl.int32), axis=0) - 1
+    rank -= tl.sum(tl.where(digits > chosen, counts, 0), axis=0)
+    return chosen, rank
+
+
+@triton.jit
+def _replay_choices(tally_row, num_passes, kk):
+    """(prefix, prefix_mask, rank) after the digit choices of passes 0..num_passes-1, whose
+    per-digit counts are ``tally_row[p * 16 + d]``."""
+    digits = tl.arange(0, 16)
+    prefix = tl.zeros([], dtype=tl.int64)
+    prefix_mask = tl.zeros([], dtype=tl.int64)
+    rank = tl.zeros([], dtype=tl.int32) + kk
+    for p in range(0, num_passes):
+        shift = 60 - 4 * p
+        chosen, rank = _choose_digit(tl.load(tally_row + p * 16 + digits), rank)
+        prefix = prefix | (chosen.to(tl.int64) << shift)
+        prefix_mask = prefix_mask | (tl.full([], 15, tl.int64) << shift)
+    return prefix, prefix_mask, rank
+
+
+@triton.jit
+def _complete_and_sort(row_out, stride_oc, live, kth, num_greater, kk, KP: tl.constexpr):
+    """Stage 3: slots num_greater..kk-1 := kth, the first kk slots of the row sorted descending."""
+    slots = tl.arange(0, KP)
+    top = tl.load(row_out + slots.to(tl.int64) * stride_oc, mask=live & (slots < num_greater),
+                  other=0, cache_modifier=".cg")
+    top = tl.where(slots < num_greater, top, tl.where(slots < kk, kth, -9223372036854775808))
+    top = tl.sort(top, descending=True)
+    tl.store(row_out + slots.to(tl.int64) * stride_oc, top, mask=live & (slots < kk))
 
 
 @triton.jit
@@ -47,41 +133,24 @@ def _select_top_codes_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr,
                              HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr):
     """One program: row ``program_id(0)`` of codes -> its top kk, descending, in its out row."""
     row = tl.program_id(0)
-    if HAS_OUT_ROWS:
-        dst = tl.load(out_rows_ptr + row)
-    else:
-        dst = row.to(tl.int64)
-    live = (tl.load(valid_ptr + row) != 0) & (dst >= 0) & (dst < out_num_rows)
+    dst, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
     row_codes = codes_ptr + row.to(tl.int64) * stride_cr
     row_out = out_ptr + tl.where(live, dst, 0) * stride_or
     n_live = tl.where(live, N, 0)
     passes = tl.where(live, 16, 0)
     offs = tl.arange(0, BLOCK)
-    digits = tl.arange(0, 16)
 
     # Stage 1: radix select of the kk-th largest value (on u = c ^ INT64_MIN, see module doc).
     prefix = tl.zeros([], dtype=tl.int64)       # u-bits of the digits chosen so far
     prefix_mask = tl.zeros([], dtype=tl.int64)  # which bits of u those are
-    rank = kk                                   # rank of the k-th largest among matching elements
+    rank = tl.zeros([], dtype=tl.int32) + kk    # rank of the kk-th largest among matching elements
     for p in range(0, passes):
         shift = 60 - 4 * p
-        counts = tl.zeros([16], dtype=tl.int32)
-        for start in range(0, n_live, BLOCK):
-            idx = start + offs
-            inside = idx < N
-            u = tl.load(row_codes + idx, mask=inside, other=0) ^ -9223372036854775808
-            match = inside & ((u & prefix_mask) == prefix)
-            digit = ((u >> shift) & 15).to(tl.int32)
-            hit = match[:, None] & (digit[:, None] == digits[None, :])
-            counts += tl.sum(hit.to(tl.int32), axis=0)
-        # at_or_above[d] = number of matching elements whose digit is >= d (non-increasing in d).
-        at_or_above = tl.sum(tl.where(digits[None, :] >= digits[:, None], counts[None, :], 0), axis=1)
-        chosen = tl.sum((at_or_above >= rank).to(tl.int32), axis=0) - 1
-        rank -= tl.sum(tl.where(digits > chosen, counts, 0), axis=0)
+        counts = _count_digits(row_codes, 0, n_live, prefix, prefix_mask, shift, BLOCK)
+        chosen, rank = _choose_digit(counts, rank)
         prefix = prefix | (chosen.to(tl.int64) << shift)
         prefix_mask = prefix_mask | (tl.full([], 15, tl.int64) << shift)
     kth = prefix ^ -9223372036854775808
-    num_greater = kk - rank
 
     # Stage 2: compact the values strictly greater than kth (fewer than kk of them).
     written = tl.zeros([], dtype=tl.int32)
@@ -93,17 +162,75 @@ def _select_top_codes_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr,
         pos = written + tl.cumsum(greater.to(tl.int32), axis=0) - 1
         tl.store(row_out + pos.to(tl.int64) * stride_oc, c, mask=greater)
         written += tl.sum(greater.to(tl.int32), axis=0)
-    # The compacted values are read back below by other threads of the program: a barrier, and
-    # loads that bypass L1 (".cg").
+    # The compacted values are read back by other threads of the program: a barrier, and loads
+    # that bypass L1 (".cg").
     tl.debug_barrier()
 
-    # Stage 3: complete with copies of kth, sort descending, store the first kk.
-    slots = tl.arange(0, KP)
-    top = tl.load(row_out + slots.to(tl.int64) * stride_oc, mask=live & (slots < num_greater),
-                  other=0, cache_modifier=".cg")
-    top = tl.where(slots < num_greater, top, tl.where(slots < kk, kth, -9223372036854775808))
-    top = tl.sort(top, descending=True)
-    tl.store(row_out + slots.to(tl.int64) * stride_oc, top, mask=live & (slots < kk))
+    _complete_and_sort(row_out, stride_oc, live, kth, kk - rank, kk, KP)
+
+
+TALLY_ROW = 17 * 16
+"""int32 entries per row of the split layout's tally: 16 passes x 16 digits, then the counter of
+values written by the collect launch (at 16 * 16) and 15 unused entries."""
+
+
+@triton.jit(do_not_specialize=["pass_index"])
+def _count_chunk_kernel(codes_ptr, valid_ptr, out_rows_ptr, tally_ptr,
+                        N, kk, out_num_rows, stride_cr, stride_tr, chunk, pass_index,
+                        HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, part): add the digit counts of pass ``pass_index`` over chunk ``part`` of the
+    row to ``tally[row, pass_index]``."""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    _, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
+    tally_row = tally_ptr + row.to(tl.int64) * stride_tr
+    prefix, prefix_mask, _ = _replay_choices(tally_row, tl.where(live, pass_index, 0), kk)
+    lo = part * chunk
+    hi = tl.where(live, tl.minimum(lo + chunk, N), lo)
+    counts = _count_digits(codes_ptr + row.to(tl.int64) * stride_cr, lo, hi, prefix, prefix_mask,
+                           60 - 4 * pass_index, BLOCK)
+    tl.atomic_add(tally_row + pass_index * 16 + tl.arange(0, 16), counts, mask=counts > 0)
+
+
+@triton.jit
+def _collect_chunk_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr, tally_ptr,
+                          N, kk, out_num_rows, stride_cr, stride_tr, stride_or, stride_oc, chunk,
+                          HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, part): the values of chunk ``part`` greater than the row's kk-th largest, into
+    out row slots reserved on the row's counter ``tally[row, 16, 0]``."""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    dst, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
+    tally_row = tally_ptr + row.to(tl.int64) * stride_tr
+    prefix, _, _ = _replay_choices(tally_row, tl.where(live, 16, 0), kk)
+    kth = prefix ^ -9223372036854775808
+    row_codes = codes_ptr + row.to(tl.int64) * stride_cr
+    row_out = out_ptr + tl.where(live, dst, 0) * stride_or
+    lo = part * chunk
+    hi = tl.where(live, tl.minimum(lo + chunk, N), lo)
+    offs = tl.arange(0, BLOCK)
+    for start in range(lo, hi, BLOCK):
+        idx = start + offs
+        inside = idx < hi
+        c = tl.load(row_codes + idx, mask=inside, other=0)
+        greater = inside & (c > kth)
+        num = tl.sum(greater.to(tl.int32), axis=0)
+        base = tl.atomic_add(tally_row + 16 * 16, num, mask=num > 0)
+        pos = base + tl.cumsum(greater.to(tl.int32), axis=0) - 1
+        tl.store(row_out + pos.to(tl.int64) * stride_oc, c, mask=greater)
+
+
+@triton.jit
+def _finish_row_kernel(valid_ptr, out_ptr, out_rows_ptr, tally_ptr,
+                       kk, out_num_rows, stride_tr, stride_or, stride_oc,
+                       HAS_OUT_ROWS: tl.constexpr, KP: tl.constexpr):
+    """Program row: stage 3 on the row's destination, from the choices in ``tally[row]``."""
+    row = tl.program_id(0)
+    dst, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
+    prefix, _, rank = _replay_choices(tally_ptr + row.to(tl.int64) * stride_tr,
+                                      tl.where(live, 16, 0), kk)
+    _complete_and_sort(out_ptr + tl.where(live, dst, 0) * stride_or, stride_oc, live,
+                       prefix ^ -9223372036854775808, kk - rank, kk, KP)
 
 
 _INTERPRETED = isinstance(_select_top_codes_kernel, InterpretedFunction)
@@ -119,7 +246,7 @@ def _check_tensor(name: str, value, dtype: torch.dtype, dim: int) -> None:
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(value.shape)}")
 
 
-def _check_arguments(codes, valid, kk, out, out_rows, block) -> None:
+def _check_arguments(codes, valid, kk, out, out_rows, block, splits) -> None:
     """TypeError/ValueError naming the argument for anything outside the module contract."""
     _check_tensor("codes", codes, torch.int64, 2)
     rows, n = codes.shape
@@ -137,6 +264,11 @@ def _check_arguments(codes, valid, kk, out, out_rows, block) -> None:
         raise ValueError(f"kk must satisfy 1 <= kk <= N = codes.shape[1] = {n}, got {kk}")
     if isinstance(block, bool) or not isinstance(block, int) or block < 16 or block & (block - 1):
         raise ValueError(f"block must be a power of two >= 16, got {block!r}")
+    if splits is not None:
+        if isinstance(splits, bool) or not isinstance(splits, int):
+            raise TypeError(f"splits must be an int or None, got {type(splits).__name__}")
+        if splits < 1:
+            raise ValueError(f"splits must be >= 1, got {splits}")
     if out is None:
         if out_rows is not None:
             raise ValueError("out must be given when out_rows is given")
@@ -157,9 +289,19 @@ def _check_arguments(codes, valid, kk, out, out_rows, block) -> None:
             raise ValueError(f"{name} must be on codes' device {codes.device}, got {tensor.device}")
 
 
+def default_splits(busy_rows: int, n: int, block: int, device: torch.device) -> int:
+    """Programs per row for ``busy_rows`` rows that do work, rows of ``n`` codes, chunks of whole
+    ``block``s: about PROGRAMS_PER_SM programs per SM in all, at least 1, at most one per block.
+    1 off CUDA (the interpreter). Reads device properties only, never tensor values."""
+    if torch.device(device).type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, max(busy_rows, 1)), triton.cdiv(n, block)))
+
+
 def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
                      out: torch.Tensor | None = None, out_rows: torch.Tensor | None = None,
-                     *, block: int = DEFAULT_BLOCK) -> torch.Tensor:
+                     *, block: int = DEFAULT_BLOCK, splits: int | None = None) -> torch.Tensor:
     """Top kk of each valid row of ``codes [R, N]`` int64, descending, into ``out``; returns out.
 
     ``valid [R]`` bool gates the rows; ``out [R', kk]`` int64 (allocated as ``[R, kk]`` when None,
@@ -167,19 +309,42 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
     ``out[out_rows[i]]`` (identity when None; only valid rows' entries are read, they must be
     distinct and in ``[0, R')`` — a valid row mapped outside ``out`` writes nothing, since checking
     would need the host). ``block`` (a power of two >= 16) is the chunk length of the passes over a
-    row; it changes speed only. Exact for every int64 value; no host synchronisation. CUDA tensors,
+    row; ``splits`` (an int >= 1) the programs per row, ``default_splits(R, N, block, device)``
+    when None: 1 is one launch, P > 1 is 19 launches (a zeroed tally, 16 count passes, collect,
+    finish) over P chunks of each row. Both change speed only. Exact for every int64 value; no
+    host synchronisation, a fixed number of launches (capturable in a CUDA graph). CUDA tensors,
     or CPU tensors under ``TRITON_INTERPRET=1``. Bad arguments raise TypeError/ValueError naming
     the argument.
     """
-    _check_arguments(codes, valid, kk, out, out_rows, block)
+    _check_arguments(codes, valid, kk, out, out_rows, block, splits)
     rows, n = codes.shape
     if out is None:
         out = torch.empty((rows, kk), dtype=torch.int64, device=codes.device)
     if rows == 0:
         return out
-    _select_top_codes_kernel[(rows,)](
-        codes, valid, out, out_rows if out_rows is not None else valid,
-        n, kk, out.shape[0], codes.stride(0), out.stride(0), out.stride(1),
-        HAS_OUT_ROWS=out_rows is not None, BLOCK=block, KP=triton.next_power_of_2(kk),
-        num_warps=NUM_WARPS)
+    if splits is None:
+        splits = default_splits(rows, n, block, codes.device)
+    rows_arg = out_rows if out_rows is not None else valid
+    has_out_rows = out_rows is not None
+    kp = triton.next_power_of_2(kk)
+    if splits == 1:
+        _select_top_codes_kernel[(rows,)](
+            codes, valid, out, rows_arg, n, kk, out.shape[0],
+            codes.stride(0), out.stride(0), out.stride(1),
+            HAS_OUT_ROWS=has_out_rows, BLOCK=block, KP=kp, num_warps=NUM_WARPS)
+        return out
+    chunk = triton.cdiv(triton.cdiv(n, block), splits) * block
+    tally = torch.zeros((rows, TALLY_ROW), dtype=torch.int32, device=codes.device)
+    for pass_index in range(16):
+        _count_chunk_kernel[(rows, splits)](
+            codes, valid, rows_arg, tally, n, kk, out.shape[0], codes.stride(0), tally.stride(0),
+            chunk, pass_index,
+            HAS_OUT_ROWS=has_out_rows, BLOCK=block, num_warps=NUM_WARPS)
+    _collect_chunk_kernel[(rows, splits)](
+        codes, valid, out, rows_arg, tally, n, kk, out.shape[0],
+        codes.stride(0), tally.stride(0), out.stride(0), out.stride(1), chunk,
+        HAS_OUT_ROWS=has_out_rows, BLOCK=block, num_warps=NUM_WARPS)
+    _finish_row_kernel[(rows,)](
+        valid, out, rows_arg, tally, kk, out.shape[0], tally.stride(0), out.stride(0), out.stride(1),
+        HAS_OUT_ROWS=has_out_rows, KP=kp, num_warps=NUM_WARPS)
     return out
