@@ -13,8 +13,8 @@ Every method is, after two warm-up calls (which also tune the screen's launch co
 3. timed: median of eager calls and of graph replays (CUDA events).
 
 Cases: prefill of a chunk of S queries at the end of T keys (causal inside the chunk) on the
-structured inputs (certified path, and the op as the compiled model calls it: path "auto" with
-a crossover), and on the random-init transformers indexer with the path forced to "certified"
+structured inputs (certified path; the op as a compiled model calls it: path "auto" with the
+cost model's crossover and r left to the runtime, or with a plan's r = 1 and crossover), and on the random-init transformers indexer with the path forced to "certified"
 (most rows are answered by the on-device dense redo); decode of one query with the previous
 query's selection as witnesses, and with stale witnesses (the redo answers it). Decode baselines:
 the transformers pattern in plain torch (``decode_dense``) and the dense Triton path, both also
@@ -42,6 +42,9 @@ from runtime.certified_topk import CertifiedTopkConfig
 from runtime.structured_indexer import structured_indexer_inputs
 
 CERTIFIED = CertifiedTopkConfig(path="certified")
+PLAN_CROSSOVER = 32725
+"""The crossover of the per-layer plan for the structured geometry (results/indexer_plan_h200.md,
+r = 1): ``op_plan_r1`` is the op as a model compiled with that plan calls it."""
 
 
 def median_ms(fn, reps):
@@ -122,6 +125,8 @@ def prefill_rows(S, T, H, inputs, reps, rows):
     if inputs == "structured":
         methods["op_auto_crossover"] = lambda: torch.ops.pulsar_dosa.certified_topk(
             q, k, w, TOPK, mask, "graphs.layer0", -1, 65536, "auto", True)
+        methods["op_plan_r1"] = lambda: torch.ops.pulsar_dosa.certified_topk(
+            q, k, w, TOPK, mask, "graphs.layer0", 1, PLAN_CROSSOVER, "auto", True)
     for name, fn in methods.items():
         rows.append({**base, "method": name, **measure(fn, ref, reps)})
         print(rows[-1], flush=True)

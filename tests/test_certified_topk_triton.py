@@ -218,3 +218,23 @@ def test_crossover_must_be_a_key_length():
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="crossover"):
             certified_topk_cuda(q, k, w, 8, crossover=bad)
+
+
+def test_order_codes_decode_to_their_value_and_key_bitwise():
+    T = 1000
+    scores = torch.tensor([0.0, -0.0, 1.5, -1.5, float("inf"), float("-inf"), float("nan"),
+                           3e38, -3e38, 1e-45, -1e-45, 7.0])
+    visible = torch.tensor([True] * 11 + [False])
+    keys = torch.tensor([0, 1, 2, 3, 500, 998, 999, 10, 11, 12, 13, 14])
+    bits = (scores + 0.0).view(torch.int32)
+    c32 = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    c32 = torch.where(scores.isnan(), torch.tensor(0x7FFFFFFF, dtype=torch.int32), c32)
+    c32 = torch.where(visible, c32, torch.tensor(-(2**31), dtype=torch.int32))
+    codes = c32.long() * 2**32 + (T - 1 - keys)
+    values, idx = decode_codes(codes.view(3, 4), T)
+    assert torch.equal(idx.flatten(), keys)
+    expected = torch.where(visible, scores + 0.0, torch.tensor(float("-inf")))
+    assert torch.equal(values.flatten().view(torch.int32)[~scores.isnan()],
+                       expected.view(torch.int32)[~scores.isnan()])
+    assert values.flatten()[scores.isnan()].isnan().all()
+    assert decode_codes(torch.full((2, 0), 5, dtype=torch.int64), T)[0].shape == (2, 0)

@@ -312,32 +312,43 @@ def redo_slots(B: int, S: int, T: int, H: int) -> int:
 def redo_dense(codes, redo, q, w, k, mask, kk):
     """Overwrite the rows flagged in ``redo`` [B,S] bool with their dense top-kk codes, in place.
 
-    No host synchronisation (capturable in a CUDA graph): the flagged rows of each batch row are
-    ranked on the device, and a fixed number of rounds, ceil(S / slots), each scores the next
-    ``slots`` flagged rows densely into a [B, slots, T] buffer (the same scorer, so bitwise the
-    dense codes) and selects their top kk with ``select_top_codes``. Slots without a flagged row
-    cost a launch and no key reads. codes [B,S,kk] int64 (returned).
+    No host synchronisation (capturable in a CUDA graph): each round scores up to ``slots`` rows
+    densely into a [B, slots, T] buffer (the same scorer, so bitwise the dense codes) and selects
+    their top kk with ``select_top_codes``; unflagged slots cost a launch and no key reads. When
+    every row fits one round, a row keeps its own slot; otherwise the flagged rows are ranked on
+    the device and a fixed number of rounds, ceil(S / slots), takes them in rank order.
+    codes [B,S,kk] int64 (returned).
     """
     B, S = redo.shape
     T = k.shape[1]
+    block_s, _ = score_tile_shape(q.shape[2])
     slots = redo_slots(B, S, T, q.shape[2])
     dev = q.device
-    rank = torch.cumsum(redo.to(torch.int64), dim=1) - 1
     query = torch.arange(S, device=dev).expand(B, S)
     batch_base = (torch.arange(B, device=dev) * S)[:, None]
     ids = torch.arange(T, dtype=torch.int32, device=dev).view(1, 1, T).expand(B, 1, T)
     counts = torch.full((B, 1), T, dtype=torch.int32, device=dev)
     flat = codes.view(B * S, kk)
+    for rows in _redo_rounds(redo, query, slots):
+        buf = score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask, rows=rows,
+                         splits=key_splits(B * triton.cdiv(rows.shape[1], block_s), T))
+        select_top_codes(buf.view(-1, T), (rows >= 0).view(-1), kk, out=flat,
+                         out_rows=(batch_base + rows.clamp(min=0)).view(-1))
+    return codes
+
+
+def _redo_rounds(redo, query, slots):
+    """Row lists [B, R] int64 (-1 = empty slot) that together hold every flagged row once."""
+    S = redo.shape[1]
+    if slots >= S:
+        yield torch.where(redo, query, -1)
+        return
+    rank = torch.cumsum(redo.to(torch.int64), dim=1) - 1
     for start in range(0, S, slots):
         chosen = redo & (rank >= start) & (rank < start + slots)
         slot = torch.where(chosen, rank - start, slots)
-        rows = torch.full((B, slots + 1), -1, dtype=torch.int64, device=dev)
-        rows = rows.scatter(1, slot, torch.where(chosen, query, -1))[:, :slots].contiguous()
-        buf = score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask, rows=rows,
-                         splits=key_splits(B * triton.cdiv(slots, score_tile_shape(q.shape[2])[0]), T))
-        select_top_codes(buf.view(B * slots, T), (rows >= 0).view(-1), kk, out=flat,
-                         out_rows=(batch_base + rows.clamp(min=0)).view(-1))
-    return codes
+        rows = torch.full((redo.shape[0], slots + 1), -1, dtype=torch.int64, device=redo.device)
+        yield rows.scatter(1, slot, torch.where(chosen, query, -1))[:, :slots].contiguous()
 
 
 def check_crossover(crossover) -> None:
@@ -452,17 +463,18 @@ def decode_topk_cuda(q, k, weights, topk, mask=None, *, witnesses=None):
         raise ValueError(f"witnesses: expected shape [B={B}, W], got {tuple(witnesses.shape)}")
     ids = witnesses.to(device=dev, dtype=torch.int64)
     ids = torch.where((ids >= 0) & (ids < T), ids, T).sort(-1).values
-    repeated = torch.cat((torch.zeros_like(ids[:, :1], dtype=torch.bool), ids[:, 1:] == ids[:, :-1]), -1)
-    ids = torch.where(repeated, T, ids).sort(-1).values
-    counts = (ids < T).sum(-1, keepdim=True).to(torch.int32)
-    ids = torch.where(ids < T, ids, 0).to(torch.int32).view(B, 1, -1).contiguous()
+    unusable = ids == T
+    unusable[:, 1:] |= ids[:, 1:] == ids[:, :-1]  # repeats: score each witness key once
     G, _ = score_tile_shape(q.shape[2])
     n_tiles = triton.cdiv(S, G)
-    seed_codes = score_keys(q, w, k, ids, counts, cap=ids.shape[-1], tiles_per_list=n_tiles,
-                            mask=mask, splits=key_splits(B * n_tiles, ids.shape[-1]), fill=True)
+    n_wit = ids.shape[-1]
+    seed_codes = score_keys(q, w, k, torch.where(unusable, 0, ids).to(torch.int32).view(B, 1, -1),
+                            torch.full((B, 1), n_wit, dtype=torch.int32, device=dev), cap=n_wit,
+                            tiles_per_list=n_tiles, mask=mask, splits=key_splits(B * n_tiles, n_wit))
+    seed_codes = torch.where(unusable[:, None, :], torch.iinfo(torch.int64).min, seed_codes)
     kth = torch.topk(seed_codes, kk, dim=-1, sorted=False).values.amin(-1)
     tau, _ = decode_codes(kth, T)
-    tau = torch.where(torch.isfinite(tau), tau, torch.full_like(tau, float("-inf"))).contiguous()
+    tau = torch.where(torch.isfinite(tau), tau, float("-inf")).contiguous()
     all_ids = torch.arange(T, dtype=torch.int32, device=dev).view(1, 1, T).expand(B, 1, T)
     all_counts = torch.full((B, 1), T, dtype=torch.int32, device=dev)
     cand_cap = min(T, CANDIDATE_FACTOR * kk)

@@ -239,14 +239,31 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     return out
 
 
+@triton.jit
+def _decode_codes_kernel(codes_ptr, values_ptr, idx_ptr, n, T, BLOCK: tl.constexpr):
+    off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = off < n
+    c = tl.load(codes_ptr + off, mask=ok, other=0)
+    c32 = (c >> 32).to(tl.int32)  # arithmetic shift: the high word, floor(c / 2^32)
+    key = (T - 1) - (c - (c32.to(tl.int64) << 32))
+    bits = tl.where(c32 >= 0, c32, c32 ^ 0x7FFFFFFF)
+    value = tl.where(c32 == -2147483648, float("-inf"), bits.to(tl.float32, bitcast=True))
+    tl.store(values_ptr + off, value, mask=ok)
+    tl.store(idx_ptr + off, key, mask=ok)
+
+
 def decode_codes(codes: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values fp32, indices int64) of order codes; hidden keys decode to -inf."""
-    c32 = torch.div(codes, 2**32, rounding_mode="floor")
-    idx = (T - 1) - (codes - c32 * 2**32)
-    c32 = c32.to(torch.int32)
-    bits = torch.where(c32 >= 0, c32, c32 ^ 0x7FFFFFFF)
-    values = bits.view(torch.float32)
-    values = torch.where(c32 == HIDDEN_CODE32, torch.full_like(values, float("-inf")), values)
+    """(values fp32, indices int64) of int64 order codes, same shape; hidden keys decode to -inf.
+
+    The inverse of ``order_code`` (one kernel launch): the high word gives the fp32 value (-0.0
+    comes back as +0.0, as it was folded), the low word the key ``T - 1 - low``."""
+    c = codes.contiguous()
+    values = torch.empty(c.shape, dtype=torch.float32, device=c.device)
+    idx = torch.empty(c.shape, dtype=torch.int64, device=c.device)
+    if c.numel():
+        block = 1024
+        _decode_codes_kernel[(triton.cdiv(c.numel(), block),)](c, values, idx, c.numel(), T,
+                                                              BLOCK=block)
     return values, idx
 
 
