@@ -1,10 +1,12 @@
-"""The row-gated Triton top-K of int64 order codes (under TRITON_INTERPRET=1) against torch.topk."""
+"""The row-gated Triton top-K of int64 order codes (under TRITON_INTERPRET=1) against torch.topk,
+with one program per row (splits=1) and with 2, 3 or 5 programs sharing each row over uneven
+chunks."""
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.lowering.select_codes_triton import select_top_codes
+from compiler.lowering.select_codes_triton import default_splits, select_top_codes
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0:DeprecationWarning")  # Triton interpreter internals
@@ -12,6 +14,13 @@ pytestmark = pytest.mark.filterwarnings(
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 SENTINEL = 0x5E5E5E5E
+SPLITS = pytest.mark.parametrize("splits", [1, 2, 3, 5])
+"""One program per row, and 2, 3 or 5 programs per row (with block 16 the chunks are uneven)."""
+
+
+def ranks_to_check(every, few, splits):
+    """The split layout runs 18 launches per call under the interpreter: it checks fewer ranks."""
+    return every if splits == 1 else few
 
 
 def expected_top(codes, kk):
@@ -51,43 +60,52 @@ def test_order_codes_of_indexer_scores_select_the_top_keys():
     assert torch.equal(keys, torch.topk(scores, 9, dim=-1).indices)
 
 
-def test_codes_sharing_all_high_bits_are_separated_by_their_low_bits():
+@SPLITS
+def test_codes_sharing_all_high_bits_are_separated_by_their_low_bits(splits):
     base = torch.tensor(0x1234_5678_9ABC_DE00, dtype=torch.int64)
-    codes = (base + torch.randperm(200, generator=torch.Generator().manual_seed(1))).reshape(2, 100)
-    out = select_top_codes(codes, all_valid(2), 7, block=32)
+    codes = (base + torch.randperm(100, generator=torch.Generator().manual_seed(1))).reshape(1, 100)
+    out = select_top_codes(codes, all_valid(1), 7, block=16, splits=splits)
     assert torch.equal(out, expected_top(codes, 7))
 
 
-def test_codes_differing_only_in_the_lowest_bit():
-    codes = torch.tensor([[-6, -5, 4, 5, -6, 5]], dtype=torch.int64)
-    codes = codes ^ 1  # pairs that differ in bit 0 only
-    for kk in range(1, 7):
-        assert torch.equal(select_top_codes(codes, all_valid(1), kk, block=16), expected_top(codes, kk))
+@SPLITS
+def test_codes_differing_only_in_the_lowest_bit(splits):
+    pairs = torch.tensor([[v, v ^ 1] for v in (-6, 4, 2**40, -(2**40), 0)] * 4, dtype=torch.int64)
+    codes = pairs.view(1, -1)[:, torch.randperm(40, generator=torch.Generator().manual_seed(2))]
+    # descending: 4 copies each of 2**40 + 1, 2**40, 5, 4, 1, 0, ...;
+    # kk = 5, 13, 21 stop inside a pair
+    for kk in ranks_to_check((1, 3, 4, 5, 8, 9, 12, 13, 20, 21, 39, 40), (4, 5, 13, 21), splits):
+        out = select_top_codes(codes, all_valid(1), kk, block=16, splits=splits)
+        assert torch.equal(out, expected_top(codes, kk))
 
 
-def test_extreme_codes_and_mixed_signs_sort_in_signed_order():
+@SPLITS
+def test_extreme_codes_and_mixed_signs_sort_in_signed_order(splits):
     row = torch.tensor([0, -1, 1, INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1,
-                        -(2**62), 2**62, -(2**32), 2**32 - 1, 2**31, -(2**31)], dtype=torch.int64)
+                        -(2**62), 2**62, -(2**32), 2**32 - 1, 2**31, -(2**31),
+                        INT64_MIN + 2, 3, -3, 2**40, INT64_MAX - 2], dtype=torch.int64)
     codes = torch.stack([row, row.flip(0)])
     n = row.numel()
-    for kk in (1, 2, 6, n - 1, n):
-        out = select_top_codes(codes, all_valid(2), kk, block=16)
+    for kk in ranks_to_check((1, 2, 6, n - 1, n), (1, n - 1), splits):
+        out = select_top_codes(codes, all_valid(2), kk, block=16, splits=splits)
         assert torch.equal(out, expected_top(codes, kk)), kk
 
 
-def test_repeated_values_are_selected_as_a_multiset():
-    codes = torch.tensor([[3, 9, 3, 9, 3, 1, 9, 3],
-                          [INT64_MIN] * 5 + [2, INT64_MIN, 2],
-                          [INT64_MAX] * 8,
-                          [7, 7, 7, INT64_MAX, 7, 7, INT64_MAX, 7]], dtype=torch.int64)
-    for kk in range(1, 9):
-        out = select_top_codes(codes, all_valid(4), kk, block=16)
+@SPLITS
+def test_repeated_values_are_selected_as_a_multiset(splits):
+    codes = torch.tensor([[3, 9, 3, 9, 3, 1, 9, 3] * 3,
+                          ([INT64_MIN] * 5 + [2, INT64_MIN, 2]) * 3,
+                          [INT64_MAX] * 24,
+                          [7, 7, 7, INT64_MAX, 7, 7, INT64_MAX, 7] * 3], dtype=torch.int64)
+    for kk in ranks_to_check((1, 6, 7, 10, 22, 24), (10,), splits):
+        out = select_top_codes(codes, all_valid(4), kk, block=16, splits=splits)
         assert torch.equal(out, expected_top(codes, kk)), kk
 
 
-def test_kk_equal_to_n_sorts_the_whole_row_over_many_chunks():
-    codes = random_unique_codes(2, 64, seed=3)
-    out = select_top_codes(codes, all_valid(2), 64, block=16)
+@SPLITS
+def test_kk_equal_to_n_sorts_the_whole_row_over_many_chunks(splits):
+    codes = random_unique_codes(1, 70, seed=3)
+    out = select_top_codes(codes, all_valid(1), 70, block=16, splits=splits)
     assert torch.equal(out, codes.sort(dim=-1, descending=True).values)
 
 
@@ -100,44 +118,64 @@ def test_a_wrong_kth_value_would_be_caught():
     assert not torch.equal(wrong, expected_top(codes, 3))
 
 
-def test_invalid_rows_leave_out_untouched():
+@SPLITS
+def test_invalid_rows_leave_out_untouched(splits):
     codes = random_unique_codes(5, 50, seed=4)
     valid = torch.tensor([False, True, False, True, False])
     out = torch.full((5, 6), SENTINEL, dtype=torch.int64)
-    returned = select_top_codes(codes, valid, 6, out, block=16)
+    returned = select_top_codes(codes, valid, 6, out, block=16, splits=splits)
     assert returned is out
     assert torch.equal(out[valid], expected_top(codes, 6)[valid])
     assert (out[~valid] == SENTINEL).all()
 
 
-def test_no_valid_row_writes_nothing():
-    codes = random_unique_codes(3, 20, seed=6)
-    out = torch.full((3, 4), SENTINEL, dtype=torch.int64)
-    select_top_codes(codes, torch.zeros(3, dtype=torch.bool), 4, out, block=16)
+@SPLITS
+def test_no_valid_row_writes_nothing(splits):
+    codes = random_unique_codes(2, 20, seed=6)
+    out = torch.full((2, 4), SENTINEL, dtype=torch.int64)
+    select_top_codes(codes, torch.zeros(2, dtype=torch.bool), 4, out, block=16, splits=splits)
     assert (out == SENTINEL).all()
 
 
-def test_out_rows_scatter_valid_rows_and_ignore_invalid_rows_entries():
+@SPLITS
+def test_out_rows_scatter_valid_rows_and_ignore_invalid_rows_entries(splits):
     codes = random_unique_codes(4, 40, seed=7)
     valid = torch.tensor([True, False, True, True])
     out_rows = torch.tensor([5, -99, 0, 2])  # the invalid row's entry is out of range: ignored
     out = torch.full((7, 3), SENTINEL, dtype=torch.int64)
-    select_top_codes(codes, valid, 3, out, out_rows, block=16)
+    select_top_codes(codes, valid, 3, out, out_rows, block=16, splits=splits)
     top = expected_top(codes, 3)
     assert torch.equal(out[5], top[0]) and torch.equal(out[0], top[2]) and torch.equal(out[2], top[3])
     assert (out[[1, 3, 4, 6]] == SENTINEL).all()
 
 
-def test_rows_of_a_strided_view_are_read_at_their_stride():
+@pytest.mark.parametrize("splits", [1, 3])
+def test_rows_of_a_strided_view_are_read_at_their_stride(splits):
     big = random_unique_codes(6, 30, seed=8)
     codes = big[::2, 3:28]
-    out = select_top_codes(codes, all_valid(3), 4, block=16)
+    out = select_top_codes(codes, all_valid(3), 4, block=16, splits=splits)
     assert torch.equal(out, expected_top(codes, 4))
 
 
-def test_zero_rows_return_an_empty_out():
-    out = select_top_codes(torch.zeros(0, 5, dtype=torch.int64), torch.zeros(0, dtype=torch.bool), 2)
+@SPLITS
+def test_zero_rows_return_an_empty_out(splits):
+    codes = torch.zeros(0, 5, dtype=torch.int64)
+    out = select_top_codes(codes, torch.zeros(0, dtype=torch.bool), 2, splits=splits)
     assert out.shape == (0, 2)
+
+
+@pytest.mark.parametrize("n, kk, splits",
+                         [(37, 1, 5), (37, 37, 5), (1, 1, 3), (100, 20, 3), (100, 1, 2)])
+def test_split_rows_with_uneven_or_empty_chunks_match_torch_topk(n, kk, splits):
+    # block 16: 37 codes -> 3 blocks, so 5 splits give chunks of 16, 16, 5, 0, 0 codes;
+    # 100 codes -> 7 blocks, 3 splits give 48, 48, 4; 2 splits give 64, 36
+    codes = random_unique_codes(1, n, seed=n + 7 * kk)
+    out = select_top_codes(codes, all_valid(1), kk, block=16, splits=splits)
+    assert torch.equal(out, expected_top(codes, kk))
+
+
+def test_default_splits_is_one_program_per_row_off_cuda():
+    assert default_splits(1, 10**6, 16, torch.device("cpu")) == 1
 
 
 @st.composite
@@ -153,15 +191,16 @@ def adversarial_rows(draw):
                           min_size=rows, max_size=rows))
     kk = draw(st.integers(1, n))
     valid = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
-    return torch.tensor(codes, dtype=torch.int64), kk, torch.tensor(valid)
+    splits = draw(st.integers(1, 5))
+    return torch.tensor(codes, dtype=torch.int64), kk, torch.tensor(valid), splits
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(adversarial_rows())
-def test_property_valid_rows_equal_torch_topk_and_invalid_rows_stay(case):
-    codes, kk, valid = case
+def test_property_valid_rows_equal_torch_topk_and_invalid_rows_stay_for_any_splits(case):
+    codes, kk, valid, splits = case
     out = torch.full((codes.shape[0], kk), SENTINEL, dtype=torch.int64)
-    select_top_codes(codes, valid, kk, out, block=16)
+    select_top_codes(codes, valid, kk, out, block=16, splits=splits)
     assert torch.equal(out[valid], expected_top(codes, kk)[valid])
     assert (out[~valid] == SENTINEL).all()
 
@@ -191,6 +230,9 @@ def good_arguments():
      ValueError, "out_rows"),
     (dict(block=24), ValueError, "block"),
     (dict(block=8), ValueError, "block"),
+    (dict(splits=0), ValueError, "splits"),
+    (dict(splits=2.0), TypeError, "splits"),
+    (dict(splits=True), TypeError, "splits"),
 ])
 def test_bad_arguments_raise_naming_the_argument(change, error, name):
     arguments = {**good_arguments(), **change}

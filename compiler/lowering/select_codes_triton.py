@@ -29,16 +29,19 @@ Two launch layouts compute exactly these stages.
   plus an in-block cumulative sum. Best when there are many rows.
 * ``P = splits`` programs per row (few rows): the row is cut into P chunks of whole ``BLOCK``
   blocks (the last ones shorter or empty), and the stages become 16 + 2 launches over a zeroed
-  int32 tally ``[R, 17, 16]``. Count launch p, grid (R, P): each program replays the digit choices
-  of passes 0..p-1 from ``tally[row, :p]``, counts its chunk's matching digits and adds them to
-  ``tally[row, p]`` with ``tl.atomic_add``. Collect, grid (R, P): each program replays all 16
-  choices to get ``kth`` and ``k``, and for each block reserves as many slots as it has values
-  greater than ``kth`` by an atomic add on the row's counter ``tally[row, 16, 0]``, then writes
-  them there. Finish, grid (R,): stage 3. Exactness: the chunks partition ``[0, N)``, so the
-  atomic sums in ``tally[row, p]`` are the row's per-digit counts (integer additions, in any
-  order); every program replays the same choices from the same counts, which are those of the
-  one-program layout; the reserved slot ranges are disjoint and together are ``0 .. kk-k-1``, and
-  stage 3 sorts, so the order of the atomics never shows in the result.
+  int32 tally ``[R, 17, 16]`` and a contiguous int64 state ``[R, 16, 2]`` (prefix, rank after each
+  pass).
+  Count launch p, grid (R, P): each program takes the state after pass p - 2 and the counts of
+  pass p - 1 from ``tally[row, p-1]`` and makes the digit choice of pass p - 1 (program 0 of the
+  row stores the resulting state for the next launch), then counts its chunk's matching digits
+  and adds them to ``tally[row, p]`` with ``tl.atomic_add``. Collect, grid (R, P): each program
+  makes the choice of pass 15 the same way to get ``kth`` and ``k``; for each block it reserves as
+  many slots as it has values greater than ``kth`` by an atomic add on the row's counter
+  ``tally[row, 16, 0]`` and writes them there. Finish, grid (R,): stage 3. Exactness: the chunks
+  partition ``[0, N)``, so the atomic sums in ``tally[row, p]`` are the row's per-digit counts
+  (integer additions, in any order), complete when the launch ends; every program derives the
+  same choices from them, those of the one-program layout; the reserved slot ranges are disjoint
+  and together are ``0 .. kk-k-1``, and stage 3 sorts, so the order of the atomics never shows.
 
 Gating: a program whose row is not valid (or whose destination row lies outside ``out``) runs its
 loops zero times (loop bounds are zero through ``tl.where`` on the loaded flag) and masks every
@@ -61,7 +64,8 @@ PROGRAMS_PER_SM = 2
 
 @triton.jit
 def _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS: tl.constexpr):
-    """(destination row of codes row ``row``, whether that row is valid and its destination in out)."""
+    """(destination in out of codes row ``row``, whether the row is valid and that destination
+    lies in out)."""
     if HAS_OUT_ROWS:
         dst = tl.load(out_rows_ptr + row)
     else:
@@ -90,7 +94,7 @@ def _count_digits(row_codes, lo, hi, prefix, prefix_mask, shift, BLOCK: tl.const
 
 @triton.jit
 def _choose_digit(counts, rank):
-    """(digit holding the rank-th largest matching element, its rank among that digit's elements)."""
+    """(the digit of the rank-th largest matching element, its rank among that digit's elements)."""
     digits = tl.arange(0, 16)
     # at_or_above[d] = number of matching elements whose digit is >= d (non-increasing in d).
     at_or_above = tl.sum(tl.where(digits[None, :] >= digits[:, None], counts[None, :], 0), axis=1)
@@ -100,18 +104,18 @@ def _choose_digit(counts, rank):
 
 
 @triton.jit
-def _replay_choices(tally_row, num_passes, kk):
-    """(prefix, prefix_mask, rank) after the digit choices of passes 0..num_passes-1, whose
-    per-digit counts are ``tally_row[p * 16 + d]``."""
-    digits = tl.arange(0, 16)
-    prefix = tl.zeros([], dtype=tl.int64)
-    prefix_mask = tl.zeros([], dtype=tl.int64)
-    rank = tl.zeros([], dtype=tl.int32) + kk
-    for p in range(0, num_passes):
-        shift = 60 - 4 * p
-        chosen, rank = _choose_digit(tl.load(tally_row + p * 16 + digits), rank)
-        prefix = prefix | (chosen.to(tl.int64) << shift)
-        prefix_mask = prefix_mask | (tl.full([], 15, tl.int64) << shift)
+def _state_after(tally_row, state_row, q, kk):
+    """(prefix, prefix_mask, rank) after the digit choice of pass ``q``: from the state after pass
+    q - 1 (``state_row[2 (q-1)]`` prefix, ``[2 (q-1) + 1]`` rank; the start state (0, kk) when
+    q == 0) and the per-digit counts of pass q, ``tally_row[16 q + d]``."""
+    shift = 60 - 4 * q
+    earlier = q > 0
+    prefix = tl.load(state_row + 2 * (q - 1), mask=earlier, other=0)
+    rank = tl.load(state_row + 2 * (q - 1) + 1, mask=earlier, other=0)
+    rank = tl.where(earlier, rank, kk).to(tl.int32)
+    chosen, rank = _choose_digit(tl.load(tally_row + 16 * q + tl.arange(0, 16)), rank)
+    prefix = prefix | (chosen.to(tl.int64) << shift)
+    prefix_mask = -(tl.full([], 1, tl.int64) << shift)  # bits `shift`..63 of u: passes 0..q
     return prefix, prefix_mask, rank
 
 
@@ -175,16 +179,23 @@ values written by the collect launch (at 16 * 16) and 15 unused entries."""
 
 
 @triton.jit(do_not_specialize=["pass_index"])
-def _count_chunk_kernel(codes_ptr, valid_ptr, out_rows_ptr, tally_ptr,
+def _count_chunk_kernel(codes_ptr, valid_ptr, out_rows_ptr, tally_ptr, state_ptr,
                         N, kk, out_num_rows, stride_cr, stride_tr, chunk, pass_index,
                         HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """Program (row, part): add the digit counts of pass ``pass_index`` over chunk ``part`` of the
-    row to ``tally[row, pass_index]``."""
+    row to ``tally[row, pass_index]``; part 0 also stores the state after pass pass_index - 1."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     _, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
     tally_row = tally_ptr + row.to(tl.int64) * stride_tr
-    prefix, prefix_mask, _ = _replay_choices(tally_row, tl.where(live, pass_index, 0), kk)
+    state_row = state_ptr + row.to(tl.int64) * 32
+    prefix = tl.zeros([], dtype=tl.int64)
+    prefix_mask = tl.zeros([], dtype=tl.int64)
+    if pass_index > 0:
+        prefix, prefix_mask, rank = _state_after(tally_row, state_row, pass_index - 1, kk)
+        keeper = live & (part == 0)
+        tl.store(state_row + 2 * (pass_index - 1), prefix, mask=keeper)
+        tl.store(state_row + 2 * (pass_index - 1) + 1, rank.to(tl.int64), mask=keeper)
     lo = part * chunk
     hi = tl.where(live, tl.minimum(lo + chunk, N), lo)
     counts = _count_digits(codes_ptr + row.to(tl.int64) * stride_cr, lo, hi, prefix, prefix_mask,
@@ -193,7 +204,7 @@ def _count_chunk_kernel(codes_ptr, valid_ptr, out_rows_ptr, tally_ptr,
 
 
 @triton.jit
-def _collect_chunk_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr, tally_ptr,
+def _collect_chunk_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr, tally_ptr, state_ptr,
                           N, kk, out_num_rows, stride_cr, stride_tr, stride_or, stride_oc, chunk,
                           HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """Program (row, part): the values of chunk ``part`` greater than the row's kk-th largest, into
@@ -202,7 +213,7 @@ def _collect_chunk_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr, tally_ptr
     part = tl.program_id(1)
     dst, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
     tally_row = tally_ptr + row.to(tl.int64) * stride_tr
-    prefix, _, _ = _replay_choices(tally_row, tl.where(live, 16, 0), kk)
+    prefix, _, _ = _state_after(tally_row, state_ptr + row.to(tl.int64) * 32, 15, kk)
     kth = prefix ^ -9223372036854775808
     row_codes = codes_ptr + row.to(tl.int64) * stride_cr
     row_out = out_ptr + tl.where(live, dst, 0) * stride_or
@@ -221,14 +232,14 @@ def _collect_chunk_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr, tally_ptr
 
 
 @triton.jit
-def _finish_row_kernel(valid_ptr, out_ptr, out_rows_ptr, tally_ptr,
+def _finish_row_kernel(valid_ptr, out_ptr, out_rows_ptr, tally_ptr, state_ptr,
                        kk, out_num_rows, stride_tr, stride_or, stride_oc,
                        HAS_OUT_ROWS: tl.constexpr, KP: tl.constexpr):
-    """Program row: stage 3 on the row's destination, from the choices in ``tally[row]``."""
+    """Program row: stage 3 on the row's destination, from the state after pass 15."""
     row = tl.program_id(0)
     dst, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
-    prefix, _, rank = _replay_choices(tally_ptr + row.to(tl.int64) * stride_tr,
-                                      tl.where(live, 16, 0), kk)
+    prefix, _, rank = _state_after(tally_ptr + row.to(tl.int64) * stride_tr,
+                                   state_ptr + row.to(tl.int64) * 32, 15, kk)
     _complete_and_sort(out_ptr + tl.where(live, dst, 0) * stride_or, stride_oc, live,
                        prefix ^ -9223372036854775808, kk - rank, kk, KP)
 
@@ -335,16 +346,18 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
         return out
     chunk = triton.cdiv(triton.cdiv(n, block), splits) * block
     tally = torch.zeros((rows, TALLY_ROW), dtype=torch.int32, device=codes.device)
+    state = torch.empty((rows, 16, 2), dtype=torch.int64, device=codes.device)
     for pass_index in range(16):
         _count_chunk_kernel[(rows, splits)](
-            codes, valid, rows_arg, tally, n, kk, out.shape[0], codes.stride(0), tally.stride(0),
-            chunk, pass_index,
+            codes, valid, rows_arg, tally, state, n, kk, out.shape[0],
+            codes.stride(0), tally.stride(0), chunk, pass_index,
             HAS_OUT_ROWS=has_out_rows, BLOCK=block, num_warps=NUM_WARPS)
     _collect_chunk_kernel[(rows, splits)](
-        codes, valid, out, rows_arg, tally, n, kk, out.shape[0],
+        codes, valid, out, rows_arg, tally, state, n, kk, out.shape[0],
         codes.stride(0), tally.stride(0), out.stride(0), out.stride(1), chunk,
         HAS_OUT_ROWS=has_out_rows, BLOCK=block, num_warps=NUM_WARPS)
     _finish_row_kernel[(rows,)](
-        valid, out, rows_arg, tally, kk, out.shape[0], tally.stride(0), out.stride(0), out.stride(1),
+        valid, out, rows_arg, tally, state, kk, out.shape[0],
+        tally.stride(0), out.stride(0), out.stride(1),
         HAS_OUT_ROWS=has_out_rows, KP=kp, num_warps=NUM_WARPS)
     return out
