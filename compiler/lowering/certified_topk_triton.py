@@ -316,7 +316,8 @@ def redo_dense(codes, redo, q, w, k, mask, kk):
     densely into a [B, slots, T] buffer (the same scorer, so bitwise the dense codes) and selects
     their top kk with ``select_top_codes``; unflagged slots cost a launch and no key reads. When
     every row fits one round, a row keeps its own slot; otherwise the flagged rows are ranked on
-    the device and a fixed number of rounds, ceil(S / slots), takes them in rank order.
+    the device and a fixed number of rounds, ceil(S / slots), takes them in rank order (the row
+    lists of every round are built at once: two launches per round).
     codes [B,S,kk] int64 (returned).
     """
     B, S = redo.shape
@@ -324,31 +325,34 @@ def redo_dense(codes, redo, q, w, k, mask, kk):
     block_s, _ = score_tile_shape(q.shape[2])
     slots = redo_slots(B, S, T, q.shape[2])
     dev = q.device
-    query = torch.arange(S, device=dev).expand(B, S)
-    batch_base = (torch.arange(B, device=dev) * S)[:, None]
     ids = torch.arange(T, dtype=torch.int32, device=dev).view(1, 1, T).expand(B, 1, T)
     counts = torch.full((B, 1), T, dtype=torch.int32, device=dev)
     flat = codes.view(B * S, kk)
-    for rows in _redo_rounds(redo, query, slots):
+    lists = _redo_row_lists(redo, slots)
+    valid = lists >= 0
+    out_rows = (torch.arange(B, device=dev) * S)[:, None, None] + lists.clamp(min=0)
+    for i in range(lists.shape[1]):
+        rows = lists[:, i]
         buf = score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask, rows=rows,
                          splits=key_splits(B * triton.cdiv(rows.shape[1], block_s), T))
-        select_top_codes(buf.view(-1, T), (rows >= 0).view(-1), kk, out=flat,
-                         out_rows=(batch_base + rows.clamp(min=0)).view(-1))
+        select_top_codes(buf.view(-1, T), valid[:, i].reshape(-1), kk, out=flat,
+                         out_rows=out_rows[:, i].reshape(-1))
     return codes
 
 
-def _redo_rounds(redo, query, slots):
-    """Row lists [B, R] int64 (-1 = empty slot) that together hold every flagged row once."""
-    S = redo.shape[1]
+def _redo_row_lists(redo, slots):
+    """[B, rounds, R] int64 row lists (-1 = empty slot) holding every flagged row once: one round
+    with each row in its own slot when S <= slots, else the flagged rows in rank order,
+    ceil(S / slots) rounds of ``slots``."""
+    B, S = redo.shape
+    query = torch.arange(S, device=redo.device).expand(B, S)
     if slots >= S:
-        yield torch.where(redo, query, -1)
-        return
-    rank = torch.cumsum(redo.to(torch.int64), dim=1) - 1
-    for start in range(0, S, slots):
-        chosen = redo & (rank >= start) & (rank < start + slots)
-        slot = torch.where(chosen, rank - start, slots)
-        rows = torch.full((redo.shape[0], slots + 1), -1, dtype=torch.int64, device=redo.device)
-        yield rows.scatter(1, slot, torch.where(chosen, query, -1))[:, :slots].contiguous()
+        return torch.where(redo, query, -1)[:, None]
+    rounds = triton.cdiv(S, slots)
+    rank = torch.where(redo, torch.cumsum(redo.to(torch.int64), dim=1) - 1, rounds * slots)
+    lists = torch.full((B, rounds * slots + 1), -1, dtype=torch.int64, device=redo.device)
+    lists = lists.scatter(1, rank, torch.where(redo, query, -1))
+    return lists[:, :-1].reshape(B, rounds, slots)
 
 
 def check_crossover(crossover) -> None:
