@@ -16,13 +16,15 @@ Cases: prefill of a chunk of S queries at the end of T keys (causal inside the c
 structured inputs (certified path; the op as a compiled model calls it: path "auto" with the
 cost model's crossover and r left to the runtime, or with a plan's r = 1 and crossover), and on the random-init transformers indexer with the path forced to "certified"
 (most rows are answered by the on-device dense redo); decode of one query with the previous
-query's selection as witnesses, and with stale witnesses (the redo answers it). Decode baselines:
+query's selection as witnesses, and with stale witnesses (the redo answers it), each also with
+the redo's selector forced to one program per row (``_p1``). Decode baselines:
 the transformers pattern in plain torch (``decode_dense``) and the dense Triton path, both also
 captured.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -31,13 +33,14 @@ import torch
 import triton
 
 import compiler.lowering.certified_topk_op  # noqa: F401  (registers torch.ops.pulsar_dosa)
+import compiler.lowering.certified_topk_triton as certified_topk_triton
 from benchmarks.indexer import D, TOPK, causal_chunk_mask, decode_dense, transformers_random
 from compiler.lowering.certified_topk_triton import (
     certified_topk_cuda,
     decode_topk_cuda,
     dense_topk_cuda,
 )
-from compiler.lowering.select_codes_triton import select_top_codes
+from compiler.lowering.select_codes_triton import DEFAULT_BLOCK, default_splits, select_top_codes
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.structured_indexer import structured_indexer_inputs
 
@@ -132,6 +135,16 @@ def prefill_rows(S, T, H, inputs, reps, rows):
         print(rows[-1], flush=True)
 
 
+def _with_selector(selector, fn, *args, **kwargs):
+    """``fn`` with the redo's selector replaced (the ``_p1`` rows: one program per redone row)."""
+    saved = certified_topk_triton.select_top_codes
+    certified_topk_triton.select_top_codes = selector
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        certified_topk_triton.select_top_codes = saved
+
+
 def decode_rows(T, H, reps, rows):
     q, k, w, _ = structured(2, T, H)
     mask = causal_chunk_mask(2, T)
@@ -146,23 +159,31 @@ def decode_rows(T, H, reps, rows):
         "decode_certified": lambda: decode_topk_cuda(ql, k, wl, TOPK, ml, witnesses=prev[:, 0]),
         "decode_certified_stale": lambda: decode_topk_cuda(ql, k, wl, TOPK, ml, witnesses=stale),
     }
+    one_program = functools.partial(select_top_codes, splits=1)
+    for name, wit in (("decode_certified_p1", prev[:, 0]), ("decode_certified_stale_p1", stale)):
+        methods[name] = functools.partial(_with_selector, one_program, decode_topk_cuda, ql, k, wl,
+                                          TOPK, ml, witnesses=wit)
     for name, fn in methods.items():
         rows.append({**base, "method": name, **measure(fn, ref, reps)})
         print(rows[-1], flush=True)
 
 
 def select_rows(R, N, reps, rows):
-    """The gated selector against torch.topk on random int64 codes: all R rows valid, one valid."""
+    """The gated selector against torch.topk on random int64 codes [R, N]: every row valid, or one
+    valid row, each with one program per row (splits=1) and with several (default_splits)."""
     codes = torch.randint(-2**62, 2**62, (R, N), device="cuda")
     ref = torch.topk(codes, TOPK, dim=-1).values
     base = {"case": "select", "input": "random_codes", "S": R, "T": N, "H": None}
-    for name, valid in (("select_all_rows", torch.ones(R, dtype=torch.bool, device="cuda")),
-                        ("select_one_row", torch.arange(R, device="cuda") == 0)):
+    every = torch.ones(R, dtype=torch.bool, device="cuda")
+    one = torch.arange(R, device="cuda") == 0
+    variants = (("select_all_rows_p1", every, 1), ("select_one_row_p1", one, 1),
+                ("select_one_row_split", one, default_splits(1, N, DEFAULT_BLOCK, codes.device)))
+    for name, valid, splits in variants:
         out = torch.zeros(R, TOPK, dtype=torch.int64, device="cuda")
-        fn = lambda: select_top_codes(codes, valid, TOPK, out=out)  # noqa: E731
+        fn = lambda: select_top_codes(codes, valid, TOPK, out=out, splits=splits)  # noqa: E731
         fn()
         torch.cuda.synchronize()
-        rows.append({**base, "method": name, "no_sync": without_sync(fn)[1] is True,
+        rows.append({**base, "method": f"{name} (P={splits})", "no_sync": without_sync(fn)[1] is True,
                      "identical_eager": bool(torch.equal(out[valid], ref[valid])),
                      "identical_graph": None, "eager_ms": median_ms(fn, reps), "graph_ms": None})
         print(rows[-1], flush=True)
