@@ -13,13 +13,14 @@ Every method is, after two warm-up calls (which also tune the screen's launch co
 3. timed: median of eager calls and of graph replays (CUDA events).
 
 Cases: prefill of a chunk of S queries at the end of T keys (causal inside the chunk) on the
-structured inputs (certified path; the op as a compiled model calls it: path "auto" with the
-cost model's crossover and r left to the runtime, or with a plan's r = 1 and crossover), and on the random-init transformers indexer with the path forced to "certified"
-(most rows are answered by the on-device dense redo); decode of one query with the previous
-query's selection as witnesses, and with stale witnesses (the redo answers it), each also with
-the redo's selector forced to one program per row (``_p1``). Decode baselines:
-the transformers pattern in plain torch (``decode_dense``) and the dense Triton path, both also
-captured.
+structured inputs (the certified path; the op as a compiled model calls it: path "auto" with the
+cost model's crossover and r left to the runtime, or with a plan's r = 1 and crossover) and on
+the random-init transformers indexer with the path forced to "certified" (most rows are answered
+by the on-device dense redo); decode of one query with the previous query's selection as
+witnesses, and with stale witnesses (the redo answers it), each also with the redo's selector
+forced to one program per row (``_p1``). Decode baselines: the transformers pattern in plain
+torch (``decode_dense``) and the dense Triton path, both also captured. Selector rows: the gated
+exact selector (select_codes_triton) against torch.topk on random codes.
 """
 from __future__ import annotations
 

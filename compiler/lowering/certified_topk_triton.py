@@ -26,8 +26,8 @@ densely.
 Host synchronisation: none once the path is decided without data, i.e. path "dense" or
 "certified", or "auto" with a ``crossover`` (what a plan or the cost model gives the compiled op):
 such a call is capturable in a CUDA graph after one call outside the capture (which tunes the
-screen's launch config). Only "auto" without a crossover reads its probe back (one
-synchronisation) and is not capturable.
+screen's launch config). Only "auto" without a crossover, at T >= max(min_keys, CUDA_MIN_KEYS),
+reads its probe back (one synchronisation) and is not capturable.
 
 Path choice (config.path): "dense", "certified", or "auto". Under "auto" with a ``crossover``
 (a key length decided offline: the op's ``min_keys`` >= 0, baked in by a plan or the cost model)
