@@ -193,6 +193,22 @@ def test_auto_path_is_dense_below_the_cuda_minimum_and_follows_a_forced_path():
     assert 64 < CUDA_MIN_KEYS
 
 
+def test_auto_path_without_a_crossover_probes_only_above_the_work_threshold(monkeypatch):
+    import compiler.lowering.certified_topk_triton as triton_topk
+
+    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
+    auto = CertifiedTopkConfig(path="auto", min_keys=0, anchor_stride=16, workspace_frac=0.1)
+    probes = []
+    real_stage = triton_topk._screen_stage
+    monkeypatch.setattr(triton_topk, "_screen_stage", lambda *a: probes.append(1) or real_stage(*a))
+    monkeypatch.setattr(triton_topk, "CUDA_MIN_KEYS", 0)
+    monkeypatch.setattr(triton_topk, "PROBE_MIN_WORK", 16 * 1024 * 4 + 1)
+    assert choose_path(q, w.float(), k, mask, 32, auto) == "dense" and probes == []
+    monkeypatch.setattr(triton_topk, "PROBE_MIN_WORK", 16 * 1024 * 4)
+    choose_path(q, w.float(), k, mask, 32, auto)  # at this size the probe predicts dense
+    assert probes == [1]
+
+
 def test_auto_path_with_a_crossover_follows_it_without_a_probe(monkeypatch):
     import compiler.lowering.certified_topk_triton as triton_topk
 

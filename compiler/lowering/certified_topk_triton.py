@@ -26,14 +26,14 @@ densely.
 Host synchronisation: none once the path is decided without data, i.e. path "dense" or
 "certified", or "auto" with a ``crossover`` (what a plan or the cost model gives the compiled op):
 such a call is capturable in a CUDA graph after one call outside the capture (which tunes the
-screen's launch config). Only "auto" without a crossover, at T >= max(min_keys, CUDA_MIN_KEYS),
-reads its probe back (one synchronisation) and is not capturable.
+screen's launch config). Only "auto" without a crossover, when it probes (below), reads its probe
+back (one synchronisation) and is not capturable.
 
 Path choice (config.path): "dense", "certified", or "auto". Under "auto" with a ``crossover``
 (a key length decided offline: the op's ``min_keys`` >= 0, baked in by a plan or the cost model)
 the call is certified when T >= crossover and dense below, without a probe; without one it is
-dense below max(config.min_keys, CUDA_MIN_KEYS) keys, else a probe of a few anchor groups through
-seeds and screen predicts the work (SPEC A.6). Either way the output is the dense one.
+dense below max(config.min_keys, CUDA_MIN_KEYS) keys or B * S * T * H < PROBE_MIN_WORK, else a
+probe of a few anchor groups through seeds and screen predicts the work (SPEC A.6). Either way the output is the dense one.
 Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile:
 kk + workspace_frac * T keys), min_keys, path; the witnesses are the anchor's top kk + kk/4 keys
 (sink and window are not added on this path). Decode: ``decode_topk_cuda``.
@@ -75,6 +75,10 @@ CANDIDATE_FACTOR = 8
 """Candidate buffer per query (keys with s >= tau): CANDIDATE_FACTOR * kk order codes."""
 CUDA_MIN_KEYS = 65536
 """The "auto" path stays dense below max(config.min_keys, CUDA_MIN_KEYS) keys (fixed costs)."""
+PROBE_MIN_WORK = 2**36
+"""The "auto" path without a crossover probes only from B * S * T * H >= PROBE_MIN_WORK: the probe
+costs ~6 ms on the H200 (launch-bound, ~320 small kernels), and below this size dense scoring
+takes under ~20 times that (H=64: S=4096 at T=131072 is 46 ms), so it stays dense."""
 PROBE_GROUPS = 4
 """Anchor groups the "auto" path runs through seeds and screen before choosing a path."""
 PAYS_BELOW = 0.8
@@ -365,8 +369,8 @@ def check_crossover(crossover) -> None:
 def choose_path(q, w, k, mask, kk, config, nk=None, crossover=None) -> str:
     """'dense' or 'certified': the configured path; "auto" takes dense when kk >= T; with a
     ``crossover`` certified when T >= crossover, else dense (no probe); without one dense below
-    CUDA_MIN_KEYS keys, else probes PROBE_GROUPS anchor groups through seeds and screen (one
-    synchronisation) and goes certified when ``predicted_work`` is below PAYS_BELOW.
+    CUDA_MIN_KEYS keys or PROBE_MIN_WORK, else probes PROBE_GROUPS anchor groups through seeds and
+    screen (one synchronisation) and goes certified when ``predicted_work`` is below PAYS_BELOW.
     ``nk``: key_norms(k) if known."""
     check_crossover(crossover)
     T = k.shape[1]
@@ -376,9 +380,9 @@ def choose_path(q, w, k, mask, kk, config, nk=None, crossover=None) -> str:
         return "dense"
     if crossover is not None:
         return "certified" if T >= crossover else "dense"
-    if T < max(config.min_keys, CUDA_MIN_KEYS):
-        return "dense"
     B, S, H, _ = q.shape
+    if T < max(config.min_keys, CUDA_MIN_KEYS) or B * S * T * H < PROBE_MIN_WORK:
+        return "dense"
     G, _ = score_tile_shape(H)
     A = max(G, triton.cdiv(config.anchor_stride, G) * G)
     starts = torch.linspace(0, (S - 1) // A, min(PROBE_GROUPS, triton.cdiv(S, A))).long() * A
