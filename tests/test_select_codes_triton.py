@@ -1,6 +1,6 @@
 """The row-gated Triton top-K of int64 order codes (under TRITON_INTERPRET=1) against torch.topk,
-with one program per row (splits=1) and with 2, 3 or 5 programs sharing each row over uneven
-chunks."""
+with one program per row (splits=1, reading the codes or compacting them in place with
+scratch=True) and with 2, 3 or 5 programs sharing each row over uneven chunks."""
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,13 +14,23 @@ pytestmark = pytest.mark.filterwarnings(
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 SENTINEL = 0x5E5E5E5E
-SPLITS = pytest.mark.parametrize("splits", [1, 2, 3, 5])
-"""One program per row, and 2, 3 or 5 programs per row (with block 16 the chunks are uneven)."""
+LAYOUTS = [(1, False), (1, True), (2, False), (3, False), (5, False)]
+SPLITS = pytest.mark.parametrize("splits, scratch", LAYOUTS)
+"""One program per row (reading, or compacting in place), and 2, 3 or 5 programs per row (with
+block 16 the chunks are uneven)."""
 
 
-def ranks_to_check(every, few, splits):
-    """The split layout runs 18 launches per call under the interpreter: it checks fewer ranks."""
-    return every if splits == 1 else few
+def select(codes, valid, kk, out=None, out_rows=None, *, block=16, splits, scratch):
+    """select_top_codes on a copy of codes when it may overwrite them (scratch=True)."""
+    source = codes.clone() if scratch else codes
+    return select_top_codes(source, valid, kk, out, out_rows, block=block, splits=splits,
+                            scratch=scratch)
+
+
+def ranks_to_check(every, few, splits, scratch=False):
+    """The split layout runs 18 launches per call under the interpreter, and scratch=True repeats
+    the one-program checks in place: they check fewer ranks."""
+    return every if splits == 1 and not scratch else few
 
 
 def expected_top(codes, kk):
@@ -39,10 +49,11 @@ def random_unique_codes(rows, n, seed):
     return codes
 
 
+@pytest.mark.parametrize("scratch", [False, True])
 @pytest.mark.parametrize("n, kk, block", [(1, 1, 16), (37, 5, 16), (300, 64, 64), (300, 17, 1024)])
-def test_matches_torch_topk_on_random_unique_codes(n, kk, block):
+def test_matches_torch_topk_on_random_unique_codes(n, kk, block, scratch):
     codes = random_unique_codes(3, n, seed=n + kk)
-    out = select_top_codes(codes, all_valid(3), kk, block=block)
+    out = select(codes, all_valid(3), kk, block=block, splits=1, scratch=scratch)
     assert out.shape == (3, kk) and out.dtype == torch.int64
     assert torch.equal(out, expected_top(codes, kk))
 
@@ -61,52 +72,99 @@ def test_order_codes_of_indexer_scores_select_the_top_keys():
 
 
 @SPLITS
-def test_codes_sharing_all_high_bits_are_separated_by_their_low_bits(splits):
+def test_codes_sharing_all_high_bits_are_separated_by_their_low_bits(splits, scratch):
     base = torch.tensor(0x1234_5678_9ABC_DE00, dtype=torch.int64)
     codes = (base + torch.randperm(100, generator=torch.Generator().manual_seed(1))).reshape(1, 100)
-    out = select_top_codes(codes, all_valid(1), 7, block=16, splits=splits)
+    out = select(codes, all_valid(1), 7, block=16, splits=splits, scratch=scratch)
     assert torch.equal(out, expected_top(codes, 7))
 
 
 @SPLITS
-def test_codes_differing_only_in_the_lowest_bit(splits):
+def test_codes_differing_only_in_the_lowest_bit(splits, scratch):
     pairs = torch.tensor([[v, v ^ 1] for v in (-6, 4, 2**40, -(2**40), 0)] * 4, dtype=torch.int64)
     codes = pairs.view(1, -1)[:, torch.randperm(40, generator=torch.Generator().manual_seed(2))]
     # descending: 4 copies each of 2**40 + 1, 2**40, 5, 4, 1, 0, ...;
     # kk = 5, 13, 21 stop inside a pair
-    for kk in ranks_to_check((1, 3, 4, 5, 8, 9, 12, 13, 20, 21, 39, 40), (4, 5, 13, 21), splits):
-        out = select_top_codes(codes, all_valid(1), kk, block=16, splits=splits)
+    every = (1, 3, 4, 5, 8, 9, 12, 13, 20, 21, 39, 40)
+    for kk in ranks_to_check(every, (4, 5, 13, 21), splits, scratch):
+        out = select(codes, all_valid(1), kk, block=16, splits=splits, scratch=scratch)
         assert torch.equal(out, expected_top(codes, kk))
 
 
 @SPLITS
-def test_extreme_codes_and_mixed_signs_sort_in_signed_order(splits):
+def test_extreme_codes_and_mixed_signs_sort_in_signed_order(splits, scratch):
     row = torch.tensor([0, -1, 1, INT64_MIN, INT64_MAX, INT64_MIN + 1, INT64_MAX - 1,
                         -(2**62), 2**62, -(2**32), 2**32 - 1, 2**31, -(2**31),
                         INT64_MIN + 2, 3, -3, 2**40, INT64_MAX - 2], dtype=torch.int64)
     codes = torch.stack([row, row.flip(0)])
     n = row.numel()
-    for kk in ranks_to_check((1, 2, 6, n - 1, n), (1, n - 1), splits):
-        out = select_top_codes(codes, all_valid(2), kk, block=16, splits=splits)
+    for kk in ranks_to_check((1, 2, 6, n - 1, n), (1, n - 1), splits, scratch):
+        out = select(codes, all_valid(2), kk, block=16, splits=splits, scratch=scratch)
         assert torch.equal(out, expected_top(codes, kk)), kk
 
 
 @SPLITS
-def test_repeated_values_are_selected_as_a_multiset(splits):
+def test_repeated_values_are_selected_as_a_multiset(splits, scratch):
     codes = torch.tensor([[3, 9, 3, 9, 3, 1, 9, 3] * 3,
                           ([INT64_MIN] * 5 + [2, INT64_MIN, 2]) * 3,
                           [INT64_MAX] * 24,
                           [7, 7, 7, INT64_MAX, 7, 7, INT64_MAX, 7] * 3], dtype=torch.int64)
-    for kk in ranks_to_check((1, 6, 7, 10, 22, 24), (10,), splits):
-        out = select_top_codes(codes, all_valid(4), kk, block=16, splits=splits)
+    few = (1, 10, 24) if scratch else (10,)  # kk = 1 and kk = N on rows of one value
+    for kk in ranks_to_check((1, 6, 7, 10, 22, 24), few, splits, scratch):
+        out = select(codes, all_valid(4), kk, block=16, splits=splits, scratch=scratch)
         assert torch.equal(out, expected_top(codes, kk)), kk
 
 
 @SPLITS
-def test_kk_equal_to_n_sorts_the_whole_row_over_many_chunks(splits):
+def test_kk_equal_to_n_sorts_the_whole_row_over_many_chunks(splits, scratch):
     codes = random_unique_codes(1, 70, seed=3)
-    out = select_top_codes(codes, all_valid(1), 70, block=16, splits=splits)
+    out = select(codes, all_valid(1), 70, block=16, splits=splits, scratch=scratch)
     assert torch.equal(out, codes.sort(dim=-1, descending=True).values)
+
+
+def test_scratch_compaction_halving_the_candidates_at_every_pass_matches_torch_topk():
+    # every 4-bit digit is 7 or 8, so each pass keeps about half of the candidates: with block 16
+    # the compactions of passes 0..3 span several blocks, and values above the prefix range are
+    # dropped (appended to out) at every pass
+    gen = torch.Generator().manual_seed(9)
+    bits = torch.randint(0, 2, (2, 256, 16), generator=gen)
+    digits = (7 + bits) << (4 * torch.arange(16))
+    codes = digits.sum(-1) ^ INT64_MIN  # repeats allowed: a multiset
+    for kk in (1, 37, codes.shape[1]):
+        out = select(codes, all_valid(2), kk, splits=1, scratch=True)
+        assert torch.equal(out, expected_top(codes, kk)), kk
+
+
+def test_scratch_leaves_invalid_rows_codes_and_out_rows_untouched():
+    codes = random_unique_codes(4, 90, seed=10)
+    valid = torch.tensor([True, False, True, False])
+    source = codes.clone()
+    out = torch.full((4, 8), SENTINEL, dtype=torch.int64)
+    select_top_codes(source, valid, 8, out, block=16, splits=1, scratch=True)
+    assert torch.equal(out[valid], expected_top(codes, 8)[valid])
+    assert (out[~valid] == SENTINEL).all()
+    assert torch.equal(source[~valid], codes[~valid])
+    assert not torch.equal(source[valid], codes[valid])  # the valid rows were compacted
+
+
+@pytest.mark.parametrize("splits, scratch", [(1, False), (3, True)])
+def test_codes_are_not_written_without_scratch_or_with_several_programs_per_row(splits, scratch):
+    codes = random_unique_codes(2, 60, seed=11)
+    source = codes.clone()
+    out = select_top_codes(source, all_valid(2), 5, block=16, splits=splits, scratch=scratch)
+    assert torch.equal(out, expected_top(codes, 5))
+    assert torch.equal(source, codes)
+
+
+def test_scratch_on_a_strided_view_writes_inside_the_view_only():
+    big = random_unique_codes(6, 70, seed=12)
+    source = big.clone()
+    view = source[::2, 3:68]
+    out = select_top_codes(view, all_valid(3), 4, block=16, splits=1, scratch=True)
+    assert torch.equal(out, expected_top(big[::2, 3:68], 4))
+    outside = torch.ones_like(big, dtype=torch.bool)
+    outside[::2, 3:68] = False
+    assert torch.equal(source[outside], big[outside])
 
 
 def test_a_wrong_kth_value_would_be_caught():
@@ -119,31 +177,31 @@ def test_a_wrong_kth_value_would_be_caught():
 
 
 @SPLITS
-def test_invalid_rows_leave_out_untouched(splits):
+def test_invalid_rows_leave_out_untouched(splits, scratch):
     codes = random_unique_codes(5, 50, seed=4)
     valid = torch.tensor([False, True, False, True, False])
     out = torch.full((5, 6), SENTINEL, dtype=torch.int64)
-    returned = select_top_codes(codes, valid, 6, out, block=16, splits=splits)
+    returned = select(codes, valid, 6, out, block=16, splits=splits, scratch=scratch)
     assert returned is out
     assert torch.equal(out[valid], expected_top(codes, 6)[valid])
     assert (out[~valid] == SENTINEL).all()
 
 
 @SPLITS
-def test_no_valid_row_writes_nothing(splits):
+def test_no_valid_row_writes_nothing(splits, scratch):
     codes = random_unique_codes(2, 20, seed=6)
     out = torch.full((2, 4), SENTINEL, dtype=torch.int64)
-    select_top_codes(codes, torch.zeros(2, dtype=torch.bool), 4, out, block=16, splits=splits)
+    select(codes, torch.zeros(2, dtype=torch.bool), 4, out, block=16, splits=splits, scratch=scratch)
     assert (out == SENTINEL).all()
 
 
 @SPLITS
-def test_out_rows_scatter_valid_rows_and_ignore_invalid_rows_entries(splits):
+def test_out_rows_scatter_valid_rows_and_ignore_invalid_rows_entries(splits, scratch):
     codes = random_unique_codes(4, 40, seed=7)
     valid = torch.tensor([True, False, True, True])
     out_rows = torch.tensor([5, -99, 0, 2])  # the invalid row's entry is out of range: ignored
     out = torch.full((7, 3), SENTINEL, dtype=torch.int64)
-    select_top_codes(codes, valid, 3, out, out_rows, block=16, splits=splits)
+    select(codes, valid, 3, out, out_rows, block=16, splits=splits, scratch=scratch)
     top = expected_top(codes, 3)
     assert torch.equal(out[5], top[0]) and torch.equal(out[0], top[2]) and torch.equal(out[2], top[3])
     assert (out[[1, 3, 4, 6]] == SENTINEL).all()
@@ -158,9 +216,9 @@ def test_rows_of_a_strided_view_are_read_at_their_stride(splits):
 
 
 @SPLITS
-def test_zero_rows_return_an_empty_out(splits):
+def test_zero_rows_return_an_empty_out(splits, scratch):
     codes = torch.zeros(0, 5, dtype=torch.int64)
-    out = select_top_codes(codes, torch.zeros(0, dtype=torch.bool), 2, splits=splits)
+    out = select(codes, torch.zeros(0, dtype=torch.bool), 2, splits=splits, scratch=scratch)
     assert out.shape == (0, 2)
 
 
@@ -191,18 +249,21 @@ def adversarial_rows(draw):
                           min_size=rows, max_size=rows))
     kk = draw(st.integers(1, n))
     valid = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
-    splits = draw(st.integers(1, 5))
-    return torch.tensor(codes, dtype=torch.int64), kk, torch.tensor(valid), splits
+    splits, scratch = draw(st.sampled_from(LAYOUTS + [(4, True)]))
+    return torch.tensor(codes, dtype=torch.int64), kk, torch.tensor(valid), splits, scratch
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(adversarial_rows())
-def test_property_valid_rows_equal_torch_topk_and_invalid_rows_stay_for_any_splits(case):
-    codes, kk, valid, splits = case
+def test_property_valid_rows_equal_torch_topk_and_invalid_rows_stay_for_any_layout(case):
+    codes, kk, valid, splits, scratch = case
     out = torch.full((codes.shape[0], kk), SENTINEL, dtype=torch.int64)
-    select_top_codes(codes, valid, kk, out, block=16, splits=splits)
+    source = codes.clone()
+    select_top_codes(source, valid, kk, out, block=16, splits=splits, scratch=scratch)
     assert torch.equal(out[valid], expected_top(codes, kk)[valid])
     assert (out[~valid] == SENTINEL).all()
+    written = valid if scratch and splits == 1 else torch.zeros_like(valid)
+    assert torch.equal(source[~written], codes[~written])
 
 
 def good_arguments():
@@ -233,6 +294,7 @@ def good_arguments():
     (dict(splits=0), ValueError, "splits"),
     (dict(splits=2.0), TypeError, "splits"),
     (dict(splits=True), TypeError, "splits"),
+    (dict(scratch=1), TypeError, "scratch"),
 ])
 def test_bad_arguments_raise_naming_the_argument(change, error, name):
     arguments = {**good_arguments(), **change}

@@ -23,6 +23,28 @@ Three stages per row, all exact integer arithmetic.
    INT64_MIN, which sorts last and never displaces a real value), sorted descending by ``tl.sort``
    and its first kk entries stored.
 
+With ``scratch=True`` and one program per row, stages 1 and 2 read a shrinking prefix of the
+row instead of the whole row 17 times; the caller gives up the row's content. One counting read
+of the row gives the digit counts of pass 0; then each pass p chooses its digit from the counts,
+and one read of the ``m`` candidates (``codes[0:m]``, all matching the prefix before pass p)
+splits them by their digit at pass p: above the chosen digit -> appended to the destination row at
+the running count ``written``; equal -> moved to ``codes[0:kept]`` in row order (and their digits
+of pass p + 1 counted, for the next choice); below -> dropped. Then ``m = kept``. Exactness: the
+candidates after pass p are exactly the elements matching the prefix of passes 0..p, so the
+counts, choices and ``k`` are those of the plain stage 1. An element strictly greater than
+``kth`` matches kth's prefix up to its first differing digit, where its digit is greater: it is
+appended exactly once, at that pass; an element equal to kth is never dropped, and a smaller one
+is never appended. So the destination holds exactly the ``kk - k`` values greater than kth in
+slots ``0 .. kk-k-1`` (it is stage 2's result up to order), and stage 3 follows unchanged.
+In-place safety within one program: a kept element moves to ``kept + (its rank among this
+block's kept elements) <= its own index``, so a block's stores land in that block or before it,
+never in a block not yet read in this pass; inside a block a barrier separates every thread's
+loads from the stores. The next pass reads what other threads stored: a barrier between passes,
+and loads that bypass L1 (``.cg``), as stage 3 does. Reads per row: ``N`` + ``N`` + the sum of
+the candidate counts after passes 0..14 — about 2.07 N on codes with spread-out high digits; a
+row whose candidates share many digits (e.g. all equal) reads up to 17 N, as without scratch,
+but then writes nothing to codes (an element that stays at its index is not stored).
+
 Two launch layouts compute exactly these stages.
 
 * One program per row (``splits == 1``): one kernel; stage 2 places values at a running offset
@@ -173,6 +195,73 @@ def _select_top_codes_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr,
     _complete_and_sort(row_out, stride_oc, live, kth, kk - rank, kk, KP)
 
 
+@triton.jit
+def _compact_pass(row_codes, row_out, stride_oc, m, written, chosen, shift, next_shift,
+                  BLOCK: tl.constexpr):
+    """One read of ``codes[0:m]`` (all matching the prefix before pass ``shift``): the elements
+    whose digit at ``shift`` is above ``chosen`` go to ``out[written:]``, those equal to it are
+    moved, in row order, to ``codes[0:kept]``. Returns (per-digit counts at ``next_shift`` of the
+    kept elements, written after the pass)."""
+    offs = tl.arange(0, BLOCK)
+    digits = tl.arange(0, 16)
+    counts = tl.zeros([16], dtype=tl.int32)
+    kept = tl.zeros([], dtype=tl.int32)
+    for start in range(0, m, BLOCK):
+        idx = start + offs
+        inside = idx < m
+        c = tl.load(row_codes + idx, mask=inside, other=0, cache_modifier=".cg")
+        u = c ^ -9223372036854775808
+        digit = ((u >> shift) & 15).to(tl.int32)
+        above = inside & (digit > chosen)
+        keep = inside & (digit == chosen)
+        out_pos = written + tl.cumsum(above.to(tl.int32), axis=0) - 1
+        keep_pos = kept + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        # Every thread's loads of this block are done before any thread stores into it.
+        tl.debug_barrier()
+        tl.store(row_out + out_pos.to(tl.int64) * stride_oc, c, mask=above)
+        tl.store(row_codes + keep_pos, c, mask=keep & (keep_pos != idx))
+        next_digit = ((u >> next_shift) & 15).to(tl.int32)
+        counts += tl.sum((keep[:, None] & (next_digit[:, None] == digits[None, :])).to(tl.int32),
+                         axis=0)
+        written += tl.sum(above.to(tl.int32), axis=0)
+        kept += tl.sum(keep.to(tl.int32), axis=0)
+    return counts, written
+
+
+@triton.jit
+def _select_top_codes_compacting_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr,
+                                        N, kk, out_num_rows,
+                                        stride_cr, stride_or, stride_oc,
+                                        HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                                        KP: tl.constexpr):
+    """One program: row ``program_id(0)`` of codes -> its top kk, descending, in its out row,
+    overwriting the row of codes (``scratch=True``, see module doc)."""
+    row = tl.program_id(0)
+    dst, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
+    row_codes = codes_ptr + row.to(tl.int64) * stride_cr
+    row_out = out_ptr + tl.where(live, dst, 0) * stride_or
+    m = tl.where(live, N, 0)             # candidates: codes[0:m] match the prefix so far
+    passes = tl.where(live, 16, 0)
+    digits = tl.arange(0, 16)
+
+    counts = _count_digits(row_codes, 0, m, 0, 0, 60, BLOCK)
+    prefix = tl.zeros([], dtype=tl.int64)
+    rank = tl.zeros([], dtype=tl.int32) + kk
+    written = tl.zeros([], dtype=tl.int32)  # candidates dropped as above the prefix range
+    for p in range(0, passes):
+        shift = 60 - 4 * p
+        chosen, rank = _choose_digit(counts, rank)
+        prefix = prefix | (chosen.to(tl.int64) << shift)
+        kept = tl.sum(tl.where(digits == chosen, counts, 0), axis=0)
+        counts, written = _compact_pass(row_codes, row_out, stride_oc, m, written, chosen, shift,
+                                        tl.maximum(shift - 4, 0), BLOCK)
+        m = kept
+        # The next pass reads codes[0:m] stored by other threads: a barrier, and ".cg" loads.
+        tl.debug_barrier()
+
+    _complete_and_sort(row_out, stride_oc, live, prefix ^ -9223372036854775808, written, kk, KP)
+
+
 TALLY_ROW = 17 * 16
 """int32 entries per row of the split layout's tally: 16 passes x 16 digits, then the counter of
 values written by the collect launch (at 16 * 16) and 15 unused entries."""
@@ -312,7 +401,8 @@ def default_splits(busy_rows: int, n: int, block: int, device: torch.device) -> 
 
 def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
                      out: torch.Tensor | None = None, out_rows: torch.Tensor | None = None,
-                     *, block: int = DEFAULT_BLOCK, splits: int | None = None) -> torch.Tensor:
+                     *, block: int = DEFAULT_BLOCK, splits: int | None = None,
+                     scratch: bool = False) -> torch.Tensor:
     """Top kk of each valid row of ``codes [R, N]`` int64, descending, into ``out``; returns out.
 
     ``valid [R]`` bool gates the rows; ``out [R', kk]`` int64 (allocated as ``[R, kk]`` when None,
@@ -322,12 +412,17 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
     would need the host). ``block`` (a power of two >= 16) is the chunk length of the passes over a
     row; ``splits`` (an int >= 1) the programs per row, ``default_splits(R, N, block, device)``
     when None: 1 is one launch, P > 1 is 19 launches (a zeroed tally, 16 count passes, collect,
-    finish) over P chunks of each row. Both change speed only. Exact for every int64 value; no
+    finish) over P chunks of each row. ``scratch=True`` lets a one-program call (splits == 1)
+    overwrite the codes rows of valid rows (their content afterwards is unspecified; invalid
+    rows are not touched) to read each row about twice instead of 17 times; it is ignored when
+    splits > 1. All three change speed only. Exact for every int64 value; no
     host synchronisation, a fixed number of launches (capturable in a CUDA graph). CUDA tensors,
     or CPU tensors under ``TRITON_INTERPRET=1``. Bad arguments raise TypeError/ValueError naming
     the argument.
     """
     _check_arguments(codes, valid, kk, out, out_rows, block, splits)
+    if not isinstance(scratch, bool):
+        raise TypeError(f"scratch must be a bool, got {type(scratch).__name__}")
     rows, n = codes.shape
     if out is None:
         out = torch.empty((rows, kk), dtype=torch.int64, device=codes.device)
@@ -339,7 +434,8 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
     has_out_rows = out_rows is not None
     kp = triton.next_power_of_2(kk)
     if splits == 1:
-        _select_top_codes_kernel[(rows,)](
+        kernel = _select_top_codes_compacting_kernel if scratch else _select_top_codes_kernel
+        kernel[(rows,)](
             codes, valid, out, rows_arg, n, kk, out.shape[0],
             codes.stride(0), out.stride(0), out.stride(1),
             HAS_OUT_ROWS=has_out_rows, BLOCK=block, KP=kp, num_warps=NUM_WARPS)
