@@ -177,17 +177,23 @@ def select_rows(R, N, reps, rows):
     base = {"case": "select", "input": "random_codes", "S": R, "T": N, "H": None}
     every = torch.ones(R, dtype=torch.bool, device="cuda")
     one = torch.arange(R, device="cuda") == 0
-    variants = (("select_all_rows_p1", every, 1), ("select_one_row_p1", one, 1),
-                ("select_one_row_split", one, default_splits(1, N, DEFAULT_BLOCK, codes.device)))
-    for name, valid, splits in variants:
+    split = default_splits(1, N, DEFAULT_BLOCK, codes.device)
+    variants = (("select_all_rows_p1", every, 1, False), ("select_one_row_p1", one, 1, False),
+                ("select_one_row_split", one, split, False),
+                ("select_all_rows_p1_scratch (incl. a copy of the codes)", every, 1, True),
+                ("select_one_row_p1_scratch (incl. a copy of the codes)", one, 1, True))
+    for name, valid, splits, scratch in variants:
         out = torch.zeros(R, TOPK, dtype=torch.int64, device="cuda")
-        fn = lambda: select_top_codes(codes, valid, TOPK, out=out, splits=splits)  # noqa: E731
+        fn = lambda: select_top_codes(codes.clone() if scratch else codes, valid, TOPK,  # noqa: E731
+                                      out=out, splits=splits, scratch=scratch)
         fn()
         torch.cuda.synchronize()
         rows.append({**base, "method": f"{name} (P={splits})", "no_sync": without_sync(fn)[1] is True,
                      "identical_eager": bool(torch.equal(out[valid], ref[valid])),
                      "identical_graph": None, "eager_ms": median_ms(fn, reps), "graph_ms": None})
         print(rows[-1], flush=True)
+    rows.append({**base, "method": "copy_of_the_codes", "no_sync": True, "identical_eager": None,
+                 "identical_graph": None, "eager_ms": median_ms(codes.clone, reps), "graph_ms": None})
     rows.append({**base, "method": "torch_topk_all_rows", "no_sync": True, "identical_eager": True,
                  "identical_graph": None,
                  "eager_ms": median_ms(lambda: torch.topk(codes, TOPK, dim=-1), reps),

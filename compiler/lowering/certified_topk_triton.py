@@ -339,7 +339,7 @@ def redo_dense(codes, redo, q, w, k, mask, kk):
         rows = lists[:, i]
         buf = score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask, rows=rows,
                          splits=key_splits(B * triton.cdiv(rows.shape[1], block_s), T))
-        select_top_codes(buf.view(-1, T), valid[:, i].reshape(-1), kk, out=flat,
+        select_top_codes(buf.view(-1, T), valid[:, i].reshape(-1), kk, out=flat, scratch=True,
                          out_rows=out_rows[:, i].reshape(-1))
     return codes
 
