@@ -160,7 +160,9 @@ def decode_rows(T, H, reps, rows):
         "decode_certified": lambda: decode_topk_cuda(ql, k, wl, TOPK, ml, witnesses=prev[:, 0]),
         "decode_certified_stale": lambda: decode_topk_cuda(ql, k, wl, TOPK, ml, witnesses=stale),
     }
-    one_program = functools.partial(select_top_codes, splits=1)
+    def one_program(*args, **kwargs):
+        return select_top_codes(*args, **{**kwargs, "splits": 1})
+
     for name, wit in (("decode_certified_p1", prev[:, 0]), ("decode_certified_stale_p1", stale)):
         methods[name] = functools.partial(_with_selector, one_program, decode_topk_cuda, ql, k, wl,
                                           TOPK, ml, witnesses=wit)
