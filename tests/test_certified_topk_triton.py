@@ -254,3 +254,28 @@ def test_order_codes_decode_to_their_value_and_key_bitwise():
                        expected.view(torch.int32)[~scores.isnan()])
     assert values.flatten()[scores.isnan()].isnan().all()
     assert decode_codes(torch.full((2, 0), 5, dtype=torch.int64), T)[0].shape == (2, 0)
+
+
+HOST_READS = ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+
+
+def test_certified_and_decode_calls_never_read_a_value_back_to_the_host():
+    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
+    dense = dense_topk_cuda(q, k, w, 32, mask)
+    _, prev = dense_topk_cuda(q[:, -2:-1], k, w[:, -2:-1], 32, mask[:, -2:-1])
+    last = dense_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:])
+    stale = torch.arange(40).view(1, 40) * 7
+    auto = CertifiedTopkConfig(path="auto", anchor_stride=16, workspace_frac=0.0)
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_READS:
+            patch.setattr(torch.Tensor, name, _host_read)
+        outs = [certified_topk_cuda(q, k, w, 32, mask, config=CERTIFIED),
+                certified_topk_cuda(q, k, w, 32, mask, config=auto, crossover=0),  # lists overflow
+                decode_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:], witnesses=prev[:, 0]),
+                decode_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:], witnesses=stale)]
+    for out, ref in zip(outs, (dense, dense, last, last)):
+        assert_same(out, ref)
+
+
+def _host_read(*args, **kwargs):
+    raise AssertionError("a tensor value was read back to the host")
