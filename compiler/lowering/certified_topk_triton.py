@@ -33,7 +33,8 @@ Path choice (config.path): "dense", "certified", or "auto". Under "auto" with a 
 (a key length decided offline: the op's ``min_keys`` >= 0, baked in by a plan or the cost model)
 the call is certified when T >= crossover and dense below, without a probe; without one it is
 dense below max(config.min_keys, CUDA_MIN_KEYS) keys or B * S * T * H < PROBE_MIN_WORK, else a
-probe of a few anchor groups through seeds and screen predicts the work (SPEC A.6). Either way the output is the dense one.
+probe of a few anchor groups through seeds and screen predicts the work (SPEC A.6). Either way
+the output is the dense one.
 Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile:
 kk + workspace_frac * T keys), min_keys, path; the witnesses are the anchor's top kk + kk/4 keys
 (sink and window are not added on this path). Decode: ``decode_topk_cuda``.
@@ -88,11 +89,6 @@ DEFAULT_R_CAP = 7
 so that the screen's row count is known without reading the budgets back to the host."""
 REDO_BUFFER_BYTES = 1 << 30
 """Dense code buffer of one round of ``redo_dense`` ([B, slots, T] int64)."""
-REDO_SPLIT_MAX_ROWS = 4
-"""Rounds of at most this many rows let the selector split each row over many programs (19
-launches; one row of 524288 codes in 1.0 ms on the H200); larger rounds give each row one program
-that compacts its row in place (``scratch``: ~2 reads of the row instead of 17; a wave of up to
-~260 rows of 524288 codes in ~2.5 ms, where the split mode took 84 ms for 1496 rows)."""
 
 
 def _check(q, k, weights, topk, mask):
@@ -111,19 +107,26 @@ def _operands(q, k, weights):
     return q.contiguous(), k.contiguous(), weights.float().contiguous()
 
 
-def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list):
+def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list, rows=None):
+    """``score_keys`` in non-compact mode, with key splits for the call's tile count."""
     block_s, _ = score_tile_shape(q.shape[2])
-    splits = key_splits(q.shape[0] * triton.cdiv(q.shape[1], block_s), cap)
+    n_slots = q.shape[1] if rows is None else rows.shape[1]
+    splits = key_splits(q.shape[0] * triton.cdiv(n_slots, block_s), cap)
     return score_keys(q, w, k, lists, counts, cap=cap, tiles_per_list=tiles_per_list, mask=mask,
-                      splits=splits)
+                      splits=splits, rows=rows)
+
+
+def _all_keys(B, T, device):
+    """The key list of dense scoring: ids [B,1,T] int32 (0..T-1) and counts [B,1] int32 (T)."""
+    ids = torch.arange(T, dtype=torch.int32, device=device).view(1, 1, T).expand(B, 1, T)
+    return ids, torch.full((B, 1), T, dtype=torch.int32, device=device)
 
 
 def dense_codes_topk(q, w, k, mask, kk):
     """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory."""
     B, S = q.shape[:2]
     T = k.shape[1]
-    ids = torch.arange(T, dtype=torch.int32, device=q.device).view(1, 1, T).expand(B, 1, T)
-    counts = torch.full((B, 1), T, dtype=torch.int32, device=q.device)
+    ids, counts = _all_keys(B, T, q.device)
     block_s, _ = score_tile_shape(q.shape[2])
     rows = max(block_s, (DENSE_CHUNK_BYTES // (8 * T * B)) // block_s * block_s)
     out = []
@@ -269,7 +272,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
     p = _activation_frequency(q, k, seed_ids, A)
     r_max = min(H, DEFAULT_R_CAP if config.r is None else config.r)
     r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
-    plan = plan_screen(q, w, k.dtype, p, r.clamp(1, r_max).long(), r_max)
+    plan = plan_screen(q, w, k.dtype, p, r.long(), r_max)
     reach = (plan.e + (plan.alpha.abs() + plan.beta.abs()).sum(-1)) * nk.amax(-1, keepdim=True)
     ok = plan.ok & torch.isfinite(tau_val) & (reach < 2.0**100)
     tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
@@ -331,22 +334,15 @@ def redo_dense(codes, redo, q, w, k, mask, kk):
     """
     B, S = redo.shape
     T = k.shape[1]
-    block_s, _ = score_tile_shape(q.shape[2])
-    slots = redo_slots(B, S, T, q.shape[2])
-    dev = q.device
-    ids = torch.arange(T, dtype=torch.int32, device=dev).view(1, 1, T).expand(B, 1, T)
-    counts = torch.full((B, 1), T, dtype=torch.int32, device=dev)
+    ids, counts = _all_keys(B, T, q.device)
     flat = codes.view(B * S, kk)
-    lists = _redo_row_lists(redo, slots)
-    splits = None if lists[:, 0].numel() <= REDO_SPLIT_MAX_ROWS else 1
+    lists = _redo_row_lists(redo, redo_slots(B, S, T, q.shape[2]))
     valid = lists >= 0
-    out_rows = (torch.arange(B, device=dev) * S)[:, None, None] + lists.clamp(min=0)
+    out_rows = (torch.arange(B, device=q.device) * S)[:, None, None] + lists.clamp(min=0)
     for i in range(lists.shape[1]):
-        rows = lists[:, i]
-        buf = score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask, rows=rows,
-                         splits=key_splits(B * triton.cdiv(rows.shape[1], block_s), T))
+        buf = _row_codes(q, w, k, mask, ids, counts, T, 1 << 30, rows=lists[:, i])
         select_top_codes(buf.view(-1, T), valid[:, i].reshape(-1), kk, out=flat, scratch=True,
-                         splits=splits, out_rows=out_rows[:, i].reshape(-1))
+                         out_rows=out_rows[:, i].reshape(-1))
     return codes
 
 
@@ -482,15 +478,14 @@ def decode_topk_cuda(q, k, weights, topk, mask=None, *, witnesses=None):
     G, _ = score_tile_shape(q.shape[2])
     n_tiles = triton.cdiv(S, G)
     n_wit = ids.shape[-1]
-    seed_codes = score_keys(q, w, k, torch.where(unusable, 0, ids).to(torch.int32).view(B, 1, -1),
-                            torch.full((B, 1), n_wit, dtype=torch.int32, device=dev), cap=n_wit,
-                            tiles_per_list=n_tiles, mask=mask, splits=key_splits(B * n_tiles, n_wit))
+    seed_ids = torch.where(unusable, 0, ids).to(torch.int32).view(B, 1, -1)
+    seed_counts = torch.full((B, 1), n_wit, dtype=torch.int32, device=dev)
+    seed_codes = _row_codes(q, w, k, mask, seed_ids, seed_counts, n_wit, n_tiles)
     seed_codes = torch.where(unusable[:, None, :], torch.iinfo(torch.int64).min, seed_codes)
     kth = torch.topk(seed_codes, kk, dim=-1, sorted=False).values.amin(-1)
     tau, _ = decode_codes(kth, T)
     tau = torch.where(torch.isfinite(tau), tau, float("-inf")).contiguous()
-    all_ids = torch.arange(T, dtype=torch.int32, device=dev).view(1, 1, T).expand(B, 1, T)
-    all_counts = torch.full((B, 1), T, dtype=torch.int32, device=dev)
+    all_ids, all_counts = _all_keys(B, T, dev)
     cand_cap = min(T, CANDIDATE_FACTOR * kk)
     cand = torch.full((B, S, cand_cap), torch.iinfo(torch.int64).min, dtype=torch.int64, device=dev)
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=dev)

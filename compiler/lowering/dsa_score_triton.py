@@ -12,10 +12,11 @@ fp32 value in the high word (hidden keys lowest, NaN highest, -0.0 folded into +
 ``T - 1 - key`` in the low word, so that a descending sort of codes is THE ORDER of the contract
 (values descending, NaN first, visible before hidden, lower key index first) with unique keys.
 
-Key lists: a program (``BLOCK_S`` neighbouring queries, or ``BLOCK_S`` slots of a row list) scores the keys of one list
-``ids[b, tile // tiles_per_list, :count]``. Dense scoring passes ``arange(T)``; the seed pass passes
-the anchor's top keys; refine passes the screen's survivors. A list whose count exceeds ``cap`` has
-overflowed: the program then scores every key ``0..T-1`` instead (dense rescan on the device).
+Key lists: a program (``BLOCK_S`` neighbouring queries, or ``BLOCK_S`` slots of a row list)
+scores the keys of one list ``ids[b, tile // tiles_per_list, :count]``. Dense scoring passes
+``arange(T)``; the seed pass passes the anchor's top keys; refine passes the screen's survivors.
+A list whose count exceeds ``cap`` has overflowed: the program then scores every key
+``0..T-1`` instead (dense rescan on the device).
 
 Output modes: ``COMPACT=False`` writes the code of list position p to ``out[b, s, p]``;
 ``COMPACT=True`` writes only visible keys with ``not (score < tau[b, s])`` (NaN kept), compacted per
@@ -33,21 +34,17 @@ benchmarks/results/indexer_h200.md.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from compiler.autotune import LaunchConfig
+from compiler.autotune import LaunchConfig, interpreter_active
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = interpreter_active()
 
 MASK_NONE = 0
 MASK_BOOL = 1
 MASK_ADDITIVE = 2
-
-HIDDEN_CODE32 = -(2**31)
 
 
 @triton.jit

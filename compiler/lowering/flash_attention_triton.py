@@ -29,9 +29,8 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
-from compiler.autotune import LaunchConfig, choose_config, length_bucket
+from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket
 from runtime.attention_reference import check_attention_inputs, two_interval_attention
 
 _LOG2_E = math.log2(math.e)
@@ -79,7 +78,7 @@ def _attend_key_tile(acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok,
     return acc, m_new, l_i
 
 
-_INTERPRETED = isinstance(_attend_key_tile, InterpretedFunction)
+_INTERPRETED = interpreter_active()
 """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
 
 

@@ -22,8 +22,8 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
+from compiler.autotune import interpreter_active
 from runtime.lse_merge import check_partials, merge_partials
 
 _OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -74,7 +74,7 @@ def _merge_partials_kernel(out_ptr, lse_ptr, merged_ptr, merged_lse_ptr,
     tl.store(merged_lse_ptr + offs_r, merged_lse, mask=row_ok)
 
 
-_INTERPRETED = isinstance(_merge_partials_kernel, InterpretedFunction)
+_INTERPRETED = interpreter_active()
 """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
 
 
