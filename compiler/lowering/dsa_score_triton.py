@@ -6,6 +6,9 @@ accumulation; bf16/fp16 operands on tensor cores, fp32 operands with ``input_pre
 then ``sum_h w[s, h] * relu(x_h)`` by ``tl.sum`` over the head axis of the same register tile, then
 the finite additive mask. Every caller goes through this one kernel with the same tile shape, so a
 key's score is bitwise the same whether it was scored densely, as a seed, or as a survivor.
+Under ``TRITON_INTERPRET=1`` (the CPU tests) the same kernel computes the dot and the head sum with
+``compiler/lowering/tile_arith.py``'s sequential form instead (ascending d, then ascending h, every operation
+rounded to fp32): exactly runtime.dense_scorer's THE SCORER, on every CPU and in every tile.
 
 Each score is written as a 64-bit *order code* (`order_code` below): a monotone int32 code of the
 fp32 value in the high word (hidden keys lowest, NaN highest, -0.0 folded into +0.0) and
@@ -39,6 +42,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active
+from compiler.lowering.tile_arith import group_sum, tile_dot
 
 INTERPRET = interpreter_active()
 
@@ -84,7 +88,7 @@ def _indexer_score_kernel(
     sqb, sqs, sqh, swb, sws, skb, skt, sib, sil, scb, msb, mss, mst, sob, sos, srb,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
-    ATOMIC: tl.constexpr, ROWS: tl.constexpr,
+    ATOMIC: tl.constexpr, ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -103,8 +107,8 @@ def _indexer_score_kernel(
         rows = slots
     rok = (qrow >= 0) & (qrow < S) & (head < H)
     d = tl.arange(0, D)
-    qt = tl.load(q_ptr + b * sqb + qrow[:, None] * sqs + head[:, None] * sqh + d[None, :],
-                 mask=rok[:, None], other=0.0)
+    q_off = b * sqb + qrow * sqs + head * sqh
+    qt = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=rok[:, None], other=0.0)
     if TO_FP32:
         qt = qt.to(tl.float32)
     wt = tl.load(w_ptr + b * swb + qrow * sws + head, mask=rok, other=0.0).to(tl.float32)
@@ -127,15 +131,10 @@ def _indexer_score_kernel(
         pok = pos < p_hi
         listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
         key = tl.where(overflow, pos, listed)
-        kt = tl.load(k_ptr + b * skb + key[:, None] * skt + d[None, :], mask=pok[:, None], other=0.0)
-        if TO_FP32:
-            kt = kt.to(tl.float32)
-        if IEEE:
-            x = tl.dot(qt, tl.trans(kt), input_precision="ieee")
-        else:
-            x = tl.dot(qt, tl.trans(kt))
+        x = tile_dot(qt, q_ptr, q_off, rok, k_ptr, b * skb + key * skt, pok, D, BLOCK_S * HP,
+                     BLOCK_T, SEQUENTIAL, IEEE, TO_FP32)
         x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
-        score = tl.sum(tl.reshape(x, (BLOCK_S, HP, BLOCK_T)), axis=1)
+        score = group_sum(x, H, BLOCK_S, HP, BLOCK_T, SEQUENTIAL)
         ok = row_ok[:, None] & pok[None, :]
         visible, bias = load_mask_tile(mask_ptr, b, rows, key, ok, msb, mss, mst, MASK_KIND)
         score = score + bias
@@ -231,6 +230,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         0 if rows is None else rows.stride(0),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
         TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, ROWS=rows is not None,
+        SEQUENTIAL=INTERPRET,
         **SCORER_CONFIG.kwargs(),
     )
     return out
