@@ -96,10 +96,14 @@ class NearMiss(Exception):
 
 @dataclasses.dataclass
 class Operand:
-    """A graph value and the methods (name, args) to apply to bring it to the op's layout."""
+    """A graph value and the methods (name, args) to apply to bring it to the op's layout.
+
+    ``replay``: layout-preserving nodes of the original graph re-applied to ``node``, in order,
+    before ``fix`` (an operand narrowed past an upcast, ``narrow_upcast_operands``)."""
 
     node: fx.Node
     fix: list[tuple[str, tuple]] = dataclasses.field(default_factory=list)
+    replay: list[fx.Node] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -443,6 +447,7 @@ def match_indexer(anchor: fx.Node, pdom: dict) -> IndexerMatch:
     qk = check_relu_and_scales(p, m)
     check_qk(qk, m)
     check_operands(m)
+    narrow_upcast_operands(m)
     escaping = escaping_nodes(pdom, m.interior, anchor)
     if escaping:
         raise NearMiss(f"intermediate {escaping[0].name} is used outside the matched region")
@@ -464,8 +469,37 @@ def check_operands(m: _Builder) -> None:
             raise NearMiss(f"{name} is {value(o.node).dtype}, expected a floating dtype")
 
 
+NARROW_DTYPES = (torch.bfloat16, torch.float16)
+"""Operand dtypes the op takes as they are, on tensor cores (fp32 accumulation of exact products)."""
+
+
+def narrow_upcast_operands(m: _Builder) -> None:
+    """Hand the op q and k in their original bf16/fp16 dtype when the pattern only upcast them
+    (``.float()`` / ``.to(torch.float32)`` among layout-preserving ops, as transformers' indexers
+    do): the products of two bf16 (fp16) values are exact in fp32, so fp32-accumulated scoring of
+    the originals computes the same real function, without an fp32 operand path. Both operands
+    must narrow to one dtype, and no scale may be folded into q (it would be applied in the
+    narrow dtype); otherwise the operands stay as matched."""
+    if any(scale.target == "q" for scale in m.scales):
+        return
+    narrowed = [_narrowed(o) for o in (m.q, m.k)]
+    if None in narrowed or value(narrowed[0].node).dtype != value(narrowed[1].node).dtype:
+        return
+    m.operand_nodes += [m.q.node, m.k.node]  # the upcast chains: erased when left unused
+    m.q, m.k = narrowed
+
+
+def _narrowed(o: Operand) -> Operand | None:
+    """``o`` read from the bf16/fp16 tensor below its widening casts, or None."""
+    src, skipped = skip_layout_preserving(o.node)
+    t = tensor_meta(src)
+    if t is None or t.dtype not in NARROW_DTYPES or not any(op_kind(n) == "cast" for n in skipped):
+        return None
+    return Operand(src, o.fix, [n for n in reversed(skipped) if op_kind(n) != "cast"])
+
+
 def _fixed_shape(o: Operand) -> tuple:
-    shape = list(value(o.node).shape)
+    shape = list(value(o.replay[-1] if o.replay else o.node).shape)
     for method, args in o.fix:
         if method == "squeeze":
             shape.pop(args[0])
@@ -482,6 +516,8 @@ def _fixed_shape(o: Operand) -> tuple:
 
 def _emit(graph: fx.Graph, operand: Operand, like: fx.Node) -> fx.Node:
     node = operand.node
+    for step in operand.replay:
+        node = insert_call(graph, step.op, step.target, (node, *step.args[1:]), dict(step.kwargs), like=like)
     for method, args in operand.fix:
         node = insert_call(graph, "call_method", method, (node, *args), like=like)
     return node
@@ -509,9 +545,11 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
                          {"layer": match.module, **settings.op_kwargs(), "record_stats": options.record_stats},
                          like=anchor)
     anchor.replace_all_uses_with(op)
-    for node in reversed(match.interior):
-        if not node.users:
+    live = set(match.interior)
+    while dead := [n for n in live if not n.users]:  # each erasure can leave producers unused
+        for node in dead:
             graph.erase_node(node)
+            live.discard(node)
     erase_dead_pure(graph, match.operand_nodes)
     return op
 
