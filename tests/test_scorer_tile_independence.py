@@ -63,3 +63,20 @@ def test_a_pair_scores_the_same_in_row_lists_of_any_length_and_in_any_key_list(n
     got = triton_scores(q, w, k, keys, rows=rows)[0]
     want = dense[listed][:, keys]
     assert torch.equal(got[:n_rows].view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("keys_m", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gpu_tile_forms_compute_the_scores(keys_m, dtype, monkeypatch):
+    """The GPU branches of the scorer (tl.dot in either orientation; fp32 as bf16 hi + lo in three
+    products), run here with the interpreter's numpy dot: the scores of THE SCORER within the
+    rounding of a reassociated fp32 dot (bf16 split: a relative 2^-16 of each product)."""
+    monkeypatch.setattr(dsa_score_triton, "SEQUENTIAL", False)
+    monkeypatch.setattr(dsa_score_triton, "KEYS_M", keys_m)
+    S, T, H, D = 6, 150, 16, 32
+    q, k, w = general_inputs(S, T, H, D, dtype, seed=7)
+    keys = list(range(T))
+    got = triton_scores(q, w, k, keys)
+    want = reference_scores(q, w, k, keys)
+    bound = (w.abs()[0, :, :, None] * torch.einsum("shd,td->sht", q[0].float().abs(), k[0].float().abs())).sum(1)
+    assert ((got[0] - want[0]).abs() <= 1e-4 * bound).all()

@@ -54,6 +54,7 @@ from compiler.lowering.dsa_score_triton import (
     key_splits,
     score_keys,
     score_tile_shape,
+    splits_fp32,
     top_codes,
 )
 from compiler.lowering.dsa_screen_triton import screen
@@ -414,8 +415,9 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
     config = CertifiedTopkConfig() if config is None else config
     q, k, w = _operands(q, k, weights)
     T = k.shape[1]
-    nk = key_norms(k) if config.path != "dense" else None
-    if choose_path(q, w, k, mask, kk, config, nk, crossover) == "dense":
+    dense = config.path == "dense" or splits_fp32(q.dtype)
+    nk = None if dense else key_norms(k)
+    if dense or choose_path(q, w, k, mask, kk, config, nk, crossover) == "dense":
         codes = dense_codes_topk(q, w, k, mask, kk)
         _record(stats, q, T, None)
         return decode_codes(codes, T)

@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active
-from compiler.lowering.tile_arith import group_sum, tile_dot
+from compiler.lowering.tile_arith import (group_sum, sequential_dot, sequential_group_sum, split_bf16,
+                                         tile_dot)
 
 INTERPRET = interpreter_active()
 
@@ -88,7 +89,8 @@ def _indexer_score_kernel(
     sqb, sqs, sqh, swb, sws, skb, skt, sib, sil, scb, msb, mss, mst, sob, sos, srb,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
-    ATOMIC: tl.constexpr, ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr,
+    ATOMIC: tl.constexpr, ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, KEYS_M: tl.constexpr,
+    SPLIT: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -112,6 +114,8 @@ def _indexer_score_kernel(
     if TO_FP32:
         qt = qt.to(tl.float32)
     wt = tl.load(w_ptr + b * swb + qrow * sws + head, mask=rok, other=0.0).to(tl.float32)
+    if SPLIT:  # fp32 operands as bf16 hi + lo (three tensor-core products, module docstring)
+        q_hi, q_lo = split_bf16(qt, INTERPRETED)
 
     row_ok = (rows >= 0) & (rows < S)
     if COMPACT:
@@ -131,10 +135,29 @@ def _indexer_score_kernel(
         pok = pos < p_hi
         listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
         key = tl.where(overflow, pos, listed)
-        x = tile_dot(qt, q_ptr, q_off, rok, k_ptr, b * skb + key * skt, pok, D, BLOCK_S * HP,
-                     BLOCK_T, SEQUENTIAL, IEEE, TO_FP32)
-        x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
-        score = group_sum(x, H, BLOCK_S, HP, BLOCK_T, SEQUENTIAL)
+        k_off = b * skb + key * skt
+        if SEQUENTIAL:
+            x = sequential_dot(q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T)
+            x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
+            score = sequential_group_sum(x, H, BLOCK_S, HP, BLOCK_T)
+        elif KEYS_M:
+            kt = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pok[:, None], other=0.0)
+            if TO_FP32:
+                kt = kt.to(tl.float32)
+            if SPLIT:
+                k_hi, k_lo = split_bf16(kt, INTERPRETED)
+                xt = tl.dot(k_lo, tl.trans(q_hi))
+                xt = tl.dot(k_hi, tl.trans(q_lo), xt)
+                xt = tl.dot(k_hi, tl.trans(q_hi), xt)
+            else:
+                xt = tl.dot(kt, tl.trans(qt))
+            xt = tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[None, :]
+            score = tl.trans(tl.sum(tl.reshape(xt, (BLOCK_T, BLOCK_S, HP)), axis=2))
+        else:
+            x = tile_dot(qt, q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T,
+                         False, IEEE, TO_FP32)
+            x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
+            score = group_sum(x, H, BLOCK_S, HP, BLOCK_T, False)
         ok = row_ok[:, None] & pok[None, :]
         visible, bias = load_mask_tile(mask_ptr, b, rows, key, ok, msb, mss, mst, MASK_KIND)
         score = score + bias
@@ -153,6 +176,18 @@ def _indexer_score_kernel(
             tl.store(out_ptr + b * sob + slots[:, None] * sos + pos[None, :], code, mask=ok)
     if COMPACT and not ATOMIC:
         tl.store(out_count_ptr + b * S + rows, running, mask=row_ok)
+
+
+SEQUENTIAL = INTERPRET
+"""Scores by tile_arith's sequential form (the CPU interpreter's arithmetic) instead of tl.dot."""
+KEYS_M = True
+"""Tile orientation of the scorer's product on the GPU: keys on the matrix rows (M) and the
+queries' heads on the columns (N), so the head sum runs along N (in-thread and in-quad adds); the
+other orientation (heads on M) sums across warps."""
+def splits_fp32(dtype: torch.dtype) -> bool:
+    """True when operands of ``dtype`` are scored as bf16 hi + lo products (fp32 on the GPU): the
+    certificate's rounding margins assume a single product per head, so such calls score densely."""
+    return dtype == torch.float32 and KEYS_M and not SEQUENTIAL
 
 
 SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128)
@@ -230,7 +265,8 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         0 if rows is None else rows.stride(0),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
         TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, ROWS=rows is not None,
-        SEQUENTIAL=INTERPRET,
+        SEQUENTIAL=SEQUENTIAL, KEYS_M=KEYS_M, SPLIT=splits_fp32(q.dtype),
+        INTERPRETED=INTERPRET,
         **SCORER_CONFIG.kwargs(),
     )
     return out
