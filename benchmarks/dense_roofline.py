@@ -29,7 +29,8 @@ import triton
 from compiler.autotune import LaunchConfig
 from compiler.lowering import dsa_score_triton as scorer
 from compiler.lowering.certified_topk_triton import (_all_keys, _row_codes, certified_topk_cuda,
-                                                     dense_codes_topk, dense_topk_cuda, top_codes)
+                                                     dense_topk_cuda)
+from compiler.lowering.threshold_select import top_codes
 from runtime.certified_topk import CertifiedTopkConfig
 
 H, D, TOPK = 64, 128, 2048
@@ -152,10 +153,12 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
             score_ms = timed(lambda: all_codes(*part), reps=3) * S / rows
             codes = all_codes(*part)
             select_ms = timed(lambda: top_codes(codes, kk), reps=3) * S / rows
+            topk_ms = timed(lambda: torch.topk(codes, kk, dim=-1), reps=3) * S / rows
             del codes
             ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
             emit({"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "dense", "ms": round(ms, 2),
                   "score_ms": round(score_ms, 2), "select_ms": round(select_ms, 2),
+                  "select_torch_topk_ms": round(topk_ms, 2),
                   "score_tflops": round(2 * S * T * H * D / score_ms / 1e9, 1), "identical": True})
             del q, k, w
             if structured_inputs is not None:

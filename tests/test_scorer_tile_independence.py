@@ -68,9 +68,9 @@ def test_a_pair_scores_the_same_in_row_lists_of_any_length_and_in_any_key_list(n
 @pytest.mark.parametrize("keys_m", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_gpu_tile_forms_compute_the_scores(keys_m, dtype, monkeypatch):
-    """The GPU branches of the scorer (tl.dot in either orientation; fp32 as bf16 hi + lo in three
-    products), run here with the interpreter's numpy dot: the scores of THE SCORER within the
-    rounding of a reassociated fp32 dot (bf16 split: a relative 2^-16 of each product)."""
+    """The GPU branches of the scorer (tl.dot in either orientation, fp32 as tf32), run here with
+    the interpreter's numpy dot (fp32 products): the scores of THE SCORER within the rounding of a
+    reassociated fp32 dot (the tf32 rounding itself is the GPU runs' to measure)."""
     monkeypatch.setattr(dsa_score_triton, "SEQUENTIAL", False)
     monkeypatch.setattr(dsa_score_triton, "KEYS_M", keys_m)
     S, T, H, D = 6, 150, 16, 32

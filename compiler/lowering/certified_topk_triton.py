@@ -54,11 +54,11 @@ from compiler.lowering.dsa_score_triton import (
     key_splits,
     score_keys,
     score_tile_shape,
-    splits_fp32,
-    top_codes,
+    tf32_scores,
 )
 from compiler.lowering.dsa_screen_triton import screen
 from compiler.lowering.select_codes_triton import select_top_codes
+from compiler.lowering.threshold_select import top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import check_indexer_inputs
@@ -415,7 +415,7 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
     config = CertifiedTopkConfig() if config is None else config
     q, k, w = _operands(q, k, weights)
     T = k.shape[1]
-    dense = config.path == "dense" or splits_fp32(q.dtype)
+    dense = config.path == "dense" or tf32_scores(q.dtype)
     nk = None if dense else key_norms(k)
     if dense or choose_path(q, w, k, mask, kk, config, nk, crossover) == "dense":
         codes = dense_codes_topk(q, w, k, mask, kk)

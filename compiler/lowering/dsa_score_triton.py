@@ -1,11 +1,14 @@
 """The DSA indexer scorer on the GPU: one Triton kernel for dense scoring, seed scoring and refine.
 
-Score of query s against key t (THE SCORER's GPU form): ``x = q[s] @ k[t]`` for all H heads in ONE
-``tl.dot`` (heads are the rows of the matrix product, ``BLOCK_S * HP`` rows per program; fp32
-accumulation; bf16/fp16 operands on tensor cores, fp32 operands with ``input_precision="ieee"``),
-then ``sum_h w[s, h] * relu(x_h)`` by ``tl.sum`` over the head axis of the same register tile, then
-the finite additive mask. Every caller goes through this one kernel with the same tile shape, so a
-key's score is bitwise the same whether it was scored densely, as a seed, or as a survivor.
+Score of query s against key t (THE SCORER's GPU form): ``x = k[t] @ q[s]^T`` for all H heads of
+the program's BLOCK_S queries in ONE ``tl.dot`` per key tile (keys are the rows of the matrix
+product, BLOCK_T of them; the queries' heads its ``BLOCK_S * HP`` columns; fp32 accumulation;
+bf16/fp16 operands as they are, fp32 operands rounded to tf32 on the tensor cores), then
+``sum_h w[s, h] * relu(x_h)`` by ``tl.sum`` along the columns of each query (in-thread and in-quad
+adds), then the finite additive mask. Every caller goes through this one kernel with the same tile
+shape, so a key's score is bitwise the same whether it was scored densely, as a seed, or as a
+survivor. The tf32 rounding of fp32 operands is not covered by the certificate's margins, so the
+certified top-K scores fp32 calls densely (``tf32_scores``).
 Under ``TRITON_INTERPRET=1`` (the CPU tests) the same kernel computes the dot and the head sum with
 ``compiler/lowering/tile_arith.py``'s sequential form instead (ascending d, then ascending h, every operation
 rounded to fp32): exactly runtime.dense_scorer's THE SCORER, on every CPU and in every tile.
@@ -42,8 +45,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active
-from compiler.lowering.tile_arith import (group_sum, sequential_dot, sequential_group_sum, split_bf16,
-                                         tile_dot)
+from compiler.lowering.tile_arith import group_sum, sequential_dot, sequential_group_sum, tile_dot
 
 INTERPRET = interpreter_active()
 
@@ -90,7 +92,7 @@ def _indexer_score_kernel(
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
     ATOMIC: tl.constexpr, ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, KEYS_M: tl.constexpr,
-    SPLIT: tl.constexpr, INTERPRETED: tl.constexpr,
+    TF32: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -114,8 +116,6 @@ def _indexer_score_kernel(
     if TO_FP32:
         qt = qt.to(tl.float32)
     wt = tl.load(w_ptr + b * swb + qrow * sws + head, mask=rok, other=0.0).to(tl.float32)
-    if SPLIT:  # fp32 operands as bf16 hi + lo (three tensor-core products, module docstring)
-        q_hi, q_lo = split_bf16(qt, INTERPRETED)
 
     row_ok = (rows >= 0) & (rows < S)
     if COMPACT:
@@ -144,11 +144,8 @@ def _indexer_score_kernel(
             kt = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pok[:, None], other=0.0)
             if TO_FP32:
                 kt = kt.to(tl.float32)
-            if SPLIT:
-                k_hi, k_lo = split_bf16(kt, INTERPRETED)
-                xt = tl.dot(k_lo, tl.trans(q_hi))
-                xt = tl.dot(k_hi, tl.trans(q_lo), xt)
-                xt = tl.dot(k_hi, tl.trans(q_hi), xt)
+            if TF32:
+                xt = tl.dot(kt, tl.trans(qt), input_precision="tf32")
             else:
                 xt = tl.dot(kt, tl.trans(qt))
             xt = tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[None, :]
@@ -184,9 +181,10 @@ KEYS_M = True
 """Tile orientation of the scorer's product on the GPU: keys on the matrix rows (M) and the
 queries' heads on the columns (N), so the head sum runs along N (in-thread and in-quad adds); the
 other orientation (heads on M) sums across warps."""
-def splits_fp32(dtype: torch.dtype) -> bool:
-    """True when operands of ``dtype`` are scored as bf16 hi + lo products (fp32 on the GPU): the
-    certificate's rounding margins assume a single product per head, so such calls score densely."""
+def tf32_scores(dtype: torch.dtype) -> bool:
+    """True when operands of ``dtype`` are multiplied as tf32 on tensor cores (fp32 on the GPU,
+    module docstring). The certificate's rounding margins assume exact products of the operands,
+    so the certified top-K scores such calls densely."""
     return dtype == torch.float32 and KEYS_M and not SEQUENTIAL
 
 
@@ -265,8 +263,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         0 if rows is None else rows.stride(0),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
         TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, ROWS=rows is not None,
-        SEQUENTIAL=SEQUENTIAL, KEYS_M=KEYS_M, SPLIT=splits_fp32(q.dtype),
-        INTERPRETED=INTERPRET,
+        SEQUENTIAL=SEQUENTIAL, KEYS_M=KEYS_M, TF32=tf32_scores(q.dtype),
         **SCORER_CONFIG.kwargs(),
     )
     return out
@@ -299,7 +296,3 @@ def decode_codes(codes: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tenso
                                                               BLOCK=block)
     return values, idx
 
-
-def top_codes(codes: torch.Tensor, kk: int) -> torch.Tensor:
-    """The kk largest order codes of each row, descending (THE ORDER; codes are unique)."""
-    return torch.topk(codes, kk, dim=-1, largest=True, sorted=True).values

@@ -81,15 +81,3 @@ def group_sum(y, n, G: tl.constexpr, R: tl.constexpr, N: tl.constexpr, SEQUENTIA
         s = tl.sum(tl.reshape(y, (G, R, N)), axis=1)
     return s
 
-
-@triton.jit
-def split_bf16(x, EMULATED: tl.constexpr):
-    """(hi, lo) with hi = bf16(x), lo = bf16(x - hi), both round-to-nearest-even, so that
-    |x - hi - lo| <= 2^-16 |x| (bf16 keeps 8 significant bits). In bf16 for tensor-core products; as
-    their exact fp32 values when EMULATED (the interpreter computes bf16 products wrongly)."""
-    hi = x.to(tl.bfloat16)
-    lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
-    if EMULATED:
-        hi = hi.to(tl.float32)
-        lo = lo.to(tl.float32)
-    return hi, lo
