@@ -3,7 +3,7 @@
 ``import compiler`` registers ``torch.ops.pulsar_dosa.certified_topk`` (also ``compiler.certified_topk``).
 ``torch.compile(model, backend="pulsar_dosa")`` works without importing anything (entry point).
 """
-from compiler.lowering import certified_topk
+from compiler.ops import certified_topk
 from compiler.options import CompileOptions
 from compiler.report import Report, current_report
 from compiler.explain import explain

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-import compiler.lowering.attention_op  # noqa: F401  (registers pulsar_dosa::attention)
+import compiler.ops.attention  # noqa: F401  (registers pulsar_dosa::attention)
 from compiler.report import collecting
 from runtime.assembly import assemble
 from runtime.attention_layout import PackedPhase, use_layout

@@ -8,7 +8,7 @@ folded into ``enable_gqa`` (``x[:, :, None].expand(B, Hkv, n, S, D).reshape(B, H
     eager    matmul(softmax(matmul(q, kᵀ) (*|/) c [+ mask], dim=-1[, dtype=float32]) [.to] [dropout p=0], v)
 
 with kᵀ = ``k.transpose(-2, -1)`` (any spelling of the last two dims) and c a Python number.
-Variants (report ``variant``): the op form (``compiler.lowering.attention_op.FORMS``) plus
+Variants (report ``variant``): the op form (``compiler.ops.attention.FORMS``) plus
 ``+gqa`` when a repeat was folded and ``+mask`` when a mask is passed. A matched chain must be
 closed: every interior node (scores, softmax, casts, the transposed or repeated k and v) feeds
 only the next node of the chain, e.g. attention weights that are also returned make a near miss.
@@ -27,7 +27,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from compiler.lowering.attention_op import SDPA_FORM
+from compiler.ops.attention import SDPA_FORM
 from compiler.passes.matcher import (arg, insert_call, module_path, normalize_dim, op_kind, same_size,
                                      tensor_meta)
 
