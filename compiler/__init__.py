@@ -2,6 +2,8 @@
 
 ``import compiler`` registers ``torch.ops.pulsar_dosa.certified_topk`` (also ``compiler.certified_topk``).
 ``torch.compile(model, backend="pulsar_dosa")`` works without importing anything (entry point).
+Docstrings cite formulas as "SPEC A.3" (section A.3 of ``docs/SPEC.md``); the architecture is in
+``docs/DESIGN.md``.
 """
 __version__ = "0.1.0"  # the package version (pyproject.toml reads it from here)
 
