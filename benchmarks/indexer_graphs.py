@@ -33,7 +33,7 @@ import time
 import torch
 import triton
 
-import compiler.lowering.certified_topk_op  # noqa: F401  (registers torch.ops.pulsar_dosa)
+import compiler.ops.certified_topk  # noqa: F401  (registers torch.ops.pulsar_dosa)
 import compiler.lowering.certified_topk_triton as certified_topk_triton
 from benchmarks.indexer import D, TOPK, causal_chunk_mask, decode_dense, transformers_random
 from compiler.lowering.certified_topk_triton import (

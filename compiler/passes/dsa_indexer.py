@@ -43,7 +43,8 @@ import torch.fx as fx
 
 from compiler.plan_apply import indexer_settings
 from compiler.plan_capture import indexer_op
-from compiler.passes.matcher import (arg, erase_dead_pure, escaping_nodes, insert_call, is_scalar,
+from compiler.passes.base import NearMiss, NotCandidate, PatternPass
+from compiler.passes.matcher import (arg, escaping_nodes, insert_call, is_scalar,
                                      is_unit, module_path, normalize_dim, op_kind, post_dominators,
                                      same_shape, same_size, skip_layout_preserving, tensor_meta,
                                      value)
@@ -84,14 +85,6 @@ def variant_name(qk: QkVariant, scale: ScaleVariant, heads: HeadVariant, mask: M
 PATTERN_VARIANTS = tuple(variant_name(*v) for v in
                          ((qk, sc, hw, mk) for qk in QkVariant for sc in ScaleVariant
                           for hw in HeadVariant for mk in MaskVariant))
-
-
-class NotCandidate(Exception):
-    """The topk does not compute an indexer-like score (no head-weighting contraction)."""
-
-
-class NearMiss(Exception):
-    """An indexer-like candidate that must stay untouched; the message is the reason."""
 
 
 @dataclasses.dataclass
@@ -524,7 +517,8 @@ def _emit(graph: fx.Graph, operand: Operand, like: fx.Node) -> fx.Node:
 
 
 def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
-    """Replace the matched region by one certified_topk call (``settings``: its plan arguments); returns the op node."""
+    """Insert one certified_topk call for the matched region before its anchor (``settings``: its plan
+    arguments); returns the op node (the pass runner reroutes the anchor's users and erases the region)."""
     anchor = match.anchor
     with graph.inserting_before(anchor):
         q, k, w = (_emit(graph, o, anchor) for o in (match.q, match.k, match.weights))
@@ -544,39 +538,33 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
         op = insert_call(graph, "call_function", indexer_op(options), (q, k, w, match.topk, mask),
                          {"layer": match.module, **settings.op_kwargs(), "record_stats": options.record_stats},
                          like=anchor)
-    anchor.replace_all_uses_with(op)
-    live = set(match.interior)
-    while dead := [n for n in live if not n.users]:  # each erasure can leave producers unused
-        for node in dead:
-            graph.erase_node(node)
-            live.discard(node)
-    erase_dead_pure(graph, match.operand_nodes)
     return op
 
 
-def run(ctx) -> None:
-    """Analyse every topk of ``ctx.gm``, then rewrite the safe matches; record rewrites and near misses."""
-    graph = ctx.gm.graph
-    anchors = [n for n in graph.nodes if op_kind(n) == "topk"]
-    pdom = post_dominators(graph) if anchors else {}
-    matches = []
-    for anchor in anchors:
-        try:
-            matches.append(match_indexer(anchor, pdom))
-        except NotCandidate:
-            ctx.report.counters[f"{KIND}.not_candidate"] += 1
-        except NearMiss as miss:
-            ctx.report.add_near_miss(KIND, module_path(anchor), str(miss), anchor.name)
-        except (TypeError, ValueError, IndexError, AttributeError, KeyError) as error:
-            ctx.report.add_near_miss(KIND, module_path(anchor), f"unsupported form ({type(error).__name__}: {error})",
-                                     anchor.name)
-    for match in matches:
-        settings = indexer_settings(ctx.options, match.module, _fixed_shape(match.q), value(match.topk),
-                                    value(match.q.node).device.type)
-        op = rewrite(graph, match, ctx.options, settings)
+class IndexerPass(PatternPass):
+    """Every topk of the graph is an anchor; the matches share the graph's post-dominators."""
+
+    kind = KIND
+
+    def anchors(self, graph):
+        return [n for n in graph.nodes if op_kind(n) == "topk"]
+
+    def analyse(self, graph, anchors):
+        return post_dominators(graph) if anchors else {}
+
+    def match(self, anchor, pdom):
+        return match_indexer(anchor, pdom)
+
+    def settings(self, ctx, match):
+        return indexer_settings(ctx.options, match.module, _fixed_shape(match.q), value(match.topk),
+                                value(match.q.node).device.type)
+
+    def rewrite(self, ctx, match, settings):
+        return rewrite(ctx.gm.graph, match, ctx.options, settings)
+
+    def describe(self, match, settings, op):
         q, k, w = (value(a) for a in op.args[:3])
         shapes = {"q": q.shape, "k": k.shape, "weights": w.shape}
         if op.args[4] is not None:
             shapes["mask"] = value(op.args[4]).shape
-        ctx.report.add_rewrite(KIND, match.module, variant=match.variant, shapes=shapes,
-                               topk=str(value(match.topk)), **settings.report_fields())
+        return dict(variant=match.variant, shapes=shapes, topk=str(value(match.topk)), **settings.report_fields())
