@@ -85,6 +85,34 @@ def load_mask_tile(mask_ptr, b, rows, keys, ok, msb, mss, mst, MASK_KIND: tl.con
 
 
 @triton.jit
+def _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S: tl.constexpr,
+                 HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, SEQUENTIAL: tl.constexpr,
+                 KEYS_M: tl.constexpr, TF32: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr):
+    """[BLOCK_S, BLOCK_T] fp32 ``sum_h w_h relu(q_h . k)`` of the program's query rows (``qt``
+    [BLOCK_S * HP, D], ``wt`` [BLOCK_S * HP]) against one key tile (rows ``k_ptr + k_off``, ``pok``)."""
+    if SEQUENTIAL:
+        x = sequential_dot(q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T)
+        x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
+        score = sequential_group_sum(x, H, BLOCK_S, HP, BLOCK_T)
+    elif KEYS_M:
+        kt = tl.load(k_ptr + k_off[:, None] + tl.arange(0, D)[None, :], mask=pok[:, None], other=0.0)
+        if TO_FP32:
+            kt = kt.to(tl.float32)
+        if TF32:
+            xt = tl.dot(kt, tl.trans(qt), input_precision="tf32")
+        else:
+            xt = tl.dot(kt, tl.trans(qt))
+        xt = tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[None, :]
+        score = tl.trans(tl.sum(tl.reshape(xt, (BLOCK_T, BLOCK_S, HP)), axis=2))
+    else:
+        x = tile_dot(qt, q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T,
+                     False, IEEE, TO_FP32)
+        x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
+        score = group_sum(x, H, BLOCK_S, HP, BLOCK_T, False)
+    return score
+
+
+@triton.jit
 def _indexer_score_kernel(
     q_ptr, w_ptr, k_ptr, ids_ptr, count_ptr, tau_ptr, mask_ptr, out_ptr, out_count_ptr, rows_ptr,
     S, T, H, cap, cap_out, tiles_per_list, n_tiles, n_slots,
@@ -92,7 +120,7 @@ def _indexer_score_kernel(
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
     ATOMIC: tl.constexpr, ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, KEYS_M: tl.constexpr,
-    TF32: tl.constexpr,
+    TF32: tl.constexpr, SKIP_HIDDEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -136,27 +164,17 @@ def _indexer_score_kernel(
         listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
         key = tl.where(overflow, pos, listed)
         k_off = b * skb + key * skt
-        if SEQUENTIAL:
-            x = sequential_dot(q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T)
-            x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
-            score = sequential_group_sum(x, H, BLOCK_S, HP, BLOCK_T)
-        elif KEYS_M:
-            kt = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pok[:, None], other=0.0)
-            if TO_FP32:
-                kt = kt.to(tl.float32)
-            if TF32:
-                xt = tl.dot(kt, tl.trans(qt), input_precision="tf32")
-            else:
-                xt = tl.dot(kt, tl.trans(qt))
-            xt = tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[None, :]
-            score = tl.trans(tl.sum(tl.reshape(xt, (BLOCK_T, BLOCK_S, HP)), axis=2))
-        else:
-            x = tile_dot(qt, q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T,
-                         False, IEEE, TO_FP32)
-            x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
-            score = group_sum(x, H, BLOCK_S, HP, BLOCK_T, False)
         ok = row_ok[:, None] & pok[None, :]
         visible, bias = load_mask_tile(mask_ptr, b, rows, key, ok, msb, mss, mst, MASK_KIND)
+        if SKIP_HIDDEN:
+            if tl.max(tl.max(visible.to(tl.int32), axis=1), axis=0) == 0:
+                score = tl.zeros((BLOCK_S, BLOCK_T), dtype=tl.float32)  # no visible key: fixed codes
+            else:
+                score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S, HP, D,
+                                     BLOCK_T, SEQUENTIAL, KEYS_M, TF32, IEEE, TO_FP32)
+        else:
+            score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S, HP, D,
+                                 BLOCK_T, SEQUENTIAL, KEYS_M, TF32, IEEE, TO_FP32)
         score = score + bias
         code = order_code(score, visible, key[None, :], T)
         if COMPACT:
@@ -188,6 +206,9 @@ def tf32_scores(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and KEYS_M and not SEQUENTIAL
 
 
+SKIP_HIDDEN_TILES = True
+"""A key tile in which the mask hides every key of the program's rows is not multiplied (its codes
+do not depend on the scores): causal prefill scores about half the keys."""
 SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128)
 """The scorer's one launch config (module docstring: why it is fixed)."""
 
@@ -264,6 +285,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
         TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, ROWS=rows is not None,
         SEQUENTIAL=SEQUENTIAL, KEYS_M=KEYS_M, TF32=tf32_scores(q.dtype),
+        SKIP_HIDDEN=SKIP_HIDDEN_TILES and kind != MASK_NONE,
         **SCORER_CONFIG.kwargs(),
     )
     return out
