@@ -35,8 +35,8 @@ tuned). The scorer defines the values: the order of the head sum ``tl.sum`` over
 follows the tile's layout, which BLOCK_T and num_warps decide, so two configs may round a score
 differently. Tuning per length would let a key scored densely at one length and as a survivor at
 another differ in the last bit; a fixed config makes dense, seed and refine scores bitwise the
-same by construction. BLOCK_T=128, 8 warps, 3 stages: the config of the H200 measurements in
-benchmarks/results/indexer_h200.md.
+same by construction. BLOCK_T=64, 4 warps, 3 stages and MATRIX_ROWS=256 product columns: the
+fastest form of a sweep on the H200 (benchmarks/dense_roofline.py --sweep).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active
-from compiler.lowering.tile_arith import group_sum, sequential_dot, sequential_group_sum, tile_dot
+from compiler.lowering.tile_arith import sequential_dot, sequential_group_sum
 
 INTERPRET = interpreter_active()
 
@@ -87,14 +87,14 @@ def load_mask_tile(mask_ptr, b, rows, keys, ok, msb, mss, mst, MASK_KIND: tl.con
 @triton.jit
 def _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S: tl.constexpr,
                  HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, SEQUENTIAL: tl.constexpr,
-                 KEYS_M: tl.constexpr, TF32: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr):
+                 TF32: tl.constexpr, TO_FP32: tl.constexpr):
     """[BLOCK_S, BLOCK_T] fp32 ``sum_h w_h relu(q_h . k)`` of the program's query rows (``qt``
     [BLOCK_S * HP, D], ``wt`` [BLOCK_S * HP]) against one key tile (rows ``k_ptr + k_off``, ``pok``)."""
     if SEQUENTIAL:
         x = sequential_dot(q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T)
         x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
         score = sequential_group_sum(x, H, BLOCK_S, HP, BLOCK_T)
-    elif KEYS_M:
+    else:
         kt = tl.load(k_ptr + k_off[:, None] + tl.arange(0, D)[None, :], mask=pok[:, None], other=0.0)
         if TO_FP32:
             kt = kt.to(tl.float32)
@@ -104,11 +104,6 @@ def _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S: tl.co
             xt = tl.dot(kt, tl.trans(qt))
         xt = tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[None, :]
         score = tl.trans(tl.sum(tl.reshape(xt, (BLOCK_T, BLOCK_S, HP)), axis=2))
-    else:
-        x = tile_dot(qt, q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T,
-                     False, IEEE, TO_FP32)
-        x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
-        score = group_sum(x, H, BLOCK_S, HP, BLOCK_T, False)
     return score
 
 
@@ -118,9 +113,8 @@ def _indexer_score_kernel(
     S, T, H, cap, cap_out, tiles_per_list, n_tiles, n_slots,
     sqb, sqs, sqh, swb, sws, skb, skt, sib, sil, scb, msb, mss, mst, sob, sos, srb,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
-    MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
-    ATOMIC: tl.constexpr, ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, KEYS_M: tl.constexpr,
-    TF32: tl.constexpr, SKIP_HIDDEN: tl.constexpr,
+    MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, TO_FP32: tl.constexpr, ATOMIC: tl.constexpr,
+    ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, SKIP_HIDDEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -171,10 +165,10 @@ def _indexer_score_kernel(
                 score = tl.zeros((BLOCK_S, BLOCK_T), dtype=tl.float32)  # no visible key: fixed codes
             else:
                 score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S, HP, D,
-                                     BLOCK_T, SEQUENTIAL, KEYS_M, TF32, IEEE, TO_FP32)
+                                     BLOCK_T, SEQUENTIAL, TF32, TO_FP32)
         else:
             score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S, HP, D,
-                                 BLOCK_T, SEQUENTIAL, KEYS_M, TF32, IEEE, TO_FP32)
+                                 BLOCK_T, SEQUENTIAL, TF32, TO_FP32)
         score = score + bias
         code = order_code(score, visible, key[None, :], T)
         if COMPACT:
@@ -195,24 +189,23 @@ def _indexer_score_kernel(
 
 SEQUENTIAL = INTERPRET
 """Scores by tile_arith's sequential form (the CPU interpreter's arithmetic) instead of tl.dot."""
-KEYS_M = True
-"""Tile orientation of the scorer's product on the GPU: keys on the matrix rows (M) and the
-queries' heads on the columns (N), so the head sum runs along N (in-thread and in-quad adds); the
-other orientation (heads on M) sums across warps."""
 def tf32_scores(dtype: torch.dtype) -> bool:
     """True when operands of ``dtype`` are multiplied as tf32 on tensor cores (fp32 on the GPU,
     module docstring). The certificate's rounding margins assume exact products of the operands,
     so the certified top-K scores such calls densely."""
-    return dtype == torch.float32 and KEYS_M and not SEQUENTIAL
+    return dtype == torch.float32 and not SEQUENTIAL
 
 
 SKIP_HIDDEN_TILES = True
 """A key tile in which the mask hides every key of the program's rows is not multiplied (its codes
 do not depend on the scores): causal prefill scores about half the keys."""
-SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128)
+SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)
 """The scorer's one launch config (module docstring: why it is fixed)."""
 
-MATRIX_ROWS = 32 if INTERPRET else 128
+MATRIX_ROWS = 32 if INTERPRET else 256
+"""Columns of the scorer's product per program (BLOCK_S queries x HP padded heads): with BLOCK_T=64
+keys, 4 warps and 3 stages the fastest form measured on the H200 (448 TFLOP/s at S=4096,
+T=131072, H=64: benchmarks/results/dense_roofline_sweep_h200.json)."""
 
 
 def score_tile_shape(H: int) -> tuple[int, int]:
@@ -272,7 +265,6 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         shape = (B, n_slots, ids.shape[-1])
         out = (torch.full(shape, torch.iinfo(torch.int64).min, dtype=torch.int64, device=q.device)
                if fill else torch.empty(shape, dtype=torch.int64, device=q.device))
-    ieee = q.dtype == torch.float32
     # Operands a variant never reads (tau and out_count without COMPACT, mask with MASK_NONE) are
     # passed as any tensor of the call: the kernel's constexpr branches skip them.
     _indexer_score_kernel[(B * n_tiles, splits)](
@@ -282,9 +274,9 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), k.stride(0), k.stride(1),
         ids.stride(0), ids.stride(1), counts.stride(0), msb, mss, mst, out.stride(0), out.stride(1),
         0 if rows is None else rows.stride(0),
-        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, ROWS=rows is not None,
-        SEQUENTIAL=SEQUENTIAL, KEYS_M=KEYS_M, TF32=tf32_scores(q.dtype),
+        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET,
+        ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
+        TF32=tf32_scores(q.dtype),
         SKIP_HIDDEN=SKIP_HIDDEN_TILES and kind != MASK_NONE,
         **SCORER_CONFIG.kwargs(),
     )
