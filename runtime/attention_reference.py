@@ -11,10 +11,15 @@ Arithmetic is fp32 whatever the input dtype; GQA maps query head ``h`` to key/va
 """
 from __future__ import annotations
 
+import bisect
+
 import torch
 
 QUERY_CHUNK = 1024
 """Most queries handled per step."""
+
+MIN_CHUNK = 64
+"""A chunk ends early at a change of ``segment_start`` only once it holds this many queries."""
 
 SCORE_BUDGET = 1 << 26
 """Most fp32 scores held per step (``Hq × queries × keys``): a step takes fewer queries when the
@@ -85,6 +90,26 @@ def key_span(prefix_end: torch.Tensor, segment_start: torch.Tensor, q_start: int
                       torch.arange(segment_lo, max(segment_hi, segment_lo), device=device)])
 
 
+def query_chunks(segment_start: torch.Tensor, rows: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` query chunks of at most ``rows`` queries covering ``[0, Sq)`` in order.
+
+    A chunk ends early where ``segment_start`` changes (in any batch row) once it holds
+    ``MIN_CHUNK`` queries, so the chunks of a packed layout rarely straddle two segments and
+    their key spans stay tight. Reads the change positions back to the host.
+    """
+    sq = segment_start.shape[1]
+    cuts = (torch.nonzero((segment_start[:, 1:] != segment_start[:, :-1]).any(0)).flatten() + 1).tolist()
+    chunks, start = [], 0
+    while start < sq:
+        stop = min(start + rows, sq)
+        first = bisect.bisect_left(cuts, start + min(MIN_CHUNK, rows))
+        if first < len(cuts) and cuts[first] < stop:
+            stop = cuts[first]
+        chunks.append((start, stop))
+        start = stop
+    return chunks
+
+
 def two_interval_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            prefix_end: torch.Tensor, segment_start: torch.Tensor, *,
                            scale: float, q_start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,9 +119,10 @@ def two_interval_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     segment_start ``[B, Sq]`` int key indices; ``q_start`` the key index of query 0.
     Returns o ``[B, Hq, Sq, D]`` in q's dtype and lse ``[B, Hq, Sq]`` fp32 (natural log of the
     sum of ``exp(scale * q.k)`` over visible keys). A query with no visible key gets o = 0 and
-    lse = -inf. Computed in fp32 with a max-shifted softmax (no overflow). Work and memory follow
-    the visible keys: each chunk of queries reads only its ``key_span``, and the query heads of a
-    key/value head share its keys without copies.
+    lse = -inf. Computed in fp32 with a max-shifted softmax (no overflow): with m the row's largest
+    score, lse = m + log Σ exp(s - m) and o = Σ exp(s - m) v / Σ exp(s - m). Work and memory follow
+    the visible keys: each chunk of queries (``query_chunks``) reads only its ``key_span``, and the
+    query heads of a key/value head share its keys without copies.
     """
     check_attention_inputs(q, k, v, prefix_end, segment_start, scale, q_start)
     b, hq, sq, d = q.shape
@@ -107,21 +133,24 @@ def two_interval_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     rows = max(1, min(QUERY_CHUNK, SCORE_BUDGET // max(hq * sk, 1)))
     grouped = q.reshape(b, hkv, group, sq, d)  # query head h reads key/value head h // group
     outputs, lses = [], []
-    for start in range(0, sq, rows):
-        stop = min(start + rows, sq)
+    for start, stop in query_chunks(segment_start, rows):
         n = stop - start
         prefix, segment = prefix_end[:, start:stop], segment_start[:, start:stop]
         keys = key_span(prefix, segment, q_start, start, sk)
         kf, vf = k.index_select(2, keys).float(), v.index_select(2, keys).float()
         qf = grouped[:, :, :, start:stop].float().reshape(b, hkv, group * n, d)
-        scores = torch.matmul(qf, kf.transpose(-1, -2)).view(b, hkv, group, n, keys.numel()) * float(scale)
-        mask = visible_keys(prefix, segment, q_start, start, keys)[:, None, None]
-        scores = scores.masked_fill(~mask, float("-inf"))
-        lse = torch.logsumexp(scores, dim=-1)
-        # A row with no visible key has lse = -inf and all scores -inf: shifting by 0 there
-        # gives exp(-inf) = 0 weights, hence o = 0.
-        shift = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse)
-        probs = torch.exp(scores - shift.unsqueeze(-1)).view(b, hkv, group * n, keys.numel())
-        outputs.append(torch.matmul(probs, vf).view(b, hq, n, d))
-        lses.append(lse.view(b, hq, n))
+        scores = torch.matmul(qf, kf.transpose(-1, -2)).view(b, hkv, group, n, keys.numel())
+        scores.mul_(float(scale))
+        scores.masked_fill_(~visible_keys(prefix, segment, q_start, start, keys)[:, None, None], float("-inf"))
+        top = scores.amax(dim=-1, keepdim=True) if keys.numel() else scores.new_full((*scores.shape[:-1], 1),
+                                                                                       float("-inf"))
+        # A row with no visible key has every score -inf: shifting it by 0 gives weights
+        # exp(-inf) = 0, a sum of 0, hence o = 0 and lse = log(0) = -inf.
+        shift = torch.where(top == float("-inf"), torch.zeros_like(top), top)
+        weights = scores.sub_(shift).exp_()
+        total = weights.sum(dim=-1, keepdim=True)
+        out = torch.matmul(weights.view(b, hkv, group * n, keys.numel()), vf).view(b, hkv, group, n, d)
+        out = torch.where(total > 0, out / total, torch.zeros((), device=q.device))
+        outputs.append(out.view(b, hq, n, d))
+        lses.append((shift + torch.log(total)).view(b, hq, n))
     return torch.cat(outputs, dim=2).to(q.dtype), torch.cat(lses, dim=2)

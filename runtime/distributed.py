@@ -130,11 +130,11 @@ def check_same_arguments(model: torch.nn.Module, args: GenerateArgs | Exception,
                          + "; ".join(f"{rank}: {error}" for rank, error in failed.items()))
     differing = [name for name in mine if len({digests[name] for digests in gathered}) > 1]
     if differing:
-        groups = {name: sorted({digests[name] for digests in gathered}) for name in differing}
-        detail = "; ".join(
-            f"{name}: " + ", ".join(f"ranks {[r for r, d in enumerate(gathered) if d[name] == value]}"
-                                    for value in groups[name])
-            for name in differing)
+        def ranks_by_value(name: str) -> str:
+            values = list(dict.fromkeys(digests[name] for digests in gathered))  # in order of first rank
+            return ", ".join(f"ranks {[r for r, d in enumerate(gathered) if d[name] == value]}" for value in values)
+
+        detail = "; ".join(f"{name}: {ranks_by_value(name)}" for name in differing)
         raise ValueError(f"generate_distributed needs the same arguments on every rank, but "
                          f"{', '.join(differing)} differ ({detail})")
 
