@@ -111,3 +111,37 @@ def test_a_device_without_a_kernel_gets_the_reference_and_a_warning(caplog):
     assert "no two-interval attention kernel is registered for 'meta'" in caplog.text
     with pytest.raises(TypeError, match="device_type"):
         register_attention_kernel("", two_interval_attention)
+
+
+@pytest.mark.parametrize("layout", [None, "causal", "two_interval"])
+def test_the_attention_op_returns_the_contiguous_layout_of_its_fake_kernel(layout):
+    """Inductor checks real strides against the fake kernel's; SDPA on transposed q (as transformers
+    passes it) returns a transposed layout, which the op must not hand on."""
+    import compiler  # noqa: F401  (registers torch.ops.pulsar_dosa.attention)
+    from runtime.attention_layout import use_layout
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 7, heads, 8, generator=g).transpose(1, 2) for heads in (4, 2, 2))
+    phases = {"causal": PackedPhase(torch.zeros(7, dtype=torch.int64), torch.zeros(7, dtype=torch.int64)),
+              "two_interval": PackedPhase(torch.tensor([0, 0, 0, 3, 3, 3, 3]), torch.tensor([0, 0, 0, 3, 3, 5, 5]))}
+    op = torch.ops.pulsar_dosa.attention
+    if layout is None:
+        out = op(q, k, v, None, True, None, True, "sdpa")
+    else:
+        with use_layout(phases[layout]):
+            out = op(q, k, v, None, True, None, True, "sdpa")
+    fake = torch.empty(1, 4, 7, 8)
+    assert out.shape == fake.shape and out.stride() == fake.stride()
+
+
+def test_the_pulsar_driver_imports_neither_transformers_nor_compiler_until_it_runs_a_model():
+    """transformers is imported when a model runs (it is a test extra, not a dependency); runtime
+    never imports compiler."""
+    import subprocess
+    import sys
+
+    code = ("import sys, runtime.pulsar, runtime.distributed; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'compiler'}))")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -2,7 +2,7 @@
 
 Schema: ``attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, bool is_causal, float? scale,
 bool enable_gqa, str form) -> Tensor``; q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] (Hkv = Hq unless
-``enable_gqa``); returns [B, Hq, Sq, D] in q's dtype.
+``enable_gqa``); returns [B, Hq, Sq, D] in q's dtype, contiguous.
 
 With no active layout (``runtime.attention_layout.active_layout()`` is None) it computes what the
 replaced code computed, with the same torch calls:
@@ -66,10 +66,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     layout = active_layout()
     if layout is None:
         if form == SDPA_FORM:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.0,
-                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-        return eager_attention(q, k, v, attn_mask, scale, enable_gqa, form)
-    return layout.attend(q, k, v, scale=effective_scale(form, scale, q.shape[-1]))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.0,
+                                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        else:
+            out = eager_attention(q, k, v, attn_mask, scale, enable_gqa, form)
+    else:
+        out = layout.attend(q, k, v, scale=effective_scale(form, scale, q.shape[-1]))
+    # The fake kernel's strides (inductor checks them): SDPA may return a transposed layout.
+    return out.contiguous()
 
 
 @attention.register_fake
