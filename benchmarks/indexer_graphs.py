@@ -16,16 +16,14 @@ Cases: prefill of a chunk of S queries at the end of T keys (causal inside the c
 structured inputs (the certified path; the op as a compiled model calls it: path "auto" with the
 cost model's crossover and r left to the runtime, or with a plan's r = 1 and crossover) and on
 the random-init transformers indexer with the path forced to "certified" (most rows are answered
-by the on-device dense redo); decode of one query with the previous query's selection as
-witnesses, and with stale witnesses (the redo answers it), each also with the redo's selector
-forced to one program per row (``_p1``). Decode baselines: the transformers pattern in plain
-torch (``decode_dense``) and the dense Triton path, both also captured. Selector rows: the gated
+by the on-device dense redo); decode of one query: the op as a compiled model calls it
+(``decode_op``, certified from every length: the path choice must send it to dense scoring), the
+transformers pattern in plain torch (``decode_dense``) and the dense Triton path, all captured. Selector rows: the gated
 exact selector (select_codes_triton) against torch.topk on random codes.
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import time
@@ -33,12 +31,11 @@ import time
 import torch
 import triton
 
-import compiler.lowering.certified_topk_op  # noqa: F401  (registers torch.ops.pulsar_dosa)
+import compiler.ops.certified_topk  # noqa: F401  (registers torch.ops.pulsar_dosa)
 import compiler.lowering.certified_topk_triton as certified_topk_triton
 from benchmarks.indexer import D, TOPK, causal_chunk_mask, decode_dense, transformers_random
 from compiler.lowering.certified_topk_triton import (
     certified_topk_cuda,
-    decode_topk_cuda,
     dense_topk_cuda,
 )
 from compiler.lowering.select_codes_triton import DEFAULT_BLOCK, default_splits, select_top_codes
@@ -136,36 +133,17 @@ def prefill_rows(S, T, H, inputs, reps, rows):
         print(rows[-1], flush=True)
 
 
-def _with_selector(selector, fn, *args, **kwargs):
-    """``fn`` with the redo's selector replaced (the ``_p1`` rows: one program per redone row)."""
-    saved = certified_topk_triton.select_top_codes
-    certified_topk_triton.select_top_codes = selector
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        certified_topk_triton.select_top_codes = saved
-
-
 def decode_rows(T, H, reps, rows):
     q, k, w, _ = structured(2, T, H)
     mask = causal_chunk_mask(2, T)
     ql, wl, ml = q[:, 1:], w[:, 1:], mask[:, 1:]
-    _, prev = dense_topk_cuda(q[:, :1], k, w[:, :1], TOPK, mask[:, :1])
-    stale = torch.randint(0, T, (1, TOPK), device="cuda")
     ref = dense_topk_cuda(ql, k, wl, TOPK, ml)
     base = {"case": "decode", "input": "structured", "S": 1, "T": T, "H": H}
     methods = {
         "decode_dense_torch": lambda: decode_dense(ql, k, wl, ml, TOPK),
         "decode_triton_dense": lambda: dense_topk_cuda(ql, k, wl, TOPK, ml),
-        "decode_certified": lambda: decode_topk_cuda(ql, k, wl, TOPK, ml, witnesses=prev[:, 0]),
-        "decode_certified_stale": lambda: decode_topk_cuda(ql, k, wl, TOPK, ml, witnesses=stale),
+        "decode_op": lambda: certified_topk_cuda(ql, k, wl, TOPK, ml, crossover=0),
     }
-    def one_program(*args, **kwargs):
-        return select_top_codes(*args, **{**kwargs, "splits": 1})
-
-    for name, wit in (("decode_certified_p1", prev[:, 0]), ("decode_certified_stale_p1", stale)):
-        methods[name] = functools.partial(_with_selector, one_program, decode_topk_cuda, ql, k, wl,
-                                          TOPK, ml, witnesses=wit)
     for name, fn in methods.items():
         rows.append({**base, "method": name, **measure(fn, ref, reps)})
         print(rows[-1], flush=True)

@@ -33,7 +33,7 @@ import torch
 import triton
 
 from compiler.cost_model import H200_FITTED, T as T_SYMBOL, IndexerShape, certified_call_time, dense_call_time
-from compiler.lowering.certified_topk_op import topk_config
+from compiler.ops.certified_topk import topk_config
 from compiler.lowering.certified_topk_triton import certified_topk_cuda, dense_topk_cuda
 from compiler.plan import plan_from_calls
 from compiler.plan_apply import layer_settings

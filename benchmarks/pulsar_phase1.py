@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import triton
 
 from compiler.lowering.flash_attention_triton import two_interval_attention_triton
-from compiler.lowering.lse_merge_triton import merge_partials_triton
+from runtime.lse_merge import merge_partials
 from runtime.assembly import PackedLayout, assemble
 from runtime.attention_reference import two_interval_attention
 
@@ -232,7 +232,7 @@ def correctness_checks(shape: ModelShape, model: LlamaShapedStack, length: int, 
         qq, k[:, :, idx], v[:, :, idx], torch.full((1, queries), idx.numel(), device=device),
         torch.full((1, queries), idx.numel(), device=device), scale=shape.head_dim ** -0.5)
         for idx in shards]
-    merged_o, merged_lse = merge_partials_triton(torch.stack([x[0] for x in partials]),
+    merged_o, merged_lse = merge_partials(torch.stack([x[0] for x in partials]),
                                                  torch.stack([x[1] for x in partials]))
     everything = torch.full((1, queries), p, device=device)
     ref_o, ref_lse = two_interval_attention(qq, k, v, everything, everything, scale=shape.head_dim ** -0.5)

@@ -2,10 +2,14 @@
 
 ``import compiler`` registers ``torch.ops.pulsar_dosa.certified_topk`` (also ``compiler.certified_topk``).
 ``torch.compile(model, backend="pulsar_dosa")`` works without importing anything (entry point).
+Docstrings cite formulas as "SPEC A.3" (section A.3 of ``docs/SPEC.md``); the architecture is in
+``docs/DESIGN.md``.
 """
-from compiler.lowering import certified_topk
+__version__ = "0.1.0"  # the package version (pyproject.toml reads it from here)
+
+from compiler.ops import certified_topk
 from compiler.options import CompileOptions
 from compiler.report import Report, current_report
 from compiler.explain import explain
 
-__all__ = ["certified_topk", "CompileOptions", "Report", "current_report", "explain"]
+__all__ = ["__version__", "certified_topk", "CompileOptions", "Report", "current_report", "explain"]

@@ -8,6 +8,7 @@ the options, runs the enabled passes on the torch-level graph, records what it d
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -17,19 +18,23 @@ from compiler.options import CompileOptions
 from compiler.passes import run_passes
 from compiler.report import current_report
 
+logger = logging.getLogger(__name__)
+
 
 def pulsar_dosa(gm: fx.GraphModule, example_inputs: Sequence[Any],
                 options: CompileOptions | Mapping[str, Any] | None = None, mode: str | None = None) -> Callable:
     """Rewrite ``gm`` with the enabled passes, then compile it with ``options['downstream']``.
 
-    ``mode`` is torch.compile's ``mode``; it applies to the inductor downstream only.
+    ``mode`` is torch.compile's ``mode``. torch.compile passes it only when no ``options`` are given
+    (it refuses both at once), so it always reaches the default downstream, inductor; the eager and
+    tensorrt downstreams, reachable only through ``options``, never see one.
     """
     opts = CompileOptions.from_user(options)
-    if mode not in (None, "default") and opts.downstream != "inductor":
-        raise ValueError(f"mode: {mode!r} applies to downstream='inductor' only, got downstream={opts.downstream!r}")
     report = current_report()
     report.begin_compile(options_uuid=opts.uuid(), downstream=opts.downstream,
                          nodes=len(gm.graph.nodes))
+    logger.debug("compile %d: %d nodes, downstream %s, options %s", report.compile_index, len(gm.graph.nodes),
+                 opts.downstream, opts.uuid()[:12])
     run_passes(gm, opts, report)
     return compile_downstream(gm, example_inputs, opts.downstream, mode)
 

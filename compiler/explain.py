@@ -1,6 +1,7 @@
 """``compiler.explain``: compile a model with the backend, run it once, return what was done."""
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping
 
 import torch
@@ -10,6 +11,8 @@ from compiler.lowering.stats import TOPK_STATS
 from compiler.options import CompileOptions
 from compiler.report import Report, collecting
 
+logger = logging.getLogger(__name__)
+
 
 def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | None = None,
             dynamic: bool | None = None, **kwargs: Any) -> Report:
@@ -18,7 +21,11 @@ def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | Non
     ``near_misses``, pass times and per-layer top-K statistics of this run (``stats``).
 
     ``dynamic`` is torch.compile's. The compiled callable is ``report.compiled``, its output
-    ``report.output``. Dynamo's caches are reset first so the graph is captured afresh.
+    ``report.output``.
+
+    Process-wide effects: it calls ``torch._dynamo.reset()`` first, so that the graph is captured
+    afresh; that drops Dynamo's compiled code of *every* function in the process (each
+    recompiles on its next call), and it resets the top-K statistics (``TOPK_STATS``).
     """
     opts = CompileOptions.from_user(options)
 
@@ -32,6 +39,9 @@ def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | Non
         with torch.no_grad():
             output = compiled(*args, **kwargs)
     report.stats = TOPK_STATS.summaries() if opts.record_stats else {}
+    for reason, count in report.fallback_totals().items():
+        if count:
+            logger.info("%d queries fell back to dense scoring (%s)", count, reason)
     report.compiled = compiled
     report.output = output
     return report

@@ -5,8 +5,15 @@ turns it into :class:`CompileOptions` with :meth:`CompileOptions.from_user`. Unk
 values raise ``ValueError``/``TypeError`` naming the key and what was expected.
 
 A new option is one declared field: ``name: type = option(default, check, doc)``. ``check`` gets the
-value and returns it (possibly normalised) or raises. :meth:`CompileOptions.uuid` hashes every field,
-so compiled artifacts never outlive a changed option.
+value and returns it (possibly normalised) or raises; ``CompileOptions(...)`` runs it too.
+
+:meth:`CompileOptions.uuid` hashes every field (a plan by its content); the backend records it per
+compile (``report.compiles[i]["options_uuid"]``). Compiled code is not looked up by it: every
+option that changes the compiled code does so through the rewritten graph (which ops, their
+``path``/``r``/``min_keys``/``record_stats``/``layer`` arguments), and the graph is what Inductor's
+FX graph cache keys on; Dynamo guards its cache entries on the backend, and two ``torch.compile``
+calls share compiled code only when their backend and options are equal. So no compiled code
+outlives a changed option.
 """
 from __future__ import annotations
 
@@ -54,7 +61,7 @@ def _check_bool(key: str, value: Any) -> bool:
 
 
 def _check_passes(key: str, value: Any) -> tuple[str, ...]:
-    from compiler.passes import PASS_FAMILIES  # late: the pass list imports the lowering ops
+    from compiler.passes import PASS_FAMILIES  # late: the pass modules pull in the ops and the plan tooling
 
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise TypeError(f"option {key!r}: expected a list of pass families from {list(PASS_FAMILIES)}, got {value!r}")
@@ -79,7 +86,8 @@ def _check_plan(key: str, value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
-    """Validated backend options. Build it with :meth:`from_user`; every field is documented in its ``doc``."""
+    """Validated backend options: ``CompileOptions(...)`` and :meth:`from_user` check (and normalise)
+    every field the same way; every field is documented in its ``doc``."""
 
     downstream: str = option("inductor", _check_downstream,
                              "compiler that receives the rewritten graph: 'inductor', 'eager' or 'tensorrt'")
@@ -96,6 +104,10 @@ class CompileOptions:
                            "record each rewritten indexer's inputs instead of optimising (plan calibration, "
                            "compiler.plan_capture)")
 
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+
     @classmethod
     def from_user(cls, options: "CompileOptions | Mapping[str, Any] | None") -> "CompileOptions":
         """Validate ``options`` (None, a mapping of option names, or a CompileOptions) into one object."""
@@ -105,13 +117,11 @@ class CompileOptions:
             return options
         if not isinstance(options, Mapping):
             raise TypeError(f"options: expected a dict of option names or None, got {type(options).__name__}")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        values = {}
-        for key, value in options.items():
+        fields = sorted(f.name for f in dataclasses.fields(cls))
+        for key in options:
             if key not in fields:
-                raise ValueError(f"options: unknown key {key!r}; expected keys from {sorted(fields)}")
-            values[key] = fields[key].metadata["check"](key, value)
-        return cls(**values)
+                raise ValueError(f"options: unknown key {key!r}; expected keys from {fields}")
+        return cls(**options)
 
     def enabled_passes(self, all_families: tuple[str, ...]) -> tuple[str, ...]:
         """The pass families to run, in ``all_families`` order."""

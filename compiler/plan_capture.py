@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-import compiler.lowering  # noqa: F401  (registers pulsar_dosa::certified_topk, whose fake kernel is reused)
+from compiler.ops.certified_topk import SCHEMA, fake_certified_topk, op_arguments
 from runtime.dense_scorer import dense_topk
 
 
@@ -56,32 +56,19 @@ def capturing() -> Iterator[CaptureRecorder]:
         _ACTIVE.pop()
 
 
-@torch.library.custom_op("pulsar_dosa::capture_topk", mutates_args=())
-def capture_topk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    weights: torch.Tensor,
-    topk: int,
-    mask: torch.Tensor | None = None,
-    layer: str = "",
-    r: int = -1,
-    min_keys: int = -1,
-    path: str = "auto",
-    record_stats: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _capture_topk(*args, **kwargs):
     """Record the inputs under ``layer`` and return ``dense_topk`` (values float32, indices int64)."""
+    a = op_arguments(args, kwargs)
     if not _ACTIVE:
         raise RuntimeError("pulsar_dosa.capture_topk ran outside compiler.plan_capture.capturing(): "
                            "compile with capture=True only to calibrate plans")
-    _ACTIVE[-1].record(layer, q, k, weights, topk, mask)
-    return dense_topk(q, k, weights, topk, mask)
+    _ACTIVE[-1].record(a["layer"], a["q"], a["k"], a["weights"], a["topk"], a["mask"])
+    return dense_topk(a["q"], a["k"], a["weights"], a["topk"], a["mask"])
 
 
-@capture_topk.register_fake
-def _capture_topk_fake(q, k, weights, topk, mask=None, layer="", r=-1, min_keys=-1, path="auto",
-                       record_stats=True):
-    return torch.ops.pulsar_dosa.certified_topk.default(q, k, weights, topk, mask, layer, r, min_keys, path,
-                                                        record_stats)
+capture_topk = torch.library.custom_op("pulsar_dosa::capture_topk", _capture_topk, mutates_args=(),
+                                       schema=SCHEMA)
+capture_topk.register_fake(fake_certified_topk)
 
 
 def indexer_op(options):

@@ -35,8 +35,9 @@ class Rewrite:
 
 
 @dataclasses.dataclass(frozen=True)
-class NearMiss:
-    """A candidate left untouched: kind, module path, the reason, and the anchor node's name."""
+class NearMissRecord:
+    """A candidate left untouched (a ``compiler.passes.base.NearMiss``, or an unsupported form):
+    kind, module path, the reason, and the anchor node's name."""
 
     kind: str
     module: str
@@ -51,7 +52,7 @@ class Report:
     ``compiled``/``output`` are set by ``compiler.explain`` (the compiled callable, its output)."""
 
     rewrites: list[Rewrite] = dataclasses.field(default_factory=list)
-    near_misses: list[NearMiss] = dataclasses.field(default_factory=list)
+    near_misses: list[NearMissRecord] = dataclasses.field(default_factory=list)
     pass_times: list[tuple[int, str, float]] = dataclasses.field(default_factory=list)
     compiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     counters: Counter = dataclasses.field(default_factory=Counter)
@@ -77,8 +78,8 @@ class Report:
         self.counters[f"{kind}.variant.{variant}"] += 1
         return entry
 
-    def add_near_miss(self, kind: str, module: str, reason: str, node: str = "") -> NearMiss:
-        entry = NearMiss(kind, module, reason, node, self.compile_index)
+    def add_near_miss(self, kind: str, module: str, reason: str, node: str = "") -> NearMissRecord:
+        entry = NearMissRecord(kind, module, reason, node, self.compile_index)
         self.near_misses.append(entry)
         self.counters[f"{kind}.near_miss"] += 1
         return entry

@@ -38,7 +38,7 @@ from torch._dynamo.eval_frame import OptimizedModule
 
 from runtime.assembly import MODES, POSITIONS, PackedLayout, assemble
 from runtime.attention_layout import Layout, MergeFn, PackedPhase, QueryPhase, active_layout, use_layout
-from runtime.summaries import HEURISTICS, check_positive_int
+from runtime.summaries import DEFAULT_HEURISTIC, HEURISTICS, check_positive_int
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -63,7 +63,7 @@ class PulsarConfig:
     sink: int = 64
     chunk: int = 32
     ratio: float = 0.125
-    heuristic: str = "max_idf"
+    heuristic: str = DEFAULT_HEURISTIC
     positions: str = "sparse"
 
     def __post_init__(self) -> None:

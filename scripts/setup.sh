@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
-# Creates .venv (once) with a CPU build of torch and this package with its test extras.
-# torch is pinned: an unpinned torch would pull a multi-GB CUDA build.
+# Creates .venv (once) with the CPU build of torch and this package with its test extras.
+#
+# PyPI's torch wheel for Linux is the multi-GB CUDA build, so the torch wheel alone is fetched
+# from PyTorch's CPU wheel index (TORCH_INDEX_URL overrides it, e.g. with a CUDA index); its
+# dependencies and everything else come from the usual index. A matching torch wheel that pip
+# finds locally (its find-links) serves as well: where the CPU index cannot be reached, pip warns
+# and takes that wheel, and fails when there is none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-python -m pip install -q "torch==2.13.0" "triton==3.6.0" "numpy<2.4"
+if ! python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
+  wheels=$(mktemp -d)
+  python -m pip download -q --no-deps "torch==2.13.0" --index-url "$TORCH_INDEX_URL" -d "$wheels"
+  python -m pip install -q "$wheels"/torch-*.whl
+  rm -r "$wheels"
+fi
+python -m pip install -q "triton==3.6.0" "numpy<2.4"
 python -m pip install -q -e ".[test]"

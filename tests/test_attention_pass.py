@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-import compiler.lowering.attention_op  # noqa: F401  (registers pulsar_dosa::attention)
+import compiler.ops.attention  # noqa: F401  (registers pulsar_dosa::attention)
 from compiler.report import collecting
 from runtime.assembly import assemble
 from runtime.attention_layout import PackedPhase, use_layout
@@ -30,6 +30,14 @@ def repeat_kv(x, n):
 
 def sdpa_causal(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def sdpa_keywords(q, k, v):
+    return F.scaled_dot_product_attention(query=q, key=k, value=v, is_causal=True, enable_gqa=True)
+
+
+def sdpa_mixed_keywords_masked(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, key=repeat_kv(k, 2), value=repeat_kv(v, 2), attn_mask=mask)
 
 
 def sdpa_masked_repeat(q, k, v, mask):
@@ -76,6 +84,8 @@ def causal_mask(sq, sk):
 @pytest.mark.parametrize("fn, variant, with_mask, gqa_inputs", [
     (sdpa_causal, "sdpa+gqa", False, True),
     (sdpa_masked_repeat, "sdpa+gqa+mask", True, True),
+    (sdpa_keywords, "sdpa+gqa", False, True),
+    (sdpa_mixed_keywords_masked, "sdpa+gqa+mask", True, True),
     (eager_chain, "eager_mul_softmax_fp32+gqa+mask", True, True),
     (eager_div_chain, "eager_div+gqa", False, True),
 ])
@@ -85,6 +95,8 @@ def test_rewritten_attention_is_bitwise_the_original_without_a_layout(fn, varian
     out, report = compile_and_run(fn, *args)
     assert [r.variant for r in report.rewrites] == [variant]
     assert report.rewrites[0].kind == "attention" and not report.near_misses
+    assert report.counters["attention.rewritten"] == 1 and report.counters[f"attention.variant.{variant}"] == 1
+    assert report.counters["attention.unsupported"] == 0
     assert torch.equal(out, fn(*args))
 
 
@@ -114,6 +126,7 @@ def test_near_misses_are_reported_and_left_untouched(fn, reason):
     assert not report.rewrites
     assert [m.kind for m in report.near_misses] == ["attention"]
     assert reason in report.near_misses[0].reason
+    assert report.counters["attention.near_miss"] == 1 and report.counters["attention.rewritten"] == 0
     if fn is not sdpa_with_dropout:
         torch.testing.assert_close(out, fn(q, k, v))
 

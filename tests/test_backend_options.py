@@ -83,7 +83,38 @@ def test_bad_options_through_torch_compile_fail_with_the_options_error():
         fn(torch.arange(6.0))
 
 
-def test_mode_applies_to_inductor_only():
-    with pytest.raises(ValueError, match="mode.*inductor"):
-        pulsar_dosa(torch.fx.symbolic_trace(torch.nn.ReLU()), [torch.zeros(2)],
-                    options={"downstream": "eager"}, mode="max-autotune")
+@pytest.mark.parametrize("key,value,error,text", [
+    ("downstream", "tvm", ValueError, "'downstream'.*expected one of"),
+    ("certified", "fast", ValueError, "'certified'"),
+    ("record_stats", 1, TypeError, "'record_stats': expected a bool"),
+    ("passes", ["nope"], ValueError, "unknown pass family 'nope'"),
+    ("plan", 3, TypeError, "'plan': expected a path"),
+])
+def test_built_directly_the_options_validate_like_from_user(key, value, error, text):
+    with pytest.raises(error, match=text):
+        CompileOptions(**{key: value})
+
+
+def test_built_directly_the_options_are_normalised_like_from_user():
+    direct = CompileOptions(passes=["attention"], downstream="eager")
+    assert direct.passes == ("attention",)
+    assert direct == CompileOptions.from_user({"passes": ["attention"], "downstream": "eager"})
+    assert direct.uuid() == CompileOptions.from_user({"passes": ("attention",), "downstream": "eager"}).uuid()
+
+
+def _indexer(q, k, w):
+    return torch.matmul(w.unsqueeze(-2), torch.relu(torch.einsum("bshd,btd->bsht", q, k))).squeeze(-2).topk(2).indices
+
+
+def test_a_changed_option_compiles_again_with_its_own_graph():
+    g = torch.Generator().manual_seed(0)
+    args = torch.randn(1, 3, 2, 4, generator=g), torch.randn(1, 5, 4, generator=g), torch.randn(1, 3, 2, generator=g)
+    paths = ["dense", "certified", "dense"]
+    torch._dynamo.reset()
+    with collecting() as report:
+        for path in paths:
+            torch.compile(_indexer, backend="pulsar_dosa", options={"downstream": "eager", "certified": path})(*args)
+    # the third call reuses what the first compiled: same backend, equal options
+    assert [c["options_uuid"] for c in report.compiles] == [
+        CompileOptions(downstream="eager", certified=p).uuid() for p in paths[:2]]
+    assert [r.path for r in report.rewrites] == paths[:2]

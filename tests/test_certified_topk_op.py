@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import compiler
-from compiler.lowering.certified_topk_op import topk_config
+from compiler.ops.certified_topk import topk_config
 from compiler.lowering.stats import TOPK_STATS
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.dense_scorer import dense_topk
@@ -20,7 +20,7 @@ def _inputs(B=2, S=5, H=3, D=8, T=20, seed=0):
 def test_registered_on_import_and_exposed():
     assert compiler.certified_topk._opoverload is torch.ops.pulsar_dosa.certified_topk.default
     schema = str(torch.ops.pulsar_dosa.certified_topk.default._schema)
-    assert "SymInt topk, Tensor? mask=None, str layer=\"\"" in schema
+    assert "Scalar topk, Tensor? mask=None, str layer=\"\"" in schema
 
 
 @pytest.mark.parametrize("mask_kind", [None, "bool", "additive"])
@@ -86,3 +86,50 @@ def test_statistics_accumulate_per_layer_only_when_recorded():
     assert summaries["layers.3"]["queries"] == 2 * q.shape[0] * q.shape[1]
     TOPK_STATS.reset()
     assert TOPK_STATS.summaries() == {}
+
+
+# Bad inputs: a clear error naming the argument, or the right empty answer, on every path into the op.
+
+def test_a_meta_operand_among_cpu_tensors_is_a_device_error_not_uninitialised_memory():
+    q, k, w, visible = _inputs()
+    with pytest.raises(ValueError, match=r"k: expected device cpu \(the device of q\), got meta"):
+        torch.ops.pulsar_dosa.certified_topk(q, k.to("meta"), w, 3)
+    with pytest.raises(ValueError, match="mask: expected device cpu"):
+        torch.ops.pulsar_dosa.certified_topk(q, k, w, 3, visible.to("meta"))
+    values, indices = torch.ops.pulsar_dosa.certified_topk(*(x.to("meta") for x in (q, k, w)), 3)
+    assert values.device.type == indices.device.type == "meta" and values.shape == (2, 5, 3)
+
+
+@pytest.mark.parametrize("topk, error", [(True, TypeError), (False, TypeError), (2.5, TypeError), (0, ValueError)])
+def test_topk_must_be_a_positive_int_through_the_op_and_compiler_certified_topk(topk, error):
+    q, k, w, _ = _inputs()
+    for op in (torch.ops.pulsar_dosa.certified_topk, compiler.certified_topk):
+        with pytest.raises(error, match="topk: expected a positive int"):
+            op(q, k, w, topk, record_stats=False)
+
+
+@pytest.mark.parametrize("B, S, T", [(0, 5, 20), (2, 0, 20), (2, 5, 0)])
+def test_empty_inputs_give_empty_outputs_on_every_kernel(B, S, T):
+    from compiler.ops.certified_topk import _certified_topk_cuda, fake_certified_topk
+
+    q, k, w, visible = _inputs(B=max(B, 1), S=max(S, 1), T=max(T, 1))
+    q, k, w, visible = q[:B, :S], k[:B, :T], w[:B, :S], visible[:B, :S, :T]
+    kk = min(4, T)
+    TOPK_STATS.reset()
+    answers = [torch.ops.pulsar_dosa.certified_topk(q, k, w, 4, visible, layer="empty"),
+               _certified_topk_cuda(q, k, w, 4, visible),  # the CUDA kernel answers before any launch
+               fake_certified_topk(q, k, w, 4, visible)]
+    for values, indices in answers:
+        assert values.shape == indices.shape == (B, S, kk)
+        assert values.dtype == torch.float32 and indices.dtype == torch.int64
+    assert TOPK_STATS.summaries() == {}
+
+
+def test_bad_shapes_are_refused_before_the_cuda_pipeline():
+    from compiler.ops.certified_topk import _certified_topk_cuda
+
+    q, k, w, _ = _inputs()
+    with pytest.raises(ValueError, match="weights: expected shape"):
+        _certified_topk_cuda(q, k, w[:, :2], 3)
+    with pytest.raises(ValueError, match="path: expected one of"):
+        _certified_topk_cuda(q, k, w, 3, path="fast")

@@ -11,7 +11,6 @@ from compiler.lowering.certified_topk_triton import (
     CUDA_MIN_KEYS,
     certified_topk_cuda,
     choose_path,
-    decode_topk_cuda,
     dense_codes_topk,
     dense_topk_cuda,
     redo_dense,
@@ -162,17 +161,6 @@ def test_nonfinite_keys_and_weights_give_the_dense_answer():
     assert_same(out, dense_topk_cuda(q, k, w, 32, mask))
 
 
-@pytest.mark.parametrize("witnesses", ["previous", "stale", "absent"])
-def test_decode_is_exact_whatever_the_witnesses(witnesses):
-    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
-    _, prev = dense_topk_cuda(q[:, -2:-1], k, w[:, -2:-1], 32, mask[:, -2:-1])
-    wit = {"previous": prev[:, 0],
-           "stale": torch.tensor([[5, 5, 7, -3, 5000] + list(range(900, 940))]),
-           "absent": None}[witnesses]
-    out = decode_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:], witnesses=wit)
-    assert_same(out, dense_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:]))
-
-
 def test_bad_arguments_raise_errors_naming_the_argument():
     q, k, w = integer_inputs(4, 64, 2, 16, seed=5)
     with pytest.raises(ValueError, match="topk"):
@@ -181,8 +169,6 @@ def test_bad_arguments_raise_errors_naming_the_argument():
         certified_topk_cuda(q, k, w, 8, torch.ones(1, 4, 63, dtype=torch.bool))
     with pytest.raises(ValueError, match="k"):
         certified_topk_cuda(q, k.to("meta"), w, 8)
-    with pytest.raises(ValueError, match="witnesses"):
-        decode_topk_cuda(q, k, w, 8, witnesses=torch.zeros(2, 3, 8, dtype=torch.long))
 
 
 def test_auto_path_is_dense_below_the_cuda_minimum_and_follows_a_forced_path():
@@ -259,21 +245,17 @@ def test_order_codes_decode_to_their_value_and_key_bitwise():
 HOST_READS = ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__", "__index__")
 
 
-def test_certified_and_decode_calls_never_read_a_value_back_to_the_host():
+def test_certified_and_dense_calls_never_read_a_value_back_to_the_host():
     q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
     dense = dense_topk_cuda(q, k, w, 32, mask)
-    _, prev = dense_topk_cuda(q[:, -2:-1], k, w[:, -2:-1], 32, mask[:, -2:-1])
-    last = dense_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:])
-    stale = torch.arange(40).view(1, 40) * 7
     auto = CertifiedTopkConfig(path="auto", anchor_stride=16, workspace_frac=0.0)
     with pytest.MonkeyPatch.context() as patch:
         for name in HOST_READS:
             patch.setattr(torch.Tensor, name, _host_read)
         outs = [certified_topk_cuda(q, k, w, 32, mask, config=CERTIFIED),
                 certified_topk_cuda(q, k, w, 32, mask, config=auto, crossover=0),  # lists overflow
-                decode_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:], witnesses=prev[:, 0]),
-                decode_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:], witnesses=stale)]
-    for out, ref in zip(outs, (dense, dense, last, last)):
+                dense_topk_cuda(q, k, w, 32, mask)]
+    for out, ref in zip(outs, (dense, dense, dense)):
         assert_same(out, ref)
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import compiler
-from compiler.demo import build_model, eager_run, indexers, per_layer_selection, tiny_config
+from compiler.demo import (DEMO_INDEXER, build_model, eager_run, indexers, per_layer_selection, set_trained_geometry,
+                           tiny_config, topic_run_ids)
 
 SEQ = 64
 
@@ -65,3 +66,17 @@ def test_inductor_downstream_logits_match_eager():
     torch.testing.assert_close(report.output.logits, want, rtol=1e-4, atol=1e-4)
     assert set(report.stats) == set(indexers(model))
     assert all(s["queries"] == SEQ for s in report.stats.values())
+
+
+def test_with_a_trained_geometry_the_certificate_prunes_inside_the_model():
+    """The demo's model: queries past the crossover (771 keys) take the certified path and most of
+    the keys they screen are pruned; selections and logits stay those of eager."""
+    model = set_trained_geometry(build_model(tiny_config(layers=1, **DEMO_INDEXER), torch.float32))
+    ids = topic_run_ids(840, model.config.vocab_size)
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+    report = compiler.explain(model, ids, options={"downstream": "eager"}, use_cache=False)
+    (stats,) = report.stats.values()
+    assert [r.details["min_keys"] for r in report.rewrites] == [771]
+    assert stats["keys_screened"] > 10 * 840 and stats["pruned_frac"] > 0.9
+    assert torch.equal(report.output.logits, want)

@@ -302,3 +302,48 @@ def test_lowest_finite_fill_is_rewritten_only_when_values_are_unused():
     assert torch.equal(report.output, LowestFill()(q, k, w, visible))
     report = compiler.explain(LowestFill(values_too=True), q, k, w, visible, options={"downstream": "eager"})
     assert report.rewrites == [] and "values used" in report.near_misses[0].reason
+
+
+
+def rewritten_graph(model, *args):
+    """(the graph the backend rewrote, the compiled output): backend "pulsar_dosa", eager downstream."""
+    from compiler.backend import pulsar_dosa
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        compiled = pulsar_dosa(gm, example_inputs, options={"downstream": "eager"})
+        graphs.append(gm.graph)
+        return compiled
+
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend, fullgraph=True)(*args)
+    (graph,) = graphs
+    (op,) = [n for n in graph.nodes if n.target is torch.ops.pulsar_dosa.certified_topk.default]
+    return graph, op, out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_upcast_operands_reach_the_op_in_their_own_dtype(dtype):
+    """transformers upcasts bf16 q and k with .float() before the q·k matmul: the op gets the bf16
+    tensors (exact products, tensor cores on CUDA), the fp32 casts are gone, and the output is the
+    same as with fp32 operands (the CPU op upcasts exactly)."""
+    q, k, w, _, additive = make_inputs(seed=5)
+    q, k = q.to(dtype), k.to(dtype)
+    model = TransformersStyle()
+    graph, op, out = rewritten_graph(model, q, k, w, additive)
+    assert [a.meta["example_value"].dtype for a in op.args[:2]] == [dtype, dtype]
+    casts = [n.args[0].meta["example_value"].shape for n in graph.nodes if n.op == "call_method" and n.target == "float"]
+    assert casts == [w.shape]  # only the weights' own cast is left
+    assert torch.equal(out, model(q, k, w, additive))
+
+
+def test_operands_stay_fp32_when_a_scale_is_folded_into_q():
+    class NegativeScale(torch.nn.Module):
+        def forward(self, q, k, w):
+            x = torch.relu(torch.matmul(q.float(), k.float().transpose(-1, -2).unsqueeze(1)) * -0.5)
+            return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).topk(KK).indices
+
+    q, k, w, _, _ = make_inputs(seed=6)
+    _, op, _ = rewritten_graph(NegativeScale(), q.bfloat16(), k.bfloat16(), w)
+    assert op.args[0].meta["example_value"].dtype == torch.float32

@@ -1,4 +1,4 @@
-"""Pulsar summaries (runtime.summaries): IDF table, chunk-group heuristics, budgets, tie-break."""
+"""Pulsar summaries (runtime.summaries): IDF, chunk-group heuristics, budgets, tie-break."""
 import math
 from collections import Counter
 from fractions import Fraction
@@ -8,9 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.summaries import HEURISTICS, SCORED_HEURISTICS, idf_table, score_chunk_groups, select_summaries
+from runtime.summaries import (HEURISTICS, SCORED_HEURISTICS, novelty_weights, position_idf, score_chunk_groups,
+                               select_summaries)
 
 LOG2, LOG4 = math.log(2.0), math.log(4.0)
+BAG_OF_TOKENS = ("max_idf", "tfidf", "bm25", "entropy")  # scores blind to the order inside a group
 
 # Four blocks of 9, chunk groups of 3. Tokens 1, 2, 3 are in every block (IDF 0), 4 and 5 in
 # blocks 0 and 3 (IDF log 2), 9 only in block 3 (IDF log 4). Block 3 has three groups:
@@ -32,22 +34,21 @@ def bm25_term(df: int, tf: int, n: int, size: int, mean_size: float) -> float:
     return bm25_idf(df, n) * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * size / mean_size))
 
 
-def test_idf_table_counts_blocks_not_occurrences():
+def test_position_idf_counts_blocks_not_occurrences():
     # blocks [0 1] [0 2] [2 2]: df(0) = 2, df(1) = 1, df(2) = 2 (twice in one block counts once)
-    table = idf_table(torch.tensor([0, 1, 0, 2, 2, 2]), 2)
-    assert table.dtype == torch.float64
-    assert table.tolist() == pytest.approx([math.log(3 / 2), math.log(3), math.log(3 / 2)], abs=0)
+    idf = position_idf(torch.tensor([0, 1, 0, 2, 2, 2]), 2)
+    assert idf.dtype == torch.float64
+    third, half = math.log(3), math.log(3 / 2)
+    assert idf.tolist() == pytest.approx([half, third, half, half, half, half], abs=0)
 
 
-def test_idf_table_gives_absent_ids_log_n_and_is_zero_for_one_block():
-    table = idf_table(torch.tensor([4, 0, 4, 0]), 1)
-    assert table.tolist() == pytest.approx([LOG2, LOG4, LOG4, LOG4, LOG2], abs=0)
-    assert idf_table(torch.tensor([3, 1, 3]), 8).tolist() == [0.0] * 4
+def test_position_idf_is_zero_for_one_block():
+    assert position_idf(torch.tensor([3, 1, 3]), 8).tolist() == [0.0] * 3
 
 
-def test_idf_table_counts_the_shorter_last_block():
+def test_position_idf_counts_the_shorter_last_block():
     # blocks [7 7 7] [8]: n = 2, df(7) = df(8) = 1
-    assert idf_table(torch.tensor([7, 7, 7, 8]), 3)[7:].tolist() == [LOG2, LOG2]
+    assert position_idf(torch.tensor([7, 7, 7, 8]), 3).tolist() == [LOG2] * 4
 
 
 def test_max_idf_scores_by_hand():
@@ -196,6 +197,12 @@ def test_max_idf_catches_a_single_rare_token_that_tfidf_dilutes():
     assert tfidf[3].tolist() == list(range(56, 64))
 
 
+def reference_novelty_weights(tokens: list[int]) -> list[int]:
+    once = Counter(tokens)
+    pairs = Counter(zip(tokens, tokens[1:]))
+    return [int(once[t] == 1) + int(p > 0 and pairs[(tokens[p - 1], t)] == 1) for p, t in enumerate(tokens)]
+
+
 def reference_groups(tokens: list[int], block_size: int, heuristic: str, chunk: int, sink: int):
     """Loop-by-loop restatement of SPEC B.2 with this module's conventions: per block, the
     candidate positions, the chunk groups (lists of positions) and their scores."""
@@ -206,12 +213,17 @@ def reference_groups(tokens: list[int], block_size: int, heuristic: str, chunk: 
     cands = [b[min(sink, len(b)):] if i == 0 else b for i, b in enumerate(blocks)]
     groups = [[c[j:j + chunk] for j in range(0, len(c), chunk)] for c in cands]
     mean_len = sum(len(g) for gs in groups for g in gs) / max(sum(len(gs) for gs in groups), 1)
+    weight = reference_novelty_weights(tokens)
     scores = []
-    for gs in groups:
+    for block, cand, gs in zip(blocks, cands, groups):
         block_scores = []
         for g in gs:
             toks = [tokens[p] for p in g]
-            if heuristic == "max_idf":
+            if heuristic == "novelty":
+                windows = [range(max(c - chunk // 2, cand[0]), min(c - chunk // 2 + chunk, block[-1] + 1)) for c in g]
+                span = max(sum(weight[q] for q in w) for w in windows)
+                block_scores.append(span * (2 * chunk + 1) + sum(weight[p] for p in g))
+            elif heuristic == "max_idf":
                 block_scores.append(max(idf[t] for t in toks))
             elif heuristic == "tfidf":
                 block_scores.append(sum(sorted(idf[t] for t in toks)) / len(g))
@@ -250,14 +262,14 @@ def test_vectorised_selection_matches_the_loop_reference(data, heuristic):
         chosen = [i for i, g in enumerate(gs) if g[0] in set(summary.tolist())]
         assert summary.tolist() == [p for i in chosen for p in gs[i]]
         assert len(chosen) == min(k, len(gs))
-        if heuristic in ("max_idf", "entropy"):  # exact scores: the tie-break is checked exactly
+        if heuristic in ("max_idf", "entropy", "novelty"):  # exact scores: the tie-break is checked exactly
             assert chosen == sorted(sorted(range(len(gs)), key=lambda i: (-sc[i], i))[:k])
         else:  # sums: optimal up to rounding (exact ties of equal term multisets are tested apart)
             rest = [sc[i] for i in range(len(gs)) if i not in chosen]
             assert not rest or not chosen or min(sc[i] for i in chosen) >= max(rest) - 1e-12
 
 
-@pytest.mark.parametrize("heuristic", SCORED_HEURISTICS)
+@pytest.mark.parametrize("heuristic", BAG_OF_TOKENS)
 def test_groups_with_the_same_tokens_in_another_order_tie_and_the_earlier_wins(heuristic):
     # block 1 holds the same multiset of tokens in four orders; the budget is one group
     other = [7, 8, 9, 9]
@@ -298,6 +310,65 @@ def test_select_summaries_rejects_bad_options(kwargs, error, match):
 ])
 def test_bad_token_ids_and_block_size_are_rejected(token_ids, block_size, error, match):
     with pytest.raises(error, match=match):
-        idf_table(token_ids, block_size)
+        position_idf(token_ids, block_size)
     with pytest.raises(error, match=match):
         select_summaries(token_ids, block_size)
+
+
+def test_novelty_weights_by_hand():
+    # 5 and 7 occur once; the pair (1, 2) occurs twice, every other pair once
+    tokens = torch.tensor([5, 1, 2, 1, 2, 7])
+    assert novelty_weights(tokens).tolist() == [1, 1, 0, 1, 0, 2]
+    assert novelty_weights(torch.tensor([4])).tolist() == [1]
+
+
+def test_novelty_scores_by_hand():
+    # blocks of 12, chunk 4: the rare run 8 9 at positions 7, 8; the pair (9, 2) occurs once too
+    tokens = torch.tensor([1, 2, 3, 1, 2, 3, 1, 8, 9, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1])
+    weights = novelty_weights(tokens)
+    assert weights[:12].tolist() == [0, 0, 0, 0, 0, 0, 0, 2, 2, 1, 0, 0]
+    scores = score_chunk_groups(tokens, 12, heuristic="novelty", chunk=4, sink=0).score
+    # score = 9 * (best 4-token window [c-2, c+2) centred in the group) + own weight:
+    # [0,4): windows reach position 4 at most, 0; [4,8): [5,9) = 4, own 2; [8,12): [6,10) = 5, own 3
+    assert scores[:3].tolist() == [0, 4 * 9 + 2, 5 * 9 + 3]
+
+
+def test_novelty_keeps_a_rare_span_that_straddles_a_group_boundary():
+    # block 1 (positions 32..63, groups of 8): one token found in no other block at 43, and a run
+    # of six such tokens at 53..58 across the groups [48,56) and [56,64). Max-IDF ties the three
+    # groups at log n and keeps the earliest two; novelty keeps the two groups of the run.
+    base = [1, 2, 3, 4, 5, 6, 7, 8]
+    block1 = base + [2, 3, 4, 50, 5, 6, 7, 8] + [1, 2, 3, 4, 5, 40, 41, 42] + [43, 44, 45, 6, 7, 8, 1, 2]
+    tokens = torch.tensor(base * 4 + block1 + base * 4)
+    novelty = select_summaries(tokens, 32, heuristic="novelty", chunk=8, ratio=0.5, sink=0)[1]
+    max_idf = select_summaries(tokens, 32, heuristic="max_idf", chunk=8, ratio=0.5, sink=0)[1]
+    assert novelty.tolist() == list(range(48, 64))
+    assert max_idf.tolist() == list(range(40, 56))
+
+
+@pytest.mark.parametrize("heuristic", HEURISTICS)
+def test_huge_token_ids_cost_no_memory_and_relabelling_changes_nothing(heuristic):
+    # ids up to 2**63 - 1: a table indexed by token id (2**63 entries) cannot be allocated, and
+    # an id times a group count would overflow int64. Any one-to-one relabelling of the ids leaves
+    # every summary unchanged (scores read only equality of ids; ties go by position).
+    generator = torch.Generator().manual_seed(0)
+    small = torch.randint(0, 40, (300,), generator=generator)
+    huge_ids = torch.tensor([2**63 - 1 - 7919 * i for i in range(40)], dtype=torch.int64)
+    huge = huge_ids[small]
+    for block_size, chunk in ((64, 8), (100, 4)):
+        expected = select_summaries(small, block_size, heuristic=heuristic, chunk=chunk, sink=8)
+        got = select_summaries(huge, block_size, heuristic=heuristic, chunk=chunk, sink=8)
+        assert [g.tolist() for g in got] == [e.tolist() for e in expected]
+    assert position_idf(huge, 64).tolist() == position_idf(small, 64).tolist()
+
+
+def test_pulsar_config_takes_the_novelty_heuristic():
+    from runtime.assembly import assemble
+    from runtime.pulsar import PulsarConfig
+
+    tokens = torch.randint(0, 30, (96,), generator=torch.Generator().manual_seed(1))
+    layout = PulsarConfig(block_size=32, sink=4, chunk=4, heuristic="novelty").layout(tokens)
+    expected = assemble(tokens, 32, sink=4, chunk=4, heuristic="novelty", shared_spine=True)
+    assert torch.equal(layout.source_index, expected.source_index)
+    assert not torch.equal(layout.source_index, assemble(tokens, 32, sink=4, chunk=4, heuristic="max_idf",
+                                                         shared_spine=True).source_index)

@@ -1,5 +1,2 @@
-"""Custom ops (torch.library: schema, fake kernel, device kernels), one file per kernel family."""
-from compiler.lowering.attention_op import attention
-from compiler.lowering.certified_topk_op import certified_topk
-
-__all__ = ["attention", "certified_topk"]
+"""Triton kernels and their launchers, one file per kernel family (the ops that dispatch to them
+are in ``compiler/ops/``)."""

@@ -37,7 +37,7 @@ probe of a few anchor groups through seeds and screen predicts the work (SPEC A.
 the output is the dense one.
 Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile:
 kk + workspace_frac * T keys), min_keys, path; the witnesses are the anchor's top kk + kk/4 keys
-(sink and window are not added on this path). Decode: ``decode_topk_cuda``.
+(sink and window are not added on this path).
 
 Supported: q and k in bf16, fp16 or fp32 (mixed dtypes are upcast to fp32), weights any float
 dtype (upcast to fp32), masks None, bool or additive float. fp8 keys are not supported.
@@ -54,10 +54,11 @@ from compiler.lowering.dsa_score_triton import (
     key_splits,
     score_keys,
     score_tile_shape,
-    top_codes,
+    tf32_scores,
 )
 from compiler.lowering.dsa_screen_triton import screen
 from compiler.lowering.select_codes_triton import select_top_codes
+from compiler.lowering.threshold_select import top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import check_indexer_inputs
@@ -414,8 +415,9 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
     config = CertifiedTopkConfig() if config is None else config
     q, k, w = _operands(q, k, weights)
     T = k.shape[1]
-    nk = key_norms(k) if config.path != "dense" else None
-    if choose_path(q, w, k, mask, kk, config, nk, crossover) == "dense":
+    dense = config.path == "dense" or tf32_scores(q.dtype)
+    nk = None if dense else key_norms(k)
+    if dense or choose_path(q, w, k, mask, kk, config, nk, crossover) == "dense":
         codes = dense_codes_topk(q, w, k, mask, kk)
         _record(stats, q, T, None)
         return decode_codes(codes, T)
@@ -450,47 +452,3 @@ def _record(stats: TopkStats | None, q, T, tr):
     stats.add("written", tr.cand_count.sum())
     stats.add("overflow", tr.redo.sum())
 
-
-def decode_topk_cuda(q, k, weights, topk, mask=None, *, witnesses=None):
-    """Top-K for a few queries (decode, SPEC A.5): (values [B,S,kk] fp32, indices [B,S,kk] int64).
-
-    Same contract and output as ``dense_topk_cuda``. ``witnesses`` [B,W] int64: keys selected by
-    the previous call of the same layer (any values: out-of-range and repeated ids are ignored).
-    The distinct valid witnesses are scored; tau = the kk-th best of them (-inf if fewer than kk
-    are visible); then every key is scored densely and only visible keys with s >= tau are
-    compacted into the exact selector. Rows whose compacted set overflows CANDIDATE_FACTOR * kk,
-    or whose tau is -inf, are answered densely on the device (``redo_dense``). No host
-    synchronisation: capturable in a CUDA graph. Stale witnesses cost speed, never exactness.
-    """
-    kk = _check(q, k, weights, topk, mask)
-    q, k, w = _operands(q, k, weights)
-    B, S = q.shape[:2]
-    T = k.shape[1]
-    dev = q.device
-    if witnesses is None or witnesses.shape[-1] < kk:
-        return decode_codes(dense_codes_topk(q, w, k, mask, kk), T)
-    if witnesses.dim() != 2 or witnesses.shape[0] != B:
-        raise ValueError(f"witnesses: expected shape [B={B}, W], got {tuple(witnesses.shape)}")
-    ids = witnesses.to(device=dev, dtype=torch.int64)
-    ids = torch.where((ids >= 0) & (ids < T), ids, T).sort(-1).values
-    unusable = ids == T
-    unusable[:, 1:] |= ids[:, 1:] == ids[:, :-1]  # repeats: score each witness key once
-    G, _ = score_tile_shape(q.shape[2])
-    n_tiles = triton.cdiv(S, G)
-    n_wit = ids.shape[-1]
-    seed_ids = torch.where(unusable, 0, ids).to(torch.int32).view(B, 1, -1)
-    seed_counts = torch.full((B, 1), n_wit, dtype=torch.int32, device=dev)
-    seed_codes = _row_codes(q, w, k, mask, seed_ids, seed_counts, n_wit, n_tiles)
-    seed_codes = torch.where(unusable[:, None, :], torch.iinfo(torch.int64).min, seed_codes)
-    kth = torch.topk(seed_codes, kk, dim=-1, sorted=False).values.amin(-1)
-    tau, _ = decode_codes(kth, T)
-    tau = torch.where(torch.isfinite(tau), tau, float("-inf")).contiguous()
-    all_ids, all_counts = _all_keys(B, T, dev)
-    cand_cap = min(T, CANDIDATE_FACTOR * kk)
-    cand = torch.full((B, S, cand_cap), torch.iinfo(torch.int64).min, dtype=torch.int64, device=dev)
-    cand_count = torch.zeros((B, S), dtype=torch.int32, device=dev)
-    score_keys(q, w, k, all_ids, all_counts, cap=T, tiles_per_list=n_tiles, mask=mask, tau=tau,
-               out=cand, out_count=cand_count, splits=key_splits(B * n_tiles, T))
-    codes = top_codes(cand, kk)
-    redo = (cand_count > cand_cap) | (cand_count < kk)
-    return decode_codes(redo_dense(codes, redo, q, w, k, mask, kk), T)

@@ -1,11 +1,17 @@
 """The DSA indexer scorer on the GPU: one Triton kernel for dense scoring, seed scoring and refine.
 
-Score of query s against key t (THE SCORER's GPU form): ``x = q[s] @ k[t]`` for all H heads in ONE
-``tl.dot`` (heads are the rows of the matrix product, ``BLOCK_S * HP`` rows per program; fp32
-accumulation; bf16/fp16 operands on tensor cores, fp32 operands with ``input_precision="ieee"``),
-then ``sum_h w[s, h] * relu(x_h)`` by ``tl.sum`` over the head axis of the same register tile, then
-the finite additive mask. Every caller goes through this one kernel with the same tile shape, so a
-key's score is bitwise the same whether it was scored densely, as a seed, or as a survivor.
+Score of query s against key t (THE SCORER's GPU form): ``x = k[t] @ q[s]^T`` for all H heads of
+the program's BLOCK_S queries in ONE ``tl.dot`` per key tile (keys are the rows of the matrix
+product, BLOCK_T of them; the queries' heads its ``BLOCK_S * HP`` columns; fp32 accumulation;
+bf16/fp16 operands as they are, fp32 operands rounded to tf32 on the tensor cores), then
+``sum_h w[s, h] * relu(x_h)`` by ``tl.sum`` along the columns of each query (in-thread and in-quad
+adds), then the finite additive mask. Every caller goes through this one kernel with the same tile
+shape, so a key's score is bitwise the same whether it was scored densely, as a seed, or as a
+survivor. The tf32 rounding of fp32 operands is not covered by the certificate's margins, so the
+certified top-K scores fp32 calls densely (``tf32_scores``).
+Under ``TRITON_INTERPRET=1`` (the CPU tests) the same kernel computes the dot and the head sum with
+``compiler/lowering/tile_arith.py``'s sequential form instead (ascending d, then ascending h, every operation
+rounded to fp32): exactly runtime.dense_scorer's THE SCORER, on every CPU and in every tile.
 
 Each score is written as a 64-bit *order code* (`order_code` below): a monotone int32 code of the
 fp32 value in the high word (hidden keys lowest, NaN highest, -0.0 folded into +0.0) and
@@ -39,6 +45,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active
+from compiler.lowering.tile_arith import group_sum, sequential_dot, sequential_group_sum, tile_dot
 
 INTERPRET = interpreter_active()
 
@@ -78,13 +85,42 @@ def load_mask_tile(mask_ptr, b, rows, keys, ok, msb, mss, mst, MASK_KIND: tl.con
 
 
 @triton.jit
+def _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S: tl.constexpr,
+                 HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, SEQUENTIAL: tl.constexpr,
+                 KEYS_M: tl.constexpr, TF32: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr):
+    """[BLOCK_S, BLOCK_T] fp32 ``sum_h w_h relu(q_h . k)`` of the program's query rows (``qt``
+    [BLOCK_S * HP, D], ``wt`` [BLOCK_S * HP]) against one key tile (rows ``k_ptr + k_off``, ``pok``)."""
+    if SEQUENTIAL:
+        x = sequential_dot(q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T)
+        x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
+        score = sequential_group_sum(x, H, BLOCK_S, HP, BLOCK_T)
+    elif KEYS_M:
+        kt = tl.load(k_ptr + k_off[:, None] + tl.arange(0, D)[None, :], mask=pok[:, None], other=0.0)
+        if TO_FP32:
+            kt = kt.to(tl.float32)
+        if TF32:
+            xt = tl.dot(kt, tl.trans(qt), input_precision="tf32")
+        else:
+            xt = tl.dot(kt, tl.trans(qt))
+        xt = tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[None, :]
+        score = tl.trans(tl.sum(tl.reshape(xt, (BLOCK_T, BLOCK_S, HP)), axis=2))
+    else:
+        x = tile_dot(qt, q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T,
+                     False, IEEE, TO_FP32)
+        x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
+        score = group_sum(x, H, BLOCK_S, HP, BLOCK_T, False)
+    return score
+
+
+@triton.jit
 def _indexer_score_kernel(
     q_ptr, w_ptr, k_ptr, ids_ptr, count_ptr, tau_ptr, mask_ptr, out_ptr, out_count_ptr, rows_ptr,
     S, T, H, cap, cap_out, tiles_per_list, n_tiles, n_slots,
     sqb, sqs, sqh, swb, sws, skb, skt, sib, sil, scb, msb, mss, mst, sob, sos, srb,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
-    ATOMIC: tl.constexpr, ROWS: tl.constexpr,
+    ATOMIC: tl.constexpr, ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, KEYS_M: tl.constexpr,
+    TF32: tl.constexpr, SKIP_HIDDEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -103,8 +139,8 @@ def _indexer_score_kernel(
         rows = slots
     rok = (qrow >= 0) & (qrow < S) & (head < H)
     d = tl.arange(0, D)
-    qt = tl.load(q_ptr + b * sqb + qrow[:, None] * sqs + head[:, None] * sqh + d[None, :],
-                 mask=rok[:, None], other=0.0)
+    q_off = b * sqb + qrow * sqs + head * sqh
+    qt = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=rok[:, None], other=0.0)
     if TO_FP32:
         qt = qt.to(tl.float32)
     wt = tl.load(w_ptr + b * swb + qrow * sws + head, mask=rok, other=0.0).to(tl.float32)
@@ -127,17 +163,18 @@ def _indexer_score_kernel(
         pok = pos < p_hi
         listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
         key = tl.where(overflow, pos, listed)
-        kt = tl.load(k_ptr + b * skb + key[:, None] * skt + d[None, :], mask=pok[:, None], other=0.0)
-        if TO_FP32:
-            kt = kt.to(tl.float32)
-        if IEEE:
-            x = tl.dot(qt, tl.trans(kt), input_precision="ieee")
-        else:
-            x = tl.dot(qt, tl.trans(kt))
-        x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
-        score = tl.sum(tl.reshape(x, (BLOCK_S, HP, BLOCK_T)), axis=1)
+        k_off = b * skb + key * skt
         ok = row_ok[:, None] & pok[None, :]
         visible, bias = load_mask_tile(mask_ptr, b, rows, key, ok, msb, mss, mst, MASK_KIND)
+        if SKIP_HIDDEN:
+            if tl.max(tl.max(visible.to(tl.int32), axis=1), axis=0) == 0:
+                score = tl.zeros((BLOCK_S, BLOCK_T), dtype=tl.float32)  # no visible key: fixed codes
+            else:
+                score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S, HP, D,
+                                     BLOCK_T, SEQUENTIAL, KEYS_M, TF32, IEEE, TO_FP32)
+        else:
+            score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S, HP, D,
+                                 BLOCK_T, SEQUENTIAL, KEYS_M, TF32, IEEE, TO_FP32)
         score = score + bias
         code = order_code(score, visible, key[None, :], T)
         if COMPACT:
@@ -156,6 +193,22 @@ def _indexer_score_kernel(
         tl.store(out_count_ptr + b * S + rows, running, mask=row_ok)
 
 
+SEQUENTIAL = INTERPRET
+"""Scores by tile_arith's sequential form (the CPU interpreter's arithmetic) instead of tl.dot."""
+KEYS_M = True
+"""Tile orientation of the scorer's product on the GPU: keys on the matrix rows (M) and the
+queries' heads on the columns (N), so the head sum runs along N (in-thread and in-quad adds); the
+other orientation (heads on M) sums across warps."""
+def tf32_scores(dtype: torch.dtype) -> bool:
+    """True when operands of ``dtype`` are multiplied as tf32 on tensor cores (fp32 on the GPU,
+    module docstring). The certificate's rounding margins assume exact products of the operands,
+    so the certified top-K scores such calls densely."""
+    return dtype == torch.float32 and KEYS_M and not SEQUENTIAL
+
+
+SKIP_HIDDEN_TILES = True
+"""A key tile in which the mask hides every key of the program's rows is not multiplied (its codes
+do not depend on the scores): causal prefill scores about half the keys."""
 SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128)
 """The scorer's one launch config (module docstring: why it is fixed)."""
 
@@ -231,6 +284,8 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         0 if rows is None else rows.stride(0),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, IEEE=ieee,
         TO_FP32=INTERPRET or ieee, ATOMIC=compact and splits > 1, ROWS=rows is not None,
+        SEQUENTIAL=SEQUENTIAL, KEYS_M=KEYS_M, TF32=tf32_scores(q.dtype),
+        SKIP_HIDDEN=SKIP_HIDDEN_TILES and kind != MASK_NONE,
         **SCORER_CONFIG.kwargs(),
     )
     return out
@@ -263,7 +318,3 @@ def decode_codes(codes: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tenso
                                                               BLOCK=block)
     return values, idx
 
-
-def top_codes(codes: torch.Tensor, kk: int) -> torch.Tensor:
-    """The kk largest order codes of each row, descending (THE ORDER; codes are unique)."""
-    return torch.topk(codes, kk, dim=-1, largest=True, sorted=True).values

@@ -9,7 +9,9 @@ that the upper bound of query s on key t is
 
 with ``nk[t] >= ||k[t]||`` (rounded up) and ``e[s]`` the norm coefficient *including* the rounding
 margin (certified_topk_triton.screen_margin) and ``c[s]`` its absolute part. The rows are loaded once and reused for every key
-tile; each key tile costs one ``tl.dot`` of ``[BLOCK_SS * RP, D] x [D, BLOCK_T]``.
+tile; each key tile costs one ``tl.dot`` of ``[BLOCK_SS * RP, D] x [D, BLOCK_T]`` (under
+``TRITON_INTERPRET=1``: the sequential form of compiler/lowering/tile_arith.py, so that a bound does not depend on the
+tile shape, the launch config or the CPU's BLAS kernel).
 
 A key survives for query s when it is visible and ``not (U < tau[s])`` (strict pruning; NaN
 survives). Survivors are compacted per *refine list*: a list serves ``G`` consecutive queries (the
@@ -38,6 +40,7 @@ import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active
 from compiler.lowering.dsa_score_triton import INTERPRET, key_splits, load_mask_tile, mask_operand
+from compiler.lowering.tile_arith import group_sum, tile_dot
 
 SCREEN_CONFIGS = (
     LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128),
@@ -59,7 +62,7 @@ def _screen_kernel(
     sgb, sgs, sgr, sab, sas, skb, skt, snb, sib, sil, scb, msb, mss, mst,
     BLOCK_SS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     G: tl.constexpr, MASK_KIND: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
-    ATOMIC: tl.constexpr,
+    ATOMIC: tl.constexpr, SEQUENTIAL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -70,8 +73,8 @@ def _screen_kernel(
     rho = r % RP
     rok = qrow < S
     d = tl.arange(0, D)
-    gt = tl.load(g_ptr + b * sgb + qrow[:, None] * sgs + rho[:, None] * sgr + d[None, :],
-                 mask=rok[:, None], other=0.0)
+    g_off = b * sgb + qrow * sgs + rho * sgr
+    gt = tl.load(g_ptr + g_off[:, None] + d[None, :], mask=rok[:, None], other=0.0)
     if TO_FP32:
         gt = gt.to(tl.float32)
     alpha = tl.load(alpha_ptr + b * sab + qrow * sas + rho, mask=rok, other=0.0)
@@ -93,17 +96,12 @@ def _screen_kernel(
     for t0 in range(t_lo, t_hi, BLOCK_T):
         key = t0 + tl.arange(0, BLOCK_T)
         kok = key < t_hi
-        kt = tl.load(k_ptr + b * skb + key[:, None] * skt + d[None, :], mask=kok[:, None], other=0.0)
-        if TO_FP32:
-            kt = kt.to(tl.float32)
         nk = tl.load(nk_ptr + b * snb + key, mask=kok, other=0.0)
-        if IEEE:
-            x = tl.dot(gt, tl.trans(kt), input_precision="ieee")
-        else:
-            x = tl.dot(gt, tl.trans(kt))
+        x = tile_dot(gt, g_ptr, g_off, rok, k_ptr, b * skb + key * skt, kok, D, BLOCK_SS * RP,
+                     BLOCK_T, SEQUENTIAL, IEEE, TO_FP32)
         x = (tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * alpha[:, None]
              + tl.minimum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * beta[:, None])
-        u = tl.sum(tl.reshape(x, (BLOCK_SS, RP, BLOCK_T)), axis=1) + e[:, None] * nk[None, :] + c[:, None]
+        u = group_sum(x, RP, BLOCK_SS, RP, BLOCK_T, SEQUENTIAL) + e[:, None] * nk[None, :] + c[:, None]
         visible, bias = load_mask_tile(mask_ptr, b, rows, key, row_ok[:, None] & kok[None, :],
                                        msb, mss, mst, MASK_KIND)
         u = u + bias
@@ -185,5 +183,5 @@ def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids,
         k.stride(0), k.stride(1), nk.stride(0), ids.stride(0), ids.stride(1), count.stride(0),
         msb, mss, mst,
         BLOCK_SS=block_ss, RP=RP, D=D, G=list_queries, MASK_KIND=kind, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, ATOMIC=splits > 1, **launch,
+        TO_FP32=INTERPRET or ieee, ATOMIC=splits > 1, SEQUENTIAL=INTERPRET, **launch,
     )

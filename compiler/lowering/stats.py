@@ -23,9 +23,6 @@ class TopkStatsRegistry:
             self._stats[key] = TopkStats()
         return self._stats[key]
 
-    def layers(self) -> list[str]:
-        return sorted({layer for layer, _ in self._stats})
-
     def summaries(self) -> dict[str, dict]:
         """layer -> ``TopkStats.summary()`` (host sync); a layer seen on several devices appears once per device."""
         out = {}

@@ -1,35 +1,27 @@
 """The pass list and the pass manager.
 
-A pass family is one function ``run(ctx: PassContext) -> None`` that detects its patterns on the
-Dynamo (torch-level) graph, rewrites the safe ones and records rewrites and near misses in
-``ctx.report``. Adding a family is one line in :data:`PASS_FAMILIES` (order = run order).
-A pass never computes tensors; it only edits the graph.
+A pass family is a :class:`compiler.passes.base.PatternPass` (one module each) that detects its
+patterns on the Dynamo (torch-level) graph and rewrites the safe ones; the contract, the error
+policy and the counters are in ``compiler/passes/base.py``. Adding a family is one line in
+:data:`PASS_FAMILIES` (order = run order). A pass never computes tensors; it only edits the graph.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
-from compiler.options import CompileOptions
 from compiler.passes import attention, dsa_indexer
-from compiler.report import Report
+from compiler.passes.base import PassContext, PatternPass, run_pattern_pass
 
+if TYPE_CHECKING:  # annotations only: the options module imports this one, not the reverse
+    from compiler.options import CompileOptions
+    from compiler.report import Report
 
-@dataclasses.dataclass
-class PassContext:
-    """What a pass sees: the graph module it edits, the validated options, the report it records into."""
-
-    gm: fx.GraphModule
-    options: CompileOptions
-    report: Report
-
-
-PASS_FAMILIES: dict[str, Callable[[PassContext], None]] = {
-    dsa_indexer.KIND: dsa_indexer.run,
-    attention.KIND: attention.run,
+PASS_FAMILIES: dict[str, PatternPass] = {
+    dsa_indexer.KIND: dsa_indexer.IndexerPass(),
+    attention.KIND: attention.AttentionPass(),
 }
 
 
@@ -38,7 +30,7 @@ def run_passes(gm: fx.GraphModule, options: CompileOptions, report: Report) -> f
     ctx = PassContext(gm, options, report)
     for name in options.enabled_passes(tuple(PASS_FAMILIES)):
         start = time.perf_counter()
-        PASS_FAMILIES[name](ctx)
+        run_pattern_pass(ctx, PASS_FAMILIES[name])
         report.add_pass_time(name, time.perf_counter() - start)
     gm.graph.lint()
     gm.recompile()

@@ -8,7 +8,7 @@ folded into ``enable_gqa`` (``x[:, :, None].expand(B, Hkv, n, S, D).reshape(B, H
     eager    matmul(softmax(matmul(q, kᵀ) (*|/) c [+ mask], dim=-1[, dtype=float32]) [.to] [dropout p=0], v)
 
 with kᵀ = ``k.transpose(-2, -1)`` (any spelling of the last two dims) and c a Python number.
-Variants (report ``variant``): the op form (``compiler.lowering.attention_op.FORMS``) plus
+Variants (report ``variant``): the op form (``compiler.ops.attention.FORMS``) plus
 ``+gqa`` when a repeat was folded and ``+mask`` when a mask is passed. A matched chain must be
 closed: every interior node (scores, softmax, casts, the transposed or repeated k and v) feeds
 only the next node of the chain, e.g. attention weights that are also returned make a near miss.
@@ -19,7 +19,7 @@ is a tensor, a softmax over another dim or in another dtype, operands that are n
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -27,17 +27,14 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from compiler.lowering.attention_op import SDPA_FORM
+from compiler.ops.attention import SDPA_FORM
+from compiler.passes.base import NearMiss, NotCandidate, PatternPass
 from compiler.passes.matcher import (arg, insert_call, module_path, normalize_dim, op_kind, same_size,
                                      tensor_meta)
 
 KIND = "attention"
 OP = torch.ops.pulsar_dosa.attention.default
 SDPA_TARGETS = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
-
-
-class NearMiss(Exception):
-    """A candidate that fails a check; the message is the reason."""
 
 
 @dataclass
@@ -54,6 +51,7 @@ class AttentionMatch:
     enable_gqa: bool
     form: str
     interior: list[fx.Node]
+    operand_nodes: list[fx.Node] = field(default_factory=list)
 
     @property
     def variant(self) -> str:
@@ -125,8 +123,9 @@ def single_use(nodes: list[fx.Node]) -> None:
 
 
 def match_sdpa(node: fx.Node) -> AttentionMatch:
-    """``F.scaled_dot_product_attention`` with inactive dropout -> the op in sdpa form."""
-    q, k, v = node.args[:3]
+    """``F.scaled_dot_product_attention`` with inactive dropout -> the op in sdpa form (arguments
+    given positionally or by keyword)."""
+    q, k, v = arg(node, 0, "query"), arg(node, 1, "key"), arg(node, 2, "value")
     mask = arg(node, 3, "attn_mask")
     dropout = arg(node, 4, "dropout_p", 0.0)
     is_causal = arg(node, 5, "is_causal", False)
@@ -222,36 +221,35 @@ def match_eager(anchor: fx.Node) -> Optional[AttentionMatch]:
 
 
 def rewrite(graph: fx.Graph, match: AttentionMatch) -> fx.Node:
-    """Insert the op before the anchor, reroute the anchor's users, erase the dead chain."""
+    """Insert the op before the anchor and return it (the pass runner reroutes and erases the chain)."""
     with graph.inserting_before(match.anchor):
-        op = insert_call(graph, "call_function", OP,
-                         (match.q, match.k, match.v, match.mask, match.is_causal, match.scale,
-                          match.enable_gqa, match.form), like=match.anchor)
-    match.anchor.replace_all_uses_with(op)
-    graph.erase_node(match.anchor)
-    for node in match.interior:
-        graph.erase_node(node)
-    return op
+        return insert_call(graph, "call_function", OP,
+                           (match.q, match.k, match.v, match.mask, match.is_causal, match.scale,
+                            match.enable_gqa, match.form), like=match.anchor)
 
 
-def run(ctx) -> None:
-    """Match every SDPA call and every ``matmul(softmax, v)`` of ``ctx.gm``, then rewrite the safe ones."""
-    graph = ctx.gm.graph
-    matches = []
-    for node in list(graph.nodes):
-        try:
-            if node.op == "call_function" and node.target in SDPA_TARGETS:
-                matches.append(match_sdpa(node))
-            elif op_kind(node) == "matmul":
-                found = match_eager(node)
-                if found is not None:
-                    matches.append(found)
-        except NearMiss as miss:
-            ctx.report.add_near_miss(KIND, module_path(node), str(miss), node.name)
-    for match in matches:
-        op = rewrite(graph, match)
+class AttentionPass(PatternPass):
+    """Anchors: every SDPA call and every matmul (``matmul(softmax, v)`` candidates)."""
+
+    kind = KIND
+
+    def anchors(self, graph):
+        return [n for n in graph.nodes if (n.op == "call_function" and n.target in SDPA_TARGETS)
+                or op_kind(n) == "matmul"]
+
+    def match(self, node, analysis):
+        if node.op == "call_function" and node.target in SDPA_TARGETS:
+            return match_sdpa(node)
+        found = match_eager(node)
+        if found is None:
+            raise NotCandidate
+        return found
+
+    def rewrite(self, ctx, match, settings):
+        return rewrite(ctx.gm.graph, match)
+
+    def describe(self, match, settings, op):
         shapes = {name: tensor_meta(x).shape for name, x in (("q", match.q), ("k", match.k), ("v", match.v))}
         if match.mask is not None:
             shapes["mask"] = tensor_meta(match.mask).shape
-        ctx.report.add_rewrite(KIND, module_path(op), variant=match.variant, shapes=shapes,
-                               path="pulsar_layout", form=match.form)
+        return dict(variant=match.variant, shapes=shapes, path="pulsar_layout", form=match.form)

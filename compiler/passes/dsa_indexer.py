@@ -43,7 +43,8 @@ import torch.fx as fx
 
 from compiler.plan_apply import indexer_settings
 from compiler.plan_capture import indexer_op
-from compiler.passes.matcher import (arg, erase_dead_pure, escaping_nodes, insert_call, is_scalar,
+from compiler.passes.base import NearMiss, NotCandidate, PatternPass
+from compiler.passes.matcher import (arg, escaping_nodes, insert_call, is_scalar,
                                      is_unit, module_path, normalize_dim, op_kind, post_dominators,
                                      same_shape, same_size, skip_layout_preserving, tensor_meta,
                                      value)
@@ -86,20 +87,16 @@ PATTERN_VARIANTS = tuple(variant_name(*v) for v in
                           for hw in HeadVariant for mk in MaskVariant))
 
 
-class NotCandidate(Exception):
-    """The topk does not compute an indexer-like score (no head-weighting contraction)."""
-
-
-class NearMiss(Exception):
-    """An indexer-like candidate that must stay untouched; the message is the reason."""
-
-
 @dataclasses.dataclass
 class Operand:
-    """A graph value and the methods (name, args) to apply to bring it to the op's layout."""
+    """A graph value and the methods (name, args) to apply to bring it to the op's layout.
+
+    ``replay``: layout-preserving nodes of the original graph re-applied to ``node``, in order,
+    before ``fix`` (an operand narrowed past an upcast, ``narrow_upcast_operands``)."""
 
     node: fx.Node
     fix: list[tuple[str, tuple]] = dataclasses.field(default_factory=list)
+    replay: list[fx.Node] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -443,6 +440,7 @@ def match_indexer(anchor: fx.Node, pdom: dict) -> IndexerMatch:
     qk = check_relu_and_scales(p, m)
     check_qk(qk, m)
     check_operands(m)
+    narrow_upcast_operands(m)
     escaping = escaping_nodes(pdom, m.interior, anchor)
     if escaping:
         raise NearMiss(f"intermediate {escaping[0].name} is used outside the matched region")
@@ -464,8 +462,37 @@ def check_operands(m: _Builder) -> None:
             raise NearMiss(f"{name} is {value(o.node).dtype}, expected a floating dtype")
 
 
+NARROW_DTYPES = (torch.bfloat16, torch.float16)
+"""Operand dtypes the op takes as they are, on tensor cores (fp32 accumulation of exact products)."""
+
+
+def narrow_upcast_operands(m: _Builder) -> None:
+    """Hand the op q and k in their original bf16/fp16 dtype when the pattern only upcast them
+    (``.float()`` / ``.to(torch.float32)`` among layout-preserving ops, as transformers' indexers
+    do): the products of two bf16 (fp16) values are exact in fp32, so fp32-accumulated scoring of
+    the originals computes the same real function, without an fp32 operand path. Both operands
+    must narrow to one dtype, and no scale may be folded into q (it would be applied in the
+    narrow dtype); otherwise the operands stay as matched."""
+    if any(scale.target == "q" for scale in m.scales):
+        return
+    narrowed = [_narrowed(o) for o in (m.q, m.k)]
+    if None in narrowed or value(narrowed[0].node).dtype != value(narrowed[1].node).dtype:
+        return
+    m.operand_nodes += [m.q.node, m.k.node]  # the upcast chains: erased when left unused
+    m.q, m.k = narrowed
+
+
+def _narrowed(o: Operand) -> Operand | None:
+    """``o`` read from the bf16/fp16 tensor below its widening casts, or None."""
+    src, skipped = skip_layout_preserving(o.node)
+    t = tensor_meta(src)
+    if t is None or t.dtype not in NARROW_DTYPES or not any(op_kind(n) == "cast" for n in skipped):
+        return None
+    return Operand(src, o.fix, [n for n in reversed(skipped) if op_kind(n) != "cast"])
+
+
 def _fixed_shape(o: Operand) -> tuple:
-    shape = list(value(o.node).shape)
+    shape = list(value(o.replay[-1] if o.replay else o.node).shape)
     for method, args in o.fix:
         if method == "squeeze":
             shape.pop(args[0])
@@ -482,13 +509,16 @@ def _fixed_shape(o: Operand) -> tuple:
 
 def _emit(graph: fx.Graph, operand: Operand, like: fx.Node) -> fx.Node:
     node = operand.node
+    for step in operand.replay:
+        node = insert_call(graph, step.op, step.target, (node, *step.args[1:]), dict(step.kwargs), like=like)
     for method, args in operand.fix:
         node = insert_call(graph, "call_method", method, (node, *args), like=like)
     return node
 
 
 def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
-    """Replace the matched region by one certified_topk call (``settings``: its plan arguments); returns the op node."""
+    """Insert one certified_topk call for the matched region before its anchor (``settings``: its plan
+    arguments); returns the op node (the pass runner reroutes the anchor's users and erases the region)."""
     anchor = match.anchor
     with graph.inserting_before(anchor):
         q, k, w = (_emit(graph, o, anchor) for o in (match.q, match.k, match.weights))
@@ -508,37 +538,33 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
         op = insert_call(graph, "call_function", indexer_op(options), (q, k, w, match.topk, mask),
                          {"layer": match.module, **settings.op_kwargs(), "record_stats": options.record_stats},
                          like=anchor)
-    anchor.replace_all_uses_with(op)
-    for node in reversed(match.interior):
-        if not node.users:
-            graph.erase_node(node)
-    erase_dead_pure(graph, match.operand_nodes)
     return op
 
 
-def run(ctx) -> None:
-    """Analyse every topk of ``ctx.gm``, then rewrite the safe matches; record rewrites and near misses."""
-    graph = ctx.gm.graph
-    anchors = [n for n in graph.nodes if op_kind(n) == "topk"]
-    pdom = post_dominators(graph) if anchors else {}
-    matches = []
-    for anchor in anchors:
-        try:
-            matches.append(match_indexer(anchor, pdom))
-        except NotCandidate:
-            ctx.report.counters[f"{KIND}.not_candidate"] += 1
-        except NearMiss as miss:
-            ctx.report.add_near_miss(KIND, module_path(anchor), str(miss), anchor.name)
-        except (TypeError, ValueError, IndexError, AttributeError, KeyError) as error:
-            ctx.report.add_near_miss(KIND, module_path(anchor), f"unsupported form ({type(error).__name__}: {error})",
-                                     anchor.name)
-    for match in matches:
-        settings = indexer_settings(ctx.options, match.module, _fixed_shape(match.q), value(match.topk),
-                                    value(match.q.node).device.type)
-        op = rewrite(graph, match, ctx.options, settings)
+class IndexerPass(PatternPass):
+    """Every topk of the graph is an anchor; the matches share the graph's post-dominators."""
+
+    kind = KIND
+
+    def anchors(self, graph):
+        return [n for n in graph.nodes if op_kind(n) == "topk"]
+
+    def analyse(self, graph, anchors):
+        return post_dominators(graph) if anchors else {}
+
+    def match(self, anchor, pdom):
+        return match_indexer(anchor, pdom)
+
+    def settings(self, ctx, match):
+        return indexer_settings(ctx.options, match.module, _fixed_shape(match.q), value(match.topk),
+                                value(match.q.node).device.type)
+
+    def rewrite(self, ctx, match, settings):
+        return rewrite(ctx.gm.graph, match, ctx.options, settings)
+
+    def describe(self, match, settings, op):
         q, k, w = (value(a) for a in op.args[:3])
         shapes = {"q": q.shape, "k": k.shape, "weights": w.shape}
         if op.args[4] is not None:
             shapes["mask"] = value(op.args[4]).shape
-        ctx.report.add_rewrite(KIND, match.module, variant=match.variant, shapes=shapes,
-                               topk=str(value(match.topk)), **settings.report_fields())
+        return dict(variant=match.variant, shapes=shapes, topk=str(value(match.topk)), **settings.report_fields())

@@ -77,5 +77,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, attn_mask, is_causal, scale, enable_gqa, form):
+def _attention_fake(q, k, v, *_):
+    """[B, Hq, Sq, Dv] in q's dtype."""
     return q.new_empty((*q.shape[:-1], v.shape[-1]))

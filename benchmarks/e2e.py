@@ -1,0 +1,226 @@
+"""End to end, as a user meets it: prefill of a DSA transformers model compiled with
+``torch.compile(model)`` (stock inductor) against ``torch.compile(model, backend="pulsar_dosa")``,
+in the same run, on one GPU.
+
+Run from the repository root on a CUDA machine (the package installed, so the entry point resolves):
+
+    python3 benchmarks/e2e.py --out benchmarks/results/e2e_h200.json
+    python3 benchmarks/e2e.py --smoke --out /tmp/e2e_smoke.json        # tiny, on the CPU
+
+Models: ``DeepseekV32ForCausalLM`` and ``GlmMoeDsaForCausalLM`` with random weights in bf16, both
+with DeepSeek-V3.2's indexer (64 heads x 128, topk 2048) and a small rest (``--layers`` layers,
+hidden 1024, 8 MLA heads, q_lora 512, kv_lora 256, dense MLP, sdpa attention). One prefill of S
+tokens, batch 1, ``use_cache=False``, logits of the last position only (``logits_to_keep=1``, as
+``generate``'s prefill does). Each method compiles once with ``dynamic=True`` (one graph serves
+every S), then per S: one warm-up call, then the median of ``--reps`` calls (CUDA events) and the
+peak memory of one call. A method that fails at some S (out of memory) records the error there.
+
+Methods: ``stock`` = torch.compile(model); ``pulsar_dosa`` = the backend with its defaults;
+``pulsar_dosa_plan`` = the backend with a per-layer plan made by ``python -m compiler.plan`` on
+``--plan-tokens`` random tokens (random-init indexers do not prune, so the plan should say dense).
+``argmax_agree``: the last position's argmax equals stock's (null where stock failed), with the
+largest absolute logit difference; the models have random weights, so near-ties can flip an
+argmax without any error: read it with ``max_abs_diff``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SIZES = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
+             q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=128, qk_rope_head_dim=64,
+             v_head_dim=128, index_n_heads=64, index_head_dim=128, index_topk=2048, vocab_size=32768,
+             moe_intermediate_size=256, n_routed_experts=8, num_experts_per_tok=2, n_group=1,
+             topk_group=1)
+SMOKE_SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
+                   q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                   v_head_dim=16, index_n_heads=8, index_head_dim=32, index_topk=16, vocab_size=128,
+                   moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                   topk_group=1)
+MODELS = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+
+
+def build(name: str, layers: int, sizes: dict, device: str, dtype: torch.dtype, seed: int = 0):
+    """The randomly initialised model ``name`` (eval mode) and its config."""
+    import transformers
+
+    config_cls = getattr(transformers, name.replace("ForCausalLM", "Config"))
+    config = config_cls(num_hidden_layers=layers, first_k_dense_replace=layers,
+                        max_position_embeddings=1 << 20, attn_implementation="sdpa", **sizes)
+    torch.manual_seed(seed)
+    model = getattr(transformers, name)(config).eval().to(device=device, dtype=dtype)
+    return model, config
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_ms(fn, device: str, reps: int) -> float:
+    """Median wall time of ``reps`` calls (CUDA events on the GPU)."""
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def make_plan(model_name: str, config, sizes_tokens: int, device: str, workdir: Path) -> Path:
+    """A per-layer plan from ``python -m compiler.plan`` on random calibration tokens."""
+    cfg = workdir / f"{model_name}.json"
+    config.to_json_file(cfg)
+    tokens = workdir / "calib.txt"
+    ids = torch.randint(0, config.vocab_size, (sizes_tokens,), generator=torch.Generator().manual_seed(1))
+    tokens.write_text(" ".join(map(str, ids.tolist())))
+    out = workdir / f"{model_name}.plan.json"
+    cmd = [sys.executable, "-m", "compiler.plan", "--model", str(cfg), "--tokens", str(tokens), "--out", str(out),
+           "--device", device, "--seq-len", str(sizes_tokens)]
+    subprocess.run(cmd, check=True, timeout=600)
+    return out
+
+
+def method_module(model, method: str, plan: Path | None):
+    if method == "stock":
+        return torch.compile(model, dynamic=True)
+    options = {"plan": str(plan)} if method == "pulsar_dosa_plan" else {}
+    return torch.compile(model, backend="pulsar_dosa", options=options, dynamic=True)
+
+
+def run_model(name: str, args, emit) -> None:
+    device = "cpu" if args.smoke else "cuda"
+    sizes = SMOKE_SIZES if args.smoke else SIZES
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    model, config = build(name, args.layers, sizes, device, dtype)
+    lengths = args.lengths
+    methods = args.methods
+    plan = None
+    if "pulsar_dosa_plan" in methods:
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            plan_path = make_plan(name, config, args.plan_tokens, device, Path(tmp))
+            plan = Path(args.workdir) / plan_path.name
+            plan.write_text(plan_path.read_text())
+            print(f"[{name}] plan made in {time.perf_counter() - start:.1f} s: {plan}", flush=True)
+    reference: dict[int, torch.Tensor] = {}
+    for method in methods:
+        torch._dynamo.reset()
+        compiled = method_module(model, method, plan)
+        for S in lengths:
+            row = {"model": name, "S": S, "method": method, "ms": None, "peak_gib": None, "error": None,
+                   "argmax_agree": None, "max_abs_diff": None}
+            ids = torch.randint(0, config.vocab_size, (1, S), generator=torch.Generator().manual_seed(S)).to(device)
+            try:
+                with torch.no_grad():
+                    start = time.perf_counter()
+                    logits = compiled(ids, use_cache=False, logits_to_keep=1).logits[0, -1].float()
+                    sync(device)
+                    row["first_call_s"] = round(time.perf_counter() - start, 2)
+                    if device == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                        base = torch.cuda.memory_allocated()
+                    compiled(ids, use_cache=False, logits_to_keep=1)
+                    sync(device)
+                    if device == "cuda":
+                        row["peak_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
+                    row["ms"] = round(timed_ms(lambda: compiled(ids, use_cache=False, logits_to_keep=1),
+                                               device, args.reps), 2)
+                if method == "stock":
+                    reference[S] = logits
+                elif S in reference:
+                    row["argmax_agree"] = bool(logits.argmax() == reference[S].argmax())
+                    row["max_abs_diff"] = float((logits - reference[S]).abs().max())
+            except Exception as exc:  # out of memory, or any failure of this method at this S
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            finally:
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+            emit(row)
+        del compiled
+
+
+def render_markdown(doc: dict) -> str:
+    lines = [f"# End to end: prefill of a compiled DSA model ({doc['device']})", "",
+             f"versions: {doc['versions']}; layers: {doc['layers']}; bf16, random weights, batch 1, "
+             "use_cache=False, logits of the last position; median of "
+             f"{doc['reps']} calls after a warm-up; peak = extra memory of one call.", ""]
+    for model in dict.fromkeys(r["model"] for r in doc["rows"]):
+        rows = [r for r in doc["rows"] if r["model"] == model]
+        methods = list(dict.fromkeys(r["method"] for r in rows))
+        lines += [f"## {model}", "", "| S | " + " | ".join(f"{m} ms (peak GiB)" for m in methods)
+                  + " | speed-up vs stock | argmax agree |", "|" + "---|" * (len(methods) + 3)]
+        for S in dict.fromkeys(r["S"] for r in rows):
+            cells, by = [], {r["method"]: r for r in rows if r["S"] == S}
+            for m in methods:
+                r = by.get(m)
+                cells.append("-" if r is None else (f"{r['error'].split(':')[0]}" if r["error"]
+                                                    else f"{r['ms']:.1f} ({r['peak_gib']})"))
+            stock, ours = by.get("stock"), by.get("pulsar_dosa")
+            speed = (f"{stock['ms'] / ours['ms']:.2f}x" if stock and ours and stock["ms"] and ours["ms"]
+                     else ("stock fails" if ours and ours["ms"] else "-"))
+            agree = ", ".join(str(r["argmax_agree"]) for r in by.values() if r["argmax_agree"] is not None) or "-"
+            lines.append(f"| {S} | " + " | ".join(cells) + f" | {speed} | {agree} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="JSON results path (a .md table is written beside it)")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--methods", nargs="+", default=["stock", "pulsar_dosa", "pulsar_dosa_plan"],
+                   choices=["stock", "pulsar_dosa", "pulsar_dosa_plan"])
+    p.add_argument("--lengths", nargs="+", type=int, default=None)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--plan-tokens", type=int, default=4096)
+    p.add_argument("--smoke", action="store_true", help="tiny models on the CPU (checks the script)")
+    args = p.parse_args(argv)
+    if args.lengths is None:
+        args.lengths = [64, 128] if args.smoke else [4096, 16384, 32768, 65536]
+    if args.smoke:
+        args.plan_tokens = min(args.plan_tokens, 128)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args.workdir = str(out.parent)
+    import transformers
+    import triton
+
+    doc = {"device": torch.cuda.get_device_name() if not args.smoke else "cpu (smoke)",
+           "versions": {"torch": torch.__version__, "triton": triton.__version__,
+                        "transformers": transformers.__version__},
+           "layers": args.layers, "reps": args.reps, "rows": []}
+
+    def emit(row):
+        doc["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        out.write_text(json.dumps(doc, indent=1))
+        out.with_suffix(".md").write_text(render_markdown(doc))
+
+    for name in args.models:
+        run_model(name, args, emit)
+    print(render_markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())

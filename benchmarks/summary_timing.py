@@ -1,0 +1,117 @@
+"""Time of ``runtime.summaries.select_summaries`` at L = 131072 on one device, against phase 1.
+
+Token ids: the words and punctuation marks of the Python standard library's ``*.py`` files (a
+regular expression split), each mapped to ``crc32(word) % 131072``: real text with a Zipf-like
+id distribution and about Tekken's vocabulary size, available on a host without tokenizer files.
+Every heuristic of ``HEURISTICS`` at block sizes 4096 and L/4: the median of ``--reps`` timed
+calls after warm-up (CUDA: synchronised wall time; CPU: process CPU time, one thread). The same
+run checks that the device selects exactly the positions the CPU selects. Phase 1 for reference:
+Pulsar at L = 131072 per device from ``benchmarks/results/pulsar_h200.json``.
+
+    python -m benchmarks.summary_timing --out $OUT/summary_timing_h200.json      # CUDA when present
+    python -m benchmarks.summary_timing --smoke --out /tmp/summary_timing.json   # CPU, L = 8192
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sysconfig
+import time
+import zlib
+from pathlib import Path
+
+import torch
+
+from runtime.summaries import HEURISTICS, select_summaries
+
+LENGTH = 131072
+VOCAB = 131072
+PHASE1_FILE = Path(__file__).resolve().parent / "results" / "pulsar_h200.json"
+EXACT = ("max_idf", "entropy", "novelty", "uniform")  # scores that cannot differ across devices
+
+
+def stdlib_word_ids(length: int) -> torch.Tensor:
+    """int64 [length]: crc32 ids of the standard library's words and punctuation, file-name order."""
+    words = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        words += re.findall(r"\w+|[^\w\s]", path.read_text(encoding="utf-8"))
+        if len(words) >= length:
+            break
+    if len(words) < length:
+        raise SystemExit(f"the standard library holds {len(words)} words, fewer than {length}")
+    return torch.tensor([zlib.crc32(w.encode()) % VOCAB for w in words[:length]], dtype=torch.int64)
+
+
+def time_call(fn, device: torch.device, reps: int) -> float:
+    """Median milliseconds of ``fn()`` (CUDA: synchronised wall time; CPU: process CPU time)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            begin = time.perf_counter()
+            fn()
+            torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - begin)
+        else:
+            begin = time.process_time()
+            fn()
+            times.append(time.process_time() - begin)
+    return 1000 * statistics.median(times)
+
+
+def phase1_ms() -> float:
+    data = json.loads(PHASE1_FILE.read_text())
+    return next(r["phase1_ms"] for r in data["rows"] if r["mode"] == "pulsar" and r["L"] == LENGTH)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true", help="L = 8192, 3 reps")
+    parser.add_argument("--out", type=Path, required=True, help="JSON path; the markdown goes beside it (.md)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    length, reps = (8192, 3) if args.smoke else (LENGTH, args.reps)
+    ids_cpu = stdlib_word_ids(length)
+    ids = ids_cpu.to(device)
+    reference = phase1_ms()
+    rows, failures = [], []
+    for heuristic in HEURISTICS:
+        for block_size in (4096, length // 4):
+            got = select_summaries(ids, block_size, heuristic=heuristic)
+            want = select_summaries(ids_cpu, block_size, heuristic=heuristic)
+            same = all(torch.equal(g.cpu(), w) for g, w in zip(got, want))
+            if not same and heuristic in EXACT:
+                failures.append(f"{heuristic}/B={block_size}")
+            ms = time_call(lambda: select_summaries(ids, block_size, heuristic=heuristic), device, reps)
+            row = dict(heuristic=heuristic, block_size=block_size, ms=round(ms, 3),
+                       percent_of_phase1=round(100 * ms / reference, 3), same_as_cpu=same)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (process time, 1 thread)"
+    result = dict(device=name, torch=torch.__version__, length=length, reps=reps,
+                  token_ids="stdlib words, crc32 % 131072", phase1_ms_pulsar_128k=reference,
+                  phase1_source=str(PHASE1_FILE.name), rows=rows, failures=failures)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# select_summaries time at L = {length} on {name} (torch {torch.__version__})", "",
+             f"Median of {reps} calls; phase 1 reference: Pulsar at L = 131072, {reference:.1f} ms per device "
+             f"({PHASE1_FILE.name}); the target is at most 1%.", "",
+             "| heuristic | block | ms | % of phase 1 | same positions as CPU |", "|---|---:|---:|---:|---|"]
+    lines += [f"| {r['heuristic']} | {r['block_size']} | {r['ms']:.2f} | {r['percent_of_phase1']:.2f}% | "
+              f"{'yes' if r['same_as_cpu'] else 'no'} |" for r in rows]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if failures:
+        raise SystemExit(f"device and CPU select different positions for {failures}")
+
+
+if __name__ == "__main__":
+    main()

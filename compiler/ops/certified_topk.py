@@ -1,0 +1,153 @@
+"""``torch.ops.pulsar_dosa.certified_topk``: the certified exact top-K of a DSA indexer as a torch op.
+
+Schema (:data:`SCHEMA`, written once; ``pulsar_dosa::capture_topk`` shares it):
+``certified_topk(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="",
+SymInt r=-1, SymInt min_keys=-1, str path="auto", bool record_stats=True) -> (Tensor, Tensor)``
+
+q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or [B,S,T]
+(bool: True = visible; or additive float, -inf = hidden), all on one device. ``topk`` is a
+positive int (``Scalar`` in the schema so that ``True`` reaches the op as a bool and is refused,
+where an ``int`` argument would turn it into 1). Returns (values [B,S,kk] float32, indices
+[B,S,kk] int64), kk = min(topk, T): exactly ``runtime.dense_scorer.dense_topk`` (the scores
+sum_h w_h relu(q_h.k) + mask, sorted descending, ties by the lower key index; a row with fewer
+than topk visible keys lists its visible keys first, then hidden ones with value -inf in index
+order). ``layer`` is the module path the statistics are filed under; ``r``/``min_keys`` = -1 and
+``path`` = "auto" take the defaults of ``runtime.certified_topk.CertifiedTopkConfig``.
+
+Every kernel starts with the same checks (:func:`check_call`: devices, types, ranks, shapes,
+dtypes, the scalar arguments; a clear error naming the argument) and answers empty inputs
+(B, S or kk = 0) with empty outputs before any device pipeline runs. The default kernel runs
+``runtime.certified_topk.certified_topk`` (CPU and any device without its own kernel); CUDA runs
+the Triton pipeline of ``compiler/lowering/certified_topk_triton.py``. The fake kernel (also the
+meta kernel) supports symbolic sizes and adds no guards.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from compiler.lowering.stats import TOPK_STATS
+from runtime.certified_topk import CertifiedTopkConfig, certified_topk as reference_certified_topk
+from runtime.indexer_inputs import check_indexer_inputs
+
+PATHS = ("auto", "dense", "certified")
+SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
+          'SymInt r=-1, SymInt min_keys=-1, str path="auto", bool record_stats=True) -> (Tensor, Tensor)')
+"""The schema of ``certified_topk`` and of every op that stands in for it (``capture_topk``)."""
+_ARGUMENTS = torch._C.parse_schema("pulsar_dosa::certified_topk" + SCHEMA).arguments
+
+
+def op_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A kernel's ``(args, kwargs)`` as {argument name: value} in schema order, defaults filled in
+    (the dispatcher drops trailing arguments that equal their default)."""
+    return {a.name: args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
+            for i, a in enumerate(_ARGUMENTS)}
+
+
+def topk_config(r: int, min_keys: int, path: str) -> CertifiedTopkConfig:
+    """The runtime configuration for the op's scalar arguments (-1 = the config's default)."""
+    if path not in PATHS:
+        raise ValueError(f"path: expected one of {list(PATHS)}, got {path!r}")
+    for name, value in (("r", r), ("min_keys", min_keys)):
+        if value < -1:
+            raise ValueError(f"{name}: expected -1 (default) or a non-negative int, got {value}")
+    overrides = {"path": path}
+    if r != -1:
+        overrides["r"] = r
+    if min_keys != -1:
+        overrides["min_keys"] = min_keys
+    return dataclasses.replace(CertifiedTopkConfig(), **overrides)
+
+
+def check_devices(a: dict[str, Any]) -> None:
+    """ValueError naming the first tensor argument that is not on q's device (a meta tensor among
+    real ones included: the dispatcher would otherwise answer with the meta kernel's empty tensors)."""
+    q = a["q"]
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q: expected a torch.Tensor [B,S,H,D], got {type(q).__name__}")
+    for name in ("k", "weights", "mask"):
+        x = a[name]
+        if isinstance(x, torch.Tensor) and x.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
+
+
+def check_topk_type(topk: Any) -> None:
+    """TypeError unless ``topk`` is an int or SymInt (a bool or a float is refused)."""
+    if isinstance(topk, bool) or not isinstance(topk, (int, torch.SymInt)):
+        raise TypeError(f"topk: expected a positive int, got {topk!r} ({type(topk).__name__})")
+
+
+def check_call(a: dict[str, Any]) -> tuple[int, CertifiedTopkConfig]:
+    """Validate a concrete call (every argument, tensors on one device); returns (kk, config).
+
+    Shapes, dtypes and topk's value are checked by the runtime's ``check_indexer_inputs`` on meta
+    copies (no data is read)."""
+    check_devices(a)
+    check_topk_type(a["topk"])
+    meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in (a["q"], a["k"], a["weights"], a["mask"])]
+    kk = check_indexer_inputs(meta[0], meta[1], meta[2], a["topk"], meta[3]).kk
+    return kk, topk_config(a["r"], a["min_keys"], a["path"])
+
+
+Kernel = Callable[[dict[str, Any], CertifiedTopkConfig, Any], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check the call, answer empty inputs with empty outputs, else run ``kernel(a, config, stats)``."""
+    a = op_arguments(args, kwargs)
+    kk, config = check_call(a)
+    q = a["q"]
+    B, S = q.shape[:2]
+    if B * S * kk == 0:
+        return (torch.empty((B, S, kk), dtype=torch.float32, device=q.device),
+                torch.empty((B, S, kk), dtype=torch.int64, device=q.device))
+    stats = TOPK_STATS.for_layer(a["layer"], q.device) if a["record_stats"] else None
+    return kernel(a, config, stats)
+
+
+def _reference_kernel(a, config, stats):
+    return reference_certified_topk(a["q"], a["k"], a["weights"], a["topk"], a["mask"], config=config, stats=stats)
+
+
+def _cuda_kernel(a, config, stats):
+    from compiler.lowering.certified_topk_triton import certified_topk_cuda
+
+    return certified_topk_cuda(a["q"], a["k"], a["weights"], a["topk"], a["mask"], config=config, stats=stats,
+                               crossover=None if a["min_keys"] == -1 else a["min_keys"])
+
+
+def _default(*args, **kwargs):
+    """Any device without its own kernel (CPU): the plain-torch reference."""
+    return _run(_reference_kernel, args, kwargs)
+
+
+certified_topk = torch.library.custom_op("pulsar_dosa::certified_topk", _default, mutates_args=(), schema=SCHEMA)
+
+
+@certified_topk.register_kernel("cuda")
+def _certified_topk_cuda(*args, **kwargs):
+    return _run(_cuda_kernel, args, kwargs)
+
+
+def fake_certified_topk(*args, **kwargs):
+    """Output shapes of the op (symbolic sizes kept, no guards): values float32 and indices int64 [B,S,kk]."""
+    a = op_arguments(args, kwargs)
+    check_devices(a)
+    check_topk_type(a["topk"])
+    q, k, weights, topk = a["q"], a["k"], a["weights"], a["topk"]
+    if q.dim() != 4 or k.dim() != 3 or weights.dim() != 3:
+        raise ValueError(
+            f"q, k, weights: expected ranks 4 [B,S,H,D], 3 [B,T,D], 3 [B,S,H], got {q.dim()}, {k.dim()}, {weights.dim()}"
+        )
+    B, S = q.shape[0], q.shape[1]
+    T = k.shape[1]
+    kk = topk if statically_known_true(topk <= T) else torch.sym_min(topk, T)
+    values = q.new_empty((B, S, kk), dtype=torch.float32)
+    indices = q.new_empty((B, S, kk), dtype=torch.int64)
+    return values, indices
+
+
+certified_topk.register_fake(fake_certified_topk)

@@ -1,0 +1,170 @@
+"""The contract of every pass family, and its one error policy.
+
+A family is a :class:`PatternPass` (one module per family, registered in
+``compiler.passes.PASS_FAMILIES``). :func:`run_pattern_pass` drives it on the Dynamo (torch-level)
+graph in two phases:
+
+1. Match, on the unmodified graph: ``anchors(graph)`` lists the candidate nodes,
+   ``analyse(graph, anchors)`` computes what every match shares (e.g. post-dominators), and
+   ``match(anchor, analysis)`` returns a match (an object with ``anchor``, ``interior`` and
+   ``operand_nodes``) or raises :class:`NotCandidate` (not this family's pattern: counted only)
+   or :class:`NearMiss` (looks like the pattern but must stay untouched: reported with the
+   reason).
+2. Rewrite, each match in turn: ``settings(ctx, match)`` takes the compile-time choices from the
+   options (a plan, a forced path); ``rewrite(ctx, match, settings)`` inserts the replacement
+   before the anchor and returns the node that replaces it, without touching existing nodes;
+   the runner then reroutes the anchor's users to it, erases the region's dead nodes and records
+   the rewrite with the fields of ``describe(match, settings, node)``.
+
+Error policy (the same for every family): an unexpected exception while matching a candidate
+becomes a near miss ``"unsupported form: <type>: <message>"``; one raised by ``rewrite`` a near
+miss ``"rewrite failed: <type>: <message>"`` with every node it inserted erased; one raised by
+``anchors``/``analyse`` a near miss of the whole graph (module ""), before any change. In every
+case the candidate is left untouched and compilation goes on: a pass never crashes it. Errors of
+``settings`` are the caller's (e.g. a plan made for another model) and propagate.
+
+Counters (``report.counters``, like Inductor's ``counters``), per family kind: ``anchors``,
+``not_candidate``, ``near_miss``, ``unsupported`` (near misses from unexpected exceptions),
+``rewritten`` and ``variant.<name>``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
+
+import torch.fx as fx
+
+from compiler.passes.matcher import erase_dead_pure, module_path
+
+if TYPE_CHECKING:  # annotations only: the options module imports the pass list, not the reverse
+    from compiler.options import CompileOptions
+    from compiler.report import Report
+
+logger = logging.getLogger(__name__)
+
+
+class NearMiss(Exception):
+    """A candidate that must stay untouched; the message is the reason."""
+
+
+class NotCandidate(Exception):
+    """The anchor does not compute this family's pattern at all (counted, not reported)."""
+
+
+@dataclasses.dataclass
+class PassContext:
+    """What a pass sees: the graph module it edits, the validated options, the report it records into."""
+
+    gm: fx.GraphModule
+    options: CompileOptions
+    report: Report
+
+
+class Match(Protocol):
+    """What the runner needs of a match: the anchor the replacement stands in for, the interior
+    nodes that die with it, and operand-side nodes (views, casts) that may become dead."""
+
+    anchor: fx.Node
+    interior: list[fx.Node]
+    operand_nodes: list[fx.Node]
+
+
+class PatternPass:
+    """One pass family (module docstring). Subclasses set ``kind`` and implement the methods."""
+
+    kind: str = ""
+
+    def anchors(self, graph: fx.Graph) -> list[fx.Node]:
+        """The candidate nodes, in graph order."""
+        raise NotImplementedError
+
+    def analyse(self, graph: fx.Graph, anchors: list[fx.Node]) -> Any:
+        """What every match shares, computed once on the unmodified graph (None by default)."""
+        return None
+
+    def match(self, anchor: fx.Node, analysis: Any) -> Match:
+        """The safe region ending at ``anchor``; raises NotCandidate or NearMiss."""
+        raise NotImplementedError
+
+    def settings(self, ctx: PassContext, match: Match) -> Any:
+        """Compile-time choices for the replacement (None by default)."""
+        return None
+
+    def rewrite(self, ctx: PassContext, match: Match, settings: Any) -> fx.Node:
+        """Insert the replacement before ``match.anchor`` and return it; existing nodes stay as they are."""
+        raise NotImplementedError
+
+    def describe(self, match: Match, settings: Any, node: fx.Node) -> dict[str, Any]:
+        """Keyword arguments of ``report.add_rewrite`` besides kind and module (variant, shapes, path, ...)."""
+        raise NotImplementedError
+
+
+def _unsupported(ctx: PassContext, family: PatternPass, anchor: fx.Node | None, what: str,
+                 error: Exception) -> None:
+    reason = f"{what}: {type(error).__name__}: {error}"
+    logger.debug("%s pass: %s at %s", family.kind, reason, anchor, exc_info=error)
+    ctx.report.counters[f"{family.kind}.unsupported"] += 1
+    near_miss(ctx, family.kind, anchor, reason)
+
+
+def near_miss(ctx: PassContext, kind: str, anchor: fx.Node | None, reason: str) -> None:
+    """Record a candidate left untouched (``anchor`` None: the whole graph)."""
+    module = "" if anchor is None else module_path(anchor)
+    logger.info("%s near miss at %s: %s", kind, module or (anchor.name if anchor is not None else "graph"), reason)
+    ctx.report.add_near_miss(kind, module, reason, "" if anchor is None else anchor.name)
+
+
+def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
+    """Erase every node of ``nodes`` left without users, until none is left to erase (any order)."""
+    pending = [n for n in dict.fromkeys(nodes) if isinstance(n, fx.Node) and n.graph is graph]
+    while True:
+        dead = [n for n in pending if not n.users]
+        if not dead:
+            return
+        for n in dead:
+            graph.erase_node(n)
+            pending.remove(n)
+
+
+def _replace(graph: fx.Graph, match: Match, node: fx.Node) -> None:
+    """Reroute the anchor's users to ``node``, then erase the region's dead nodes."""
+    match.anchor.replace_all_uses_with(node)
+    erase_dead(graph, [match.anchor, *match.interior])
+    erase_dead_pure(graph, match.operand_nodes)
+
+
+def run_pattern_pass(ctx: PassContext, family: PatternPass) -> None:
+    """Match every anchor of ``ctx.gm``'s graph, then rewrite the matches (module docstring)."""
+    graph = ctx.gm.graph
+    counters = ctx.report.counters
+    try:
+        anchors = family.anchors(graph)
+        analysis = family.analyse(graph, anchors)
+    except Exception as error:  # the error policy: never crash compilation
+        _unsupported(ctx, family, None, "unsupported graph", error)
+        return
+    matches = []
+    for anchor in anchors:
+        counters[f"{family.kind}.anchors"] += 1
+        try:
+            matches.append(family.match(anchor, analysis))
+        except NotCandidate:
+            counters[f"{family.kind}.not_candidate"] += 1
+        except NearMiss as miss:
+            near_miss(ctx, family.kind, anchor, str(miss))
+        except Exception as error:  # the error policy: never crash compilation
+            _unsupported(ctx, family, anchor, "unsupported form", error)
+    for match in matches:
+        settings = family.settings(ctx, match)
+        before = set(graph.nodes)
+        try:
+            node = family.rewrite(ctx, match, settings)
+        except Exception as error:  # the error policy: never crash compilation
+            erase_dead(graph, [n for n in graph.nodes if n not in before])
+            _unsupported(ctx, family, match.anchor, "rewrite failed", error)
+            continue
+        module = module_path(match.anchor)
+        _replace(graph, match, node)
+        logger.info("%s rewrite at %s", family.kind, module or node.name)
+        ctx.report.add_rewrite(family.kind, module, **family.describe(match, settings, node))

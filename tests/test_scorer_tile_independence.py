@@ -1,0 +1,82 @@
+"""The Triton scorer under TRITON_INTERPRET=1 scores a (query, key) pair to the same bits in every
+tile shape, row list and key list, on any CPU: it is exactly THE SCORER of runtime.dense_scorer.
+
+Under the interpreter ``tl.dot`` would be a numpy matmul whose rounding depends on the matrix shape,
+the operands' layout and the machine's BLAS kernel; the scorer instead runs the sequential
+arithmetic of compiler/lowering/tile_arith.py there. These tests use general (non-integer,
+wide-range) inputs, so any reassociation of a dot or of the head sum would show in the last bits.
+"""
+import pytest
+import torch
+
+from compiler.lowering import dsa_score_triton
+from compiler.lowering.dsa_score_triton import decode_codes, score_keys, score_tile_shape
+from runtime.dense_scorer import exact_scores
+
+
+def general_inputs(S, T, H, D, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.exp(torch.randn(1, 1, 1, D, generator=g) * 2)  # columns of very different size
+    q = (torch.randn(1, S, H, D, generator=g) * scale).to(dtype)
+    k = (torch.randn(1, T, D, generator=g) * scale[0]).to(dtype)
+    w = torch.randn(1, S, H, generator=g)
+    return q, k, w
+
+
+def reference_scores(q, w, k, keys):
+    """THE SCORER (runtime) of every query against ``keys``: [1, S, len(keys)] fp32."""
+    kf = k.float()[:, keys]
+    return exact_scores(q.float()[0], w[0], kf[0][None].expand(q.shape[1], -1, -1))[None]
+
+
+def triton_scores(q, w, k, keys, rows=None):
+    """The Triton scorer's values for ``keys`` (one list) and the query ``rows`` (None = all)."""
+    ids = torch.tensor(keys, dtype=torch.int32).view(1, 1, -1)
+    counts = torch.tensor([[len(keys)]], dtype=torch.int32)
+    codes = score_keys(q, w, k, ids, counts, cap=len(keys), tiles_per_list=1 << 30, rows=rows)
+    return decode_codes(codes, k.shape[1])[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H", [1, 3, 16])
+@pytest.mark.parametrize("matrix_rows", ["head_rows", 32, 128])
+def test_scores_equal_the_runtime_scorer_bitwise_for_every_tile_shape(dtype, H, matrix_rows, monkeypatch):
+    hp = score_tile_shape(H)[1]
+    monkeypatch.setattr(dsa_score_triton, "MATRIX_ROWS", hp if matrix_rows == "head_rows" else matrix_rows)
+    S, T, D = 5, 150, 32
+    q, k, w = general_inputs(S, T, H, D, dtype, seed=H)
+    keys = list(range(T - 1, -1, -2)) + list(range(0, T, 2))  # every key, out of order
+    got = triton_scores(q, w, k, keys)
+    want = reference_scores(q, w, k, keys)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("n_rows", [1, 3, 16, 128])
+def test_a_pair_scores_the_same_in_row_lists_of_any_length_and_in_any_key_list(n_rows):
+    S, T, H, D = 130, 40, 4, 16
+    q, k, w = general_inputs(S, T, H, D, torch.bfloat16, seed=n_rows)
+    g = torch.Generator().manual_seed(n_rows + 100)
+    listed = torch.randperm(S, generator=g)[:n_rows]
+    rows = torch.cat((listed, torch.full((3,), -1)))[None]  # plus empty slots
+    dense = triton_scores(q, w, k, list(range(T)))[0]
+    keys = torch.randperm(T, generator=g)[:7].tolist()
+    got = triton_scores(q, w, k, keys, rows=rows)[0]
+    want = dense[listed][:, keys]
+    assert torch.equal(got[:n_rows].view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("keys_m", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gpu_tile_forms_compute_the_scores(keys_m, dtype, monkeypatch):
+    """The GPU branches of the scorer (tl.dot in either orientation, fp32 as tf32), run here with
+    the interpreter's numpy dot (fp32 products): the scores of THE SCORER within the rounding of a
+    reassociated fp32 dot (the tf32 rounding itself is the GPU runs' to measure)."""
+    monkeypatch.setattr(dsa_score_triton, "SEQUENTIAL", False)
+    monkeypatch.setattr(dsa_score_triton, "KEYS_M", keys_m)
+    S, T, H, D = 6, 150, 16, 32
+    q, k, w = general_inputs(S, T, H, D, dtype, seed=7)
+    keys = list(range(T))
+    got = triton_scores(q, w, k, keys)
+    want = reference_scores(q, w, k, keys)
+    bound = (w.abs()[0, :, :, None] * torch.einsum("shd,td->sht", q[0].float().abs(), k[0].float().abs())).sum(1)
+    assert ((got[0] - want[0]).abs() <= 1e-4 * bound).all()
