@@ -53,8 +53,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import socket  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 from typing import Callable, Optional, Sequence  # noqa: E402
 
@@ -65,8 +63,8 @@ import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from compiler.backend import pulsar_dosa  # noqa: E402
-from runtime.attention_layout import QueryPhase  # noqa: E402
-from runtime.attention_reference import two_interval_attention  # noqa: E402
+from benchmarks.timing import timed  # noqa: E402
+from runtime.attention_layout import QueryPhase, attention_kernel  # noqa: E402
 from runtime.distributed import encode_rank_context, gather_and_merge, rank_blocks, restrict_layout  # noqa: E402
 from runtime.lse_merge import merge_partials  # noqa: E402
 from runtime.pulsar import KeptKV, PulsarConfig, decode, encode_context  # noqa: E402
@@ -149,29 +147,6 @@ def pulsar_config(settings: Settings, mode: str, length: int, ranks: int) -> Pul
                         ratio=settings.ratio)
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], object], device: torch.device, reps: int,
-          before: Callable[[], None] = lambda: None) -> tuple[float, object]:
-    """Median wall time (ms) of ``reps >= 1`` calls after one warm-up, and the last call's result.
-
-    ``before`` runs (untimed) ahead of every call, e.g. a barrier so that ranks start together.
-    """
-    result = fn()
-    times = []
-    for _ in range(reps):
-        before()
-        synchronize(device)
-        start = time.perf_counter()
-        result = fn()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times), result
-
-
 def max_abs_diff(kept: KeptKV, truth: KeptKV) -> float:
     """Largest |difference| over every layer's kept keys and values (inf on a shape mismatch)."""
     worst = 0.0
@@ -237,7 +212,8 @@ class ShardedQueryPhase(QueryPhase):
         super().__init__(kept=sum(shard_sizes))
         self.shard_sizes = tuple(shard_sizes)
 
-    def attend(self, q, k, v, *, scale, attention_fn=two_interval_attention):
+    def attend(self, q, k, v, *, scale, attention_fn=None):
+        attention_fn = attention_kernel(q.device) if attention_fn is None else attention_fn
         batch, _, sq, _ = q.shape
         sk = k.shape[2]
         if sk < self.kept + sq:

@@ -13,42 +13,121 @@ is active, calls its ``attend``. With no active layout attention is ordinary att
   key and the new tokens causally; elsewhere it sees the kept keys only. The partial
   ``(o, lse)`` is merged over ranks by ``merge`` (one device: no merge, the partial is exact).
 
-An attention function has the signature of ``runtime.attention_reference.two_interval_attention``.
+Which computation runs (one home for the choice, ``attend``): where the layout is what
+``F.scaled_dot_product_attention`` expresses and no log-sum-exp is needed — a packed phase that is
+one ordinary causal sequence (dense mode), or one new token that sees every key on one device —
+it is that stock call, the attention an unmodified model runs. Otherwise it is the two-interval
+attention kernel registered for the tensors' device (``attention_kernel``): the Triton kernel on
+CUDA, registered by ``compiler.lowering.flash_attention_triton`` when it is imported (``import
+compiler``, or automatically through the package's ``pulsar_dosa.attention_kernels`` entry point),
+and the plain-torch reference ``runtime.attention_reference.two_interval_attention`` elsewhere.
+An attention function has the signature of that reference.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Callable, Iterator, Optional
 
 import torch
+import torch.nn.functional as F
 
 from runtime.attention_reference import two_interval_attention
 
 AttentionFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 MergeFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
+KERNEL_ENTRY_POINTS = "pulsar_dosa.attention_kernels"
+"""Entry-point group whose modules register attention kernels when imported."""
+
+logger = logging.getLogger(__name__)
+_KERNELS: dict[str, AttentionFn] = {}
+_entry_points_loaded = False
+_warned_devices: set[str] = set()
+
+
+def register_attention_kernel(device_type: str, fn: AttentionFn) -> None:
+    """Make ``fn`` the two-interval attention for tensors on ``device_type`` (e.g. ``"cuda"``)."""
+    if not isinstance(device_type, str) or not device_type:
+        raise TypeError(f"device_type must be a device type name such as 'cuda', got {device_type!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    _KERNELS[device_type] = fn
+
+
+def _load_entry_points() -> None:
+    """Import, once per process, every module of the ``KERNEL_ENTRY_POINTS`` group (each registers
+    its kernels); a module that fails to import is logged and skipped (the reference remains)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for point in entry_points(group=KERNEL_ENTRY_POINTS):
+        try:
+            point.load()
+        except Exception as error:  # a broken optional plugin must not break the reference path
+            logger.warning("attention kernel entry point %r (%s) failed to load: %s", point.name, point.value, error)
+
+
+def attention_kernel(device: torch.device) -> AttentionFn:
+    """The two-interval attention registered for ``device.type``, else the plain-torch reference
+    (a warning is logged once per device type other than CPU: the reference is slow there)."""
+    if device.type not in _KERNELS:
+        _load_entry_points()
+    kernel = _KERNELS.get(device.type)
+    if kernel is not None:
+        return kernel
+    if device.type != "cpu" and device.type not in _warned_devices:
+        _warned_devices.add(device.type)
+        logger.warning("no two-interval attention kernel is registered for %r tensors: using the plain-torch "
+                       "reference (install the package or `import compiler` for the Triton kernel)", device.type)
+    return two_interval_attention
+
+
+def stock_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                    causal: bool) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` (GQA folded): query p sees keys ``[0, p]`` when ``causal``
+    (Sq == Sk), else every key. q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] -> [B, Hq, Sq, D]."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=float(scale),
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
 
 @dataclass
 class PackedPhase:
-    """Phase-1 visibility over P packed tokens: ``prefix_end`` and ``segment_start`` int64 [P]."""
+    """Phase-1 visibility over P packed tokens: ``prefix_end`` and ``segment_start`` int64 [P]
+    (keep them on the model's device: they are read by every attention layer).
+
+    ``causal`` (derived): every token sees exactly the tokens up to itself (one ordinary causal
+    sequence, e.g. dense mode), which ``stock_attention`` computes.
+    """
 
     prefix_end: torch.Tensor
     segment_start: torch.Tensor
     calls: int = field(default=0, init=False)
+    causal: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.causal = not bool(self.prefix_end.any()) and not bool(self.segment_start.any())
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-               attention_fn: AttentionFn = two_interval_attention) -> torch.Tensor:
-        """q [B, Hq, P, D], k/v [B, Hkv, P, D] (the packed tokens, nothing cached) -> o [B, Hq, P, D]."""
+               attention_fn: Optional[AttentionFn] = None) -> torch.Tensor:
+        """q [B, Hq, P, D], k/v [B, Hkv, P, D] (the packed tokens, nothing cached) -> o [B, Hq, P, D].
+
+        ``attention_fn``: a two-interval attention to use instead of the module's choice."""
         packed = self.prefix_end.numel()
         if q.shape[2] != packed or k.shape[2] != packed:
             raise ValueError(f"phase-1 attention expects {packed} packed queries and keys, got "
                              f"q length {q.shape[2]} and k length {k.shape[2]} (was the cache empty?)")
+        self.calls += 1
+        if attention_fn is None and self.causal:
+            return stock_attention(q, k, v, scale=scale, causal=True)
         batch = q.shape[0]
         prefix_end = self.prefix_end.to(q.device).expand(batch, packed)
         segment_start = self.segment_start.to(q.device).expand(batch, packed)
-        self.calls += 1
+        attention_fn = attention_kernel(q.device) if attention_fn is None else attention_fn
         out, _ = attention_fn(q, k, v, prefix_end, segment_start, scale=float(scale), q_start=0)
         return out
 
@@ -67,18 +146,23 @@ class QueryPhase:
     calls: int = field(default=0, init=False)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-               attention_fn: AttentionFn = two_interval_attention) -> torch.Tensor:
-        """q [B, Hq, Sq, D] new tokens, k/v [B, Hkv, kept + n, D] -> o [B, Hq, Sq, D] over all ranks."""
+               attention_fn: Optional[AttentionFn] = None) -> torch.Tensor:
+        """q [B, Hq, Sq, D] new tokens, k/v [B, Hkv, kept + n, D] -> o [B, Hq, Sq, D] over all ranks.
+
+        ``attention_fn``: a two-interval attention to use instead of the module's choice."""
         batch, _, sq, _ = q.shape
         sk = k.shape[2]
         if sk < self.kept + sq:
             raise ValueError(f"query-phase attention expects at least kept + queries = {self.kept + sq} "
                              f"keys, got {sk}")
+        self.calls += 1
+        if attention_fn is None and self.merge is None and self.owner and sq == 1:
+            return stock_attention(q, k, v, scale=scale, causal=False)  # one token that sees every key
         prefix_end = torch.full((batch, sq), self.kept, dtype=torch.int64, device=q.device)
         # Owner: the new tokens are keys [kept, sk) seen causally; elsewhere an empty interval.
         segment_start = torch.full((batch, sq), self.kept if self.owner else sk, dtype=torch.int64,
                                    device=q.device)
-        self.calls += 1
+        attention_fn = attention_kernel(q.device) if attention_fn is None else attention_fn
         out, lse = attention_fn(q, k, v, prefix_end, segment_start, scale=float(scale), q_start=sk - sq)
         if self.merge is None:
             return out

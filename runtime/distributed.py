@@ -8,10 +8,15 @@ its own kept KV, the partials ``(o, lse)`` are all-gathered and merged exactly
 (``runtime.lse_merge.merge_partials``), so every rank continues with the same hidden states. The
 new tokens' KV is kept on one owner rank (the one holding the last block) and seen only there; the
 owner's greedy choice is broadcast so all ranks stop together.
+
+Before any model work the ranks all-gather a digest of their arguments (``check_same_arguments``):
+a rank given bad arguments, or ranks given different contexts, queries, configurations, stop ids
+or models, make every rank raise the same clear error instead of failing inside a collective.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import hashlib
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -19,7 +24,8 @@ import torch.distributed as dist
 from runtime.assembly import PackedLayout
 from runtime.attention_layout import MergeFn
 from runtime.lse_merge import merge_partials
-from runtime.pulsar import KeptKV, PulsarConfig, check_generate_args, decode, encode_context
+from runtime.pulsar import (GenerateArgs, KeptKV, PulsarConfig, StopIds, decode, encode_context, is_compiled,
+                            prepare_generate_args)
 from runtime.summaries import num_blocks
 
 
@@ -94,22 +100,68 @@ def encode_rank_context(model: torch.nn.Module, context_ids: torch.Tensor, confi
     return encode_context(model, context_ids, local), local, rank == world - 1
 
 
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A digest of the model's class and parameter names, shapes and dtypes (not their values)."""
+    inner = model._orig_mod if is_compiled(model) else model
+    parts = [type(inner).__qualname__] + [f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in inner.named_parameters()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def check_same_arguments(model: torch.nn.Module, args: GenerateArgs | Exception,
+                         group: Optional[dist.ProcessGroup] = None) -> None:
+    """All-gather every rank's argument digests (or its argument error) and raise on every rank
+    unless all ranks hold valid, identical arguments and models of the same shapes.
+
+    ``args``: this rank's checked arguments, or the TypeError/ValueError they raised (re-raised
+    here, after the exchange, so no rank is left waiting). Uses ``dist.all_gather_object``
+    (with NCCL, the current CUDA device must be this rank's device).
+    """
+    if isinstance(args, Exception):
+        mine: dict[str, str] | str = f"{type(args).__name__}: {args}"
+    else:
+        mine = {**args.fingerprint(), "model": model_fingerprint(model)}
+    gathered: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
+    if isinstance(args, Exception):
+        raise args
+    failed = {rank: error for rank, error in enumerate(gathered) if isinstance(error, str)}
+    if failed:
+        raise ValueError("generate_distributed: bad arguments on rank(s) "
+                         + "; ".join(f"{rank}: {error}" for rank, error in failed.items()))
+    differing = [name for name in mine if len({digests[name] for digests in gathered}) > 1]
+    if differing:
+        def ranks_by_value(name: str) -> str:
+            values = list(dict.fromkeys(digests[name] for digests in gathered))  # in order of first rank
+            return ", ".join(f"ranks {[r for r, d in enumerate(gathered) if d[name] == value]}" for value in values)
+
+        detail = "; ".join(f"{name}: {ranks_by_value(name)}" for name in differing)
+        raise ValueError(f"generate_distributed needs the same arguments on every rank, but "
+                         f"{', '.join(differing)} differ ({detail})")
+
+
 def generate_distributed(model: torch.nn.Module, context_ids: torch.Tensor, query_ids: torch.Tensor,
-                         config: PulsarConfig, *, max_new_tokens: int, stop_ids: Sequence[int] = (),
+                         config: PulsarConfig, *, max_new_tokens: int, stop_ids: StopIds = None,
                          group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
     """``runtime.pulsar.generate`` with the blocks sharded over the ranks of ``group``.
 
     Call on every rank with the same arguments (the process group must be initialised); every
-    rank returns the same generated ids (1-D int64).
+    rank returns the same generated ids (1-D int64). Arguments follow ``generate`` (ids [L] or
+    [1, L], ``stop_ids`` None for the model's eos ids); bad or differing arguments raise the same
+    error on every rank before any model work (``check_same_arguments``).
     """
-    check_generate_args(context_ids, query_ids, config, max_new_tokens, stop_ids)
-    kept, local, owner = encode_rank_context(model, context_ids, config, group)
+    try:
+        args: GenerateArgs | Exception = prepare_generate_args(model, context_ids, query_ids, config,
+                                                               max_new_tokens, stop_ids)
+    except (TypeError, ValueError) as error:
+        args = error
+    check_same_arguments(model, args, group)
+    kept, local, owner = encode_rank_context(model, args.context_ids, config, group)
     owner_rank = dist.get_global_rank(group or dist.group.WORLD, dist.get_world_size(group) - 1)
 
     def agree(token: torch.Tensor) -> torch.Tensor:
         dist.broadcast(token, src=owner_rank, group=group)
         return token
 
-    return decode(model, kept, query_ids, query_position_start=local.query_position_start,
-                  max_new_tokens=max_new_tokens, stop_ids=stop_ids, owner=owner,
+    return decode(model, kept, args.query_ids, query_position_start=local.query_position_start,
+                  max_new_tokens=args.max_new_tokens, stop_ids=args.stop_ids, owner=owner,
                   merge=gather_and_merge(group), agree=agree)

@@ -1,6 +1,6 @@
 """The Pulsar driver: phase 1 (packed context encoding), KV drop, phase 2 (query) and greedy decode.
 
-``generate(model, context_ids, query_ids, config, *, max_new_tokens, stop_ids=())`` runs a
+``generate(model, context_ids, query_ids, config, *, max_new_tokens, stop_ids=None)`` runs a
 Hugging Face causal LM (batch 1) on one device:
 
 1. Phase 1: ``runtime.assembly.assemble`` packs the phase-1 inputs (pulsar: the spine
@@ -15,31 +15,48 @@ backend="pulsar_dosa")`` has its attention rewritten into the ``pulsar_dosa::att
 which reads the active layout. An uncompiled transformers model has its attention implementation
 switched to the transformers attention function registered here as ``"pulsar_dosa"`` for the
 duration of the call (no attention mask is built: the layout decides visibility), then restored.
-Either way every forward is checked to have routed each attention layer through the layout.
+Either way every attention layer calls ``layout.attend``, which picks the computation
+(``runtime.attention_layout``: stock SDPA where the layout is ordinary attention, else the
+device's two-interval kernel, Triton on CUDA), and every forward is checked to have routed each
+attention layer through the layout.
+
+``transformers`` is imported when a model is first run, not with this module: the models this
+driver runs are transformers models, so it is present whenever the driver is used.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import inspect
+import numbers
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Union
 
 import torch
 from torch._dynamo.eval_frame import OptimizedModule
-from transformers import AttentionInterface, DynamicCache
 
 from runtime.assembly import MODES, POSITIONS, PackedLayout, assemble
 from runtime.attention_layout import Layout, MergeFn, PackedPhase, QueryPhase, active_layout, use_layout
 from runtime.summaries import DEFAULT_HEURISTIC, HEURISTICS, check_positive_int
 
+if TYPE_CHECKING:
+    from transformers import DynamicCache
+
 ATTENTION_IMPLEMENTATION = "pulsar_dosa"
 KeptKV = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer ``(keys, values)`` of the kept tokens, each [1, Hkv, kept, D], in context order."""
+StopIds = Union[int, Iterable[int], torch.Tensor, None]
+"""A stop id, any iterable of them, an integer tensor of them, or None (the model's eos ids)."""
 
 
 @dataclass(frozen=True)
 class PulsarConfig:
-    """Phase-1 assembly settings (``runtime.assembly.assemble``); pulsar mode uses the shared spine."""
+    """Phase-1 assembly settings (``runtime.assembly.assemble``); pulsar mode uses the shared spine.
+
+    ``sink``, ``chunk``, ``ratio``, ``heuristic`` set the pulsar summaries (ignored in star and
+    dense modes). Checked at construction: ValueError/TypeError naming the field.
+    """
 
     block_size: int
     mode: str = "pulsar"
@@ -59,6 +76,9 @@ class PulsarConfig:
         for name, allowed in (("mode", MODES), ("heuristic", HEURISTICS), ("positions", POSITIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.mode == "pulsar" and self.sink > self.block_size:
+            raise ValueError(f"sink must not exceed block_size={self.block_size} in pulsar mode (the sink is the "
+                             f"start of the first block), got {self.sink}")
 
     def layout(self, context_ids: torch.Tensor) -> PackedLayout:
         """The packed phase-1 layout of ``context_ids`` under this configuration."""
@@ -77,7 +97,12 @@ def layout_attention(module, query, key, value, attention_mask, scaling=None, dr
     return layout.attend(query, key, value, scale=scale).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(ATTENTION_IMPLEMENTATION, layout_attention)
+@functools.cache
+def register_layout_attention() -> None:
+    """Register ``layout_attention`` with transformers as ``ATTENTION_IMPLEMENTATION`` (once)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_IMPLEMENTATION, layout_attention)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -96,6 +121,7 @@ def routed_attention(model: torch.nn.Module) -> Iterator[None]:
     if is_compiled(model):
         yield
         return
+    register_layout_attention()
     config = model.config
     previous = config._attn_implementation
     config._attn_implementation = ATTENTION_IMPLEMENTATION
@@ -105,22 +131,29 @@ def routed_attention(model: torch.nn.Module) -> Iterator[None]:
         config._attn_implementation = previous
 
 
-def cache_from(model: torch.nn.Module, kept: KeptKV) -> DynamicCache:
-    """A fresh cache for ``model`` holding ``kept`` (per-layer keys and values)."""
+def new_cache(model: torch.nn.Module, kept: Optional[KeptKV] = None) -> "DynamicCache":
+    """A fresh transformers cache for ``model``, holding ``kept`` (per-layer keys and values) if given."""
+    from transformers import DynamicCache
+
     cache = DynamicCache(config=model.config)
-    for layer, (keys, values) in enumerate(kept):
+    for layer, (keys, values) in enumerate(kept or ()):
         cache.update(keys, values, layer)
     return cache
 
 
+@functools.lru_cache(maxsize=None)
+def cache_keyword(model_type: type) -> str:
+    """The name of the cache argument of ``model_type.forward`` (``cache`` or ``past_key_values``)."""
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+
+
 def run_forward(model: torch.nn.Module, layout: Layout, input_ids: torch.Tensor,
-                position_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+                position_ids: torch.Tensor, cache: "DynamicCache") -> torch.Tensor:
     """One forward of ``input_ids`` [1, S] under ``layout``; returns the last position's logits [V]."""
     inner = model._orig_mod if is_compiled(model) else model
-    cache_arg = "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
     with torch.no_grad(), routed_attention(model), use_layout(layout):
         out = model(input_ids=input_ids, position_ids=position_ids, use_cache=True, logits_to_keep=1,
-                    **{cache_arg: cache})
+                    **{cache_keyword(type(inner)): cache})
     layers = len(cache.layers)
     if layout.calls != layers:
         raise RuntimeError(
@@ -137,8 +170,9 @@ def encode_context(model: torch.nn.Module, context_ids: torch.Tensor, layout: Pa
     device = model_device(model)
     ids = context_ids.to(device)[layout.source_index.to(device)].unsqueeze(0)
     positions = layout.position_ids.to(device).unsqueeze(0)
-    cache = DynamicCache(config=model.config)
-    run_forward(model, PackedPhase(layout.prefix_end, layout.segment_start), ids, positions, cache)
+    cache = new_cache(model)
+    phase = PackedPhase(layout.prefix_end.to(device), layout.segment_start.to(device))
+    run_forward(model, phase, ids, positions, cache)
     kept = torch.nonzero(layout.keep).flatten()
     kept = kept[torch.argsort(layout.source_index[kept])].to(device)
     result = []
@@ -150,22 +184,22 @@ def encode_context(model: torch.nn.Module, context_ids: torch.Tensor, layout: Pa
 
 
 def decode(model: torch.nn.Module, kept: KeptKV, query_ids: torch.Tensor, *, query_position_start: int,
-           max_new_tokens: int, stop_ids: Sequence[int] = (), owner: bool = True,
+           max_new_tokens: int, stop_ids: Iterable[int] = (), owner: bool = True,
            merge: Optional[MergeFn] = None,
            agree: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
            make_phase: Optional[Callable[[], QueryPhase]] = None) -> torch.Tensor:
     """Phase 2 and greedy decode over the kept KV; returns the generated ids (1-D int64).
 
-    ``owner``: this rank keeps the new tokens' KV (elsewhere they are dropped after each forward);
-    ``merge``: combines per-rank partials (None on one device); ``agree``: makes every rank use
-    the same next token (None on one device); ``make_phase``: builds the layout of each forward
-    (default ``QueryPhase(kept tokens, owner, merge)``). Stops after a token in ``stop_ids``
-    (included) or ``max_new_tokens`` tokens.
+    ``query_ids``: 1-D; ``owner``: this rank keeps the new tokens' KV (elsewhere they are dropped
+    after each forward); ``merge``: combines per-rank partials (None on one device); ``agree``:
+    makes every rank use the same next token (None on one device); ``make_phase``: builds the
+    layout of each forward (default ``QueryPhase(kept tokens, owner, merge)``). Stops after a
+    token in ``stop_ids`` (included) or ``max_new_tokens`` tokens.
     """
     device = model_device(model)
     num_kept = kept[0][0].shape[2]
     stops = set(int(s) for s in stop_ids)
-    cache = cache_from(model, kept)
+    cache = new_cache(model, kept)
     tokens = query_ids.to(device).unsqueeze(0)
     position = query_position_start
     generated: list[int] = []
@@ -180,32 +214,115 @@ def decode(model: torch.nn.Module, kept: KeptKV, query_ids: torch.Tensor, *, que
         position += tokens.shape[1]
         tokens = next_token.unsqueeze(0)
         if not owner:
-            cache = cache_from(model, kept)
+            cache = new_cache(model, kept)
         if generated[-1] in stops:
             break
     return torch.tensor(generated, dtype=torch.int64)
 
 
-def check_generate_args(context_ids, query_ids, config, max_new_tokens, stop_ids) -> None:
-    """Raise TypeError/ValueError naming the bad argument of ``generate``."""
-    for name, ids in (("context_ids", context_ids), ("query_ids", query_ids)):
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.numel() == 0:
-            raise ValueError(f"{name} must be a non-empty 1-D tensor of token ids")
-        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-            raise TypeError(f"{name} must have an integer dtype, got {ids.dtype}")
+def vocabulary_size(model: torch.nn.Module) -> Optional[int]:
+    """Rows of the model's input embedding (else ``config.vocab_size``); None when neither exists."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    table = embeddings() if callable(embeddings) else None
+    if isinstance(table, torch.nn.Embedding):
+        return table.num_embeddings
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
+def token_ids_1d(name: str, ids: object, vocabulary: Optional[int]) -> torch.Tensor:
+    """``ids`` ([L] or [1, L], integer, non-empty, every id in ``[0, vocabulary)``) as 1-D int64 on
+    the CPU; TypeError/ValueError naming ``name`` otherwise."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise TypeError(f"{name} must have an integer dtype, got {ids.dtype}")
+    if not (ids.dim() == 1 or (ids.dim() == 2 and ids.shape[0] == 1)):
+        raise ValueError(f"{name} must be [L] or [1, L] (batch size 1), got shape {tuple(ids.shape)}")
+    if ids.numel() == 0:
+        raise ValueError(f"{name} must hold at least one token, got shape {tuple(ids.shape)}")
+    flat = ids.reshape(-1).to("cpu", torch.int64)
+    low, high = int(flat.min()), int(flat.max())
+    if low < 0 or (vocabulary is not None and high >= vocabulary):
+        bad = low if low < 0 else high
+        limit = "" if vocabulary is None else f", {vocabulary}"
+        raise ValueError(f"{name} holds token id {bad} outside the model's vocabulary [0{limit})")
+    return flat
+
+
+def stop_id_tuple(model: torch.nn.Module, stop_ids: StopIds, vocabulary: Optional[int]) -> tuple[int, ...]:
+    """``stop_ids`` read once into a tuple of ints; None gives ``model.generation_config.eos_token_id``
+    (an int, a list or None). TypeError/ValueError naming ``stop_ids`` for anything else."""
+    if stop_ids is None:
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        stop_ids = () if eos is None else eos
+    if isinstance(stop_ids, torch.Tensor):
+        if stop_ids.dtype == torch.bool or stop_ids.dtype.is_floating_point or stop_ids.dtype.is_complex:
+            raise TypeError(f"stop_ids must hold integer token ids, got a {stop_ids.dtype} tensor")
+        stop_ids = stop_ids.reshape(-1).tolist()
+    elif isinstance(stop_ids, numbers.Integral) and not isinstance(stop_ids, bool):
+        stop_ids = (stop_ids,)
+    elif isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, Iterable):
+        raise TypeError(f"stop_ids must be a token id, an iterable of token ids or None, got {stop_ids!r}")
+    stops = tuple(stop_ids)
+    for stop in stops:
+        if isinstance(stop, bool) or not isinstance(stop, numbers.Integral):
+            raise TypeError(f"stop_ids must hold int token ids, got {stop!r} in {stops!r}")
+        if stop < 0 or (vocabulary is not None and stop >= vocabulary):
+            raise ValueError(f"stop_ids holds token id {stop} outside the model's vocabulary "
+                             f"[0{'' if vocabulary is None else f', {vocabulary}'})")
+    return tuple(int(stop) for stop in stops)
+
+
+@dataclass(frozen=True)
+class GenerateArgs:
+    """``generate``'s arguments, checked and normalised: 1-D int64 CPU ids and a tuple of stop ids."""
+
+    context_ids: torch.Tensor
+    query_ids: torch.Tensor
+    config: "PulsarConfig"
+    max_new_tokens: int
+    stop_ids: tuple[int, ...]
+
+    def fingerprint(self) -> dict[str, str]:
+        """A digest of every argument (equal arguments give equal digests on every host)."""
+        def digest(data: bytes) -> str:
+            return hashlib.sha256(data).hexdigest()
+
+        return {"context_ids": digest(self.context_ids.numpy().tobytes()),
+                "query_ids": digest(self.query_ids.numpy().tobytes()),
+                "config": digest(repr(self.config).encode()),
+                "max_new_tokens": str(self.max_new_tokens),
+                "stop_ids": digest(repr(self.stop_ids).encode())}
+
+
+def prepare_generate_args(model: torch.nn.Module, context_ids: object, query_ids: object, config: object,
+                          max_new_tokens: object, stop_ids: StopIds) -> GenerateArgs:
+    """Check ``generate``'s arguments before any model work (TypeError/ValueError naming the
+    argument) and normalise them (``GenerateArgs``)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a transformers causal LM), got {type(model).__name__}")
+    vocabulary = vocabulary_size(model)
+    context = token_ids_1d("context_ids", context_ids, vocabulary)
+    query = token_ids_1d("query_ids", query_ids, vocabulary)
     if not isinstance(config, PulsarConfig):
         raise TypeError(f"config must be a PulsarConfig, got {type(config).__name__}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if not all(isinstance(s, int) and not isinstance(s, bool) for s in stop_ids):
-        raise TypeError(f"stop_ids must be ints, got {list(stop_ids)!r}")
+    return GenerateArgs(context, query, config, max_new_tokens, stop_id_tuple(model, stop_ids, vocabulary))
 
 
 def generate(model: torch.nn.Module, context_ids: torch.Tensor, query_ids: torch.Tensor,
-             config: PulsarConfig, *, max_new_tokens: int, stop_ids: Sequence[int] = ()) -> torch.Tensor:
-    """Pulsar (or star/dense) long-context generation on one device; returns generated ids (1-D int64)."""
-    check_generate_args(context_ids, query_ids, config, max_new_tokens, stop_ids)
-    layout = config.layout(context_ids)
-    kept = encode_context(model, context_ids, layout)
-    return decode(model, kept, query_ids, query_position_start=layout.query_position_start,
-                  max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+             config: PulsarConfig, *, max_new_tokens: int, stop_ids: StopIds = None) -> torch.Tensor:
+    """Pulsar (or star/dense) long-context generation on one device; returns the generated ids
+    (1-D int64, CPU), the last one a stop id unless ``max_new_tokens`` ran out.
+
+    ``context_ids``, ``query_ids``: token ids, [L] or [1, L] (batch size 1), on any device.
+    ``stop_ids``: a stop id or any iterable of them (read once); None (default) uses the model's
+    ``generation_config.eos_token_id``. Arguments are checked before any model work.
+    """
+    args = prepare_generate_args(model, context_ids, query_ids, config, max_new_tokens, stop_ids)
+    layout = config.layout(args.context_ids)
+    kept = encode_context(model, args.context_ids, layout)
+    return decode(model, kept, args.query_ids, query_position_start=layout.query_position_start,
+                  max_new_tokens=args.max_new_tokens, stop_ids=args.stop_ids)

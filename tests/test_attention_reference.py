@@ -4,6 +4,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import runtime.attention_reference as reference
 from runtime.attention_reference import two_interval_attention
@@ -109,3 +111,29 @@ def test_bad_inputs_raise_errors_naming_the_argument(change, error, name):
     with pytest.raises(error, match=name):
         two_interval_attention(args.pop("q"), args.pop("k"), args.pop("v"),
                                args.pop("prefix_end"), args.pop("segment_start"), **args)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_key_spans_and_chunks_give_the_brute_force_answer_for_any_interval_bounds(data):
+    """Bounds outside [0, Sk], empty intervals, whole chunks that see nothing, GQA, any chunking."""
+    b, hkv, group = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3))
+    sq, sk = data.draw(st.integers(1, 9)), data.draw(st.integers(1, 12))
+    q, k, v = random_inputs(b=b, hq=hkv * group, hkv=hkv, sq=sq, sk=sk, d=4, seed=data.draw(st.integers(0, 99)))
+    bound = st.integers(-2, sk + 2)
+    prefix_end = torch.tensor(data.draw(st.lists(st.lists(bound, min_size=sq, max_size=sq), min_size=b, max_size=b)))
+    segment_start = torch.tensor(data.draw(st.lists(st.lists(bound, min_size=sq, max_size=sq),
+                                                    min_size=b, max_size=b)))
+    q_start = data.draw(st.integers(0, sk + 1))
+    budget, min_chunk = reference.SCORE_BUDGET, reference.MIN_CHUNK
+    reference.SCORE_BUDGET = hkv * group * sk * data.draw(st.integers(1, sq))
+    reference.MIN_CHUNK = data.draw(st.integers(1, 4))
+    try:
+        chunks = reference.query_chunks(segment_start, data.draw(st.integers(1, sq)))
+        o, lse = two_interval_attention(q, k, v, prefix_end, segment_start, scale=0.7, q_start=q_start)
+    finally:
+        reference.SCORE_BUDGET, reference.MIN_CHUNK = budget, min_chunk
+    assert [start for start, _ in chunks] == [0] + [stop for _, stop in chunks[:-1]] and chunks[-1][1] == sq
+    want_o, want_lse = brute_force(q, k, v, prefix_end, segment_start, 0.7, q_start)
+    torch.testing.assert_close(o.double(), want_o, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-6, rtol=1e-6)

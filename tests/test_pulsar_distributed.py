@@ -1,4 +1,5 @@
-"""The distributed driver (gloo, 2 and 3 CPU processes) gives the single-process tokens and kept KV."""
+"""The distributed driver (gloo, 2 and 3 CPU processes) gives the single-process tokens and kept KV;
+ranks given different or bad arguments all raise a clear error instead of failing in a collective."""
 import datetime
 import os
 import socket
@@ -23,8 +24,8 @@ CONFIGS = {
 NEW_TOKENS = 6
 
 
-def tiny_llama():
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+def tiny_llama(layers=2):
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
     return LlamaForCausalLM(config).eval()
 
@@ -35,7 +36,8 @@ def inputs():
 
 
 def worker(rank, world_size, port, workdir):
-    """One rank: for every configuration, its kept KV and the generated tokens, saved for the parent."""
+    """One rank: for every configuration, its kept KV and the generated tokens (with 2 ranks, also
+    the errors of ``mismatch_errors`` and a run after them), saved for the parent."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=120))
@@ -48,9 +50,42 @@ def worker(rank, world_size, port, workdir):
             kept, _, _ = encode_rank_context(model, context_ids, config)
             tokens = generate_distributed(model, context_ids, query_ids, config, max_new_tokens=NEW_TOKENS)
             results[name] = {"kept": kept, "tokens": tokens}
+        if world_size == 2:
+            results["mismatch_errors"] = mismatch_errors(rank, model, context_ids, query_ids)
+            results["then_agreeing"] = generate_distributed(model, context_ids[None], query_ids, CONFIGS["pulsar"],
+                                                            max_new_tokens=NEW_TOKENS,
+                                                            stop_ids=iter([model.generation_config.eos_token_id]))
         torch.save(results, os.path.join(workdir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+MISMATCHES = {  # case -> (what rank 1 is given instead, the argument every rank's error must name)
+    "context": (lambda ids, query: dict(context_ids=ids.flip(0)), "context_ids differ"),
+    "query": (lambda ids, query: dict(query_ids=query[:-1]), "query_ids differ"),
+    "config": (lambda ids, query: dict(config=CONFIGS["star"]), "config differ"),
+    "max_new_tokens": (lambda ids, query: dict(max_new_tokens=3), "max_new_tokens differ"),
+    "stop_ids": (lambda ids, query: dict(stop_ids=[7]), "stop_ids differ"),
+    "model": (lambda ids, query: dict(model=tiny_llama(layers=1)), "model differ"),
+    "bad_ids": (lambda ids, query: dict(context_ids=ids + 256), "context_ids holds token id"),
+}
+
+
+def mismatch_errors(rank, model, context_ids, query_ids):
+    """Every case of MISMATCHES (rank 1 given other arguments): the message each call raised here."""
+    errors = {}
+    for case, (change, _) in MISMATCHES.items():
+        args = dict(model=model, context_ids=context_ids, query_ids=query_ids, config=CONFIGS["pulsar"],
+                    max_new_tokens=2, stop_ids=())
+        if rank == 1:
+            args.update(change(context_ids, query_ids))
+        try:
+            generate_distributed(args.pop("model"), args.pop("context_ids"), args.pop("query_ids"),
+                                 args.pop("config"), **args)
+            errors[case] = None
+        except (TypeError, ValueError) as error:
+            errors[case] = str(error)
+    return errors
 
 
 def free_port():
@@ -73,11 +108,24 @@ def single_process(tmp_path_factory):
     return model, workdir, truth
 
 
+@pytest.fixture(scope="module")
+def spawned(single_process):
+    """``spawned(world_size)``: every rank's saved results of one gloo run of ``worker`` (cached)."""
+    _, workdir, _ = single_process
+    runs = {}
+
+    def run(world_size):
+        if world_size not in runs:
+            mp.spawn(worker, args=(world_size, free_port(), str(workdir)), nprocs=world_size, join=True)
+            runs[world_size] = [torch.load(workdir / f"rank{r}.pt") for r in range(world_size)]
+        return runs[world_size]
+    return run
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_gloo_ranks_give_the_single_process_tokens_and_kept_kv(single_process, world_size):
-    _, workdir, truth = single_process
-    mp.spawn(worker, args=(world_size, free_port(), str(workdir)), nprocs=world_size, join=True)
-    ranks = [torch.load(workdir / f"rank{r}.pt") for r in range(world_size)]
+def test_gloo_ranks_give_the_single_process_tokens_and_kept_kv(single_process, spawned, world_size):
+    _, _, truth = single_process
+    ranks = spawned(world_size)
     for name in CONFIGS:
         for rank in ranks:
             assert torch.equal(rank[name]["tokens"], truth[name]["tokens"]), name
@@ -86,6 +134,19 @@ def test_gloo_ranks_give_the_single_process_tokens_and_kept_kv(single_process, w
                                        atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(torch.cat([r[name]["kept"][layer][1] for r in ranks], 2), values,
                                        atol=1e-5, rtol=1e-5)
+
+
+def test_ranks_given_different_or_bad_arguments_all_raise_before_any_model_work(single_process, spawned):
+    _, _, truth = single_process
+    ranks = spawned(2)
+    for case, (_, message) in MISMATCHES.items():
+        for rank, results in enumerate(ranks):
+            error = results["mismatch_errors"][case]
+            assert error is not None and message in error, (case, rank, error)
+    assert "bad arguments on rank(s) 1: ValueError: context_ids holds token id" in ranks[0]["mismatch_errors"]["bad_ids"]
+    assert "context_ids differ (context_ids: ranks [0], ranks [1])" in ranks[0]["mismatch_errors"]["context"]
+    for results in ranks:  # the ranks still work together afterwards ([1, L] ids, an iterator of the eos id)
+        assert torch.equal(results["then_agreeing"], truth["pulsar"]["tokens"])
 
 
 def test_blocks_are_dealt_in_contiguous_balanced_runs():

@@ -89,7 +89,7 @@ def test_dense_mode_equals_ordinary_greedy_decoding(model, context):
             next_token = model(input_ids=tokens).logits[0, -1].argmax()
             want.append(int(next_token))
             tokens = torch.cat([tokens, next_token.view(1, 1)], 1)
-    got = generate(model, ids, query, PulsarConfig(BLOCK, mode="dense"), max_new_tokens=6)
+    got = generate(model, ids, query, PulsarConfig(BLOCK, mode="dense"), max_new_tokens=6, stop_ids=())
     assert got.tolist() == want
 
 
@@ -123,14 +123,83 @@ def test_bad_config_values_raise_errors_naming_the_field(kwargs, error, name):
         PulsarConfig(**kwargs)
 
 
-def test_bad_generate_arguments_raise(model, context):
+def test_hf_shaped_ids_give_the_same_tokens_as_one_dimensional_ids(model, context):
     ids, query = context
-    config = PulsarConfig(BLOCK)
-    with pytest.raises(ValueError, match="query_ids"):
-        generate(model, ids, query[None], config, max_new_tokens=1)
-    with pytest.raises(TypeError, match="context_ids"):
-        generate(model, ids.float(), query, config, max_new_tokens=1)
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        generate(model, ids, query, config, max_new_tokens=-1)
-    with pytest.raises(TypeError, match="config"):
-        generate(model, ids, query, {"block_size": 8}, max_new_tokens=1)
+    config = PulsarConfig(BLOCK, **SETTINGS)
+    want = generate(model, ids, query, config, max_new_tokens=4, stop_ids=())
+    assert torch.equal(generate(model, ids[None], query[None], config, max_new_tokens=4, stop_ids=()), want)
+    assert torch.equal(generate(model, ids.int()[None], query, config, max_new_tokens=4, stop_ids=()), want)
+
+
+def test_any_iterable_of_stop_ids_is_read_once_and_obeyed(model, context):
+    ids, query = context
+    config = PulsarConfig(BLOCK, **SETTINGS)
+    full = generate(model, ids, query, config, max_new_tokens=5, stop_ids=())
+    stop = int(full[2])
+    want = full[: full.tolist().index(stop) + 1]
+    assert len(want) < len(full)
+    for stop_ids in (iter([stop]), (s for s in [999 % 256, stop]), {stop}, stop, torch.tensor([stop]),
+                     range(stop, stop + 1)):
+        assert torch.equal(generate(model, ids, query, config, max_new_tokens=5, stop_ids=stop_ids), want), stop_ids
+
+
+def test_the_models_eos_ids_stop_generation_when_stop_ids_is_not_given(model, context):
+    ids, query = context
+    config = PulsarConfig(BLOCK, **SETTINGS)
+    full = generate(model, ids, query, config, max_new_tokens=5, stop_ids=())
+    eos = model.generation_config.eos_token_id
+    try:
+        model.generation_config.eos_token_id = int(full[1])
+        assert torch.equal(generate(model, ids, query, config, max_new_tokens=5), full[:2])
+        model.generation_config.eos_token_id = [255 if int(full[3]) != 255 else 254, int(full[3])]
+        assert torch.equal(generate(model, ids, query, config, max_new_tokens=5), full[:4])
+        model.generation_config.eos_token_id = None
+        assert torch.equal(generate(model, ids, query, config, max_new_tokens=5), full)
+        model.generation_config.eos_token_id = int(full[1])
+        assert torch.equal(generate(model, ids, query, config, max_new_tokens=5, stop_ids=()), full)
+    finally:
+        model.generation_config.eos_token_id = eos
+
+
+def test_pulsar_sink_longer_than_a_block_is_refused_at_construction():
+    with pytest.raises(ValueError, match="sink must not exceed block_size=32"):
+        PulsarConfig(32, sink=33)
+    assert PulsarConfig(32, sink=32).sink == 32
+    assert PulsarConfig(32, mode="star").sink == 64  # star and dense modes have no sink
+
+
+def good_arguments(ids, query):
+    return dict(context_ids=ids, query_ids=query, config=PulsarConfig(BLOCK, **SETTINGS), max_new_tokens=1,
+                stop_ids=None)
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda ids, q: dict(query_ids=q[None].expand(2, -1)), ValueError, r"query_ids must be \[L\] or \[1, L\]"),
+    (lambda ids, q: dict(context_ids=ids.float()), TypeError, "context_ids must have an integer dtype"),
+    (lambda ids, q: dict(context_ids=ids[:0]), ValueError, "context_ids must hold at least one token"),
+    (lambda ids, q: dict(context_ids=ids.tolist()), TypeError, "context_ids must be a torch.Tensor"),
+    (lambda ids, q: dict(context_ids=torch.cat([ids, torch.tensor([256])])), ValueError,
+     r"context_ids holds token id 256 outside the model's vocabulary \[0, 256\)"),
+    (lambda ids, q: dict(query_ids=q - 1000), ValueError, "query_ids holds token id -"),
+    (lambda ids, q: dict(max_new_tokens=-1), ValueError, "max_new_tokens"),
+    (lambda ids, q: dict(max_new_tokens=True), ValueError, "max_new_tokens"),
+    (lambda ids, q: dict(config={"block_size": 8}), TypeError, "config must be a PulsarConfig"),
+    (lambda ids, q: dict(stop_ids=[256]), ValueError, "stop_ids holds token id 256"),
+    (lambda ids, q: dict(stop_ids=[1.5]), TypeError, "stop_ids must hold int token ids"),
+    (lambda ids, q: dict(stop_ids=[True]), TypeError, "stop_ids must hold int token ids"),
+    (lambda ids, q: dict(stop_ids="2"), TypeError, "stop_ids must be a token id"),
+    (lambda ids, q: dict(stop_ids=2.0), TypeError, "stop_ids must be a token id"),
+    (lambda ids, q: dict(stop_ids=torch.tensor([2.0])), TypeError, "stop_ids must hold integer token ids"),
+])
+def test_bad_generate_arguments_raise_naming_the_argument_before_any_model_work(model, context, change, error,
+                                                                               message):
+    ids, query = context
+    args = good_arguments(ids, query) | change(ids, query)
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda module, inputs: forwards.append(module))
+    try:
+        with pytest.raises(error, match=message):
+            generate(model, args.pop("context_ids"), args.pop("query_ids"), args.pop("config"), **args)
+    finally:
+        hook.remove()
+    assert forwards == []

@@ -20,7 +20,10 @@ the choice changes speed only.
 Dispatch: ``torch.ops.pulsar_dosa.two_interval_attention_triton`` (custom op with a fake
 implementation, so it traces under torch.compile) launches the Triton kernel on CUDA tensors and
 on CPU tensors under ``TRITON_INTERPRET=1``; on CPU without the interpreter it runs the plain-torch
-reference.
+reference. Importing this module registers ``two_interval_attention_triton`` as the CUDA kernel of
+Pulsar layouts (``runtime.attention_layout.register_attention_kernel``); the package's
+``pulsar_dosa.attention_kernels`` entry point names this module, so an installed package registers
+it without an explicit import.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket
+from runtime.attention_layout import register_attention_kernel
 from runtime.attention_reference import check_attention_inputs, two_interval_attention
 
 _LOG2_E = math.log2(math.e)
@@ -274,3 +278,6 @@ def two_interval_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     _check_kernel_inputs(q, k, v, prefix_end, segment_start)
     return torch.ops.pulsar_dosa.two_interval_attention_triton(
         q, k, v, prefix_end, segment_start, float(scale), int(q_start))
+
+
+register_attention_kernel("cuda", two_interval_attention_triton)

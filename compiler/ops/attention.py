@@ -2,7 +2,7 @@
 
 Schema: ``attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, bool is_causal, float? scale,
 bool enable_gqa, str form) -> Tensor``; q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] (Hkv = Hq unless
-``enable_gqa``); returns [B, Hq, Sq, D] in q's dtype.
+``enable_gqa``); returns [B, Hq, Sq, D] in q's dtype, contiguous.
 
 With no active layout (``runtime.attention_layout.active_layout()`` is None) it computes what the
 replaced code computed, with the same torch calls:
@@ -15,8 +15,9 @@ replaced code computed, with the same torch calls:
   when ``enable_gqa``.
 
 With an active layout the mask and ``is_causal`` are ignored: the layout decides visibility and the
-attention runs through ``layout.attend`` (the Triton two-interval kernel on CUDA, the plain-torch
-reference elsewhere), with the effective scale (the SDPA default 1/sqrt(D) when ``scale`` is None).
+attention runs through ``layout.attend``, which chooses the computation (``runtime.attention_layout``:
+stock SDPA where the layout is ordinary attention, else the two-interval kernel of the device, the
+Triton kernel on CUDA), with the effective scale (the SDPA default 1/sqrt(D) when ``scale`` is None).
 """
 from __future__ import annotations
 
@@ -25,9 +26,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from compiler.lowering.flash_attention_triton import two_interval_attention_triton
+import compiler.lowering.flash_attention_triton  # noqa: F401  (registers the CUDA two-interval kernel)
 from runtime.attention_layout import active_layout
-from runtime.attention_reference import two_interval_attention
 
 SDPA_FORM = "sdpa"
 EAGER_FORMS = ("eager_mul", "eager_div", "eager_mul_softmax_fp32", "eager_div_softmax_fp32")
@@ -66,12 +66,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     layout = active_layout()
     if layout is None:
         if form == SDPA_FORM:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.0,
-                                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-        return eager_attention(q, k, v, attn_mask, scale, enable_gqa, form)
-    attention_fn = two_interval_attention_triton if q.is_cuda else two_interval_attention
-    return layout.attend(q, k, v, scale=effective_scale(form, scale, q.shape[-1]),
-                         attention_fn=attention_fn)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=0.0,
+                                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        else:
+            out = eager_attention(q, k, v, attn_mask, scale, enable_gqa, form)
+    else:
+        out = layout.attend(q, k, v, scale=effective_scale(form, scale, q.shape[-1]))
+    # The fake kernel's strides (inductor checks them): SDPA may return a transposed layout.
+    return out.contiguous()
 
 
 @attention.register_fake

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import operator
+import re
 from typing import Any, Iterable
 
 import networkx as nx
@@ -154,17 +155,22 @@ def is_scalar(x: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point()
 
 
+_SOURCE_PREFIX = re.compile(r"^(?:[LG](?:\[[^\]]*\])+|self)(?:\.|$)")
+"""Dynamo's name of the traced object a module path starts from: ``L['self']``, ``L['args'][0]``
+(a wrapped ``forward``), ``G['model']``, ``self``."""
+
+
 def module_path(node: fx.Node) -> str:
-    """The innermost module path of a node from ``nn_module_stack`` ("model.layers.0.self_attn.indexer")."""
+    """The innermost module path of a node from ``nn_module_stack`` ("model.layers.0.self_attn.indexer"),
+    without Dynamo's source names (``L['args'][0].``, ``._orig_mod``, ``layers[0]`` -> ``layers.0``)."""
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
         return ""
-    path = list(stack.values())[-1][0]
-    for prefix in ("L['self'].", "L['self']", "self."):
-        if path.startswith(prefix):
-            path = path[len(prefix):]
-            break
-    return path.replace("._orig_mod", "")
+    path = _SOURCE_PREFIX.sub("", list(stack.values())[-1][0], count=1)
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = re.sub(r"\[['\"]([^'\"\]]+)['\"]\]", r".\1", path)
+    path = ".".join(part for part in path.split(".") if part and part != "_orig_mod")
+    return path
 
 
 def graph_digraph(graph: fx.Graph) -> tuple[nx.DiGraph, str]:
