@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.summaries import check_positive_int, check_token_ids, num_blocks, select_summaries
+from runtime.summaries import (DEFAULT_HEURISTIC, check_positive_int, check_token_ids, num_blocks,
+                               select_summaries)
 
 MODES = ("pulsar", "star", "dense")
 POSITIONS = ("sparse", "contiguous")
@@ -131,7 +132,7 @@ def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
 
 def assemble(token_ids: torch.Tensor, block_size: int, *, mode: str = "pulsar", sink: int = 64,
              anchor: int | None = None, chunk: int = 32, ratio: float = 0.125,
-             heuristic: str = "max_idf", positions: str = "sparse",
+             heuristic: str = DEFAULT_HEURISTIC, positions: str = "sparse",
              shared_spine: bool = False, tie_break: str = "position") -> PackedLayout:
     """Pack the phase-1 inputs of ``mode`` for the 1-D integer ``token_ids`` [L].
 
