@@ -14,7 +14,7 @@ from typing import Callable
 import torch.fx as fx
 
 from compiler.options import CompileOptions
-from compiler.passes import attention, dsa_indexer
+from compiler.passes import attention, dsa_indexer, sparse_attention
 from compiler.report import Report
 
 
@@ -29,6 +29,7 @@ class PassContext:
 
 PASS_FAMILIES: dict[str, Callable[[PassContext], None]] = {
     dsa_indexer.KIND: dsa_indexer.run,
+    sparse_attention.KIND: sparse_attention.run,
     attention.KIND: attention.run,
 }
 
