@@ -27,7 +27,7 @@ to floating-point rounding.
 
 An attention whose mask is not built from indices is not a candidate (left to the ``attention``
 family, which runs after this one). Near misses (left untouched, reported with the reason):
-active dropout, ``is_causal=True``, a non-constant scale, an additive mask whose values are not
+active dropout, ``is_causal=True``, a tensor scale (numbers and symbolic floats are taken), an additive mask whose values are not
 provably {0, finfo.min} (not ``where(bool, 0, finfo.min)``, or another fill), an eager chain
 adding a bool mask, scores or attention weights used outside the chain, operands that are not
 q [B,Hq,S,Dqk], k [B,Hkv,T,Dqk], v [B,Hkv,T,Dv], indices [B,S,K] integer, index mask [B,S,T]
@@ -82,7 +82,8 @@ class SparseMatch:
     v: fx.Node
     indices: fx.Node
     mask: Optional[fx.Node]
-    scale: float
+    scale: float | fx.Node
+    divide: bool
     masked_rows: str
     variant: str
     interior: list[fx.Node]
@@ -195,6 +196,18 @@ def _bool_source_of_additive(additive: Any, fill: Any) -> fx.Node:
     return cond
 
 
+def scale_value(factor: Any) -> float | fx.Node:
+    """A score scale the op can take: a finite non-zero Python number, or a node of a symbolic float
+    (``dynamic=True`` traces module float attributes as inputs); NearMiss otherwise (a tensor)."""
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool):
+        if factor == 0 or not math.isfinite(factor):
+            raise NearMiss(f"score scale {factor} is zero or not finite")
+        return float(factor)
+    if isinstance(factor, fx.Node) and isinstance(value(factor), (torch.SymFloat, torch.SymInt)):
+        return factor
+    raise NearMiss("the score scale is not a Python number or a symbolic float")
+
+
 @dataclass
 class _Attention:
     """The attention around the anchor: operands, scale and the chain nodes that die with it."""
@@ -203,7 +216,8 @@ class _Attention:
     k: Any
     v: Any
     mask: Any
-    scale: Optional[float]
+    scale: Optional[float | fx.Node]
+    divide: bool
     form: str
     folded: bool
     chain: list[fx.Node]
@@ -222,11 +236,11 @@ def sdpa_attention(node: fx.Node) -> _Attention:
         raise NearMiss(f"dropout_p={dropout} may be active")
     if is_causal is not False:
         raise NearMiss(f"is_causal={is_causal} with an index mask")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise NearMiss("scale is not a Python number")
+    if scale is not None:
+        scale = scale_value(scale)
     k, v, folded, repeats = attention.fold_repeat_kv(k, v)
     attention.single_use(repeats)
-    return _Attention(q, k, v, mask, None if scale is None else float(scale), "sdpa", folded, repeats)
+    return _Attention(q, k, v, mask, scale, False, "sdpa", folded, repeats)
 
 
 def _softmax_above(node: Any) -> Optional[fx.Node]:
@@ -260,13 +274,12 @@ def eager_attention(anchor: fx.Node) -> _Attention:
     dtype = softmax.kwargs.get("dtype", softmax.args[2] if len(softmax.args) > 2 else None)
     if dtype not in (None, torch.float32):
         raise NearMiss(f"softmax in dtype {dtype}")
-    scale, factor = 1.0, None
+    scale, divide = 1.0, False
     if op_kind(scores) in ("mul", "div"):
         left, right = scores.args[:2]
-        factor, product = (right, left) if isinstance(right, (int, float)) else (left, right)
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor == 0:
-            raise NearMiss("the score scale is not a non-zero Python number")
-        scale = float(factor) if op_kind(scores) == "mul" else 1.0 / float(factor)
+        divide = op_kind(scores) == "div"
+        factor, product = (right, left) if divide or tensor_meta(right) is None else (left, right)
+        scale = scale_value(factor)
         chain.append(scores)
         scores = product
     if op_kind(scores) != "matmul":
@@ -278,7 +291,7 @@ def eager_attention(anchor: fx.Node) -> _Attention:
     chain.append(kt)
     k, v, folded, repeats = attention.fold_repeat_kv(kt.args[0], v)
     attention.single_use(chain + repeats)
-    return _Attention(q, k, v, mask, scale, "eager", folded, chain + repeats)
+    return _Attention(q, k, v, mask, scale, divide, "eager", folded, chain + repeats)
 
 
 def check_operands(att: _Attention, index: IndexMask, model_mask: Optional[fx.Node], out: fx.Node) -> None:
@@ -331,11 +344,9 @@ def match_sparse(anchor: fx.Node) -> SparseMatch:
         masked_rows = "zero"
     check_operands(att, combined.index, model_mask, anchor)
     scale = att.scale if att.scale is not None else tensor_meta(att.q).shape[3] ** -0.5
-    if not math.isfinite(scale):
-        raise NearMiss(f"scale {scale} is not finite")
     mask_kind = "index_only" if model_mask is None else "additive_mask" if combined.additive else "bool_mask"
     variant = f"{att.form}+{mask_kind}" + ("+gqa" if att.folded else "")
-    return SparseMatch(anchor, att.q, att.k, att.v, combined.index.indices, model_mask, scale, masked_rows,
+    return SparseMatch(anchor, att.q, att.k, att.v, combined.index.indices, model_mask, scale, att.divide, masked_rows,
                        variant, att.chain + combined.nodes + combined.index.nodes,
                        combined.index.operand_nodes)
 
@@ -343,8 +354,12 @@ def match_sparse(anchor: fx.Node) -> SparseMatch:
 def rewrite(graph: fx.Graph, match: SparseMatch) -> fx.Node:
     """Insert the op before the anchor, reroute the anchor's users, erase what is left unused."""
     with graph.inserting_before(match.anchor):
+        scale = match.scale
+        if match.divide:
+            scale = 1.0 / scale if not isinstance(scale, fx.Node) else \
+                insert_call(graph, "call_function", operator.truediv, (1.0, scale), like=match.anchor)
         op = insert_call(graph, "call_function", OP,
-                         (match.q, match.k, match.v, match.indices, match.mask, match.scale, match.masked_rows),
+                         (match.q, match.k, match.v, match.indices, match.mask, scale, match.masked_rows),
                          like=match.anchor)
     match.anchor.replace_all_uses_with(op)
     graph.erase_node(match.anchor)
