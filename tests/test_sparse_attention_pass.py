@@ -82,16 +82,14 @@ def test_without_the_pass_mla_attention_stays_a_pulsar_near_miss():
 
 
 def test_glm_shared_indexer_layers_reuse_the_previous_selection():
+    import dataclasses
+
     from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
+    fields = {f.name for f in dataclasses.fields(GlmMoeDsaConfig)} - {"layer_types", "mlp_layer_types"}
+    sizes = {k: v for k, v in tiny_config(layers=3, dense_layers=3).to_dict().items() if k in fields}
     torch.manual_seed(0)
-    config = GlmMoeDsaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4, kv_lora_rank=16,
-        q_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1,
-        num_experts_per_tok=2, index_topk=8, index_head_dim=64, index_n_heads=8, first_k_dense_replace=3,
-        max_position_embeddings=1024, indexer_types=["full", "shared", "full"])
-    model = GlmMoeDsaForCausalLM(config).eval()
+    model = GlmMoeDsaForCausalLM(GlmMoeDsaConfig(**{**sizes, "indexer_types": ["full", "shared", "full"]})).eval()
     ids = _ids(1, 40, seed=3)
     with torch.no_grad():
         want = model(ids, use_cache=False).logits
