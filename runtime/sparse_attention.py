@@ -111,15 +111,14 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices:
     if out.numel() == 0 or t_len == 0 or indices.shape[2] == 0:
         return _fill_masked_rows(out, lse, v, group, masked_rows).to(q.dtype), lse
     keys, visible = selected_keys(indices, t_len, mask)
-    kf, vf = k.float(), v.float()
     width = indices.shape[2]
     chunk = max(1, GATHER_ELEMENTS // max(1, b * hkv * width * max(k.shape[3], dv)))
     for start in range(0, s, chunk):
         stop = min(start + chunk, s)
         n = stop - start
         flat = keys[:, start:stop].reshape(b, 1, n * width, 1)
-        kg = kf.gather(2, flat.expand(b, hkv, n * width, kf.shape[3])).view(b, hkv, 1, n, width, -1)
-        vg = vf.gather(2, flat.expand(b, hkv, n * width, dv)).view(b, hkv, 1, n, width, dv)
+        kg = k.gather(2, flat.expand(b, hkv, n * width, k.shape[3])).float().view(b, hkv, 1, n, width, -1)
+        vg = v.gather(2, flat.expand(b, hkv, n * width, dv)).float().view(b, hkv, 1, n, width, dv)
         qf = q[:, :, start:stop].float().view(b, hkv, group, n, -1)
         scores = torch.einsum("bhgsd,bhgskd->bhgsk", qf, kg.expand(b, hkv, group, n, width, -1)) * float(scale)
         seen = visible[:, None, None, start:stop]
