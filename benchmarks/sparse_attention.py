@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+import benchmarks.indexer_graphs as graphs
 from compiler.lowering.sparse_attention_triton import build_union, sparse_attention_triton, tile_rows
 from runtime.sparse_attention import selected_keys, sparse_attention
 
@@ -114,23 +115,22 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def one_call_ms(fn, device):
+    """Milliseconds of one call of ``fn`` (CUDA events on a GPU, wall clock on the CPU)."""
+    if device.type == "cuda":
+        return graphs.median_ms(fn, 1)
+    start = time.perf_counter()
+    fn()
+    return 1e3 * (time.perf_counter() - start)
+
+
 def median_ms(fn, reps, device, budget_ms=3000.0):
-    """Median milliseconds of ``fn`` (CUDA events on a GPU, wall clock on the CPU) over up to
-    ``reps`` calls, fewer when a call is long (about ``budget_ms`` in all, at least 2 calls)."""
+    """Median milliseconds of ``fn`` over up to ``reps`` calls, fewer when a call is long (about
+    ``budget_ms`` in all, at least 2 calls)."""
     times = []
     while len(times) < reps and (len(times) < 2 or sum(times) < budget_ms):
         sync(device)
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - start))
+        times.append(one_call_ms(fn, device))
     return statistics.median(times)
 
 
@@ -151,12 +151,10 @@ def graph_checks(fn, device):
     """CUDA only: (no_sync, graph_identical, graph_ms) of ``fn`` after a warm-up call."""
     if device.type != "cuda":
         return {}
-    from benchmarks.indexer_graphs import captured, without_sync
-
     fn()
     torch.cuda.synchronize()
-    eager, no_sync = without_sync(fn)
-    graph, graph_out = captured(fn)
+    eager, no_sync = graphs.without_sync(fn)
+    graph, graph_out = graphs.captured(fn)
     graph.replay()
     torch.cuda.synchronize()
     identical = eager is not None and bool(torch.equal(graph_out, eager))
