@@ -154,9 +154,8 @@ def _sparse_attention_kernel(
         stride_vb, stride_vh, stride_vs, stride_vd,
         stride_ob, stride_oh, stride_os, stride_od,
         stride_lb, stride_lh, stride_ls,
-        num_q_heads, group, seq_q, seq_k, qk_dim, v_dim, num_tiles, num_splits, split_len, union_cap,
-        qk_scale_log2,
-        BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr, HAS_D2: tl.constexpr, BLOCK_DV: tl.constexpr,
+        num_q_heads, group, seq_q, seq_k, num_tiles, num_splits, split_len, union_cap, qk_scale_log2,
+        qk_dim: tl.constexpr, v_dim: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr, HAS_D2: tl.constexpr, BLOCK_DV: tl.constexpr,
         SPLIT: tl.constexpr, MEAN_ROWS: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: the tile's BLOCK_M queries of one head against its share of the tile's union."""
@@ -244,7 +243,7 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, v_ptr, o_ptr, lse_ptr,
                          stride_vb, stride_vh, stride_vs, stride_vd,
                          stride_ob, stride_oh, stride_os, stride_od,
                          stride_lb, stride_lh, stride_ls,
-                         num_batch, num_q_heads, group, seq_q, seq_k, v_dim, num_splits,
+                         num_batch, num_q_heads, group, seq_q, seq_k, num_splits, v_dim: tl.constexpr,
                          BLOCK_DV: tl.constexpr, MEAN_ROWS: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: the tile's rows of one head, merged over the splits by log-sum-exp (base 2)."""
@@ -279,18 +278,23 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, v_ptr, o_ptr, lse_ptr,
 
 
 def _launch_configs(dtype: torch.dtype, block_m: int) -> list[LaunchConfig]:
-    """Candidate (BLOCK_N, warps, stages): one under the interpreter; on GPU a short list for
-    Hopper's shared memory at 192 + 128 head dims (fp32 tiles are half as long)."""
+    """Candidate (BLOCK_N, warps, stages): one under the interpreter; on GPU a short list that
+    compiles for sm_90 at 192 + 128 head dims without register spills and with the gathered K/V
+    loads pipelined (fp32 products run on CUDA cores: short key tiles)."""
     if _INTERPRETED:
         return [LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_N=16)]
     if dtype == torch.float32:
-        return [LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_N=32),
-                LaunchConfig.of(num_warps=4, num_stages=1, BLOCK_N=64)]
-    warps = 8 if block_m == 64 else 4
-    return [LaunchConfig.of(num_warps=warps, num_stages=2, BLOCK_N=64),
+        return [LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_N=16),
+                LaunchConfig.of(num_warps=8, num_stages=1, BLOCK_N=16)]
+    if block_m == 64:
+        return [LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_N=64),
+                LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_N=64),
+                LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_N=64),
+                LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_N=32)]
+    return [LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_N=64),
             LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_N=64),
-            LaunchConfig.of(num_warps=warps, num_stages=2, BLOCK_N=128),
-            LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_N=32)]
+            LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_N=32),
+            LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_N=128)]
 
 
 def _check_kernel_inputs(q, k, v, indices, mask) -> None:
@@ -385,12 +389,12 @@ def _launch(q, k, v, indices, mask, scale: float, masked_rows: str, splits: Opti
             part_o = part_lse = lse
         _sparse_attention_kernel[(tiles * n_split, hq, b)](
             q, k, v, words, keys, sizes, o, lse, part_o, part_lse, *strides,
-            hq, hq // hkv, s, seq_k, qk_dim, v_dim, tiles, n_split, split_len, cap, scale * _LOG2_E,
-            SPLIT=n_split > 1, **common, **config.kwargs())
+            hq, hq // hkv, s, seq_k, tiles, n_split, split_len, cap, scale * _LOG2_E,
+            qk_dim=qk_dim, v_dim=v_dim, SPLIT=n_split > 1, **common, **config.kwargs())
         if n_split > 1:
             _merge_splits_kernel[(tiles, hq, b)](
                 part_o, part_lse, v, o, lse, *v.stride(), *o.stride(), *lse.stride(),
-                b, hq, hq // hkv, s, seq_k, v_dim, n_split,
+                b, hq, hq // hkv, s, seq_k, n_split, v_dim=v_dim,
                 BLOCK_DV=block_dv, MEAN_ROWS=common["MEAN_ROWS"], BLOCK_M=block_m,
                 BLOCK_N=block_n, num_warps=4)
 
