@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 import compiler
+from compiler.backend import pulsar_dosa
 from compiler.demo import build_model, tiny_config
 from compiler.report import collecting
 
@@ -36,12 +37,24 @@ def test_padded_batch_every_layer_rewritten_and_logits_match_eager(attn, variant
     pad[1, :5] = 0  # left padding: five query rows see no key
     with torch.no_grad():
         want = model(ids, attention_mask=pad, use_cache=False).logits
-    report = compiler.explain(model, ids, attention_mask=pad, use_cache=False, options=EAGER)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        compiled = pulsar_dosa(gm, example_inputs, options=EAGER)
+        graphs.append(gm)
+        return compiled
+
+    torch._dynamo.reset()
+    with collecting() as report, torch.no_grad():
+        got = torch.compile(model, backend=backend)(ids, attention_mask=pad, use_cache=False).logits
     assert [r.module for r in _sparse(report)] == _attention_layers(model)
     assert {r.variant for r in _sparse(report)} == {variant}
     assert {r.details["masked_rows"] for r in _sparse(report)} == {"zero" if attn == "sdpa" else "mean"}
     assert not report.near_misses
-    torch.testing.assert_close(report.output.logits, want, rtol=0, atol=ATOL)
+    # The [B,S,T] index masks and the dense attention are gone from the graph.
+    targets = [n.target for g in graphs for n in g.graph.nodes]
+    assert not {"scatter", "softmax", F.scaled_dot_product_attention, torch.softmax, F.softmax} & set(targets)
+    torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize("attn,dynamic,steps", [("sdpa", False, ((0, 40), (40, 48), (48, 49))),
