@@ -73,7 +73,7 @@ def test_prefill_chunked_prefill_and_decode_with_a_cache(attn, dynamic, steps):
     assert len(_sparse(report)) == 2 * len(report.compiles) and not report.near_misses
 
 
-@pytest.mark.parametrize("passes", [["sparse_attention"], ["dsa_indexer", "sparse_attention", "attention"]])
+@pytest.mark.parametrize("passes", [["sparse_attention"], ["attention", "sparse_attention", "dsa_indexer"]])
 def test_with_or_without_the_indexer_rewrite(passes):
     model = build_model(tiny_config(layers=2, dense_layers=2), torch.float32)
     ids = _ids(1, 40, seed=2)
