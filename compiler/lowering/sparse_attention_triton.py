@@ -18,8 +18,9 @@ rows come from L2. The work of a tile is ``BLOCK_M × |union|`` scores against t
 ``Σ_rows |selection|`` useful ones: near 1 for overlapping selections; for uniformly random
 indices the union covers most visible keys and the cost approaches dense attention over them.
 
-Three launches (plus one to zero the workspace), no host synchronisation, static shapes (the op
-can be captured in a CUDA graph after one warm-up call, which tunes the attention kernel):
+One memset of the workspace and three kernels (a fourth when unions are split), no host
+synchronisation, static shapes (the op can be captured in a CUDA graph after one warm-up call,
+which tunes the attention kernel):
 
 1. ``_build_union_kernel``: for every (row, index) with an in-range, mask-visible key, set the
    row's bit in the key's int64 word of the row's tile (``atomic_or``). The lane that turns a
@@ -51,7 +52,6 @@ from compiler.autotune import LaunchConfig, choose_config, interpreter_active, l
 from runtime.sparse_attention import check_sparse_attention_inputs
 
 _LOG2_E = math.log2(math.e)
-_LN_2 = math.log(2.0)
 _INTERPRETED = interpreter_active()
 
 BUILD_LANES = 4096
@@ -155,7 +155,8 @@ def _sparse_attention_kernel(
         stride_ob, stride_oh, stride_os, stride_od,
         stride_lb, stride_lh, stride_ls,
         num_q_heads, group, seq_q, seq_k, num_tiles, num_splits, split_len, union_cap, qk_scale_log2,
-        qk_dim: tl.constexpr, v_dim: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr, HAS_D2: tl.constexpr, BLOCK_DV: tl.constexpr,
+        qk_dim: tl.constexpr, v_dim: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr,
+        HAS_D2: tl.constexpr, BLOCK_DV: tl.constexpr,
         SPLIT: tl.constexpr, MEAN_ROWS: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: the tile's BLOCK_M queries of one head against its share of the tile's union."""
@@ -297,7 +298,7 @@ def _launch_configs(dtype: torch.dtype, block_m: int) -> list[LaunchConfig]:
             LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_N=128)]
 
 
-def _check_kernel_inputs(q, k, v, indices, mask) -> None:
+def _check_kernel_inputs(q, k, v) -> None:
     """Raise TypeError/ValueError for inputs the kernels cannot take (dtype, length, grid)."""
     if q.dtype not in _KERNEL_DTYPES:
         raise TypeError(f"q must be bfloat16, float16 or float32, got {q.dtype}")
@@ -416,7 +417,7 @@ def sparse_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     Raises TypeError/ValueError naming the argument for a bad shape, dtype, device or scalar.
     """
     check_sparse_attention_inputs(q, k, v, indices, mask, scale, masked_rows)
-    _check_kernel_inputs(q, k, v, indices, mask)
+    _check_kernel_inputs(q, k, v)
     if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
         raise ValueError(f"splits must be None or an int >= 1, got {splits!r}")
     return _launch(q, k, v, indices, mask, float(scale), masked_rows, splits)
