@@ -53,6 +53,7 @@ OP = torch.ops.pulsar_dosa.sparse_attention.default
 _AND_TARGETS = (operator.and_, torch.logical_and, torch.bitwise_and)
 _AND_METHODS = ("logical_and", "bitwise_and", "__and__")
 _ONES_FUNCTIONS = (torch.ones, torch.ones_like)
+_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 class NotCandidate(Exception):
@@ -115,11 +116,11 @@ def _all_true_bool(node: Any) -> bool:
 
 
 def _integer_source(node: Any) -> tuple[Any, list[fx.Node]]:
-    """``x`` for ``x.long()`` / ``x.to(torch.int64)`` of an integer ``x`` (value-preserving), else ``node``."""
+    """``x`` for ``x.long()`` / ``x.to(torch.int64)`` of an int32/int64 ``x`` (value-preserving), else ``node``."""
     if isinstance(node, fx.Node) and op_kind(node) == "cast" and isinstance(node.args[0], fx.Node):
         src, out = tensor_meta(node.args[0]), tensor_meta(node)
         if src is not None and out is not None and out.dtype == torch.int64 and src.device == out.device \
-                and src.dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
+                and src.dtype in _INDEX_DTYPES:
             return node.args[0], [node]
     return node, []
 
@@ -311,9 +312,9 @@ def check_operands(att: _Attention, index: IndexMask, model_mask: Optional[fx.No
     if att.scale is None and not isinstance(dqk, int):
         raise NearMiss("SDPA's default scale needs a static head dim")
     mi = tensor_meta(index.indices)
-    if mi is None or mi.dim() != 3 or mi.dtype.is_floating_point or mi.dtype == torch.bool \
+    if mi is None or mi.dim() != 3 or mi.dtype not in _INDEX_DTYPES \
             or not (same_size(mi.shape[0], b) and same_size(mi.shape[1], s)):
-        raise NearMiss(f"indices must be an integer [B,S,K] tensor for q {tuple(mq.shape)}")
+        raise NearMiss(f"indices must be an int32/int64 [B,S,K] tensor for q {tuple(mq.shape)}")
     ones = tensor_meta(index.nodes[2])
     if ones.dim() != 3 or not all(same_size(x, y) for x, y in zip(ones.shape, (b, s, t))):
         raise NearMiss(f"index mask {tuple(ones.shape)} is not [B,S,T] of q and k")
