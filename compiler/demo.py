@@ -199,6 +199,10 @@ def compare_selection(scores: torch.Tensor, eager_idx: torch.Tensor, ours_idx: t
     return counts
 
 
+LOGITS_TOLERANCE = 1e-3
+"""Largest logit difference accepted when the compiled graph legitimately reorders fp32 sums."""
+
+
 def per_layer_selection(model: torch.nn.Module, run: EagerRun, options: dict) -> dict[str, dict[str, int]]:
     """Compile each indexer alone with the backend, run it on its eager inputs, compare selections."""
     out = {}
@@ -277,12 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     ties = any(s["tie"] for s in selection.values())
     if ties:
         print("(rows marked 'tie' select different keys of equal score: the logits may then differ legitimately)")
+    sparse = sum(1 for r in report.rewrites if r.kind == "sparse_attention")
+    if sparse:
+        print(f"({sparse} attention layers rewritten by sparse_attention attend to the selected keys only; "
+              "the softmax sums run in another order than the masked dense attention: expect ~1e-6, not bitwise)")
     if a.downstream == "inductor":
         print("(inductor reassociates the fp32 reductions of the rest of the graph: expect ~1e-7, not bitwise)")
     print(f"other rewrites: {sum(1 for r in report.rewrites if r.kind != 'dsa_indexer')}; "
           f"pass times: " + ", ".join(f"{n} {1e3 * s:.1f} ms" for _, n, s in report.pass_times))
     print(f"total {time.perf_counter() - start:.1f} s")
-    logits_ok = equal or ties or a.downstream != "eager"
+    logits_ok = equal or ties or ((a.downstream != "eager" or sparse) and diff <= LOGITS_TOLERANCE)
     ok = logits_ok and all(s["differ"] == 0 for s in selection.values()) and \
         all(sum(1 for r in report.rewrites if r.module == name) == 1 for name in indexers(model))
     return 0 if ok else 1

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 class Rewrite:
     """One replaced subgraph.
 
-    kind: pattern family ("dsa_indexer", "attention", ...); module: module path of the matched code
+    kind: pattern family ("dsa_indexer", "sparse_attention", "attention"); module: module path of the matched code
     (from ``nn_module_stack``, e.g. "model.layers.0.self_attn.indexer"); variant: the pattern variant
     that matched; shapes: operand name -> shape as strings (symbolic sizes kept); path: the execution
     path chosen for the op; r: retained heads (None = the op's default rule); compile_index: which

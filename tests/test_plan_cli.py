@@ -75,7 +75,8 @@ def test_generated_plan_is_applied_and_reported_per_layer(generated):
                                  options={"plan": str(generated / "plan.json"), "downstream": "eager"})
         compiled(torch.randint(0, 128, (1, 24)))
     torch._dynamo.reset()
-    assert sorted((rw.module, rw.path, rw.r) for rw in report.rewrites) == [(n, "dense", None) for n in LAYERS]
+    assert sorted((rw.module, rw.path, rw.r) for rw in report.rewrites if rw.kind == "dsa_indexer") == \
+        [(n, "dense", None) for n in LAYERS]
 
 
 def test_a_plan_whose_layers_do_not_match_the_model_is_rejected(generated, tmp_path):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
-from compiler.passes import attention, dsa_indexer
+from compiler.passes import attention, dsa_indexer, sparse_attention
 from compiler.passes.base import PassContext, PatternPass, run_pattern_pass
 
 if TYPE_CHECKING:  # annotations only: the options module imports this one, not the reverse
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # annotations only: the options module imports this one, not 
 
 PASS_FAMILIES: dict[str, PatternPass] = {
     dsa_indexer.KIND: dsa_indexer.IndexerPass(),
+    sparse_attention.KIND: sparse_attention.SparseAttentionPass(),
     attention.KIND: attention.AttentionPass(),
 }
 

@@ -1,0 +1,63 @@
+"""``torch.ops.pulsar_dosa.sparse_attention``: DSA attention over the indexer's selected keys only.
+
+Schema: ``sparse_attention(Tensor q, Tensor k, Tensor v, Tensor indices, Tensor? mask, float scale,
+str masked_rows) -> Tensor``. q [B, Hq, S, Dqk], k [B, Hkv, T, Dqk], v [B, Hkv, T, Dv]
+(``Hq % Hkv == 0``), indices [B, S, K] int32/int64, mask None or bool (True = visible)
+broadcastable to [B, 1, S, T], ``masked_rows`` "zero" or "mean". Returns o [B, Hq, S, Dv] in q's
+dtype: softmax attention of each query over the distinct in-range indices of its row that the
+mask shows (the semantics of ``runtime.sparse_attention``; rows with no such key get 0 or the
+mean of v over all keys).
+
+The CPU kernel (and any device without its own) runs the plain-torch reference
+``runtime.sparse_attention.sparse_attention``; CUDA runs the Triton kernels of
+``compiler/lowering/sparse_attention_triton.py`` (no host synchronisation: capturable in a CUDA
+graph after one warm-up call). The fake kernel supports symbolic sizes.
+
+DSA under a Pulsar layout: the op raises when ``runtime.attention_layout.active_layout()`` is set.
+The indexer that chose ``indices`` scored the packed tokens under the model's causal mask and
+keeps its own key cache, which the Pulsar KV drop does not touch, so no layout-aware answer would
+be the model's; a Pulsar run of a DSA model fails here, at its first attention layer, with that
+reason instead of computing something else.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from runtime.attention_layout import active_layout
+from runtime.sparse_attention import sparse_attention as reference_sparse_attention
+
+
+def _refuse_pulsar_layout() -> None:
+    if active_layout() is not None:
+        raise RuntimeError(
+            "pulsar_dosa.sparse_attention: a Pulsar layout is active, but DSA sparse attention does not "
+            "follow Pulsar layouts (the indexer selected these keys under the model's causal mask and keeps "
+            "its own key cache, which the Pulsar KV drop does not touch): runtime.pulsar does not run DSA "
+            "models; call the compiled model directly")
+
+
+@torch.library.custom_op("pulsar_dosa::sparse_attention", mutates_args=())
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor,
+                     mask: Optional[torch.Tensor], scale: float, masked_rows: str) -> torch.Tensor:
+    """Sparse attention (module docstring), by the plain-torch reference."""
+    _refuse_pulsar_layout()
+    out, _ = reference_sparse_attention(q, k, v, indices, mask, scale=scale, masked_rows=masked_rows)
+    return out
+
+
+@sparse_attention.register_kernel("cuda")
+def _sparse_attention_cuda(q, k, v, indices, mask, scale, masked_rows):
+    from compiler.lowering.sparse_attention_triton import sparse_attention_triton
+
+    _refuse_pulsar_layout()
+    out, _ = sparse_attention_triton(q, k, v, indices, mask, scale=scale, masked_rows=masked_rows)
+    return out
+
+
+@sparse_attention.register_fake
+def _sparse_attention_fake(q, k, v, indices, mask, scale, masked_rows):
+    if q.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, v: expected 4-D [B, H, S, D] tensors, got ranks {q.dim()} and {v.dim()}")
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))

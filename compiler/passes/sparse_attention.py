@@ -1,0 +1,381 @@
+"""The DSA sparse-attention pass: indexer indices -> index mask -> dense attention  =>
+``pulsar_dosa.sparse_attention``.
+
+transformers' DSA layers (``DeepseekV32Attention``, ``GlmMoeDsaAttention``, eager and sdpa
+implementations) turn the indexer's top-K indices into a mask and run dense attention over all
+T keys. The pass anchors on the attention (an SDPA call, or ``matmul(softmax(...), v)``) and
+accepts it when its mask is built from indices:
+
+    index_mask = ones_bool[B,S,T].scatter(-1, indices[.long()], False).unsqueeze(1)   # True = not selected
+    sdpa   F.scaled_dot_product_attention(q, k, v, attn_mask=C, dropout_p=0, is_causal=False, scale=c?)
+    eager  matmul(softmax(matmul(q, kᵀ) (*|/) c + C, dim=-1[, dtype=float32]) [.to] [dropout p=0], v)
+    C      M & ~index_mask            M bool [B|1, 1, S|1, T]         (or ~index_mask alone: no M)
+           F.masked_fill(index_mask, finfo(F.dtype).min)   with F = where(M, 0, finfo(F.dtype).min)
+
+with kᵀ = ``k.transpose(-2, -1)`` (any spelling of the last two dims), c a Python number, and
+GQA ``repeat_kv`` on k and v folded (``compiler.passes.attention.fold_repeat_kv``). MLA shapes are
+the point: q/k head dim Dqk (nope + rope) and v head dim Dv differ.
+
+Exactness by construction: the op receives the very ``indices`` tensor the mask was scattered
+from and the model's own mask M, and attends to exactly the keys the combined mask leaves visible
+(a repeated index is one key, as in the scatter). Keys it drops carried ``finfo.min`` or False:
+their softmax weight in the dense chain is exactly 0 whenever the row has a visible key. A row
+with none gets what the dense chain gives it: 0 for a bool mask in SDPA (torch >= 2.5),
+the mean of v over all keys for an additive ``finfo.min`` mask (every logit equal): the op's
+``masked_rows``. Scores are computed in fp32, the original in the model dtype: the outputs agree
+to floating-point rounding.
+
+An attention whose mask is not built from indices is not a candidate (left to the ``attention``
+family, which runs after this one). Near misses (left untouched, reported with the reason):
+active dropout, ``is_causal=True``, a tensor scale (numbers and symbolic floats are taken), an additive mask whose values are not
+provably {0, finfo.min} (not ``where(bool, 0, finfo.min)``, or another fill), an eager chain
+adding a bool mask, scores or attention weights used outside the chain, operands that are not
+q [B,Hq,S,Dqk], k [B,Hkv,T,Dqk], v [B,Hkv,T,Dv], indices [B,S,K] integer, index mask [B,S,T]
+with (B, S, T) those of q and k. The index-mask nodes are erased when nothing else uses them.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+
+import compiler.ops.sparse_attention  # noqa: F401  (registers pulsar_dosa::sparse_attention)
+from compiler.passes import attention
+from compiler.passes.base import NearMiss, NotCandidate, PatternPass
+from compiler.passes.matcher import (arg, insert_call, is_unit, normalize_dim,
+                                     op_kind, same_size, tensor_meta, value)
+
+KIND = "sparse_attention"
+OP = torch.ops.pulsar_dosa.sparse_attention.default
+_AND_TARGETS = (operator.and_, torch.logical_and, torch.bitwise_and)
+_AND_METHODS = ("logical_and", "bitwise_and", "__and__")
+_ONES_FUNCTIONS = (torch.ones, torch.ones_like)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass
+class IndexMask:
+    """``ones_bool.scatter(-1, indices, False).unsqueeze(1)``: its nodes and the indices operand."""
+
+    indices: fx.Node
+    nodes: list[fx.Node]
+    operand_nodes: list[fx.Node]
+
+
+@dataclass
+class SparseMatch:
+    """A proved-safe DSA attention: the op's operands and the nodes the op replaces."""
+
+    anchor: fx.Node
+    q: fx.Node
+    k: fx.Node
+    v: fx.Node
+    indices: fx.Node
+    mask: Optional[fx.Node]
+    scale: float | fx.Node
+    divide: bool
+    masked_rows: str
+    variant: str
+    interior: list[fx.Node]
+    operand_nodes: list[fx.Node] = field(default_factory=list)
+
+
+def _is_and(node: Any) -> bool:
+    if not isinstance(node, fx.Node):
+        return False
+    return (node.op == "call_function" and node.target in _AND_TARGETS) or \
+        (node.op == "call_method" and node.target in _AND_METHODS)
+
+
+def _all_true_bool(node: Any) -> bool:
+    """A freshly built all-True bool tensor: ``x.new_ones(..., dtype=bool)``, ``torch.ones(...,
+    dtype=bool)``, ``ones_like(..., dtype=bool)``, ``full``/``new_full`` with True."""
+    meta = tensor_meta(node)
+    if meta is None or meta.dtype != torch.bool:
+        return False
+    if node.op == "call_method" and node.target == "new_ones":
+        return True
+    if node.op == "call_function" and node.target in _ONES_FUNCTIONS:
+        return True
+    if node.op == "call_method" and node.target == "new_full":
+        return arg(node, 2, "fill_value") in (True, 1)
+    if node.op == "call_function" and node.target is torch.full:
+        return arg(node, 1, "fill_value") in (True, 1)
+    return False
+
+
+def _integer_source(node: Any) -> tuple[Any, list[fx.Node]]:
+    """``x`` for ``x.long()`` / ``x.to(torch.int64)`` of an int32/int64 ``x`` (value-preserving), else ``node``."""
+    if isinstance(node, fx.Node) and op_kind(node) == "cast" and isinstance(node.args[0], fx.Node):
+        src, out = tensor_meta(node.args[0]), tensor_meta(node)
+        if src is not None and out is not None and out.dtype == torch.int64 and src.device == out.device \
+                and src.dtype in _INDEX_DTYPES:
+            return node.args[0], [node]
+    return node, []
+
+
+def index_mask_of(node: Any) -> Optional[IndexMask]:
+    """The index mask ``node`` is (a ``[B,1,S,T]`` unsqueeze of a scatter of indices into all-True), or None."""
+    if not isinstance(node, fx.Node) or op_kind(node) != "unsqueeze" or normalize_dim(arg(node, 1, "dim"), 4) != 1:
+        return None
+    scatter = node.args[0]
+    if not isinstance(scatter, fx.Node) or not (
+            (scatter.op == "call_method" and scatter.target == "scatter")
+            or (scatter.op == "call_function" and scatter.target is torch.scatter)):
+        return None
+    base, dim = arg(scatter, 0, "input"), arg(scatter, 1, "dim")
+    index, fill = arg(scatter, 2, "index"), arg(scatter, 3, "value")
+    if not _all_true_bool(base) or fill not in (False, 0) or isinstance(fill, float) \
+            or normalize_dim(dim, 3) != 2 or not isinstance(index, fx.Node):
+        return None
+    indices, casts = _integer_source(index)
+    return IndexMask(indices, [node, scatter, base], casts)
+
+
+@dataclass
+class _Combined:
+    """The combined mask C split into the model mask M (None: none), the index mask and C's own nodes."""
+
+    model_mask: Optional[fx.Node]
+    index: IndexMask
+    nodes: list[fx.Node]
+    additive: bool
+
+
+def combined_mask(mask: Any) -> _Combined:
+    """Read C (module docstring); NotCandidate when it is not built from an index mask."""
+    if not isinstance(mask, fx.Node):
+        raise NotCandidate
+    if op_kind(mask) == "invert":
+        found = index_mask_of(mask.args[0])
+        if found is None:
+            raise NotCandidate
+        return _Combined(None, found, [mask], additive=False)
+    if _is_and(mask) and len(mask.args) == 2:
+        for side, other in (mask.args, mask.args[::-1]):
+            if isinstance(side, fx.Node) and op_kind(side) == "invert":
+                found = index_mask_of(side.args[0])
+                if found is not None:
+                    return _Combined(other, found, [mask, side], additive=False)
+        raise NotCandidate
+    if op_kind(mask) == "masked_fill":
+        found = index_mask_of(arg(mask, 1, "mask"))
+        if found is None:
+            raise NotCandidate
+        return _Combined(arg(mask, 0, "input"), found, [mask], additive=True)
+    raise NotCandidate
+
+
+def _bool_source_of_additive(additive: Any, fill: Any) -> fx.Node:
+    """M for F = ``where(M, 0, finfo(F.dtype).min)`` masked with ``fill`` = finfo(F.dtype).min; else NearMiss."""
+    meta = tensor_meta(additive)
+    if meta is None or not meta.is_floating_point():
+        raise NearMiss("the mask the index mask is filled into is not a floating tensor")
+    lowest = torch.finfo(meta.dtype).min
+    if not (isinstance(fill, float) and fill == lowest):
+        raise NearMiss(f"index mask filled with {fill!r}, expected torch.finfo({meta.dtype}).min")
+    if not (isinstance(additive, fx.Node) and additive.op == "call_function" and additive.target is torch.where
+            and len(additive.args) == 3):
+        raise NearMiss("additive attention mask is not where(bool, 0, finfo.min): its values are unknown")
+    cond, hit, miss = additive.args
+    zero = hit == 0 if isinstance(hit, (int, float)) and not isinstance(hit, bool) else (
+        isinstance(hit, fx.Node) and hit.op == "call_function" and hit.target is torch.zeros)
+    if not (zero and isinstance(miss, float) and miss == lowest and tensor_meta(cond) is not None
+            and tensor_meta(cond).dtype == torch.bool):
+        raise NearMiss("additive attention mask is not where(bool, 0, finfo.min): its values are unknown")
+    return cond
+
+
+def scale_value(factor: Any) -> float | fx.Node:
+    """A score scale the op can take: a finite non-zero Python number, or a node of a symbolic float
+    (``dynamic=True`` traces module float attributes as inputs); NearMiss otherwise (a tensor)."""
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool):
+        if factor == 0 or not math.isfinite(factor):
+            raise NearMiss(f"score scale {factor} is zero or not finite")
+        return float(factor)
+    if isinstance(factor, fx.Node) and isinstance(value(factor), (torch.SymFloat, torch.SymInt)):
+        return factor
+    raise NearMiss("the score scale is not a Python number or a symbolic float")
+
+
+@dataclass
+class _Attention:
+    """The attention around the anchor: operands, scale and the chain nodes that die with it."""
+
+    q: Any
+    k: Any
+    v: Any
+    mask: Any
+    scale: Optional[float | fx.Node]
+    divide: bool
+    form: str
+    folded: bool
+    chain: list[fx.Node]
+
+
+def sdpa_attention(node: fx.Node) -> _Attention:
+    """An SDPA call's operands (positional or keyword); NearMiss for dropout, is_causal, a tensor scale."""
+    q, k, v = arg(node, 0, "query"), arg(node, 1, "key"), arg(node, 2, "value")
+    mask = arg(node, 3, "attn_mask")
+    if mask is None:
+        raise NotCandidate
+    dropout = arg(node, 4, "dropout_p", 0.0)
+    is_causal = arg(node, 5, "is_causal", False)
+    scale = arg(node, 6, "scale")
+    if not (isinstance(dropout, (int, float)) and dropout == 0):
+        raise NearMiss(f"dropout_p={dropout} may be active")
+    if is_causal is not False:
+        raise NearMiss(f"is_causal={is_causal} with an index mask")
+    if scale is not None:
+        scale = scale_value(scale)
+    k, v, folded, repeats = attention.fold_repeat_kv(k, v)
+    attention.single_use(repeats)
+    return _Attention(q, k, v, mask, scale, False, "sdpa", folded, repeats)
+
+
+def _softmax_above(node: Any) -> Optional[fx.Node]:
+    """The softmax feeding ``node`` through casts, copies and dropout (of any rate), or None."""
+    while isinstance(node, fx.Node):
+        if op_kind(node) == "softmax":
+            return node
+        if op_kind(node) not in ("cast", "contiguous", "clone") and not (
+                node.op == "call_function" and node.target is torch.nn.functional.dropout):
+            return None
+        node = node.args[0]
+    return None
+
+
+def eager_attention(anchor: fx.Node) -> _Attention:
+    """``matmul(softmax(matmul(q, kᵀ) (*|/) c + C), v)``; NotCandidate unless a softmax of scores
+    plus a mask built from indices feeds the matmul."""
+    probs, v = anchor.args[0], anchor.args[1]
+    softmax = _softmax_above(probs)
+    added = softmax.args[0] if softmax is not None else None
+    if not isinstance(added, fx.Node) or op_kind(added) != "add" or len(added.args) != 2:
+        raise NotCandidate
+    scores, mask = added.args
+    if op_kind(scores) not in ("mul", "div", "matmul"):
+        scores, mask = mask, scores
+    combined_mask(mask)  # NotCandidate unless the added mask is built from indices
+    _, chain = attention.softmax_of(probs)  # NearMiss for dropout that may be active
+    chain += [softmax, added]
+    if normalize_dim(arg(softmax, 1, "dim"), 4) != 3:
+        raise NearMiss(f"softmax over dim {arg(softmax, 1, 'dim')}, not the key dim")
+    dtype = softmax.kwargs.get("dtype", softmax.args[2] if len(softmax.args) > 2 else None)
+    if dtype not in (None, torch.float32):
+        raise NearMiss(f"softmax in dtype {dtype}")
+    scale, divide = 1.0, False
+    if op_kind(scores) in ("mul", "div"):
+        left, right = scores.args[:2]
+        divide = op_kind(scores) == "div"
+        factor, product = (right, left) if divide or tensor_meta(right) is None else (left, right)
+        scale = scale_value(factor)
+        chain.append(scores)
+        scores = product
+    if op_kind(scores) != "matmul":
+        raise NearMiss("the softmax input is not matmul(q, kᵀ) [scaled] + mask")
+    chain.append(scores)
+    q, kt = scores.args[:2]
+    if op_kind(kt) != "transpose" or {normalize_dim(kt.args[1], 4), normalize_dim(kt.args[2], 4)} != {2, 3}:
+        raise NearMiss("the key operand is not k.transpose(-2, -1)")
+    chain.append(kt)
+    k, v, folded, repeats = attention.fold_repeat_kv(kt.args[0], v)
+    attention.single_use(chain + repeats)
+    return _Attention(q, k, v, mask, scale, divide, "eager", folded, chain + repeats)
+
+
+def check_operands(att: _Attention, index: IndexMask, model_mask: Optional[fx.Node], out: fx.Node) -> None:
+    """q [B,Hq,S,Dqk], k [B,Hkv,T,Dqk], v [B,Hkv,T,Dv], indices [B,S,K], index mask and M sized to them."""
+    metas = [tensor_meta(x) for x in (att.q, att.k, att.v)]
+    if any(m is None or m.dim() != 4 for m in metas):
+        raise NearMiss("q, k and v must be 4-D [B, H, S, D] tensors")
+    mq, mk, mv = metas
+    b, hq, s, dqk = mq.shape
+    hkv, t = mk.shape[1], mk.shape[2]
+    if not (same_size(mk.shape[0], b) and same_size(mv.shape[0], b) and same_size(mk.shape[3], dqk)
+            and same_size(mv.shape[1], hkv) and same_size(mv.shape[2], t)):
+        raise NearMiss(f"q {tuple(mq.shape)}, k {tuple(mk.shape)}, v {tuple(mv.shape)} are not "
+                       "[B,Hq,S,Dqk], [B,Hkv,T,Dqk], [B,Hkv,T,Dv]")
+    if not (isinstance(hq, int) and isinstance(hkv, int) and hkv > 0 and hq % hkv == 0):
+        raise NearMiss("query heads are not a static multiple of key/value heads")
+    if att.scale is None and not isinstance(dqk, int):
+        raise NearMiss("SDPA's default scale needs a static head dim")
+    mi = tensor_meta(index.indices)
+    if mi is None or mi.dim() != 3 or mi.dtype not in _INDEX_DTYPES \
+            or not (same_size(mi.shape[0], b) and same_size(mi.shape[1], s)):
+        raise NearMiss(f"indices must be an int32/int64 [B,S,K] tensor for q {tuple(mq.shape)}")
+    ones = tensor_meta(index.nodes[2])
+    if ones.dim() != 3 or not all(same_size(x, y) for x, y in zip(ones.shape, (b, s, t))):
+        raise NearMiss(f"index mask {tuple(ones.shape)} is not [B,S,T] of q and k")
+    if model_mask is not None:
+        mm = tensor_meta(model_mask)
+        if mm is None or mm.dtype != torch.bool or mm.dim() != 4 or not is_unit(mm.shape[1]) \
+                or not (is_unit(mm.shape[0]) or same_size(mm.shape[0], b)) \
+                or not (is_unit(mm.shape[2]) or same_size(mm.shape[2], s)) or not same_size(mm.shape[3], t):
+            raise NearMiss("the model's mask is not a bool tensor broadcastable to [B,1,S,T]")
+    if tensor_meta(out).dtype != mq.dtype or mk.dtype != mq.dtype or mv.dtype != mq.dtype:
+        raise NearMiss("q, k, v and the attention output differ in dtype")
+
+
+def match_sparse(anchor: fx.Node) -> SparseMatch:
+    """Match the DSA attention ending at ``anchor``; raises NotCandidate or NearMiss."""
+    if anchor.op == "call_function" and anchor.target in attention.SDPA_TARGETS:
+        att = sdpa_attention(anchor)
+    else:
+        att = eager_attention(anchor)
+    combined = combined_mask(att.mask)
+    model_mask = combined.model_mask
+    if combined.additive:
+        model_mask = _bool_source_of_additive(model_mask, arg(combined.nodes[0], 2, "value"))
+        masked_rows = "mean"
+    elif att.form == "eager":
+        raise NearMiss("the eager chain adds a bool mask to the scores")
+    else:
+        masked_rows = "zero"
+    check_operands(att, combined.index, model_mask, anchor)
+    scale = att.scale if att.scale is not None else tensor_meta(att.q).shape[3] ** -0.5
+    mask_kind = "index_only" if model_mask is None else "additive_mask" if combined.additive else "bool_mask"
+    variant = f"{att.form}+{mask_kind}" + ("+gqa" if att.folded else "")
+    return SparseMatch(anchor, att.q, att.k, att.v, combined.index.indices, model_mask, scale, att.divide, masked_rows,
+                       variant, att.chain + combined.nodes + combined.index.nodes,
+                       combined.index.operand_nodes)
+
+
+def rewrite(graph: fx.Graph, match: SparseMatch) -> fx.Node:
+    """Insert the op before the anchor and return it (the runner reroutes and erases)."""
+    with graph.inserting_before(match.anchor):
+        scale = match.scale
+        if match.divide:
+            scale = 1.0 / scale if not isinstance(scale, fx.Node) else \
+                insert_call(graph, "call_function", operator.truediv, (1.0, scale), like=match.anchor)
+        return insert_call(graph, "call_function", OP,
+                           (match.q, match.k, match.v, match.indices, match.mask, scale, match.masked_rows),
+                           like=match.anchor)
+
+
+class SparseAttentionPass(PatternPass):
+    """Anchors: every SDPA call and every matmul (the eager chain's ``softmax @ v``)."""
+
+    kind = KIND
+
+    def anchors(self, graph):
+        return [n for n in graph.nodes
+                if (n.op == "call_function" and n.target in attention.SDPA_TARGETS) or op_kind(n) == "matmul"]
+
+    def match(self, anchor, analysis):
+        return match_sparse(anchor)
+
+    def rewrite(self, ctx, match, settings):
+        return rewrite(ctx.gm.graph, match)
+
+    def describe(self, match, settings, op):
+        shapes = {name: value(x).shape for name, x in
+                  (("q", match.q), ("k", match.k), ("v", match.v), ("indices", match.indices))}
+        if match.mask is not None:
+            shapes["mask"] = value(match.mask).shape
+        return dict(variant=match.variant, shapes=shapes, path="sparse", masked_rows=match.masked_rows,
+                    topk=str(value(match.indices).shape[2]))
