@@ -29,12 +29,13 @@ def reference_scores(q, w, k, keys):
     return exact_scores(q.float()[0], w[0], kf[0][None].expand(q.shape[1], -1, -1))[None]
 
 
-def triton_scores(q, w, k, keys, rows=None):
+def triton_scores(q, w, k, keys, rows=None, mask=None, with_keys=False):
     """The Triton scorer's values for ``keys`` (one list) and the query ``rows`` (None = all)."""
     ids = torch.tensor(keys, dtype=torch.int32).view(1, 1, -1)
     counts = torch.tensor([[len(keys)]], dtype=torch.int32)
-    codes = score_keys(q, w, k, ids, counts, cap=len(keys), tiles_per_list=1 << 30, rows=rows)
-    return decode_codes(codes, k.shape[1])[0]
+    codes = score_keys(q, w, k, ids, counts, cap=len(keys), tiles_per_list=1 << 30, rows=rows, mask=mask)
+    values, indices = decode_codes(codes, k.shape[1])
+    return (values, indices) if with_keys else values
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -65,18 +66,24 @@ def test_a_pair_scores_the_same_in_row_lists_of_any_length_and_in_any_key_list(n
     assert torch.equal(got[:n_rows].view(torch.int32), want.view(torch.int32))
 
 
-@pytest.mark.parametrize("keys_m", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_gpu_tile_forms_compute_the_scores(keys_m, dtype, monkeypatch):
-    """The GPU branches of the scorer (tl.dot in either orientation, fp32 as tf32), run here with
-    the interpreter's numpy dot (fp32 products): the scores of THE SCORER within the rounding of a
-    reassociated fp32 dot (the tf32 rounding itself is the GPU runs' to measure)."""
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_gpu_tile_form_computes_the_scores(dtype, masked, monkeypatch):
+    """The GPU branch of the scorer (tl.dot with keys on the product's rows, fp32 as tf32), run here
+    with the interpreter's numpy dot (fp32 products): the scores of THE SCORER within the rounding
+    of a reassociated fp32 dot (the tf32 rounding itself is the GPU runs' to measure). With a
+    causal mask the trimmed tail (only hidden keys) gets the hidden keys' codes."""
     monkeypatch.setattr(dsa_score_triton, "SEQUENTIAL", False)
-    monkeypatch.setattr(dsa_score_triton, "KEYS_M", keys_m)
     S, T, H, D = 6, 150, 16, 32
     q, k, w = general_inputs(S, T, H, D, dtype, seed=7)
     keys = list(range(T))
-    got = triton_scores(q, w, k, keys)
+    mask = torch.ones(S, T, dtype=torch.bool).tril(40)[None] if masked else None  # keys > 45 hidden
+    got, got_keys = triton_scores(q, w, k, keys, mask=mask, with_keys=True)
     want = reference_scores(q, w, k, keys)
+    if masked:
+        want = want.masked_fill(~mask, float("-inf"))
+    assert torch.equal(got_keys[0], torch.arange(T).expand(S, T))
+    assert torch.equal(got[0].isinf(), want[0].isinf())
     bound = (w.abs()[0, :, :, None] * torch.einsum("shd,td->sht", q[0].float().abs(), k[0].float().abs())).sum(1)
-    assert ((got[0] - want[0]).abs() <= 1e-4 * bound).all()
+    finite = want[0].isfinite()
+    assert ((got[0] - want[0]).abs()[finite] <= 1e-4 * bound[finite]).all()

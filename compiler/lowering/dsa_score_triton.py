@@ -35,8 +35,12 @@ tuned). The scorer defines the values: the order of the head sum ``tl.sum`` over
 follows the tile's layout, which BLOCK_T and num_warps decide, so two configs may round a score
 differently. Tuning per length would let a key scored densely at one length and as a survivor at
 another differ in the last bit; a fixed config makes dense, seed and refine scores bitwise the
-same by construction. BLOCK_T=64, 4 warps, 3 stages and MATRIX_ROWS=256 product columns: the
+same by construction. BLOCK_T=64, 8 warps, 3 stages and MATRIX_ROWS=256 product columns: the
 fastest form of a sweep on the H200 (benchmarks/dense_roofline.py --sweep).
+
+Masks: before its key loop a program finds the last position whose key its mask shows to any of
+its rows; after it only hidden keys remain, whose codes do not depend on the scores, so they are
+written without a product (causal prefill multiplies about half the keys).
 """
 from __future__ import annotations
 
@@ -114,7 +118,8 @@ def _indexer_score_kernel(
     sqb, sqs, sqh, swb, sws, skb, skt, sib, sil, scb, msb, mss, mst, sob, sos, srb,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, TO_FP32: tl.constexpr, ATOMIC: tl.constexpr,
-    ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, SKIP_HIDDEN: tl.constexpr,
+    ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, TRIM_HIDDEN: tl.constexpr,
+    TRIM_BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_tiles
@@ -152,23 +157,27 @@ def _indexer_score_kernel(
     p_lo = tl.program_id(1) * chunk
     p_hi = tl.minimum(p_lo + chunk, n)
     running = tl.zeros([BLOCK_S], dtype=tl.int32)
-    for p0 in range(p_lo, p_hi, BLOCK_T):
+    p_end = p_hi
+    if TRIM_HIDDEN:  # positions after the program's last visible key hold hidden keys only
+        p_end = p_lo
+        for p0 in range(p_lo, p_hi, TRIM_BLOCK):
+            pos = p0 + tl.arange(0, TRIM_BLOCK)
+            pok = pos < p_hi
+            listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
+            key = tl.where(overflow, pos, listed)
+            visible, _ = load_mask_tile(mask_ptr, b, rows, key, row_ok[:, None] & pok[None, :],
+                                        msb, mss, mst, MASK_KIND)
+            seen = tl.max(tl.where(visible, pos[None, :] + 1, 0), axis=1)
+            p_end = tl.maximum(p_end, tl.max(seen, axis=0))
+    for p0 in range(p_lo, p_end, BLOCK_T):
         pos = p0 + tl.arange(0, BLOCK_T)
         pok = pos < p_hi
         listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
         key = tl.where(overflow, pos, listed)
-        k_off = b * skb + key * skt
         ok = row_ok[:, None] & pok[None, :]
+        score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, b * skb + key * skt, pok, H, BLOCK_S, HP,
+                             D, BLOCK_T, SEQUENTIAL, TF32, TO_FP32)
         visible, bias = load_mask_tile(mask_ptr, b, rows, key, ok, msb, mss, mst, MASK_KIND)
-        if SKIP_HIDDEN:
-            if tl.max(tl.max(visible.to(tl.int32), axis=1), axis=0) == 0:
-                score = tl.zeros((BLOCK_S, BLOCK_T), dtype=tl.float32)  # no visible key: fixed codes
-            else:
-                score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S, HP, D,
-                                     BLOCK_T, SEQUENTIAL, TF32, TO_FP32)
-        else:
-            score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S, HP, D,
-                                 BLOCK_T, SEQUENTIAL, TF32, TO_FP32)
         score = score + bias
         code = order_code(score, visible, key[None, :], T)
         if COMPACT:
@@ -183,6 +192,16 @@ def _indexer_score_kernel(
             tl.store(out_ptr + b * sob + rows[:, None] * sos + slot, code, mask=keep & (slot < cap_out))
         else:
             tl.store(out_ptr + b * sob + slots[:, None] * sos + pos[None, :], code, mask=ok)
+    if TRIM_HIDDEN and not COMPACT:  # the trimmed tail: hidden keys' codes, nothing to multiply
+        for p0 in range(p_lo + tl.cdiv(p_end - p_lo, BLOCK_T) * BLOCK_T, p_hi, BLOCK_T):
+            pos = p0 + tl.arange(0, BLOCK_T)
+            pok = pos < p_hi
+            listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
+            key = tl.where(overflow, pos, listed)
+            code = order_code(tl.zeros((BLOCK_S, BLOCK_T), dtype=tl.float32),
+                              tl.zeros((BLOCK_S, BLOCK_T), dtype=tl.int1), key[None, :], T)
+            tl.store(out_ptr + b * sob + slots[:, None] * sos + pos[None, :], code,
+                     mask=row_ok[:, None] & pok[None, :])
     if COMPACT and not ATOMIC:
         tl.store(out_count_ptr + b * S + rows, running, mask=row_ok)
 
@@ -196,16 +215,13 @@ def tf32_scores(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and not SEQUENTIAL
 
 
-SKIP_HIDDEN_TILES = True
-"""A key tile in which the mask hides every key of the program's rows is not multiplied (its codes
-do not depend on the scores): causal prefill scores about half the keys."""
-SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)
+SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64)
 """The scorer's one launch config (module docstring: why it is fixed)."""
 
 MATRIX_ROWS = 32 if INTERPRET else 256
 """Columns of the scorer's product per program (BLOCK_S queries x HP padded heads): with BLOCK_T=64
-keys, 4 warps and 3 stages the fastest form measured on the H200 (448 TFLOP/s at S=4096,
-T=131072, H=64: benchmarks/results/dense_roofline_sweep_h200.json)."""
+keys, 8 warps and 3 stages the fastest form measured on the H200 (484 TFLOP/s, 63% of the run's
+bf16 matmul rate, at S=4096, T=131072, H=64: benchmarks/results/dense_roofline_sweep2_h200.json)."""
 
 
 def score_tile_shape(H: int) -> tuple[int, int]:
@@ -277,7 +293,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
         TF32=tf32_scores(q.dtype),
-        SKIP_HIDDEN=SKIP_HIDDEN_TILES and kind != MASK_NONE,
+        TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=1024,
         **SCORER_CONFIG.kwargs(),
     )
     return out
