@@ -114,5 +114,5 @@ def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, monkeypat
     for config in SCREEN_CONFIGS[:2]:
         assert_same(certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=config),
                     dense)
-    fixed = score_mod.SCORER_CONFIG.kwargs()
+    fixed = score_mod.scorer_config(q.dtype).kwargs()
     assert seen == {(fixed["BLOCK_T"], fixed["num_warps"], fixed["num_stages"])}

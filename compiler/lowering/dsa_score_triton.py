@@ -30,8 +30,9 @@ query into ``out[b, s, :cap_out]``; the count ``out_count[b, s]`` keeps counting
 so that the caller can detect a full buffer (kept in registers when one program owns the query's
 list, by atomics when key splits share it).
 
-Launch configuration: ONE fixed config, ``SCORER_CONFIG``, for every call in every process (not
-tuned). The scorer defines the values: the order of the head sum ``tl.sum`` over the register tile
+Launch configuration: ONE fixed config per operand dtype, ``scorer_config(dtype)`` (SCORER_CONFIG;
+FP32_SCORER_CONFIG for fp32 operands, whose scores are never compared with bf16 ones), for every
+call in every process (not tuned). The scorer defines the values: the order of the head sum ``tl.sum`` over the register tile
 follows the tile's layout, which BLOCK_T and num_warps decide, so two configs may round a score
 differently. Tuning per length would let a key scored densely at one length and as a survivor at
 another differ in the last bit; a fixed config makes dense, seed and refine scores bitwise the
@@ -216,7 +217,14 @@ def tf32_scores(dtype: torch.dtype) -> bool:
 
 
 SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64)
-"""The scorer's one launch config (module docstring: why it is fixed)."""
+"""The scorer's launch config for bf16/fp16 operands (module docstring: why it is fixed)."""
+FP32_SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64)
+"""The scorer's launch config for fp32 operands (tf32 products)."""
+
+
+def scorer_config(dtype: torch.dtype) -> LaunchConfig:
+    """The one launch config of the scorer for operands of ``dtype``."""
+    return FP32_SCORER_CONFIG if dtype == torch.float32 else SCORER_CONFIG
 
 MATRIX_ROWS = 32 if INTERPRET else 256
 """Columns of the scorer's product per program (BLOCK_S queries x HP padded heads): with BLOCK_T=64
@@ -266,7 +274,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     ``rows`` [B,R] int64 (non-compact mode only): score the query rows ``rows[b, j]`` instead of
     0..S-1 and write query row ``rows[b, j]`` to ``out[b, j]`` (codes [B,R,cap']); ``-1`` marks an
     empty slot (nothing written; a tile of empty slots reads no key). Tiles are over slots.
-    Always launched with SCORER_CONFIG.
+    Always launched with ``scorer_config(q.dtype)``.
     """
     B, S, H, D = q.shape
     T = k.shape[1]
@@ -294,7 +302,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
         TF32=tf32_scores(q.dtype),
         TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=1024,
-        **SCORER_CONFIG.kwargs(),
+        **scorer_config(q.dtype).kwargs(),
     )
     return out
 
