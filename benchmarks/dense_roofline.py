@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
 import triton
 
+from benchmarks.timing import median_ms
 from compiler.autotune import LaunchConfig
 from compiler.lowering import dsa_score_triton as scorer
 from compiler.lowering.certified_topk_triton import (_all_keys, _row_codes, certified_topk_cuda,
@@ -42,23 +42,10 @@ PLAN_CROSSOVER = 32725
 
 
 def timed(fn, reps=5, warmup=1):
-    """Median ms of ``reps`` calls after ``warmup`` (CUDA events; the host clock off CUDA)."""
+    """Median ms of ``reps`` calls after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(reps):
-        if DEVICE != "cuda":
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-            continue
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return median_ms(fn, reps, DEVICE)
 
 
 def ceilings():

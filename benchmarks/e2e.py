@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.timing import median_ms
 
 SIZES = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
              q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=128, qk_rope_head_dim=64,
@@ -64,24 +65,6 @@ def build(name: str, layers: int, sizes: dict, device: str, dtype: torch.dtype, 
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def timed_ms(fn, device: str, reps: int) -> float:
-    """Median wall time of ``reps`` calls (CUDA events on the GPU)."""
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def make_plan(model_name: str, config, sizes_tokens: int, device: str, workdir: Path) -> Path:
@@ -141,8 +124,8 @@ def run_model(name: str, args, emit) -> None:
                     sync(device)
                     if device == "cuda":
                         row["peak_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
-                    row["ms"] = round(timed_ms(lambda: compiled(ids, use_cache=False, logits_to_keep=1),
-                                               device, args.reps), 2)
+                    row["ms"] = round(median_ms(lambda: compiled(ids, use_cache=False, logits_to_keep=1),
+                                                args.reps, device), 2)
                 if method == "stock":
                     reference[S] = logits
                 elif S in reference:

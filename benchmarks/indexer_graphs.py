@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
@@ -34,6 +33,7 @@ import triton
 import compiler.ops.certified_topk  # noqa: F401  (registers torch.ops.pulsar_dosa)
 import compiler.lowering.certified_topk_triton as certified_topk_triton
 from benchmarks.indexer import D, TOPK, causal_chunk_mask, decode_dense, transformers_random
+from benchmarks.timing import median_ms
 from compiler.lowering.certified_topk_triton import (
     certified_topk_cuda,
     dense_topk_cuda,
@@ -46,18 +46,6 @@ CERTIFIED = CertifiedTopkConfig(path="certified")
 PLAN_CROSSOVER = 32725
 """The crossover of the per-layer plan for the structured geometry (results/indexer_plan_h200.md,
 r = 1): ``op_plan_r1`` is the op as a model compiled with that plan calls it."""
-
-
-def median_ms(fn, reps):
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def without_sync(fn):

@@ -29,3 +29,22 @@ def timed(fn: Callable[[], object], device: torch.device, reps: int,
         synchronize(device)
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times), result
+
+
+def median_ms(fn: Callable[[], object], reps: int, device: torch.device | str = "cuda") -> float:
+    """Median time (ms) of ``reps`` calls of ``fn``, no warm-up: CUDA events around each call on
+    the GPU (the device time of the work it queues), the host clock elsewhere."""
+    times = []
+    for _ in range(reps):
+        if torch.device(device).type != "cuda":
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+            continue
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
