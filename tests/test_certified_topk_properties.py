@@ -18,7 +18,8 @@ from runtime.certified_topk import (
     certified_topk,
 )
 from runtime.dense_scorer import dense_topk
-from runtime.seeds import anchor_rows, seed_mask
+from runtime.indexer_zoo import zoo_inputs
+from runtime.seeds import anchor_rows, sample_keys, sample_rank, sample_size, seed_mask
 from runtime.structured_indexer import structured_indexer_inputs
 
 NAN, INF = float("nan"), float("inf")
@@ -120,6 +121,8 @@ def configs(draw):
         sink=draw(st.integers(0, 3)),
         window=draw(st.integers(0, 5)),
         workspace_frac=draw(st.sampled_from((0.0, 0.1, 0.5, 4.0))),
+        sample_keys=draw(st.sampled_from((None, 0, 1, 4, 16))),
+        sample_sigmas=draw(st.sampled_from((4.0, 0.0, -3.0))),
         min_keys=draw(st.sampled_from((0, 0, 0, 8))),
         path=draw(st.sampled_from(("auto", "auto", "certified", "dense"))),
     )
@@ -225,6 +228,45 @@ def test_seeds_are_distinct_visible_keys_at_least_kk_and_include_witnesses_sink_
 
 def test_anchor_of_each_query_is_the_last_anchor_at_or_before_it():
     assert anchor_rows(7, 3, torch.device("cpu")).tolist() == [0, 0, 0, 3, 3, 3, 6]
+
+
+def test_strided_samples_are_distinct_in_range_keys_and_the_rank_errs_low():
+    for T, M in ((1000, 7), (2048, 128), (131072, 2048), (5, 5)):
+        keys = sample_keys(9, M, T, torch.device("cpu"))
+        assert keys.shape == (9, M) and int(keys.min()) >= 0 and int(keys.max()) < T
+        assert all(len(set(row.tolist())) == M for row in keys)
+    assert (sample_size(4096), sample_size(8192), sample_size(131072), sample_size(2**22)) == (0, 1024, 2048, 4096)
+    assert sample_size(100, 500) == 100 and sample_size(10**6, 0) == 0
+    # kk M / T sampled keys lie above the kk-th score on average: the rank adds sigmas deviations.
+    assert sample_rank(2048, 2048, 131072, 4.0) == 56  # ceil(32 + 4 sqrt(32)) + 1
+    assert sample_rank(2048, 2048, 131072, 0.0) == 33
+    assert sample_rank(64, 8, 64, 4.0) == 8 and sample_rank(1, 100, 10**6, -9.0) == 1
+
+
+def _misaligned(S=32, T=2048, H=8, D=32):
+    """Topics in runs of 5 queries: a query's anchor (every 16th query) rarely shares its topic."""
+    q, k, w, _ = zoo_inputs("misaligned_runs", 1, S, T, H, D, seed=0)
+    return q, k, w, torch.ones(S, T, dtype=torch.bool).tril(T - S)[None]
+
+
+def test_own_threshold_rescues_queries_whose_anchor_does_not_share_their_top_keys():
+    q, k, w, mask = _misaligned()
+    summaries = {}
+    for sampled in (0, 128):
+        stats = TopkStats()
+        config = CertifiedTopkConfig(min_keys=0, sink=0, window=0, sample_keys=sampled)
+        _assert_same(certified_topk(q, k, w, 32, mask, config=config, stats=stats), dense_topk(q, k, w, 32, mask))
+        summaries[sampled] = (stats.pruned_frac, stats.summary()["fallbacks"])
+    assert summaries[0][0] < 0.5 and summaries[0][1]["overflow"] > 10  # anchor witnesses alone
+    assert summaries[128][0] > 0.9 and summaries[128][1]["overflow"] == 0
+
+
+def test_an_own_threshold_above_the_kth_score_is_caught_and_answered_densely():
+    q, k, w, mask = _misaligned()
+    stats = TopkStats()
+    config = CertifiedTopkConfig(min_keys=0, sink=0, window=0, sample_keys=128, sample_sigmas=-4.0)
+    _assert_same(certified_topk(q, k, w, 32, mask, config=config, stats=stats), dense_topk(q, k, w, 32, mask))
+    assert stats.summary()["fallbacks"]["threshold_miss"] > 10
 
 
 def _structured(S=64, T=2048, H=16, D=32, seed=0):
@@ -402,6 +444,8 @@ def test_stats_accumulate_over_calls_and_count_every_reason():
         ("sink", -1, "sink: expected an int >= 0"),
         ("window", True, "window: expected an int >= 0"),
         ("min_keys", -2, "min_keys: expected an int >= 0"),
+        ("sample_keys", -1, "sample_keys: expected an int >= 0"),
+        ("sample_sigmas", INF, "sample_sigmas: expected a finite number"),
         ("workspace_frac", -0.5, "workspace_frac: expected a finite number >= 0"),
         ("workspace_frac", NAN, "workspace_frac: expected a finite number >= 0"),
         ("path", "fast", "path: expected one of"),

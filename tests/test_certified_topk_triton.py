@@ -19,7 +19,8 @@ from compiler.lowering.certified_topk_triton import (
 )
 from compiler.lowering.dsa_score_triton import decode_codes, score_keys
 from compiler.lowering.dsa_screen_triton import screen
-from runtime.certified_topk import CertifiedTopkConfig
+from runtime.certified_topk import CertifiedTopkConfig, TopkStats
+from runtime.indexer_zoo import zoo_inputs
 from runtime.dense_scorer import dense_topk
 from runtime.rounding import key_norm_up, round_up_to_float32
 from runtime.structured_indexer import structured_indexer_inputs
@@ -73,6 +74,23 @@ def test_certified_equals_dense_triton_and_prunes_on_structured_bf16():
     out = certified_topk_cuda(q, k, w, 64, mask, config=CERTIFIED, trace=trace)
     assert_same(out, dense_topk_cuda(q, k, w, 64, mask))
     assert trace[0].list_count.float().median() < 0.5 * k.shape[1]
+
+
+@pytest.mark.parametrize("sigmas", [4.0, -4.0])
+def test_own_sample_threshold_prunes_misaligned_queries_and_a_too_high_one_is_redone(sigmas):
+    """Topics in runs of 5 queries: anchor witnesses are poor; each query's own sample threshold
+    (64 strided keys) keeps the screen pruning. A rank far too optimistic (sigmas=-4) puts the
+    threshold above the kk-th score: those rows write fewer than kk candidates and are redone."""
+    S, T = 16, 1024
+    q, k, w, _ = zoo_inputs("misaligned_runs", 1, S, T, 8, 32, seed=0, dtype=torch.bfloat16)
+    mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None]
+    stats = TopkStats()
+    config = CertifiedTopkConfig(path="certified", sample_keys=64, sample_sigmas=sigmas)
+    out = certified_topk_cuda(q, k, w, 32, mask, config=config, stats=stats)
+    assert_same(out, dense_topk_cuda(q, k, w, 32, mask))
+    fallbacks = stats.summary()["fallbacks"]
+    assert fallbacks["overflow"] == 0 and stats.pruned_frac > 0.8
+    assert (fallbacks["threshold_miss"] > 0) == (sigmas < 0)
 
 
 def test_screen_keeps_every_key_scoring_at_least_tau():

@@ -7,8 +7,10 @@ scorer (dsa_score_triton) and select with THE ORDER through unique int64 order c
 Pipeline (SPEC A.2-A.5), per batch row:
 1. anchors: every ``A``-th query (A = anchor_stride rounded to the scorer's tile) is scored densely;
    its top ``kk + kk/4`` keys are the witnesses (seeds) of the A queries starting at it;
-2. seeds: every query scores its anchor's witnesses; tau = its kk-th best seed score (-inf when
-   fewer than kk witnesses are visible to it, or when any value is not finite);
+2. seeds: every query scores its anchor's witnesses and its group's strided key sample
+   (``runtime.seeds``); tau = max(its kk-th best witness score, its own sample estimate theta)
+   (-inf when neither is finite, or when any value is not finite). The witness part is <= the
+   true kk-th score; theta may exceed it, which the candidate count reveals (below);
 3. plan: runtime.certificate.plan_certificate on the queries (float64), turned into screen rows
    ``g`` (the retained heads and the aux row, rounded to the key dtype), coefficients and the GPU
    rounding margin (``screen_margin``); the row count is static: r from the config, else the
@@ -17,9 +19,10 @@ Pipeline (SPEC A.2-A.5), per batch row:
 5. refine (the scorer in compact mode): exact scores of the survivors, only ``s >= tau`` written;
    an overflowed survivor list is rescanned densely by the same kernel, on the device;
 6. selection: top-kk order codes of the written candidates.
-Rows that cannot be answered this way (fewer than kk visible keys, or more candidates ``s >= tau``
-than the candidate buffer of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the
-device and answered by ``redo_dense``: dense scoring of the flagged rows and an exact selection
+Rows that cannot be answered this way (fewer than kk candidates ``s >= tau``: fewer than kk
+visible keys, or theta above the true kk-th score; or more candidates than the candidate buffer
+of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the device and answered by
+``redo_dense``: dense scoring of the flagged rows and an exact selection
 (select_codes_triton), both gated on the device. Nothing is dropped: every flagged row is answered
 densely.
 
@@ -36,7 +39,7 @@ dense below max(config.min_keys, CUDA_MIN_KEYS) keys or B * S * T * H < PROBE_MI
 probe of a few anchor groups through seeds and screen predicts the work (SPEC A.6). Either way
 the output is the dense one.
 Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile:
-kk + workspace_frac * T keys), min_keys, path; the witnesses are the anchor's top kk + kk/4 keys
+kk + workspace_frac * T keys), sample_keys, sample_sigmas, min_keys, path; the witnesses are the anchor's top kk + kk/4 keys
 (sink and window are not added on this path). Decode: ``decode_topk_cuda``.
 
 Supported: q and k in bf16, fp16 or fp32 (mixed dtypes are upcast to fp32), weights any float
@@ -62,6 +65,7 @@ from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import check_indexer_inputs
 from runtime.rounding import U32, gamma, key_norm_up, round_up_to_float32
+from runtime.seeds import sample_keys, sample_rank, sample_size
 
 MMA_FACTOR = 4.0
 """Tensor-core fp32 accumulation is not IEEE round-to-nearest inside the MMA: its error on a
@@ -236,6 +240,7 @@ class CertifiedTrace:
     list_count: torch.Tensor   # [B,L] int32 screen survivors per scorer tile (> cap: overflow)
     cand_count: torch.Tensor   # [B,S] int32 keys with s >= tau written (> cap: dense redo)
     redo: torch.Tensor         # [B,S] bool rows recomputed densely
+    kk: int
     cap: int
     list_queries: int
     plan: ScreenPlan | None
@@ -264,11 +269,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
     anchors = dense_codes_topk(q[:, ::A], w[:, ::A], k, None if mask is None else mask[:, ::A],
                                min(T, kk + kk // 4 + 1))
     seed_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
-    n_seed = seed_ids.shape[-1]
-    seed_counts = torch.full((B, seed_ids.shape[1]), n_seed, dtype=torch.int32, device=dev)
-    seed_codes = _row_codes(q, w, k, mask, seed_ids, seed_counts, n_seed, A // G)
-    kth = torch.topk(seed_codes, kk, dim=-1, sorted=False).values.amin(-1)
-    tau_val, _ = decode_codes(kth, T)
+    tau_val = _seed_threshold(q, w, k, mask, kk, config, seed_ids, A // G)
     p = _activation_frequency(q, k, seed_ids, A)
     r_max = min(H, DEFAULT_R_CAP if config.r is None else config.r)
     r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
@@ -281,6 +282,30 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
                              lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap,
                              config=screen_config)
     return tau, ids, list_count, cap, plan, G
+
+
+def _seed_threshold(q, w, k, mask, kk, config, seed_ids, tiles_per_group):
+    """tau [B,S] fp32 before the validity checks: max(the kk-th best score over the anchor's
+    witnesses ``seed_ids`` [B,groups,W], theta), theta the own threshold of ``runtime.seeds``
+    over the group's strided sample (-inf when off or not finite). One scorer call scores both
+    key lists; the row choice between them is the max, on the device."""
+    B, groups, n_seed = seed_ids.shape
+    T = k.shape[1]
+    M = sample_size(T, config.sample_keys)
+    lists = seed_ids
+    if M:
+        sampled = sample_keys(groups, M, T, q.device).to(torch.int32).expand(B, groups, M)
+        lists = torch.cat((seed_ids, sampled), dim=-1).contiguous()
+    n = lists.shape[-1]
+    counts = torch.full((B, groups), n, dtype=torch.int32, device=q.device)
+    codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group)
+    kth = torch.topk(codes[..., :n_seed], kk, dim=-1, sorted=False).values.amin(-1)
+    tau, _ = decode_codes(kth, T)
+    if M:
+        rank = sample_rank(kk, M, T, config.sample_sigmas)
+        theta, _ = decode_codes(torch.topk(codes[..., n_seed:], rank, dim=-1, sorted=False).values.amin(-1), T)
+        tau = torch.maximum(tau, torch.where(torch.isfinite(theta), theta, float("-inf")))
+    return tau
 
 
 def key_norms(k):
@@ -301,10 +326,10 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
                out_count=cand_count, splits=key_splits(B * ids.shape[1], cap))
     codes = top_codes(cand, kk)
-    # A row with >= kk visible keys and tau <= its kk-th score writes >= kk candidates; fewer
-    # means fewer than kk visible keys (tau is then -inf and every visible key was written).
+    # Every key with s >= tau was written (pruned keys have s < tau); with at least kk of them
+    # the row's top-kk is among them. Fewer: fewer than kk visible keys, or theta > the kk-th score.
     redo = (cand_count > cand_cap) | (cand_count < kk)
-    return codes, CertifiedTrace(tau, list_count, cand_count, redo, cap, G, plan)
+    return codes, CertifiedTrace(tau, list_count, cand_count, redo, kk, cap, G, plan)
 
 
 def predicted_work(list_count, cap, T, H, RP, A, n_seed):
@@ -448,7 +473,9 @@ def _record(stats: TopkStats | None, q, T, tr):
     stats.add("keys_screened", count(B * S * T))
     stats.add("survivors", survivors)
     stats.add("written", tr.cand_count.sum())
-    stats.add("overflow", tr.redo.sum())
+    cand_cap = min(tr.cap, CANDIDATE_FACTOR * tr.kk)
+    stats.add("overflow", (tr.cand_count > cand_cap).sum())
+    stats.add("threshold_miss", (tr.cand_count < tr.kk).sum())
 
 
 def decode_topk_cuda(q, k, weights, topk, mask=None, *, witnesses=None):
