@@ -6,8 +6,8 @@ indices) for every input. Per query:
 1. Preconditions; a query that fails one is answered by dense scoring over all its visible keys
    and counted under the first failing reason, in this order: "nonfinite" (a non-finite value
    in q, w, a visible key or a visible bias), "numeric_range" (``rounding.range_is_safe``),
-   "topk_ge_visible" (at most kk visible keys), "dense_cheaper" (fewer than ``min_keys`` visible
-   keys under path="auto", or path="dense").
+   "topk_ge_visible" (at most kk visible keys), "dense_cheaper" (path="dense": the caller chose
+   dense scoring; ``compiler.path_choice`` decides which path a call takes).
 2. Every ``anchor_stride``-th query is an anchor: dense, exact already.
 3. Seeds (``runtime.seeds``): >= kk distinct visible keys, scored with THE SCORER (+ bias);
    their kk-th largest score is <= tau_K, the kk-th largest score over all visible keys. The
@@ -48,12 +48,13 @@ from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_fl
 from runtime.seeds import (SAMPLE_SIGMAS, SOFT_HIDDEN_BIAS, anchor_rows, sample_keys, sample_rank,
                            sample_size, seed_mask)
 
-__all__ = ["FALLBACK_REASONS", "CertifiedTopkConfig", "TopkStats", "certified_topk"]
+__all__ = ["FALLBACK_REASONS", "PATHS", "CertifiedTopkConfig", "TopkStats", "certified_topk"]
 
 ROUTED_REASONS = ("nonfinite", "numeric_range", "topk_ge_visible", "dense_cheaper")
 """Fallbacks decided before a query is certified (``_route``), in the order they are checked."""
 FALLBACK_REASONS = ROUTED_REASONS + ("overflow", "threshold_miss")
-_PATHS = ("auto", "dense", "certified")
+PATHS = ("dense", "certified")
+"""What a call runs: dense scoring of every query, or the certified path (fallbacks per query)."""
 _SCREEN_ELEMENTS = 1 << 22  # bound on the per-chunk screening intermediates
 
 
@@ -72,8 +73,7 @@ class CertifiedTopkConfig:
     workspace_frac: survivor workspace per query, floor(workspace_frac * T) + kk keys.
     sample_keys: keys of the strided sample behind each query's own threshold (None: the default
     of ``seeds.sample_size``; 0: none). sample_sigmas: safety of its rank (``seeds.sample_rank``).
-    min_keys: fewer visible keys -> dense (path="auto" only). path: "auto" | "dense" |
-    "certified" ("certified" ignores min_keys; failed preconditions still fall back).
+    path: "certified" (failed preconditions still fall back per query) or "dense".
     """
 
     r: int | None = None
@@ -83,8 +83,7 @@ class CertifiedTopkConfig:
     workspace_frac: float = 0.25
     sample_keys: int | None = None
     sample_sigmas: float = SAMPLE_SIGMAS
-    min_keys: int = 4096
-    path: str = "auto"
+    path: str = "certified"
 
     def __post_init__(self) -> None:
         if self.r is not None:
@@ -92,7 +91,6 @@ class CertifiedTopkConfig:
         _require_int("anchor_stride", self.anchor_stride, 1)
         _require_int("sink", self.sink, 0)
         _require_int("window", self.window, 0)
-        _require_int("min_keys", self.min_keys, 0)
         if self.sample_keys is not None:
             _require_int("sample_keys", self.sample_keys, 0)
         sig = self.sample_sigmas
@@ -101,8 +99,8 @@ class CertifiedTopkConfig:
         frac = self.workspace_frac
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1e6:
             raise ValueError(f"workspace_frac: expected a finite number >= 0, got {frac!r}")
-        if self.path not in _PATHS:
-            raise ValueError(f"path: expected one of {_PATHS}, got {self.path!r}")
+        if self.path not in PATHS:
+            raise ValueError(f"path: expected one of {PATHS}, got {self.path!r}")
 
 
 class TopkStats:
@@ -126,6 +124,12 @@ class TopkStats:
             raise ValueError(f"name: expected a counter of {self.COUNTERS + FALLBACK_REASONS}, got {name!r}")
         count = count.to(torch.int64)
         self._counts[name] = self._counts[name] + count if name in self._counts else count
+
+    def merge(self, other: "TopkStats") -> None:
+        """Add every counter of ``other`` (moved to this accumulator's device if it has one)."""
+        for name, count in other._counts.items():
+            device = next(iter(self._counts.values())).device if self._counts else count.device
+            self.add(name, count.to(device))
 
     def _value(self, name: str) -> int:
         return int(self._counts[name]) if name in self._counts else 0
@@ -176,12 +180,7 @@ def _route(inputs: IndexerInputs, config: CertifiedTopkConfig,
     max_key = torch.where(visible, key_norm[:, None, :], zero).amax(-1)
     safe = range_is_safe((w64.abs() * head_norm).sum(-1), head_norm.amax(-1), max_key)
     n_visible = visible.sum(-1)
-    if config.path == "dense":
-        dense_cheaper = torch.ones_like(safe)
-    elif config.path == "auto":
-        dense_cheaper = n_visible < config.min_keys
-    else:
-        dense_cheaper = torch.zeros_like(safe)
+    dense_cheaper = torch.full_like(safe, config.path == "dense")
 
     routes: dict[str, torch.Tensor] = {}
     taken = torch.zeros_like(safe)

@@ -8,9 +8,7 @@ import pytest
 import torch
 
 from compiler.lowering.certified_topk_triton import (
-    CUDA_MIN_KEYS,
     certified_topk_cuda,
-    choose_path,
     decode_topk_cuda,
     dense_codes_topk,
     dense_topk_cuda,
@@ -203,55 +201,16 @@ def test_bad_arguments_raise_errors_naming_the_argument():
         decode_topk_cuda(q, k, w, 8, witnesses=torch.zeros(2, 3, 8, dtype=torch.long))
 
 
-def test_auto_path_is_dense_below_the_cuda_minimum_and_follows_a_forced_path():
+def test_the_dense_path_runs_the_dense_scorer_without_the_certified_stages(monkeypatch):
+    import compiler.lowering.certified_topk_triton as triton_topk
+
     q, k, w = integer_inputs(4, 64, 2, 16, seed=6)
-    auto = CertifiedTopkConfig(path="auto", min_keys=0)
-    assert choose_path(q, w, k, None, 8, auto) == "dense"
-    assert choose_path(q, w, k, None, 8, CERTIFIED) == "certified"
-    assert 64 < CUDA_MIN_KEYS
-
-
-def test_auto_path_without_a_crossover_probes_only_above_the_work_threshold(monkeypatch):
-    import compiler.lowering.certified_topk_triton as triton_topk
-
-    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
-    auto = CertifiedTopkConfig(path="auto", min_keys=0, anchor_stride=16, workspace_frac=0.1)
-    probes = []
-    real_stage = triton_topk._screen_stage
-    monkeypatch.setattr(triton_topk, "_screen_stage", lambda *a: probes.append(1) or real_stage(*a))
-    monkeypatch.setattr(triton_topk, "CUDA_MIN_KEYS", 0)
-    monkeypatch.setattr(triton_topk, "PROBE_MIN_WORK", 16 * 1024 * 4 + 1)
-    assert choose_path(q, w.float(), k, mask, 32, auto) == "dense" and probes == []
-    monkeypatch.setattr(triton_topk, "PROBE_MIN_WORK", 16 * 1024 * 4)
-    choose_path(q, w.float(), k, mask, 32, auto)  # at this size the probe predicts dense
-    assert probes == [1]
-
-
-def test_auto_path_with_a_crossover_follows_it_without_a_probe(monkeypatch):
-    import compiler.lowering.certified_topk_triton as triton_topk
-
-    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
-    auto = CertifiedTopkConfig(path="auto", anchor_stride=16, workspace_frac=0.1)
-    probes = []
-    real_stage = triton_topk._screen_stage
-    monkeypatch.setattr(triton_topk, "_screen_stage", lambda *a: probes.append(1) or real_stage(*a))
-    assert choose_path(q, w, k, mask, 32, auto, crossover=1024) == "certified"
-    assert choose_path(q, w, k, mask, 32, auto, crossover=1025) == "dense"
-    assert probes == []
-    dense = dense_topk_cuda(q, k, w, 32, mask)
-    for crossover, runs_certified in ((0, True), (1024, True), (1025, False)):
-        trace = []
-        out = certified_topk_cuda(q, k, w, 32, mask, config=auto, trace=trace, crossover=crossover)
-        assert_same(out, dense)
-        assert len(trace) == int(runs_certified)
-    assert len(probes) == 2  # the two certified calls' own screen stages, no probe
-
-
-def test_crossover_must_be_a_key_length():
-    q, k, w = integer_inputs(4, 64, 2, 16, seed=7)
-    for bad in (-1, 2.5, True):
-        with pytest.raises(ValueError, match="crossover"):
-            certified_topk_cuda(q, k, w, 8, crossover=bad)
+    stages = []
+    monkeypatch.setattr(triton_topk, "_screen_stage", lambda *a: stages.append(1))
+    stats = TopkStats()
+    out = certified_topk_cuda(q, k, w, 8, config=CertifiedTopkConfig(path="dense"), stats=stats)
+    assert_same(out, dense_topk(q, k, w, 8))
+    assert stages == [] and stats.summary()["fallbacks"]["dense_cheaper"] == 4
 
 
 def test_order_codes_decode_to_their_value_and_key_bitwise():
@@ -283,16 +242,41 @@ def test_certified_and_decode_calls_never_read_a_value_back_to_the_host():
     _, prev = dense_topk_cuda(q[:, -2:-1], k, w[:, -2:-1], 32, mask[:, -2:-1])
     last = dense_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:])
     stale = torch.arange(40).view(1, 40) * 7
-    auto = CertifiedTopkConfig(path="auto", anchor_stride=16, workspace_frac=0.0)
+    no_room = CertifiedTopkConfig(anchor_stride=16, workspace_frac=0.0)
+    own = CertifiedTopkConfig(sample_keys=64, sample_sigmas=-4.0)  # own thresholds, too high: misses redone
     with pytest.MonkeyPatch.context() as patch:
         for name in HOST_READS:
             patch.setattr(torch.Tensor, name, _host_read)
         outs = [certified_topk_cuda(q, k, w, 32, mask, config=CERTIFIED),
-                certified_topk_cuda(q, k, w, 32, mask, config=auto, crossover=0),  # lists overflow
+                certified_topk_cuda(q, k, w, 32, mask, config=no_room),  # lists overflow
+                certified_topk_cuda(q, k, w, 32, mask, config=own),
                 decode_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:], witnesses=prev[:, 0]),
                 decode_topk_cuda(q[:, -1:], k, w[:, -1:], 32, mask[:, -1:], witnesses=stale)]
-    for out, ref in zip(outs, (dense, dense, last, last)):
+    for out, ref in zip(outs, (dense, dense, dense, last, last)):
         assert_same(out, ref)
+
+
+def test_the_guarded_cuda_op_path_reads_nothing_back_and_settles_on_one_path():
+    """The op's CUDA kernel (run here on CPU tensors, Triton interpreted): path choice and runtime
+    guard included, four calls (certified warm-up, measured dense, measured certified, the verdict's
+    path) read no tensor value back and all return the dense answer."""
+    from compiler.lowering.certified_topk_op import _certified_topk_cuda
+    from compiler.path_choice import GUARD
+
+    q, k, w, mask = structured(S=32, T=1024, H=4, D=16)
+    dense = dense_topk_cuda(q, k, w, 32, mask)
+    GUARD.reset()
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_READS:
+            patch.setattr(torch.Tensor, name, _host_read)
+        outs = [_certified_topk_cuda(q, k, w, 32, mask, layer="guarded", min_keys=0, record_stats=False)
+                for _ in range(4)]
+    for out in outs:
+        assert_same(out, dense)
+    (state,) = GUARD.summaries()["guarded"]
+    assert state["path"] in ("dense", "certified")
+    assert state["certified_calls"] + state["dense_calls"] == 4 and state["dense_calls"] >= 1
+    GUARD.reset()
 
 
 def _host_read(*args, **kwargs):

@@ -8,8 +8,10 @@ q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask No
 indices [B,S,kk] int64), kk = min(topk, T): exactly ``runtime.dense_scorer.dense_topk`` (the scores
 sum_h w_h relu(q_h.k) + mask, sorted descending, ties by the lower key index; a row with fewer
 than topk visible keys lists its visible keys first, then hidden ones with value -inf in index
-order). ``layer`` is the module path the statistics are filed under; ``r``/``min_keys`` = -1 and
-``path`` = "auto" take the defaults of ``runtime.certified_topk.CertifiedTopkConfig``.
+order). ``layer`` is the module path the statistics and the runtime guard are filed under;
+``r`` = -1 takes the runtime's per-query rule; ``path`` ("auto", "dense" or "certified") and
+``min_keys`` (the crossover key length under "auto"; -1: the cost model's) are resolved per call by
+``compiler.path_choice.call_path``.
 
 The default kernel runs ``runtime.certified_topk.certified_topk`` (CPU and any device without its
 own kernel); CUDA runs the Triton pipeline of ``compiler/lowering/certified_topk_triton.py``.
@@ -23,24 +25,31 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from compiler.lowering.stats import TOPK_STATS
+from compiler.path_choice import call_path, check_choice
 from runtime.certified_topk import CertifiedTopkConfig, certified_topk as reference_certified_topk
+from runtime.indexer_inputs import check_indexer_inputs
 
-PATHS = ("auto", "dense", "certified")
+
+def topk_config(r: int, path: str) -> CertifiedTopkConfig:
+    """The runtime configuration for the op's ``r`` (-1 = the runtime's rule) and a decided path."""
+    if r < -1:
+        raise ValueError(f"r: expected -1 (default) or a positive int, got {r}")
+    return dataclasses.replace(CertifiedTopkConfig(), path=path, **({} if r == -1 else {"r": r}))
 
 
-def topk_config(r: int, min_keys: int, path: str) -> CertifiedTopkConfig:
-    """The runtime configuration for the op's scalar arguments (-1 = the config's default)."""
-    if path not in PATHS:
-        raise ValueError(f"path: expected one of {list(PATHS)}, got {path!r}")
+def _decide(q, k, weights, topk, mask, layer, r, min_keys, path):
+    """(CertifiedTopkConfig, CallTicket) of one call: arguments checked (shapes on meta copies, no
+    data read), path chosen (path_choice)."""
+    check_indexer_inputs(*(x.to("meta") if isinstance(x, torch.Tensor) else x for x in (q, k, weights, topk, mask)))
+    check_choice("path", path)
     for name, value in (("r", r), ("min_keys", min_keys)):
         if value < -1:
             raise ValueError(f"{name}: expected -1 (default) or a non-negative int, got {value}")
-    overrides = {"path": path}
-    if r != -1:
-        overrides["r"] = r
-    if min_keys != -1:
-        overrides["min_keys"] = min_keys
-    return dataclasses.replace(CertifiedTopkConfig(), **overrides)
+    B, S, H, D = q.shape
+    T = k.shape[1]
+    ticket = call_path(layer=layer, device=q.device, choice=path, crossover=None if min_keys == -1 else min_keys,
+                       B=B, S=S, T=T, H=H, D=D, kk=min(topk, T))
+    return topk_config(r, ticket.path), ticket
 
 
 @torch.library.custom_op("pulsar_dosa::certified_topk", mutates_args=())
@@ -56,9 +65,10 @@ def certified_topk(
     path: str = "auto",
     record_stats: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    config = topk_config(r, min_keys, path)
+    config, ticket = _decide(q, k, weights, topk, mask, layer, r, min_keys, path)
     stats = TOPK_STATS.for_layer(layer, q.device) if record_stats else None
-    return reference_certified_topk(q, k, weights, topk, mask, config=config, stats=stats)
+    with ticket.timed():
+        return reference_certified_topk(q, k, weights, topk, mask, config=config, stats=stats)
 
 
 @certified_topk.register_kernel("cuda")
@@ -66,10 +76,10 @@ def _certified_topk_cuda(q, k, weights, topk, mask=None, layer="", r=-1, min_key
                          record_stats=True):
     from compiler.lowering.certified_topk_triton import certified_topk_cuda
 
-    config = topk_config(r, min_keys, path)
+    config, ticket = _decide(q, k, weights, topk, mask, layer, r, min_keys, path)
     stats = TOPK_STATS.for_layer(layer, q.device) if record_stats else None
-    return certified_topk_cuda(q, k, weights, topk, mask, config=config, stats=stats,
-                               crossover=None if min_keys == -1 else min_keys)
+    with ticket.timed():
+        return certified_topk_cuda(q, k, weights, topk, mask, config=config, stats=stats)
 
 
 @certified_topk.register_fake

@@ -26,21 +26,12 @@ of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the device and 
 (select_codes_triton), both gated on the device. Nothing is dropped: every flagged row is answered
 densely.
 
-Host synchronisation: none once the path is decided without data, i.e. path "dense" or
-"certified", or "auto" with a ``crossover`` (what a plan or the cost model gives the compiled op):
-such a call is capturable in a CUDA graph after one call outside the capture (which tunes the
-screen's launch config). Only "auto" without a crossover, when it probes (below), reads its probe
-back (one synchronisation) and is not capturable.
-
-Path choice (config.path): "dense", "certified", or "auto". Under "auto" with a ``crossover``
-(a key length decided offline: the op's ``min_keys`` >= 0, baked in by a plan or the cost model)
-the call is certified when T >= crossover and dense below, without a probe; without one it is
-dense below max(config.min_keys, CUDA_MIN_KEYS) keys or B * S * T * H < PROBE_MIN_WORK, else a
-probe of a few anchor groups through seeds and screen predicts the work (SPEC A.6). Either way
-the output is the dense one.
-Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile:
-kk + workspace_frac * T keys), sample_keys, sample_sigmas, min_keys, path; the witnesses are the anchor's top kk + kk/4 keys
-(sink and window are not added on this path). Decode: ``decode_topk_cuda``.
+Host synchronisation: none; a call is capturable in a CUDA graph after one call outside the
+capture (which tunes the screen's launch config). The path (config.path, "dense" or "certified")
+is decided by the caller (``compiler.path_choice``); either way the output is the dense one.
+Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile: kk +
+workspace_frac * T keys), sample_keys, sample_sigmas, path; the witnesses are the anchor's top
+kk + kk/4 keys (sink and window are not added on this path). Decode: ``decode_topk_cuda``.
 
 Supported: q and k in bf16, fp16 or fp32 (mixed dtypes are upcast to fp32), weights any float
 dtype (upcast to fp32), masks None, bool or additive float. fp8 keys are not supported.
@@ -78,16 +69,6 @@ P_SAMPLE = 256
 """Witness keys used to estimate the activation frequencies p_h (they steer choices only)."""
 CANDIDATE_FACTOR = 8
 """Candidate buffer per query (keys with s >= tau): CANDIDATE_FACTOR * kk order codes."""
-CUDA_MIN_KEYS = 65536
-"""The "auto" path stays dense below max(config.min_keys, CUDA_MIN_KEYS) keys (fixed costs)."""
-PROBE_MIN_WORK = 2**36
-"""The "auto" path without a crossover probes only from B * S * T * H >= PROBE_MIN_WORK: the probe
-costs ~6 ms on the H200 (launch-bound, ~320 small kernels), and below this size dense scoring
-takes under ~20 times that (H=64: S=4096 at T=131072 is 46 ms), so it stays dense."""
-PROBE_GROUPS = 4
-"""Anchor groups the "auto" path runs through seeds and screen before choosing a path."""
-PAYS_BELOW = 0.8
-"""The "auto" path goes certified when its predicted work is below this fraction of dense."""
 DEFAULT_R_CAP = 7
 """Without ``config.r``, the per-query budget default_r is capped here (screen rows: r + aux = 8),
 so that the screen's row count is known without reading the budgets back to the host."""
@@ -332,12 +313,6 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
     return codes, CertifiedTrace(tau, list_count, cand_count, redo, kk, cap, G, plan)
 
 
-def predicted_work(list_count, cap, T, H, RP, A, n_seed):
-    """Certified work over dense work (SPEC A.6), from the survivor counts of a probe (float)."""
-    survivors = torch.where(list_count > cap, T, list_count).float().mean()
-    return 1.0 / A + n_seed / T + RP / triton.next_power_of_2(H) + survivors / T
-
-
 def redo_slots(B: int, S: int, T: int, H: int) -> int:
     """Rows per round of ``redo_dense``: its [B, slots, T] int64 code buffer fits REDO_BUFFER_BYTES
     (at least one scorer tile, at most S rounded up to whole tiles)."""
@@ -386,65 +361,26 @@ def _redo_row_lists(redo, slots):
     return lists[:, :-1].reshape(B, rounds, slots)
 
 
-def check_crossover(crossover) -> None:
-    """ValueError unless ``crossover`` is None or an int >= 0 (a key length)."""
-    if crossover is not None and (isinstance(crossover, bool) or not isinstance(crossover, int)
-                                  or crossover < 0):
-        raise ValueError(f"crossover: expected None or an int >= 0 (a key length), got {crossover!r}")
-
-
-def choose_path(q, w, k, mask, kk, config, nk=None, crossover=None) -> str:
-    """'dense' or 'certified': the configured path; "auto" takes dense when kk >= T; with a
-    ``crossover`` certified when T >= crossover, else dense (no probe); without one dense below
-    CUDA_MIN_KEYS keys or PROBE_MIN_WORK, else probes PROBE_GROUPS anchor groups through seeds and
-    screen (one synchronisation) and goes certified when ``predicted_work`` is below PAYS_BELOW.
-    ``nk``: key_norms(k) if known."""
-    check_crossover(crossover)
-    T = k.shape[1]
-    if config.path != "auto":
-        return config.path
-    if kk >= T:
-        return "dense"
-    if crossover is not None:
-        return "certified" if T >= crossover else "dense"
-    B, S, H, _ = q.shape
-    if T < max(config.min_keys, CUDA_MIN_KEYS) or B * S * T * H < PROBE_MIN_WORK:
-        return "dense"
-    G, _ = score_tile_shape(H)
-    A = max(G, triton.cdiv(config.anchor_stride, G) * G)
-    starts = torch.linspace(0, (S - 1) // A, min(PROBE_GROUPS, triton.cdiv(S, A))).long() * A
-    rows = (starts[:, None] + torch.arange(A)).flatten()
-    rows = rows[rows < S].to(q.device)
-    m = None if mask is None else mask.expand(B, S, T)[:, rows]
-    nk = key_norms(k) if nk is None else nk
-    _, _, list_count, cap, plan, _ = _screen_stage(q[:, rows], w[:, rows], k, m, kk, config, nk)
-    work = predicted_work(list_count, cap, T, H, plan.g.shape[2], A, min(T, kk + kk // 4 + 1))
-    return "certified" if float(work) < PAYS_BELOW else "dense"
-
-
 def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=None, trace=None,
-                        crossover=None, screen_config=None):
+                        screen_config=None):
     """Certified top-K on CUDA: (values [B,S,kk] fp32, indices [B,S,kk] int64).
 
     Same arguments and contract as runtime.certified_topk.certified_topk; output identical to
-    ``dense_topk_cuda`` (bitwise values, identical indices) for every input. ``trace``, a list,
-    receives the CertifiedTrace of the call when the certified path ran. ``crossover`` (None or a
-    key length >= 0): under path "auto", the decided length from which the call is certified
-    (``choose_path``); None lets the probe decide. ``screen_config``: the screen kernel's
-    LaunchConfig (one of dsa_screen_triton.SCREEN_CONFIGS); None autotunes it on CUDA. Any config
-    gives the same output (only the screen is tuned; the scorer's config is fixed).
+    ``dense_topk_cuda`` (bitwise values, identical indices) for every input. ``config.path``:
+    "certified" runs the pipeline, "dense" the dense path. ``trace``, a list, receives the
+    CertifiedTrace of a certified call. ``screen_config``: the screen kernel's LaunchConfig (one
+    of dsa_screen_triton.SCREEN_CONFIGS); None autotunes it on CUDA. Any config gives the same
+    output (only the screen is tuned; the scorer's config is fixed).
     """
-    check_crossover(crossover)
     kk = _check(q, k, weights, topk, mask)
     config = CertifiedTopkConfig() if config is None else config
     q, k, w = _operands(q, k, weights)
     T = k.shape[1]
-    nk = key_norms(k) if config.path != "dense" else None
-    if choose_path(q, w, k, mask, kk, config, nk, crossover) == "dense":
+    if config.path == "dense":
         codes = dense_codes_topk(q, w, k, mask, kk)
         _record(stats, q, T, None)
         return decode_codes(codes, T)
-    codes, tr = certified_codes(q, w, k, mask, kk, config, nk, screen_config)
+    codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config)
     codes = redo_dense(codes, tr.redo, q, w, k, mask, kk)
     _record(stats, q, T, tr)
     if trace is not None:

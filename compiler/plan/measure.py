@@ -1,15 +1,21 @@
-"""Per-layer calibration measurements for plans, and the cost model's choice from them.
+"""Per-layer calibration measurements for plans, and the layer's decision from them.
 
-For one indexer layer and its captured calls:
+For one indexer layer and its captured calls, on the device they were captured on:
 
-* m(r) for each candidate budget r: the runtime's certified top-K (``path="certified"``, every other
-  setting at its default) runs on the captured inputs and m(r) = survivors / keys_screened from its
-  ``TopkStats`` (1.0 when nothing was screened: no evidence that screening prunes);
+* per candidate budget r: the certified top-K (``path="certified"``; the Triton pipeline on CUDA, the
+  runtime reference elsewhere) on every call, giving m(r) = survivors / keys_screened (1.0 when
+  nothing was screened: no evidence that screening prunes), the fraction of certified queries redone
+  densely (overflow or threshold miss), the certified queries, and, when ``timed``, the call time;
+* the dense top-K's time on the same calls (when ``timed``);
 * the seed gap b = τ* − τ ≥ 0 per certified query (true kk-th score minus the seed threshold) and the
-  slack δ = U_num − s ≥ 0 per screened key, for the budget the cost model then chooses: a key is
-  pruned iff Δ = τ* − s > δ + b (SPEC A.6). They are recomputed here from the runtime's public stages
-  (seeds, certificate planning and evaluation, THE SCORER) for the queries the runtime certifies
-  (not anchors, more than kk visible keys).
+  slack δ = U_num − s ≥ 0 per screened key, for the chosen budget: a key is pruned iff Δ = τ* − s >
+  δ + b (SPEC A.6). They are recomputed from the runtime's public stages (seeds, certificate planning
+  and evaluation, THE SCORER) for the queries the runtime certifies (not anchors, more than kk
+  visible keys).
+
+Times are wall times of one run per call after a warm-up run on CUDA (which compiles and tunes), and
+of one run on the CPU; the decision (``compiler.path_choice.choose_layer``) uses them to correct the
+cost model's prediction.
 """
 from __future__ import annotations
 
@@ -18,11 +24,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from compiler.cost_model import IndexerShape, KernelConstants, choose_layer
-from compiler.plan_capture import CapturedCall
-from compiler.plan_schema import CandidateMeasurement, Distribution, LayerPlan
+from compiler.cost_model import KernelConstants
+from compiler.path_choice import choose_layer
+from compiler.plan.capture import CapturedCall
+from compiler.plan.constants import best_seconds
+from compiler.plan.schema import CandidateMeasurement, Distribution, LayerPlan
 from runtime.certificate import default_r, evaluate_bound, plan_certificate
-from runtime.certified_topk import CertifiedTopkConfig, TopkStats, certified_topk
+from runtime.certified_topk import ROUTED_REASONS, CertifiedTopkConfig, TopkStats, certified_topk
 from runtime.dense_scorer import dense_topk, head_dots, weighted_relu_sum
 from runtime.indexer_inputs import check_indexer_inputs
 from runtime.rounding import key_norm_up
@@ -33,14 +41,20 @@ _ROW_ELEMENTS = 1 << 22  # bound on the [rows, H, T] intermediates of the diagno
 
 @dataclass(frozen=True)
 class LayerMeasurement:
-    """One layer's geometry, its m(r) candidates and its captured calls (for the diagnostics)."""
+    """One layer's geometry, its candidates, the dense time (ms, None when not timed) and its calls."""
 
     layer: str
     heads: int
     head_dim: int
     topk: int
     candidates: tuple[CandidateMeasurement, ...]
+    dense_ms: float | None
     calls: tuple[CapturedCall, ...]
+
+    @property
+    def call_sizes(self) -> list[tuple[int, int, int]]:
+        """(batch, queries, keys) of every call."""
+        return [(c.q.shape[0], c.q.shape[1], c.k.shape[1]) for c in self.calls]
 
 
 def distribution(values: torch.Tensor) -> Distribution | None:
@@ -61,30 +75,73 @@ def distribution(values: torch.Tensor) -> Distribution | None:
                         p05=quantile(0.05), p50=quantile(0.5), p95=quantile(0.95))
 
 
-def measure_survival(calls: Sequence[CapturedCall], r: int,
-                     on_call: Callable[[], None] | None = None) -> CandidateMeasurement:
-    """m(r) over every captured call, from the certified top-K's statistics."""
-    config = CertifiedTopkConfig(r=r, path="certified")
-    stats = TopkStats()
-    for call in calls:
+def _certified_run(call: CapturedCall, config: CertifiedTopkConfig, stats: TopkStats) -> None:
+    if call.q.device.type == "cuda":
+        from compiler.lowering.certified_topk_triton import certified_topk_cuda
+
+        certified_topk_cuda(call.q, call.k, call.weights, call.topk, call.mask, config=config, stats=stats)
+    else:
         certified_topk(call.q, call.k, call.weights, call.topk, call.mask, config=config, stats=stats)
+
+
+def _dense_run(call: CapturedCall) -> None:
+    if call.q.device.type == "cuda":
+        from compiler.lowering.certified_topk_triton import dense_topk_cuda
+
+        dense_topk_cuda(call.q, call.k, call.weights, call.topk, call.mask)
+    else:
+        dense_topk(call.q, call.k, call.weights, call.topk, call.mask)
+
+
+def _seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """One timed run (after a warm-up run on CUDA, which compiles kernels and tunes the screen)."""
+    return best_seconds(fn, device, repeats=1, warmup=device.type == "cuda")
+
+
+def measure_candidate(calls: Sequence[CapturedCall], r: int, timed: bool = True,
+                      on_call: Callable[[], None] | None = None) -> CandidateMeasurement:
+    """m(r), the redo fraction, counts and (``timed``) the summed call time of budget r over the calls."""
+    config = CertifiedTopkConfig(r=r, path="certified")
+    total, ms = TopkStats(), 0.0
+    for call in calls:
+        last = []  # the statistics of the last run (the timed one, after the warm-up)
+
+        def run(call=call):
+            last[:] = [TopkStats()]
+            _certified_run(call, config, last[0])
+
+        if timed:
+            ms += 1e3 * _seconds(run, call.q.device)
+        else:
+            run()
+        total.merge(last[0])
         if on_call is not None:
             on_call()
-    s = stats.summary()
+    s = total.summary()
     screened, survivors = int(s["keys_screened"]), int(s["survivors"])
+    certified = s["queries"] - s["anchors"] - sum(s["fallbacks"][name] for name in ROUTED_REASONS)
+    redone = s["fallbacks"]["overflow"] + s["fallbacks"]["threshold_miss"]
     return CandidateMeasurement(r=r, survival=survivors / screened if screened else 1.0,
-                                queries=int(s["queries"]), keys_screened=screened, survivors=survivors,
-                                fallbacks={k: int(v) for k, v in s["fallbacks"].items()})
+                                redo_frac=redone / certified if certified > 0 else 0.0,
+                                ms=ms if timed else None, queries=int(s["queries"]),
+                                certified_queries=max(0, int(certified)), keys_screened=screened,
+                                survivors=survivors, fallbacks={k: int(v) for k, v in s["fallbacks"].items()})
 
 
-def measure_layer(layer: str, calls: Sequence[CapturedCall], candidates: Sequence[int],
+def measure_dense(calls: Sequence[CapturedCall]) -> float:
+    """Summed dense call time (ms) over the calls."""
+    return sum(1e3 * _seconds(lambda call=call: _dense_run(call), call.q.device) for call in calls)
+
+
+def measure_layer(layer: str, calls: Sequence[CapturedCall], candidates: Sequence[int], timed: bool = True,
                   on_call: Callable[[], None] | None = None) -> LayerMeasurement:
-    """m(r) for every candidate budget on one layer's calls."""
+    """Every candidate budget and (``timed``) the dense time on one layer's calls."""
     if not calls:
         raise ValueError(f"calls: layer {layer!r} has no captured call")
     _, _, heads, head_dim = calls[0].q.shape
+    measured = tuple(measure_candidate(calls, r, timed, on_call) for r in candidates)
     return LayerMeasurement(layer=layer, heads=heads, head_dim=head_dim, topk=calls[0].topk,
-                            candidates=tuple(measure_survival(calls, r, on_call) for r in candidates),
+                            candidates=measured, dense_ms=measure_dense(calls) if timed else None,
                             calls=tuple(calls))
 
 
@@ -141,16 +198,17 @@ def seed_gap_and_slack(calls: Sequence[CapturedCall], r: int | None,
 
 def choose_from_measurement(measurement: LayerMeasurement, constants: KernelConstants, design_length: int,
                             queries: int | None, on_call: Callable[[], None] | None = None) -> LayerPlan:
-    """The cost model's choice for the layer, with the diagnostics of the chosen budget."""
-    shape = IndexerShape(heads=measurement.heads, head_dim=measurement.head_dim, topk=measurement.topk,
-                         queries=queries)
-    survival = {c.r: c.survival for c in measurement.candidates}
-    choice = choose_layer(survival, shape, constants, design_length)
+    """The layer's decision (``compiler.path_choice.choose_layer``), with the diagnostics of the
+    chosen budget (or of the best-surviving one when the layer is dense)."""
+    choice = choose_layer(measurement.candidates, measurement.dense_ms, measurement.call_sizes,
+                          heads=measurement.heads, head_dim=measurement.head_dim, topk=measurement.topk,
+                          constants=constants, design_length=design_length, queries=queries)
     best_measured = min(measurement.candidates, key=lambda c: (c.survival, c.r), default=None)
     r_diag = choice.r if choice.r is not None else (best_measured.r if best_measured else None)
     seed_gap, slack = seed_gap_and_slack(measurement.calls, r_diag, on_call)
     return LayerPlan(layer=measurement.layer, path=choice.path, r=choice.r, crossover=choice.crossover,
                      heads=measurement.heads, head_dim=measurement.head_dim, topk=measurement.topk,
                      predicted_pruned_frac=choice.predicted_pruned_frac,
-                     predicted_speedup=choice.predicted_speedup, candidates=measurement.candidates,
-                     seed_gap=seed_gap, slack=slack)
+                     predicted_speedup=choice.predicted_speedup, reason=choice.reason,
+                     dense_ms=measurement.dense_ms, calibration_calls=tuple(measurement.call_sizes),
+                     candidates=measurement.candidates, seed_gap=seed_gap, slack=slack)

@@ -71,7 +71,7 @@ def capture_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Record the inputs under ``layer`` and return ``dense_topk`` (values float32, indices int64)."""
     if not _ACTIVE:
-        raise RuntimeError("pulsar_dosa.capture_topk ran outside compiler.plan_capture.capturing(): "
+        raise RuntimeError("pulsar_dosa.capture_topk ran outside compiler.plan.capture.capturing(): "
                            "compile with capture=True only to calibrate plans")
     _ACTIVE[-1].record(layer, q, k, weights, topk, mask)
     return dense_topk(q, k, weights, topk, mask)
@@ -82,11 +82,6 @@ def _capture_topk_fake(q, k, weights, topk, mask=None, layer="", r=-1, min_keys=
                        record_stats=True):
     return torch.ops.pulsar_dosa.certified_topk.default(q, k, weights, topk, mask, layer, r, min_keys, path,
                                                         record_stats)
-
-
-def indexer_op(options):
-    """The op the indexer pass emits: ``capture_topk`` when ``options.capture``, else ``certified_topk``."""
-    return torch.ops.pulsar_dosa.capture_topk.default if options.capture else torch.ops.pulsar_dosa.certified_topk.default
 
 
 def capture_indexer_inputs(model: torch.nn.Module, batches: Iterable[torch.Tensor],
