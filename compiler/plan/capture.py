@@ -20,7 +20,7 @@ from runtime.dense_scorer import dense_topk
 
 @dataclass(frozen=True)
 class CapturedCall:
-    """One indexer call's inputs as float32 copies on the op's device (mask keeps its dtype)."""
+    """One indexer call's inputs as copies on the op's device, in their own dtypes."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -36,8 +36,7 @@ class CaptureRecorder:
     calls: dict[str, list[CapturedCall]] = field(default_factory=dict)
 
     def record(self, layer: str, q, k, weights, topk: int, mask) -> None:
-        entry = CapturedCall(q.detach().float().clone(), k.detach().float().clone(),
-                             weights.detach().float().clone(), int(topk),
+        entry = CapturedCall(q.detach().clone(), k.detach().clone(), weights.detach().clone(), int(topk),
                              None if mask is None else mask.detach().clone())
         self.calls.setdefault(layer, []).append(entry)
 

@@ -37,6 +37,8 @@ from runtime.rounding import key_norm_up
 from runtime.seeds import anchor_rows, seed_mask
 
 _ROW_ELEMENTS = 1 << 22  # bound on the [rows, H, T] intermediates of the diagnostics
+DIAGNOSTIC_QUERIES = 64
+"""Certified queries per call whose seed gap and slacks are computed (the distributions are summaries)."""
 
 
 @dataclass(frozen=True)
@@ -146,26 +148,32 @@ def measure_layer(layer: str, calls: Sequence[CapturedCall], candidates: Sequenc
 
 
 def certificate_diagnostics(call: CapturedCall, config: CertifiedTopkConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seed gaps b [queries] and slacks δ [screened keys] (float64) of one call under ``config``."""
+    """Seed gaps b [queries] and slacks δ [screened keys] (float64) of one call under ``config``, over
+    at most DIAGNOSTIC_QUERIES certified queries spread evenly over the call (the witness seeds'
+    gap: the own-threshold sample is not included)."""
     inputs = check_indexer_inputs(call.q, call.k, call.weights, call.topk, call.mask)
     B, S, T, H, D = inputs.shape
     kk = inputs.kk
     anchors = anchor_rows(S, config.anchor_stride, inputs.q.device)
     device = inputs.q.device
-    first = torch.arange(0, S, config.anchor_stride, device=device)
-    _, witnesses = dense_topk(call.q[:, first], call.k, call.weights[:, first], call.topk,
-                              None if call.mask is None else call.mask[:, first])
     finite = torch.isfinite(inputs.q).all(-1).all(-1) & torch.isfinite(inputs.weights).all(-1)
     certified = (anchors != torch.arange(S, device=device))[None, :] & (inputs.visible.sum(-1) > kk) & finite
     cb, cs = certified.nonzero(as_tuple=True)
+    if cb.numel() > DIAGNOSTIC_QUERIES:  # evenly spread over the call
+        pick = torch.linspace(0, cb.numel() - 1, DIAGNOSTIC_QUERIES, device=device).long()
+        cb, cs = cb[pick], cs[pick]
+    first = torch.unique(anchors[cs])
+    _, anchor_top = dense_topk(call.q[:, first], call.k, call.weights[:, first], call.topk,
+                               None if call.mask is None else call.mask[:, first])
+    witnesses = torch.zeros((B, S, anchor_top.shape[-1]), dtype=torch.int64, device=device)
+    witnesses[:, first] = anchor_top
     key_norm = key_norm_up(inputs.k)
     gaps, slacks = [], []
     step = max(1, _ROW_ELEMENTS // max(1, H * max(T, D)))
     for start in range(0, cb.numel(), step):
         b, s = cb[start:start + step], cs[start:start + step]
         visible = inputs.visible[b, s]
-        seeds = seed_mask(visible, witnesses[b, anchors[s] // config.anchor_stride], kk, config.sink,
-                          config.window)
+        seeds = seed_mask(visible, witnesses[b, anchors[s]], kk, config.sink, config.window)
         q, w, keys = inputs.q[b, s], inputs.weights[b, s], inputs.k[b]
         dots = head_dots(q, keys)
         scores = weighted_relu_sum(w, dots)
