@@ -36,9 +36,9 @@ import torch
 
 __all__ = ["SOFT_HIDDEN_BIAS", "anchor_rows", "sample_keys", "sample_rank", "sample_size", "seed_mask"]
 
-SAMPLE_MIN, SAMPLE_MAX, SAMPLE_PER_KEYS = 1024, 4096, 64
+SAMPLE_MIN, SAMPLE_MAX, SAMPLE_PER_KEYS = 1024, 4096, 128
 """Default sample size: T // SAMPLE_PER_KEYS keys clamped to [SAMPLE_MIN, SAMPLE_MAX] (1.6% of the
-keys at T = 65536 and 131072, 0.8% at T = 524288), none below T = 8 * SAMPLE_MIN (where the sample
+keys at T = 65536, 0.8% at T = 131072 and 524288), none below T = 8 * SAMPLE_MIN (where the sample
 would cost more than 1/8 of dense scoring)."""
 SAMPLE_SIGMAS = 4.0
 """Default safety of the sample rank, in binomial standard deviations."""

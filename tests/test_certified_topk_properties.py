@@ -234,7 +234,7 @@ def test_strided_samples_are_distinct_in_range_keys_and_the_rank_errs_low():
         keys = sample_keys(9, M, T, torch.device("cpu"))
         assert keys.shape == (9, M) and int(keys.min()) >= 0 and int(keys.max()) < T
         assert all(len(set(row.tolist())) == M for row in keys)
-    assert (sample_size(4096), sample_size(8192), sample_size(131072), sample_size(2**22)) == (0, 1024, 2048, 4096)
+    assert (sample_size(4096), sample_size(8192), sample_size(262144), sample_size(2**22)) == (0, 1024, 2048, 4096)
     assert sample_size(100, 500) == 100 and sample_size(10**6, 0) == 0
     # kk M / T sampled keys lie above the kk-th score on average: the rank adds sigmas deviations.
     assert sample_rank(2048, 2048, 131072, 4.0) == 56  # ceil(32 + 4 sqrt(32)) + 1
