@@ -138,26 +138,29 @@ def choose_layer(candidates: Sequence, dense_ms: float | None, calls: Sequence[t
     design = IndexerShape(heads=heads, head_dim=head_dim, topk=topk, queries=queries)
     shapes = [_call_shape(heads, head_dim, topk, *call) for call in calls]
     dense_cal = sum(float(dense_call_time(s, constants).subs(LENGTH, n)) for s, n in shapes)
-    best = None
+    best, lost = None, []
     for c in sorted(candidates, key=lambda c: c.r):
         if c.r >= heads:
             continue
         cert_cal = sum(float(certified_call_time(c.r, c.survival, s, constants, redo=c.redo_frac).subs(LENGTH, n))
                        for s, n in shapes)
-        predicted_cal = cert_cal / dense_cal
         measured = None if c.ms is None or not dense_ms else c.ms / dense_ms
-        scale = 1.0 if measured is None else measured / predicted_cal
+        if measured is not None and measured >= 1.0:
+            lost.append(f"r={c.r} {measured:.2f}x")
+            continue
+        scale = 1.0 if measured is None else measured / (cert_cal / dense_cal)
         ratio = scale * float(certified_call_time(c.r, c.survival, design, constants, redo=c.redo_frac)
                               .subs(LENGTH, design_length) / dense_call_time(design, constants).subs(LENGTH, design_length))
         if best is None or ratio < best[0]:
             best = (ratio, c, scale, measured)
     if best is None:
+        if lost:
+            return LayerChoice("dense", None, None, None, 1.0,
+                               f"every budget measured slower than dense on the calibration calls ({', '.join(lost)} "
+                               "the dense time)")
         return LayerChoice("dense", None, None, None, 1.0, f"no candidate budget below the {heads} heads")
     ratio, c, scale, measured = best
     seen = "" if measured is None else f"; measured {1 / measured:.2f}x on the calibration calls"
-    if measured is not None and measured >= 1.0:
-        return LayerChoice("dense", None, None, None, 1.0,
-                           f"best budget r={c.r} measured at {measured:.2f}x the dense time on the calibration calls")
     if ratio >= PAYS_BELOW:
         return LayerChoice("dense", None, None, None, 1.0,
                            f"best budget r={c.r} predicted at {ratio:.2f}x the dense time at {design_length} keys "

@@ -62,8 +62,11 @@ def test_a_plan_picks_r_by_predicted_time_not_by_survival():
 
 
 def test_a_plan_goes_dense_when_the_measured_call_loses_or_the_prediction_barely_wins():
-    lost = choose([candidate(3, 0.03, ms=12.0)], dense_ms=10.0)
-    assert lost.path == "dense" and "measured at 1.20x the dense time" in lost.reason
+    lost = choose([candidate(3, 0.03, ms=12.0), candidate(7, 0.01, ms=10.0)], dense_ms=10.0)
+    assert lost.path == "dense" and "(r=3 1.20x, r=7 1.00x the dense time)" in lost.reason
+    # A budget that lost on the calibration calls is never chosen, however well it is predicted.
+    other = choose([candidate(1, 0.001, ms=12.0), candidate(7, 0.02, ms=6.0)], dense_ms=10.0)
+    assert other.r == 7
     barely = choose([candidate(3, 0.9)])
     assert barely.path == "dense" and "certified needs < 0.9" in barely.reason
 
