@@ -28,8 +28,10 @@ one by one (synchronised wall clock); ``ms`` is their median and ``calls_ms`` li
 guard's measured dense and certified calls (the next two) are visible. Dense rows: one untimed call,
 then ``reps`` timed; each fixed r: one untimed call, then ``fixed_reps`` timed. ``identical``: indices equal
 and values bitwise equal to the dense row's. ``pruned``: 1 - refined / screened (query, key) pairs
-of the row's certified calls (0 when none ran). JSON and markdown are rewritten after every row; a
-``--budget-s`` deadline stops starting new cells (listed under "skipped") so a timeout leaves results.
+of the row's certified calls (0 when none ran). At the smallest cell of every family the certified
+pipeline (r=1) and the plan's op also run with host synchronisation forbidden and from a CUDA graph
+(``graph_checks``). JSON and markdown are rewritten after every row; a ``--budget-s`` deadline stops
+starting new cells (listed under "skipped") so a timeout leaves results.
 """
 from __future__ import annotations
 
@@ -157,6 +159,55 @@ def best_fixed_row(q, k, w, mask, sizes, device, dense_out):
             "pruned": best["pruned"], "candidates": candidates}
 
 
+def graph_check(fn, want):
+    """The call run with host synchronisation forbidden, then captured in a CUDA graph (after two
+    warm-up calls on a side stream) and replayed: {"no_sync", "identical_eager", "identical_graph"}."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager, no_sync = fn(), True
+    except RuntimeError as exc:
+        eager, no_sync = None, repr(exc)[:300]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    result = {"no_sync": no_sync, "identical_eager": None if eager is None else identical(eager, want),
+              "identical_graph": identical(out, want)}
+    del graph
+    return result
+
+
+def run_graph_checks(family, S, T, sizes, device, plan, checks):
+    """CUDA-graph and no-sync checks of the certified pipeline (r=1, own-threshold sample on) and of
+    the plan's guarded op, on the family's inputs at S, T (the smallest cell)."""
+    q, k, w, mask, _ = make_inputs(family, S, T, sizes, seed=0, device=device)
+    want = dense_topk_cuda(q, k, w, sizes["topk"], mask)
+    settings = layer_settings(family, plan=plan, forced_path="auto", heads=sizes["H"], head_dim=sizes["D"],
+                              topk=sizes["topk"], device_type=device.type)
+    kw = settings.op_kwargs()
+    config = CertifiedTopkConfig(r=1, path="certified")
+    calls = {"certified_r1": lambda: certified_topk_cuda(q, k, w, sizes["topk"], mask, config=config),
+             "plan_op": lambda: torch.ops.pulsar_dosa.certified_topk(
+                 q, k, w, sizes["topk"], mask, f"graph/{family}", kw["r"], kw["min_keys"], kw["path"])}
+    for name, fn in calls.items():
+        try:
+            checks.append({"family": family, "S": S, "T": T, "method": name, **graph_check(fn, want)})
+        except Exception as exc:  # recorded: a failed capture is a result
+            checks.append({"family": family, "S": S, "T": T, "method": name, "error": repr(exc)[:300]})
+    del q, k, w, mask, want
+    torch.cuda.empty_cache()
+
+
 def run_cell(family, S, T, sizes, device, plan, emit):
     q, k, w, mask, params = make_inputs(family, S, T, sizes, seed=0, device=device)
     base = {"family": family, "S": S, "T": T}
@@ -231,6 +282,12 @@ def render_markdown(doc) -> str:
                           f"{'-' if c['ms'] is None else format(c['ms'], '.1f')}" for c in p["candidates"])
         lines.append(f"| {family} | {p['path']} | {p['r']} | {p['crossover']} | {p['seconds']:.0f} | {p['reason']} | "
                      f"{cands} |")
+    if doc["graph_checks"]:
+        lines += ["", "CUDA graphs (the call with host synchronisation forbidden, then captured and replayed):", "",
+                  "| family | S | T | call | no host sync | identical eager / graph |", "|---|---|---|---|---|---|"]
+        for g in doc["graph_checks"]:
+            result = g.get("error") or f"{g['identical_eager']} / {g['identical_graph']}"
+            lines.append(f"| {g['family']} | {g['S']} | {g['T']} | {g['method']} | {g.get('no_sync', '-')} | {result} |")
     if doc["skipped"]:
         lines += ["", "Not run (time budget): " + ", ".join(doc["skipped"])]
     return "\n".join(lines) + "\n"
@@ -250,7 +307,8 @@ def main(argv=None):
         path_choice.MIN_SCREENED_KEYS, path_choice.MIN_CERTIFIED_QUERIES = 1000, 8
     doc = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
            "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0],
-           "sizes": sizes, "families": args.families, "plans": {}, "rows": [], "skipped": []}
+           "sizes": sizes, "families": args.families, "plans": {}, "rows": [], "graph_checks": [],
+           "skipped": []}
     md_path = args.out.rsplit(".", 1)[0] + ".md"
 
     def write():
@@ -280,6 +338,9 @@ def main(argv=None):
                     print(f"[{time.perf_counter() - t0:6.0f} s] plan {family}: {doc['plans'][family]['path']} "
                           f"r={doc['plans'][family]['r']}: {doc['plans'][family]['reason']}", flush=True)
                 run_cell(family, S, T, sizes, device, plans[family], emit)
+                if device.type == "cuda" and (S, T) == (min(sizes["S"]), min(sizes["T"])):
+                    run_graph_checks(family, S, T, sizes, device, plans[family], doc["graph_checks"])
+                    print(f"[{time.perf_counter() - t0:6.0f} s] graph checks {doc['graph_checks'][-2:]}", flush=True)
             except Exception as exc:  # recorded; the run goes on with the next cell
                 emit({"family": family, "S": S, "T": T, "method": "error", "error": repr(exc)[:500]})
                 if device.type == "cuda":
