@@ -2,12 +2,12 @@
 
 One GPU command (about 5-6 minutes on one H200 with a cold autotune cache), from the repository root:
 
-    python3 benchmarks/indexer_zoo.py --out benchmarks/results/indexer_zoo_h200.json
+    PYTHONPATH=. python3 benchmarks/indexer_zoo.py --out benchmarks/results/indexer_zoo_h200.json
 
 CPU smoke run of the same code at interpreter sizes (Triton under TRITON_INTERPRET=1, the op on the
 CPU runs the runtime reference):
 
-    TRITON_INTERPRET=1 python3 benchmarks/indexer_zoo.py --smoke --out /tmp/zoo.json
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/indexer_zoo.py --smoke --out /tmp/zoo.json
 
 For every family of ``runtime.indexer_zoo`` plus the aligned ``structured`` control (the project's
 default generator), at S in {4096, 16384} queries at the end of T in {131072, 524288} keys (causal
@@ -160,25 +160,13 @@ def best_fixed_row(q, k, w, mask, sizes, device, dense_out):
 
 
 def graph_check(fn, want):
-    """The call run with host synchronisation forbidden, then captured in a CUDA graph (after two
-    warm-up calls on a side stream) and replayed: {"no_sync", "identical_eager", "identical_graph"}."""
+    """The call run with host synchronisation forbidden, then captured in a CUDA graph and replayed
+    (benchmarks/indexer_graphs.py): {"no_sync", "identical_eager", "identical_graph"}."""
+    from benchmarks.indexer_graphs import captured, without_sync
+
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        eager, no_sync = fn(), True
-    except RuntimeError as exc:
-        eager, no_sync = None, repr(exc)[:300]
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    eager, no_sync = without_sync(fn)
+    graph, out = captured(fn)
     graph.replay()
     torch.cuda.synchronize()
     result = {"no_sync": no_sync, "identical_eager": None if eager is None else identical(eager, want),
