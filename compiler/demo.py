@@ -25,6 +25,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import compiler
+from compiler.path_choice import CHOICES
 from compiler.report import format_table
 
 HIDDEN_SCORE = -1e37
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--downstream", choices=("eager", "inductor"), default="eager",
                         help="compiler after the passes (inductor's first CPU compile takes minutes)")
-    parser.add_argument("--certified", choices=("auto", "dense", "certified"), default="auto")
+    parser.add_argument("--certified", choices=CHOICES, default="auto")
     parser.add_argument("--dynamic", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     a = parser.parse_args(argv)
