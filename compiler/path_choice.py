@@ -22,9 +22,12 @@ a bucket is a warm-up (it compiles kernels and tunes the screen) and is not meas
 and one certified call are measured, and the faster path is kept; a kept certified path is compared
 on every call (the better of its last two measurements against the best dense one), and a dense
 path retries certified after ``RETRY_FIRST`` calls, doubling the wait after every lost retry up to
-``RETRY_MAX``. Times are taken with CUDA events read by ``Event.query()`` on a later call of the
-same bucket, so the host never waits for the device (on the CPU, where calls are synchronous, with
-the host clock). While a CUDA graph is being captured nothing is measured and the bucket's current
+``RETRY_MAX``. Every certified call also reports its counters (refined fraction of the screened
+pairs, redone fraction of the queries); one beyond ``SURE_LOSS_SURVIVAL`` / ``SURE_LOSS_REDO`` is a
+loss whatever its time, so an input that does not prune goes dense after its warm-up call. Times
+are taken with CUDA events and the counters copied without blocking to pinned host memory, both
+read once ``Event.query()`` says the call has run, on a later call of the same bucket: the host
+never waits for the device (on the CPU, where calls are synchronous, the host clock). While a CUDA graph is being captured nothing is measured and the bucket's current
 path is used (certified while undecided): a captured graph replays the path taken at capture.
 Trade-offs: every decision is taken from measured time, so it holds on any device and needs no
 calibrated constants, at the price of one measured dense call per bucket and of the warm-up call;
@@ -44,7 +47,7 @@ import torch
 from compiler.autotune import length_bucket
 from compiler.cost_model import (CPU_REFERENCE, H200_FITTED, IndexerShape, KernelConstants, T as LENGTH,
                                  candidate_rs, certified_call_time, crossover_length, dense_call_time)
-from runtime.certified_topk import PATHS
+from runtime.certified_topk import PATHS, TopkStats
 
 __all__ = ["CHOICES", "PATHS", "CallTicket", "Guard", "GUARD", "LayerChoice", "LayerSettings", "call_path",
            "check_choice", "choose_layer", "default_crossover", "indexer_settings", "layer_settings",
@@ -75,6 +78,11 @@ SHORT_CANDIDATE_ROWS = 8
 RETRY_FIRST = 8
 RETRY_MAX = 512
 """Guard: dense calls before a losing certified path is retried; doubled after every lost retry."""
+SURE_LOSS_SURVIVAL = 0.9
+SURE_LOSS_REDO = 0.5
+"""Guard: a certified call that refined more than SURE_LOSS_SURVIVAL of its screened (query, key)
+pairs, or redid densely more than SURE_LOSS_REDO of its queries, did at least the dense scoring
+work plus the screen: the bucket goes dense from its counters alone (the warm-up call's included)."""
 
 
 def check_choice(name: str, value) -> str:
@@ -291,7 +299,7 @@ def call_path(*, layer: str, device: torch.device, choice: str, crossover: int |
 @dataclass
 class GuardBucket:
     """The guard's decision for one (layer, device, rows bucket, keys bucket): a pure state machine
-    fed with measured times per (query, key) pair (module docstring)."""
+    fed with measured times per (query, key) pair and the certified calls' counters (module docstring)."""
 
     certified_calls: int = 0
     dense_calls: int = 0
@@ -301,6 +309,7 @@ class GuardBucket:
     backoff: int = RETRY_FIRST
     since_trial: int = 0
     retries: int = 0
+    sure_losses: int = 0
     pending: dict = field(default_factory=lambda: {"dense": 0, "certified": 0})
 
     @property
@@ -308,7 +317,7 @@ class GuardBucket:
         return min(self.recent_certified) if self.recent_certified else None
 
     def next_path(self) -> tuple[str, bool]:
-        """(path of the next call, whether to measure it)."""
+        """(path of the next call, whether to time it)."""
         if self.certified_calls == 0:
             return "certified", False  # warm-up: compiles and tunes, its time means nothing
         if self.favoured is None:
@@ -327,7 +336,7 @@ class GuardBucket:
         """The path a CUDA graph captures: the favoured one, certified while undecided."""
         return self.favoured or "certified"
 
-    def issued(self, path: str, measured: bool) -> None:
+    def issued(self, path: str, timed: bool) -> None:
         if path == "certified":
             self.certified_calls += 1
             if self.favoured == "dense":
@@ -335,19 +344,28 @@ class GuardBucket:
         else:
             self.dense_calls += 1
             self.since_trial += 1
-        if measured:
+        if timed:
             self.pending[path] += 1
 
-    def record(self, path: str, ms_per_pair: float) -> None:
-        """A measured call of ``path`` finished: update the verdict."""
-        self.pending[path] -= 1
+    def record(self, path: str, ms_per_pair: float | None, rates: tuple[float, float] | None = None) -> None:
+        """A guarded call of ``path`` finished: its time per (query, key) pair (None: not timed) and,
+        for a certified call, (refined fraction of screened pairs, redone fraction of queries). A
+        certified call beyond SURE_LOSS_SURVIVAL or SURE_LOSS_REDO lost whatever its time says."""
+        if ms_per_pair is not None:
+            self.pending[path] -= 1
         if path == "dense":
-            self.dense_ms = ms_per_pair if self.dense_ms is None else min(self.dense_ms, ms_per_pair)
+            if ms_per_pair is not None:
+                self.dense_ms = ms_per_pair if self.dense_ms is None else min(self.dense_ms, ms_per_pair)
             if self.favoured is None:
                 self._decide(trial=False)
             return
-        self.recent_certified.append(ms_per_pair)
-        self._decide(trial=True)
+        if ms_per_pair is not None:
+            self.recent_certified.append(ms_per_pair)
+        if rates is not None and (rates[0] > SURE_LOSS_SURVIVAL or rates[1] > SURE_LOSS_REDO):
+            self.sure_losses += 1
+            self._lost(trial=True)
+        elif ms_per_pair is not None:
+            self._decide(trial=True)
 
     def _decide(self, trial: bool) -> None:
         if self.certified_ms is None or self.dense_ms is None:
@@ -355,6 +373,9 @@ class GuardBucket:
         if self.certified_ms < self.dense_ms:
             self.favoured, self.backoff = "certified", RETRY_FIRST
             return
+        self._lost(trial)
+
+    def _lost(self, trial: bool) -> None:
         if trial and self.favoured == "dense":
             self.backoff = min(2 * self.backoff, RETRY_MAX)
         self.favoured, self.since_trial = "dense", 0
@@ -363,27 +384,32 @@ class GuardBucket:
         """Readable state: favoured path, calls per path, retries, ms per 1e9 (query, key) pairs."""
         per_g = (lambda x: None if x is None else x * 1e9)
         return {"path": self.favoured or "undecided", "certified_calls": self.certified_calls,
-                "dense_calls": self.dense_calls, "retries": self.retries,
+                "dense_calls": self.dense_calls, "retries": self.retries, "sure_losses": self.sure_losses,
                 "certified_ms_per_Gpair": per_g(self.certified_ms), "dense_ms_per_Gpair": per_g(self.dense_ms),
                 "next_retry_after": self.backoff if self.favoured == "dense" else None}
 
 
-class _Timing:
-    """One measured call: CUDA events on the current stream, or the host clock off CUDA."""
+COUNTERS = ("survivors", "keys_screened", "overflow", "threshold_miss", "queries")
+"""The certified call's statistics the guard reads back (``runtime.certified_topk.TopkStats``)."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+
+class _Measurement:
+    """One guarded call in flight: CUDA events around it on the current stream (the host clock off
+    CUDA) and, for a certified call, its counters copied without blocking to pinned host memory."""
+
+    def __init__(self, device: torch.device, path: str, timed: bool, pairs: int):
+        self.cuda, self.path, self.timed, self.pairs = device.type == "cuda", path, timed, pairs
+        self.counts = None
         if self.cuda:
             self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def __enter__(self):
-        if self.cuda:
             self.start.record()
         else:
             self.t0 = time.perf_counter()
-        return self
 
-    def __exit__(self, *exc):
+    def stop(self, stats: TopkStats | None) -> None:
+        if stats is not None and self.path == "certified":
+            counts = stats.stacked(COUNTERS)
+            self.counts = counts.to("cpu", non_blocking=True) if self.cuda else counts
         if self.cuda:
             self.end.record()
         else:
@@ -395,25 +421,40 @@ class _Timing:
     def ms(self) -> float:
         return self.start.elapsed_time(self.end) if self.cuda else self.ms_value
 
+    def rates(self) -> tuple[float, float] | None:
+        """(refined fraction of screened pairs, redone fraction of queries), or None."""
+        if self.counts is None:
+            return None
+        # A host copy that the device has finished writing (the end event is recorded after it).
+        survivors, screened, overflow, miss, queries = (int(x) for x in self.counts.numpy())
+        return (survivors / screened if screened else 0.0), ((overflow + miss) / queries if queries else 0.0)
+
 
 @dataclass
 class CallTicket:
-    """The path of one call; run the call inside ``timed()`` so that the guard measures it."""
+    """The path of one call. Run the call inside ``timed(stats)`` and give the kernel the statistics
+    object it yields, so that the guard measures the call and reads its counters."""
 
     path: str
     _guard: "Guard | None" = None
     _key: tuple | None = None
     _pairs: int = 0
+    _timed: bool = False
 
     @contextlib.contextmanager
-    def timed(self) -> Iterator[None]:
+    def timed(self, stats: TopkStats | None) -> Iterator[TopkStats | None]:
+        """Yield the statistics the call should add to: ``stats`` when unguarded, else a fresh
+        accumulator merged into ``stats`` afterwards."""
         if self._guard is None:
-            yield
+            yield stats
             return
-        timing = _Timing(self._key[1])
-        with timing:
-            yield
-        self._guard.finished(self._key, self.path, self._pairs, timing)
+        measurement = _Measurement(self._key[1], self.path, self._timed, self._pairs)
+        own = TopkStats()
+        yield own
+        measurement.stop(own)
+        if stats is not None:
+            stats.merge(own)
+        self._guard.finished(self._key, measurement)
 
 
 def _capturing(device: torch.device) -> bool:
@@ -425,7 +466,7 @@ class Guard:
 
     def __init__(self) -> None:
         self._buckets: dict[tuple, GuardBucket] = {}
-        self._in_flight: dict[tuple, list] = {}
+        self._in_flight: dict[tuple, list[_Measurement]] = {}
 
     def ticket(self, layer: str, device: torch.device, rows: int, T: int) -> CallTicket:
         """The guarded path of a call of ``rows`` = B*S queries over T keys."""
@@ -434,22 +475,23 @@ class Guard:
         if _capturing(device):
             return CallTicket(bucket.capture_path())
         self._collect(key)
-        path, measured = bucket.next_path()
-        bucket.issued(path, measured)
-        return CallTicket(path, self if measured else None, key, rows * T)
+        path, timed = bucket.next_path()
+        bucket.issued(path, timed)
+        return CallTicket(path, self, key, rows * T, timed)
 
-    def finished(self, key: tuple, path: str, pairs: int, timing: _Timing) -> None:
-        """A measured call was enqueued: its time is read once the device has run it."""
-        self._in_flight.setdefault(key, []).append((path, pairs, timing))
+    def finished(self, key: tuple, measurement: _Measurement) -> None:
+        """A guarded call was enqueued: its time and counters are read once the device has run it."""
+        self._in_flight.setdefault(key, []).append(measurement)
         self._collect(key)
 
     def _collect(self, key: tuple) -> None:
         waiting = []
-        for path, pairs, timing in self._in_flight.get(key, []):
-            if timing.ready():
-                self._buckets[key].record(path, timing.ms() / pairs)
-            else:
-                waiting.append((path, pairs, timing))
+        bucket = self._buckets[key]
+        for m in self._in_flight.get(key, []):
+            if not m.ready():
+                waiting.append(m)
+                continue
+            bucket.record(m.path, m.ms() / m.pairs if m.timed else None, m.rates())
         self._in_flight[key] = waiting
 
     def summaries(self) -> dict[str, list[dict]]:

@@ -131,6 +131,13 @@ class TopkStats:
             device = next(iter(self._counts.values())).device if self._counts else count.device
             self.add(name, count.to(device))
 
+    def stacked(self, names) -> torch.Tensor:
+        """The counters ``names`` as one int64 device tensor (0 for a counter never added), without
+        a host synchronisation; empty accumulators give a CPU tensor of zeros."""
+        device = next(iter(self._counts.values())).device if self._counts else torch.device("cpu")
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        return torch.stack([self._counts.get(name, zero) for name in names])
+
     def _value(self, name: str) -> int:
         return int(self._counts[name]) if name in self._counts else 0
 

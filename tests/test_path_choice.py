@@ -183,23 +183,42 @@ def test_guard_waits_on_the_safe_path_while_measurements_are_in_flight():
     assert bucket.favoured == "certified" and bucket.next_path() == ("certified", True)
 
 
-def test_the_op_on_an_input_that_does_not_prune_settles_on_dense_and_retries_rarely():
-    """Random weights, 64 queries over 4096 keys: every certified call of the CPU reference pays the
-    screen, then overflows and is redone densely, so it measures slower than dense."""
+def test_guard_goes_dense_on_the_counters_of_a_certified_call_that_cannot_have_won():
+    bucket = GuardBucket()
+    run(bucket, "certified")
+    bucket.record("certified", None, (0.5, 0.1))  # the warm-up could have won: wait for the times
+    assert bucket.favoured is None
+    bucket.record("certified", None, (0.97, 0.0))  # refined nearly every key: lost
+    assert bucket.favoured == "dense" and bucket.sure_losses == 1
+    assert bucket.next_path() == ("dense", True)
+    for _ in range(RETRY_FIRST):
+        run(bucket, "dense", 10.0)
+    assert bucket.next_path() == ("certified", True)
+    bucket.issued("certified", True)
+    bucket.record("certified", 4.0, (0.1, 0.8))  # fast, but most queries redone densely: lost, once
+    assert bucket.favoured == "dense" and bucket.backoff == 2 * RETRY_FIRST and bucket.sure_losses == 2
+
+
+def test_the_op_on_an_input_that_does_not_prune_goes_dense_after_its_first_call():
+    """16 positive heads of random directions and one retained (r=1): the bound of the 15 others
+    is loose, so the first (warm-up) certified call of the CPU reference refines nearly every key
+    and its counters alone send the layer dense; the retry after RETRY_FIRST dense calls loses the
+    same way and doubles the wait."""
     GUARD.reset()
     TOPK_STATS.reset()
     g = torch.Generator().manual_seed(0)
-    q, k, w = torch.randn(1, 64, 8, 16, generator=g), torch.randn(1, 4096, 16, generator=g), torch.randn(1, 64, 8, generator=g)
+    q, k, w = torch.randn(1, 64, 16, 16, generator=g), torch.randn(1, 4096, 16, generator=g), torch.rand(1, 64, 16, generator=g)
     want = dense_topk(q, k, w, 32)
-    calls = 3 + RETRY_FIRST + 1 + 2
+    calls = 1 + RETRY_FIRST + 1 + 2
     for _ in range(calls):
-        got = torch.ops.pulsar_dosa.certified_topk(q, k, w, 32, layer="random", min_keys=0)
+        got = torch.ops.pulsar_dosa.certified_topk(q, k, w, 32, layer="random", r=1, min_keys=0)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     (state,) = GUARD.summaries()["random"]
     assert state["path"] == "dense" and state["retries"] == 1 and state["next_retry_after"] == 2 * RETRY_FIRST
-    assert (state["certified_calls"], state["dense_calls"]) == (3, calls - 3)
-    assert state["certified_ms_per_Gpair"] > state["dense_ms_per_Gpair"] > 0
-    assert TOPK_STATS.summaries()["random"]["fallbacks"]["dense_cheaper"] == 64 * (calls - 3)
+    assert (state["certified_calls"], state["dense_calls"], state["sure_losses"]) == (2, calls - 2, 2)
+    assert state["dense_ms_per_Gpair"] > 0
+    summary = TOPK_STATS.summaries()["random"]
+    assert summary["fallbacks"]["dense_cheaper"] == 64 * (calls - 2) and summary["queries"] == 64 * calls
     GUARD.reset()
     TOPK_STATS.reset()
 

@@ -67,8 +67,8 @@ def certified_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     config, ticket = _decide(q, k, weights, topk, mask, layer, r, min_keys, path)
     stats = TOPK_STATS.for_layer(layer, q.device) if record_stats else None
-    with ticket.timed():
-        return reference_certified_topk(q, k, weights, topk, mask, config=config, stats=stats)
+    with ticket.timed(stats) as call_stats:
+        return reference_certified_topk(q, k, weights, topk, mask, config=config, stats=call_stats)
 
 
 @certified_topk.register_kernel("cuda")
@@ -78,8 +78,8 @@ def _certified_topk_cuda(q, k, weights, topk, mask=None, layer="", r=-1, min_key
 
     config, ticket = _decide(q, k, weights, topk, mask, layer, r, min_keys, path)
     stats = TOPK_STATS.for_layer(layer, q.device) if record_stats else None
-    with ticket.timed():
-        return certified_topk_cuda(q, k, weights, topk, mask, config=config, stats=stats)
+    with ticket.timed(stats) as call_stats:
+        return certified_topk_cuda(q, k, weights, topk, mask, config=config, stats=call_stats)
 
 
 @certified_topk.register_fake
