@@ -8,8 +8,9 @@ Vocabulary: ``PATHS`` = ("dense", "certified") is what a call runs (defined by t
    fraction of queries redone densely, and the measured times of dense and of each candidate r on
    the calibration calls), the r with the lowest predicted time at the design length: the cost
    model's prediction (``compiler.cost_model``) scaled by the ratio measured on the calibration
-   calls. The layer is certified only when that is below ``PAYS_BELOW`` of dense and the evidence
-   suffices (``MIN_SCREENED_KEYS``, ``MIN_CERTIFIED_QUERIES``); otherwise dense, with the reason.
+   calls, among the budgets that beat dense on those calls. The layer is certified only when the
+   evidence suffices (``MIN_SCREENED_KEYS``, ``MIN_CERTIFIED_QUERIES``) and that time is below
+   ``PAYS_BELOW`` of dense; otherwise dense, with the reason.
 2. Compile time, ``layer_settings``: the op arguments of one rewritten layer (path, r, min_keys =
    the crossover length) from the plan, a forced option, or the cost model's default crossover.
 3. Call time, ``call_path``: "dense" or "certified" for one call, from the op arguments, the static
@@ -27,8 +28,9 @@ pairs, redone fraction of the queries); one beyond ``SURE_LOSS_SURVIVAL`` / ``SU
 loss whatever its time, so an input that does not prune goes dense after its warm-up call. Times
 are taken with CUDA events and the counters copied without blocking to pinned host memory, both
 read once ``Event.query()`` says the call has run, on a later call of the same bucket: the host
-never waits for the device (on the CPU, where calls are synchronous, the host clock). While a CUDA graph is being captured nothing is measured and the bucket's current
-path is used (certified while undecided): a captured graph replays the path taken at capture.
+never waits for the device (on the CPU, where calls are synchronous, the host clock). While a CUDA
+graph is being captured nothing is measured and the bucket's current path is used (certified while
+undecided): a captured graph replays the path taken at capture.
 Trade-offs: every decision is taken from measured time, so it holds on any device and needs no
 calibrated constants, at the price of one measured dense call per bucket and of the warm-up call;
 a layer called with few shapes settles within three calls of each shape.
@@ -56,8 +58,6 @@ __all__ = ["CHOICES", "PATHS", "CallTicket", "Guard", "GUARD", "LayerChoice", "L
 CHOICES = ("auto",) + PATHS
 """What a user, an op argument or a plan may ask for."""
 
-DEFAULT_DESIGN_LENGTH = 131072
-"""Key length the cost model's defaults are predicted for when no plan is given."""
 DEFAULT_SURVIVAL = 0.03
 """Survival fraction assumed without a plan: the DoSA paper's trained-indexer rate (SPEC A.7, 2.65%)."""
 ASSUMED_R = 4
