@@ -35,10 +35,10 @@ from runtime.certified_topk import CertifiedTopkConfig
 
 H, D, TOPK = 64, 128, 2048
 DEVICE = "cuda"
-PLAN = CertifiedTopkConfig(r=1)
+PLAN = CertifiedTopkConfig(r=1, path="certified")
 PLAN_CROSSOVER = 32725
 """The structured geometry's per-layer plan (benchmarks/results/indexer_plan_h200.md): r=1 from
-32725 keys, as a model compiled with that plan calls the op."""
+32725 keys; every T of the grid is above it, so the plan's calls run certified with r=1."""
 
 
 def timed(fn, reps=5, warmup=1):
@@ -166,9 +166,9 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
                 sq, sk, sw = (x[:, :n].contiguous() for x, n in zip(structured_inputs, (S, T, S)))
                 want = dense_topk_cuda(sq, sk, sw, TOPK, mask)
                 dense_ms = timed(lambda: dense_topk_cuda(sq, sk, sw, TOPK, mask), reps=3)
-                got = certified_topk_cuda(sq, sk, sw, TOPK, mask, config=PLAN, crossover=PLAN_CROSSOVER)
+                got = certified_topk_cuda(sq, sk, sw, TOPK, mask, config=PLAN)
                 same = bool(torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32)))
-                ms = timed(lambda: certified_topk_cuda(sq, sk, sw, TOPK, mask, config=PLAN, crossover=PLAN_CROSSOVER), reps=3)
+                ms = timed(lambda: certified_topk_cuda(sq, sk, sw, TOPK, mask, config=PLAN), reps=3)
                 emit({"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "certified_plan", "ms": round(ms, 2),
                       "dense_ms_same_inputs": round(dense_ms, 2), "speedup": round(dense_ms / ms, 2),
                       "identical": same})
@@ -178,17 +178,20 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
 
 def decode(emit, T=131072):
     """One decode query, and a serving batch of 64 decode queries each over its own T keys: the dense
-    path against the op as a compiled model calls it (a plan's r=1 and crossover)."""
+    path against the op as a compiled model calls it with that plan (path "auto", r=1, the plan's
+    crossover): the op's path choice must send decode to dense scoring."""
     for B in (1, 64):
         g = torch.Generator(device=DEVICE).manual_seed(B)
         q = torch.randn(B, 1, H, D, device=DEVICE, generator=g).to(torch.bfloat16)
         k = torch.randn(B, T, D, device=DEVICE, generator=g).to(torch.bfloat16)
         w = torch.randn(B, 1, H, device=DEVICE, generator=g)
         want = dense_topk_cuda(q, k, w, TOPK)
-        got = certified_topk_cuda(q, k, w, TOPK, config=PLAN, crossover=PLAN_CROSSOVER)
+        op = lambda: torch.ops.pulsar_dosa.certified_topk(q, k, w, TOPK, None, layer=f"decode{B}", r=1,
+                                                          min_keys=PLAN_CROSSOVER, path="auto")
+        got = op()
         same = bool(torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32)))
         dense_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK), reps=10)
-        op_ms = timed(lambda: certified_topk_cuda(q, k, w, TOPK, config=PLAN, crossover=PLAN_CROSSOVER), reps=10)
+        op_ms = timed(op, reps=10)
         emit({"S": 1, "B": B, "T": T, "H": H, "D": D, "topk": TOPK, "method": "decode", "dense_ms": round(dense_ms, 3),
               "op_ms": round(op_ms, 3), "identical": same})
 

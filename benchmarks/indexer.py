@@ -31,6 +31,7 @@ from compiler.lowering.certified_topk_triton import (
 )
 from compiler.lowering.dsa_score_triton import score_keys
 from compiler.lowering.dsa_screen_triton import screen
+from compiler.path_choice import GUARD
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.rounding import key_norm_up, round_up_to_float32
 from runtime.structured_indexer import structured_indexer_inputs
@@ -238,6 +239,18 @@ def kernel_breakdown(fn, top=12):
     return {"total_ms": sum(per.values()), "kernels": items[:top]}
 
 
+def auto_op(q, k, w, mask, layer):
+    """The op as a compiled layer without a plan calls it: path "auto" (the cost model's crossover,
+    then the runtime guard of ``layer``, compiler.path_choice)."""
+    return torch.ops.pulsar_dosa.certified_topk(q, k, w, TOPK, mask, layer)
+
+
+def auto_path(layer):
+    """The path the guard keeps for ``layer`` ("dense" when the call never reached the guard)."""
+    states = GUARD.summaries().get(layer, [])
+    return states[0]["path"] if states else "dense"
+
+
 def run_config(S, T, H, inputs, kk, ceil, rows, do_inductor):
     gen = transformers_random if inputs == "transformers_random" else structured
     q, k, w, params = gen(S, T, H)
@@ -249,10 +262,9 @@ def run_config(S, T, H, inputs, kk, ceil, rows, do_inductor):
     common = {"pruned_frac": diag["pruned_frac"], "survivors_per_query": diag["refined_per_query"]}
     rows.append({**base, "method": "triton_dense", "ms": dense_ms, "peak_mem_gib": dense_mem,
                  "identical": True, "pruned_frac": 0.0, "survivors_per_query": T})
-    cert_ms, cert_mem, (cv, ci) = timed(lambda: certified_topk_cuda(q, k, w, TOPK, mask))
-    stats_trace = []
-    certified_topk_cuda(q, k, w, TOPK, mask, trace=stats_trace)
-    path = "certified" if stats_trace else "dense"
+    layer = f"{inputs}/H{H}/S{S}/T{T}"
+    cert_ms, cert_mem, (cv, ci) = timed(lambda: auto_op(q, k, w, mask, layer))
+    path = auto_path(layer)
     rows.append({**base, "method": "certified", "ms": cert_ms, "peak_mem_gib": cert_mem,
                  "identical": bool(torch.equal(ci, di) and torch.equal(cv, dv)), "path": path,
                  **common, "diagnostics": diag, "input_params": params})
@@ -290,8 +302,11 @@ def run_quick(S, T, H, inputs, rows):
     dense_ms, dense_mem, (dv, di) = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), 1000)
     rows.append({**base, "method": "triton_dense", "ms": dense_ms, "peak_mem_gib": dense_mem,
                  "identical": True})
-    for method, cfg in (("certified", None), ("certified_forced", CertifiedTopkConfig(path="certified"))):
-        ms, mem, (cv, ci) = timed(lambda: certified_topk_cuda(q, k, w, TOPK, mask, config=cfg), 1000)
+    layer = f"quick/{inputs}/H{H}/S{S}/T{T}"
+    for method, fn in (("certified", lambda: auto_op(q, k, w, mask, layer)),
+                       ("certified_forced", lambda: certified_topk_cuda(q, k, w, TOPK, mask,
+                                                                        config=CertifiedTopkConfig(path="certified")))):
+        ms, mem, (cv, ci) = timed(fn, 1000)
         rows.append({**base, "method": method, "ms": ms, "peak_mem_gib": mem,
                      "identical": bool(torch.equal(ci, di) and torch.equal(cv, dv))})
 
@@ -316,7 +331,8 @@ def decode_rows(q, k, w, mask, base, rows):
     ms, mem, _ = timed(lambda: dense_topk_cuda(ql, k, wl, TOPK, ml), 500)
     rows.append({**b, "method": "decode_triton_dense", "ms": ms, "peak_mem_gib": mem,
                  "identical": True, "pruned_frac": 0.0})
-    ms, mem, (cv, ci) = timed(lambda: certified_topk_cuda(ql, k, wl, TOPK, ml, crossover=0), 500)
+    ms, mem, (cv, ci) = timed(lambda: torch.ops.pulsar_dosa.certified_topk(ql, k, wl, TOPK, ml, layer="decode",
+                                                                           min_keys=0), 500)
     rows.append({**b, "method": "decode_op", "ms": ms, "peak_mem_gib": mem, "pruned_frac": 0.0,
                  "identical": bool(torch.equal(ci, di) and torch.equal(cv, dv))})
 

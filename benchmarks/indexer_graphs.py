@@ -113,9 +113,9 @@ def prefill_rows(S, T, H, inputs, reps, rows):
                "certified": lambda: certified_topk_cuda(q, k, w, TOPK, mask, config=CERTIFIED)}
     if inputs == "structured":
         methods["op_auto_crossover"] = lambda: torch.ops.pulsar_dosa.certified_topk(
-            q, k, w, TOPK, mask, "graphs.layer0", -1, 65536, "auto", True)
+            q, k, w, TOPK, mask, "graphs.auto", -1, 65536, "auto", True)
         methods["op_plan_r1"] = lambda: torch.ops.pulsar_dosa.certified_topk(
-            q, k, w, TOPK, mask, "graphs.layer0", 1, PLAN_CROSSOVER, "auto", True)
+            q, k, w, TOPK, mask, "graphs.plan_r1", 1, PLAN_CROSSOVER, "auto", True)
     for name, fn in methods.items():
         rows.append({**base, "method": name, **measure(fn, ref, reps)})
         print(rows[-1], flush=True)
@@ -130,7 +130,7 @@ def decode_rows(T, H, reps, rows):
     methods = {
         "decode_dense_torch": lambda: decode_dense(ql, k, wl, ml, TOPK),
         "decode_triton_dense": lambda: dense_topk_cuda(ql, k, wl, TOPK, ml),
-        "decode_op": lambda: certified_topk_cuda(ql, k, wl, TOPK, ml, crossover=0),
+        "decode_op": lambda: torch.ops.pulsar_dosa.certified_topk(ql, k, wl, TOPK, ml, layer="decode", min_keys=0),
     }
     for name, fn in methods.items():
         rows.append({**base, "method": name, **measure(fn, ref, reps)})

@@ -12,9 +12,9 @@ with TRITON_INTERPRET=1), then render the table:
    timed length.
 2. Timed rows per key length T (a chunk of S queries at the end of T keys, causal inside it):
    ``triton_dense``; ``plan_op``: ``torch.ops.pulsar_dosa.certified_topk`` with the plan's
-   settings (``compiler.plan_apply.layer_settings``: r and min_keys = the crossover baked in, as a
-   compiled layer calls it; no probe); ``plan_op_probe``: the same op with min_keys = -1 (the
-   "auto" probe decides); ``fixed_r<r>``: ``certified_topk_cuda`` with path "certified" and that r.
+   settings (``compiler.path_choice.layer_settings``: path "auto" with r and min_keys = the crossover
+   baked in, as a compiled layer calls it, under the runtime guard); ``fixed_r<r>``:
+   ``certified_topk_cuda`` with path "certified" and that r.
    Every row: median ms, ``identical`` (indices equal and values bitwise equal to triton_dense's),
    the path taken, pruned fraction and refined keys per query (from one traced call), and the cost
    model's predicted time for the row's r and its measured survival.
@@ -33,11 +33,10 @@ import torch
 import triton
 
 from compiler.cost_model import H200_FITTED, T as T_SYMBOL, IndexerShape, certified_call_time, dense_call_time
-from compiler.ops.certified_topk import topk_config
 from compiler.lowering.certified_topk_triton import certified_topk_cuda, dense_topk_cuda
-from compiler.plan import plan_from_calls
-from compiler.plan_apply import layer_settings
-from compiler.plan_capture import CapturedCall
+from compiler.path_choice import layer_settings
+from compiler.plan.capture import CapturedCall
+from compiler.plan.cli import plan_from_calls
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.dense_scorer import dense_topk
 from runtime.structured_indexer import structured_indexer_inputs
@@ -129,24 +128,20 @@ def rows_for_length(q, k, w, T, sizes, settings, device, budget_s, emit):
           "pruned_frac": 0.0, "survivors_per_query": float(T),
           "predicted_ms": predicted_dense_ms(S, T, sizes)})
     plan_kwargs = settings.op_kwargs()
-    variants = [("plan_op", plan_kwargs["r"], lambda: op_call(q, k, w, mask, topk, plan_kwargs),
-                 topk_config(plan_kwargs["r"], plan_kwargs["min_keys"], plan_kwargs["path"]),
-                 None if plan_kwargs["min_keys"] == -1 else plan_kwargs["min_keys"])]
-    if plan_kwargs["path"] != "dense":
-        probe_kwargs = {**plan_kwargs, "min_keys": -1}
-        variants.append(("plan_op_probe", plan_kwargs["r"], lambda: op_call(q, k, w, mask, topk, probe_kwargs),
-                         topk_config(probe_kwargs["r"], -1, probe_kwargs["path"]), None))
+    plan_path = "dense" if plan_kwargs["path"] == "dense" or T < plan_kwargs["min_keys"] else "certified"
+    plan_cfg = CertifiedTopkConfig(path=plan_path, **({} if plan_kwargs["r"] == -1 else {"r": plan_kwargs["r"]}))
+    variants = [("plan_op", plan_kwargs["r"], lambda: op_call(q, k, w, mask, topk, plan_kwargs), plan_cfg)]
     for r in sizes["fixed_r"]:
         cfg = CertifiedTopkConfig(r=r, path="certified")
         variants.append((f"fixed_r{r}", r, lambda cfg=cfg: certified_topk_cuda(q, k, w, topk, mask, config=cfg),
-                         cfg, None))
+                         cfg))
     # On CPU the op runs the runtime reference, whose contract is runtime.dense_topk's output.
     op_ref = (dv, di) if device.type == "cuda" else dense_topk(q, k, w, topk, mask)
-    for method, r, fn, cfg, crossover in variants:
+    for method, r, fn, cfg in variants:
         ms, (v, i) = timed(fn, device, budget_s)
         ref_v, ref_i = op_ref if method.startswith("plan_op") else (dv, di)
         trace = []
-        certified_topk_cuda(q, k, w, topk, mask, config=cfg, trace=trace, crossover=crossover)
+        certified_topk_cuda(q, k, w, topk, mask, config=cfg, trace=trace)
         st = traced_stats(trace, mask, S, T)
         pred = (predicted_ms(r, st["pruned_frac"], S, T, sizes) if st["path"] == "certified" and r not in (None, -1)
                 else predicted_dense_ms(S, T, sizes) if st["path"] == "dense" else None)

@@ -1,23 +1,29 @@
 """Analytic cost of the DSA indexer's dense and certified paths (SPEC A.6), kept symbolic in length.
 
-Work model, per query that sees ``n`` visible keys (``n > N0``), ``H`` heads of width ``D``:
+Work model, per query that sees ``n`` visible keys (``n > N0``) in a call over ``T`` keys, ``H`` heads
+of width ``D``:
 
     dense(n)     = n·H·D / dense_rate + n / select_rate
-    certified(n) = plan + n·H·D / (anchor_stride·dense_rate)         anchor queries scored densely
-                 + N0·H·D / refine_rate                               seeds scored exactly
+    certified(n) = plan + a·n·H·D / dense_rate                        anchor queries scored densely
+                 + (N0 + T/SAMPLE_PER_KEYS)·H·D / refine_rate         seeds and the own-threshold sample
                  + (n − N0)·ρ(r)·D / screen_rate                      screen, ρ(r) = r + d_a padded
                  + m·(n − N0)·H·D / refine_rate                       refine the survivors
                  + (N0 + m·(n − N0)) / select_rate                    select over seeds and survivors
+                 + redo·dense(n)                                      queries redone densely on the device
 
-``m = m(r)`` is the survival fraction of screened keys (measured per layer by the plan CLI), ``N0`` the
-seed count (witness top-K ∪ sink ∪ window). A query with ``n ≤ N0`` is scored densely on both paths.
-A call of ``S`` queries ending at key ``T`` (query ``i`` sees ``T − S + 1 + i`` keys; ``S = T`` is a causal
-prefill) costs the fixed cost of its path plus the sum of the per-query costs over its queries and its
-batch. Both are polynomials in the symbol ``T`` (degree 2 for a prefill, 1 for a fixed query chunk), so
-the crossover length where certified overtakes dense is an exact root found once per layer with sympy.
+``m = m(r)`` is the survival fraction of screened keys and ``redo`` the fraction of certified queries
+answered densely after all (candidate overflow or a threshold miss), both measured per layer by the plan
+CLI; ``N0`` the seed count (witness top-K ∪ sink ∪ window); ``a`` the anchors per query: ceil(S/stride)/S
+for a chunk of S queries, 1/stride for a prefill. A query with ``n ≤ N0`` is scored densely on both
+paths. A call of ``S`` queries ending at key ``T`` (query ``i`` sees ``T − S + 1 + i`` keys; ``S = T`` is a
+causal prefill) costs the fixed cost of its path plus the sum of the per-query costs over its queries
+and its batch; a measured ``scale`` multiplies the certified call (the plan's correction from a timed
+calibration call). Both are polynomials in the symbol ``T`` (degree 2 for a prefill, 1 for a fixed query
+chunk), so the crossover length where certified overtakes dense is an exact root found with sympy.
 
 Speeds are predictions from measured constants (``KernelConstants``), never a correctness input: the
-certified path is exact whatever the model predicts.
+certified path is exact whatever the model predicts. Decisions made from them live in
+``compiler.path_choice``.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from typing import Mapping, Sequence
 import sympy
 
 from runtime.certified_topk import CertifiedTopkConfig
+from runtime.seeds import SAMPLE_PER_KEYS
 
 _RUNTIME_DEFAULTS = CertifiedTopkConfig()
 
@@ -115,7 +122,7 @@ CPU_REFERENCE = KernelConstants(
     certified_fixed_s=2.0e-2,
     screen_tile=1,
     screen_pow2=False,
-    source="runtime/ plain-torch reference, compiler.plan_constants.measure_reference_constants on a "
+    source="runtime/ plain-torch reference, compiler.plan.constants.measure_reference_constants on a "
            "2-core x86 CPU (best of 9 runs, S=32 T=2048 H=16 D=32, torch 2.13; other load present)",
 )
 """The plain-torch reference on CPU (what the op runs there); ``--constants measure`` re-measures it."""
@@ -147,7 +154,8 @@ class IndexerShape:
     chunk of that many queries at the end of T keys. ``seeds`` is N0 (defaults to topk + sink + window,
     an upper bound on the seed set of the runtime's default rule), ``anchor_stride`` the spacing of
     densely scored anchor queries; sink, window and anchor_stride default to the runtime's
-    ``CertifiedTopkConfig`` defaults.
+    ``CertifiedTopkConfig`` defaults. ``sample``: every query also scores T / SAMPLE_PER_KEYS keys for
+    its own threshold (``runtime.seeds``; the default above T = 8192 keys).
     """
 
     heads: int
@@ -159,6 +167,7 @@ class IndexerShape:
     window: int = _RUNTIME_DEFAULTS.window
     anchor_stride: int = _RUNTIME_DEFAULTS.anchor_stride
     seeds: int | None = None
+    sample: bool = True
 
     def __post_init__(self) -> None:
         for name in ("heads", "head_dim", "topk", "batch", "anchor_stride"):
@@ -169,6 +178,8 @@ class IndexerShape:
             _require_int("IndexerShape.queries", self.queries, 1)
         if self.seeds is not None:
             _require_int("IndexerShape.seeds", self.seeds, self.topk)
+        if not isinstance(self.sample, bool):
+            raise TypeError(f"IndexerShape.sample: expected a bool, got {self.sample!r}")
 
     @property
     def n0(self) -> int:
@@ -209,16 +220,19 @@ def dense_query_cost(n, shape: IndexerShape, c: KernelConstants):
     return n * shape.heads * shape.head_dim / _exact(c.dense_macs_per_s) + n / _exact(c.select_keys_per_s)
 
 
-def certified_query_cost(n, r: int, m, shape: IndexerShape, c: KernelConstants):
-    """Seconds for one query over n > N0 visible keys on the certified path with budget r, survival m."""
+def certified_query_cost(n, r: int, m, shape: IndexerShape, c: KernelConstants, *, anchors, redo=0):
+    """Seconds for one query over n > N0 visible keys of a call over ``T`` keys on the certified path
+    with budget r, survival m, ``anchors`` anchor queries per query and a ``redo`` fraction."""
     hd, n0 = shape.heads * shape.head_dim, shape.n0
     screened = n - n0
+    sample = T / SAMPLE_PER_KEYS if shape.sample else 0
     return (_exact(c.plan_s_per_query)
-            + n * hd / (shape.anchor_stride * _exact(c.dense_macs_per_s))
-            + n0 * hd / _exact(c.refine_macs_per_s)
+            + anchors * n * hd / _exact(c.dense_macs_per_s)
+            + (n0 + sample) * hd / _exact(c.refine_macs_per_s)
             + screened * screen_rows(r, c) * shape.head_dim / _exact(c.screen_macs_per_s)
             + m * screened * hd / _exact(c.refine_macs_per_s)
-            + (n0 + m * screened) / _exact(c.select_keys_per_s))
+            + (n0 + m * screened) / _exact(c.select_keys_per_s)
+            + redo * dense_query_cost(n, shape, c))
 
 
 def _validity_start(shape: IndexerShape) -> int:
@@ -234,35 +248,49 @@ def dense_call_time(shape: IndexerShape, c: KernelConstants) -> sympy.Expr:
     return sympy.expand(_exact(c.dense_fixed_s) + shape.batch * total)
 
 
-def certified_call_time(r: int, m: float, shape: IndexerShape, c: KernelConstants) -> sympy.Expr:
+def certified_call_time(r: int, m: float, shape: IndexerShape, c: KernelConstants, *, redo: float = 0.0,
+                        scale: float = 1.0) -> sympy.Expr:
     """Seconds for a whole certified call as a polynomial in ``T``, exact for T >= the validity start.
 
-    Queries with at most N0 visible keys are scored densely (they cannot be pruned).
+    Queries with at most N0 visible keys are scored densely (they cannot be pruned). ``redo``: the
+    fraction of certified queries redone densely; ``scale``: a measured correction of the whole call.
     """
     _check_survival(m)
+    _check_fraction("redo", redo)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+        raise ValueError(f"scale: expected a finite positive factor, got {scale!r}")
     n = sympy.Symbol("n", positive=True, integer=True)
-    mq = _exact(m)
+    mq, rq = _exact(m), _exact(redo)
     if shape.queries is None:
+        cost = certified_query_cost(n, r, mq, shape, c, anchors=sympy.Rational(1, shape.anchor_stride), redo=rq)
         total = (sympy.summation(dense_query_cost(n, shape, c), (n, 1, shape.n0))
-                 + sympy.summation(certified_query_cost(n, r, mq, shape, c), (n, shape.n0 + 1, T)))
+                 + sympy.summation(cost, (n, shape.n0 + 1, T)))
     else:
-        total = sympy.summation(certified_query_cost(n, r, mq, shape, c), (n, T - shape.queries + 1, T))
-    return sympy.expand(_exact(c.certified_fixed_s) + shape.batch * total)
+        anchors = sympy.Rational(-(-shape.queries // shape.anchor_stride), shape.queries)
+        cost = certified_query_cost(n, r, mq, shape, c, anchors=anchors, redo=rq)
+        total = sympy.summation(cost, (n, T - shape.queries + 1, T))
+    return sympy.expand(_exact(scale) * (_exact(c.certified_fixed_s) + shape.batch * total))
 
 
 def _check_survival(m) -> None:
-    if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m <= 1.0:
-        raise ValueError(f"m: expected a survival fraction in [0, 1], got {m!r}")
+    _check_fraction("m", m)
 
 
-def crossover_length(r: int, m: float, shape: IndexerShape, c: KernelConstants) -> int | None:
+def _check_fraction(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        kind = "a survival fraction" if name == "m" else "a fraction"
+        raise ValueError(f"{name}: expected {kind} in [0, 1], got {value!r}")
+
+
+def crossover_length(r: int, m: float, shape: IndexerShape, c: KernelConstants, *, redo: float = 0.0,
+                     scale: float = 1.0) -> int | None:
     """Smallest key length T from which the certified path is predicted faster at every longer length.
 
     Solves certified_call_time − dense_call_time = 0 exactly (sympy real roots of a polynomial with
     rational coefficients). None when dense stays cheaper at long lengths (the difference does not
     become negative for large T), e.g. when m >= 1 − ρ(r)/H at equal rates.
     """
-    diff = sympy.Poly(certified_call_time(r, m, shape, c) - dense_call_time(shape, c), T)
+    diff = sympy.Poly(certified_call_time(r, m, shape, c, redo=redo, scale=scale) - dense_call_time(shape, c), T)
     start = _validity_start(shape)
     if diff.is_zero or diff.LC() >= 0:
         return None
@@ -273,103 +301,9 @@ def crossover_length(r: int, m: float, shape: IndexerShape, c: KernelConstants) 
     return max(start, int(sympy.floor(largest)) + 1)
 
 
-def predicted_speedup(length: int, r: int | None, m: float | None, crossover: int | None,
-                      shape: IndexerShape, c: KernelConstants) -> float:
-    """Indexer speedup over dense at one key length when dispatching by ``crossover`` (1.0 below it)."""
+def predicted_ratio(length: int, r: int, m: float, shape: IndexerShape, c: KernelConstants, *,
+                    redo: float = 0.0, scale: float = 1.0) -> float:
+    """Certified over dense call time at one key length (below 1: certified is predicted faster)."""
     _require_int("length", length, 1)
-    if r is None or crossover is None or length < crossover:
-        return 1.0
-    dense = dense_call_time(shape, c).subs(T, length)
-    cert = certified_call_time(r, m, shape, c).subs(T, length)
-    return float(dense / cert)
-
-
-def amdahl_speedup(fraction: float, speedup: float) -> float:
-    """End-to-end speedup 1 / (1 − f + f/s) when a part taking ``fraction`` of the time gets ``speedup``."""
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"fraction: expected a time fraction in [0, 1], got {fraction!r}")
-    if isinstance(speedup, bool) or not isinstance(speedup, (int, float)) or not speedup > 0:
-        raise ValueError(f"speedup: expected a positive factor, got {speedup!r}")
-    return 1.0 / (1.0 - fraction + fraction / speedup)
-
-
-@dataclass(frozen=True)
-class LayerChoice:
-    """The cost model's decision for one indexer layer.
-
-    ``path`` is "certified" (dispatch by length: dense below ``crossover``, certified from it) or
-    "dense" (always dense; ``r`` and ``crossover`` are None). ``predicted_pruned_frac`` is 1 − m(r).
-    """
-
-    path: str
-    r: int | None
-    crossover: int | None
-    predicted_pruned_frac: float | None
-    predicted_speedup: float
-
-
-def choose_layer(survival: Mapping[int, float], shape: IndexerShape, c: KernelConstants,
-                 design_length: int) -> LayerChoice:
-    """Pick r and the path for one layer from measured survival fractions m(r).
-
-    r minimises the predicted call time at ``design_length`` among the measured tile-aligned budgets
-    whose crossover exists and is at most ``design_length`` (ties: smaller r). No such r -> dense.
-    """
-    _require_int("design_length", design_length, 1)
-    if not isinstance(survival, Mapping):
-        raise TypeError(f"survival: expected a mapping r -> m, got {type(survival).__name__}")
-    dense_time = dense_call_time(shape, c).subs(T, design_length)
-    best = None
-    for r in sorted(survival):
-        _require_int("survival key r", r, 1)
-        m = survival[r]
-        _check_survival(m)
-        if r >= shape.heads:
-            continue
-        crossover = crossover_length(r, m, shape, c)
-        if crossover is None or crossover > design_length:
-            continue
-        time = certified_call_time(r, m, shape, c).subs(T, design_length)
-        if best is None or time < best[0]:
-            best = (time, r, m, crossover)
-    if best is None:
-        return LayerChoice("dense", None, None, None, 1.0)
-    time, r, m, crossover = best
-    return LayerChoice("certified", r, crossover, 1.0 - m, float(dense_time / time))
-
-
-DEFAULT_SURVIVAL = 0.03
-"""Survival fraction assumed without a plan: the DoSA paper's trained-indexer rate (SPEC A.7, 2.65%)."""
-
-
-ASSUMED_R = 4
-"""Budget assumed without a plan: the runtime's default rule (|H+| rounded up to a multiple of 4) for a
-query with at most 4 positive heads, the regime of trained indexers (SPEC A.8)."""
-
-
-def assumed_budget(heads: int, c: KernelConstants) -> int | None:
-    """The smallest aligned budget >= ASSUMED_R below ``heads`` (None when there is none)."""
-    rs = [r for r in candidate_rs(heads, c) if r >= ASSUMED_R]
-    return rs[0] if rs else None
-
-
-def default_choice(shape: IndexerShape, c: KernelConstants, design_length: int) -> LayerChoice:
-    """The choice without a plan: r left to the runtime's per-query rule (None), crossover predicted
-    for ``assumed_budget`` at ``DEFAULT_SURVIVAL``; dense when that cannot pay."""
-    r = assumed_budget(shape.heads, c)
-    crossover = None if r is None else crossover_length(r, DEFAULT_SURVIVAL, shape, c)
-    if crossover is None:
-        return LayerChoice("dense", None, None, None, 1.0)
-    speedup = predicted_speedup(max(design_length, crossover), r, DEFAULT_SURVIVAL, crossover, shape, c)
-    return LayerChoice("certified", None, crossover, None, speedup)
-
-
-def speedup_curve(choice: LayerChoice, survival: float | None, shape: IndexerShape, c: KernelConstants,
-                  lengths: Sequence[int]) -> list[float]:
-    """Predicted indexer speedup of a choice at each length (for plots and reports); a choice without
-    r or survival uses the no-plan assumptions."""
-    if choice.path == "dense":
-        return [1.0 for _ in lengths]
-    m = survival if survival is not None else DEFAULT_SURVIVAL
-    r = choice.r if choice.r is not None else assumed_budget(shape.heads, c)
-    return [predicted_speedup(n, r, m, choice.crossover, shape, c) for n in lengths]
+    cert = certified_call_time(r, m, shape, c, redo=redo, scale=scale).subs(T, length)
+    return float(cert / dense_call_time(shape, c).subs(T, length))

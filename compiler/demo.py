@@ -32,6 +32,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import compiler
+from compiler.path_choice import CHOICES
 from compiler.report import format_table
 
 HIDDEN_SCORE = -1e37
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--downstream", choices=("eager", "inductor"), default="eager",
                         help="compiler after the passes (inductor's first CPU compile takes minutes)")
-    parser.add_argument("--certified", choices=("auto", "dense", "certified"), default="auto")
+    parser.add_argument("--certified", choices=CHOICES, default="auto")
     parser.add_argument("--random-indexers", action="store_true",
                         help="keep the random-init indexers (they do not prune: every query is scored densely)")
     parser.add_argument("--dynamic", action="store_true")

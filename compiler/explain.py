@@ -9,6 +9,7 @@ import torch
 from compiler.backend import pulsar_dosa
 from compiler.lowering.stats import TOPK_STATS
 from compiler.options import CompileOptions
+from compiler.path_choice import GUARD
 from compiler.report import Report, collecting
 
 logger = logging.getLogger(__name__)
@@ -18,7 +19,8 @@ def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | Non
             dynamic: bool | None = None, **kwargs: Any) -> Report:
     """Compile ``model`` with ``backend="pulsar_dosa"`` and ``options``, call it once on ``args``/``kwargs``
     (under ``torch.no_grad``) and return the :class:`~compiler.report.Report`: ``rewrites``,
-    ``near_misses``, pass times and per-layer top-K statistics of this run (``stats``).
+    ``near_misses``, pass times, per-layer top-K statistics of this run (``stats``) and the runtime
+    guard's path per layer and call shape (``guard``; the guard starts afresh).
 
     ``dynamic`` is torch.compile's. The compiled callable is ``report.compiled``, its output
     ``report.output``.
@@ -34,11 +36,13 @@ def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | Non
 
     torch._dynamo.reset()
     TOPK_STATS.reset()
+    GUARD.reset()
     with collecting() as report:
         compiled = torch.compile(model, backend=backend, dynamic=dynamic)
         with torch.no_grad():
             output = compiled(*args, **kwargs)
     report.stats = TOPK_STATS.summaries() if opts.record_stats else {}
+    report.guard = GUARD.summaries()
     for reason, count in report.fallback_totals().items():
         if count:
             logger.info("%d queries fell back to dense scoring (%s)", count, reason)

@@ -25,7 +25,6 @@ import os
 from typing import Any, Callable, Mapping
 
 DOWNSTREAMS = ("inductor", "eager", "tensorrt")
-CERTIFIED_PATHS = ("auto", "dense", "certified")
 
 
 def option(default: Any, check: Callable[[str, Any], Any], doc: str) -> Any:
@@ -54,6 +53,18 @@ def _check_downstream(key: str, value: Any) -> str:
     return value
 
 
+def _path_choices() -> tuple[str, ...]:
+    from compiler.path_choice import CHOICES  # late: the path choice pulls in the cost model (sympy)
+
+    return CHOICES
+
+
+def _check_capture(key: str, value: Any) -> bool:
+    if _check_bool(key, value):
+        import compiler.plan.capture  # noqa: F401  (registers pulsar_dosa::capture_topk, which the pass emits)
+    return value
+
+
 def _check_bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"option {key!r}: expected a bool, got {type(value).__name__} {value!r}")
@@ -74,7 +85,7 @@ def _check_passes(key: str, value: Any) -> tuple[str, ...]:
 
 
 def _check_plan(key: str, value: Any) -> Any:
-    from compiler.plan_schema import Plan, load_plan  # late: plans pull in the cost model (sympy)
+    from compiler.plan.schema import Plan, load_plan  # late: plans pull in the cost model (sympy)
 
     if value is None or isinstance(value, Plan):
         return value
@@ -93,16 +104,16 @@ class CompileOptions:
                              "compiler that receives the rewritten graph: 'inductor', 'eager' or 'tensorrt'")
     passes: tuple[str, ...] | None = option(None, lambda k, v: None if v is None else _check_passes(k, v),
                                             "pattern families to run, in pass-list order; None runs all")
-    certified: str = option("auto", _choice(CERTIFIED_PATHS),
+    certified: str = option("auto", lambda k, v: _choice(_path_choices())(k, v),
                             "top-K path of the rewritten indexers: 'auto' (cost-based), 'dense' or 'certified'")
     record_stats: bool = option(True, _check_bool,
                                 "accumulate per-layer top-K statistics (device tensors, no host sync)")
     plan: Any = option(None, _check_plan,
                        "per-layer indexer plan: a JSON plan path (loaded and validated) or a Plan; each layer's "
                        "r and crossover come from it, and its content is part of uuid()")
-    capture: bool = option(False, _check_bool,
+    capture: bool = option(False, _check_capture,
                            "record each rewritten indexer's inputs instead of optimising (plan calibration, "
-                           "compiler.plan_capture)")
+                           "compiler.plan.capture)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

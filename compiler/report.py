@@ -49,6 +49,7 @@ class NearMissRecord:
 @dataclasses.dataclass
 class Report:
     """Everything recorded while the report was current. ``stats`` maps layer -> statistics summary;
+    ``guard`` maps layer -> the runtime guard's state per call-shape bucket (``compiler.path_choice``);
     ``compiled``/``output`` are set by ``compiler.explain`` (the compiled callable, its output)."""
 
     rewrites: list[Rewrite] = dataclasses.field(default_factory=list)
@@ -57,6 +58,7 @@ class Report:
     compiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     counters: Counter = dataclasses.field(default_factory=Counter)
     stats: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    guard: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     compiled: Any = None
     output: Any = None
 
@@ -129,10 +131,19 @@ class Report:
             totals = self.fallback_totals()
             parts.append("fallbacks (queries answered densely), all layers: "
                          + (", ".join(f"{r}={n}" for r, n in totals.items() if n) or "none"))
+        if self.guard:
+            parts.append("runtime guard (measured ms per 1e9 query-key pairs; the faster path is kept):\n" + format_table(
+                ["layer", "device", "queries<=", "keys<=", "path", "certified calls", "dense calls", "retries",
+                 "certified ms", "dense ms"],
+                [[layer, g["device"], g["queries_bucket"], g["keys_bucket"], g["path"], g["certified_calls"],
+                  g["dense_calls"], g["retries"], _fmt(g["certified_ms_per_Gpair"]), _fmt(g["dense_ms_per_Gpair"])]
+                 for layer, states in self.guard.items() for g in states]))
         return "\n\n".join(parts)
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 

@@ -6,21 +6,24 @@ indices) for every input. Per query:
 1. Preconditions; a query that fails one is answered by dense scoring over all its visible keys
    and counted under the first failing reason, in this order: "nonfinite" (a non-finite value
    in q, w, a visible key or a visible bias), "numeric_range" (``rounding.range_is_safe``),
-   "topk_ge_visible" (at most kk visible keys), "dense_cheaper" (fewer than ``min_keys`` visible
-   keys under path="auto", or path="dense").
+   "topk_ge_visible" (at most kk visible keys), "dense_cheaper" (path="dense": the caller chose
+   dense scoring; ``compiler.path_choice`` decides which path a call takes).
 2. Every ``anchor_stride``-th query is an anchor: dense, exact already.
 3. Seeds (``runtime.seeds``): >= kk distinct visible keys, scored with THE SCORER (+ bias);
-   tau = the kk-th largest seed score, so tau <= tau_K, the kk-th largest score over all visible
-   keys.
+   their kk-th largest score is <= tau_K, the kk-th largest score over all visible keys. The
+   threshold is tau = max(that, theta), theta the query's own estimate of tau_K from a strided
+   sample of keys (``seeds.sample_rank``), which may exceed tau_K.
 4. Certificate (``runtime.certificate``): U_num(k) >= the float32 score s^(k); the comparison value
    c(k) = round_up_to_float32(next_up(U_num + bias)) >= fl32(s^ + bias) (``runtime.rounding``).
 5. Screen: survivors V = {visible non-seed keys with c(k) >= tau}; pruned keys have score < tau.
 6. Refine: THE SCORER on V (bitwise the dense values); second sieve C = {k in V : score >= tau}.
-7. Final: THE ORDER over seeds U C.
+7. Final: THE ORDER over seeds U C, when at least kk keys of seeds U C score >= tau; otherwise
+   ("threshold_miss": theta was above tau_K) the query is answered by dense scoring.
 
-Exactness: every key outside seeds U C has score < tau <= tau_K, so the kk best keys under THE
-ORDER are all in seeds U C; THE ORDER restricted to a subset that contains them gives the same
-kk keys in the same order, and their values come from the same scorer, hence identical output.
+Exactness: every key outside seeds U C has score < tau. When at least kk keys of seeds U C score
+>= tau (always so when tau is the seeds' kk-th score), the kk best keys under THE ORDER are all
+in seeds U C; THE ORDER restricted to a subset that contains them gives the same kk keys in the
+same order, and their values come from the same scorer, hence identical output.
 
 Workspace: a query whose survivors exceed ``floor(workspace_frac * T) + kk`` is "overflow": its
 survivors are discarded as a whole and the query is answered by dense scoring over ALL its
@@ -42,12 +45,16 @@ from runtime.dense_scorer import (
 )
 from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
 from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32
-from runtime.seeds import SOFT_HIDDEN_BIAS, anchor_rows, seed_mask
+from runtime.seeds import (SAMPLE_SIGMAS, SOFT_HIDDEN_BIAS, anchor_rows, sample_keys, sample_rank,
+                           sample_size, seed_mask)
 
-__all__ = ["FALLBACK_REASONS", "CertifiedTopkConfig", "TopkStats", "certified_topk"]
+__all__ = ["FALLBACK_REASONS", "PATHS", "CertifiedTopkConfig", "TopkStats", "certified_topk"]
 
-FALLBACK_REASONS = ("nonfinite", "numeric_range", "topk_ge_visible", "dense_cheaper", "overflow")
-_PATHS = ("auto", "dense", "certified")
+ROUTED_REASONS = ("nonfinite", "numeric_range", "topk_ge_visible", "dense_cheaper")
+"""Fallbacks decided before a query is certified (``_route``), in the order they are checked."""
+FALLBACK_REASONS = ROUTED_REASONS + ("overflow", "threshold_miss")
+PATHS = ("dense", "certified")
+"""What a call runs: dense scoring of every query, or the certified path (fallbacks per query)."""
 _SCREEN_ELEMENTS = 1 << 22  # bound on the per-chunk screening intermediates
 
 
@@ -64,8 +71,9 @@ class CertifiedTopkConfig:
     one r for the whole call, clipped to H). anchor_stride: one dense anchor query every
     anchor_stride queries. sink / window: first / last visible keys added to the seeds.
     workspace_frac: survivor workspace per query, floor(workspace_frac * T) + kk keys.
-    min_keys: fewer visible keys -> dense (path="auto" only). path: "auto" | "dense" |
-    "certified" ("certified" ignores min_keys; failed preconditions still fall back).
+    sample_keys: keys of the strided sample behind each query's own threshold (None: the default
+    of ``seeds.sample_size``; 0: none). sample_sigmas: safety of its rank (``seeds.sample_rank``).
+    path: "certified" (failed preconditions still fall back per query) or "dense".
     """
 
     r: int | None = None
@@ -73,8 +81,9 @@ class CertifiedTopkConfig:
     sink: int = 64
     window: int = 512
     workspace_frac: float = 0.25
-    min_keys: int = 4096
-    path: str = "auto"
+    sample_keys: int | None = None
+    sample_sigmas: float = SAMPLE_SIGMAS
+    path: str = "certified"
 
     def __post_init__(self) -> None:
         if self.r is not None:
@@ -82,12 +91,16 @@ class CertifiedTopkConfig:
         _require_int("anchor_stride", self.anchor_stride, 1)
         _require_int("sink", self.sink, 0)
         _require_int("window", self.window, 0)
-        _require_int("min_keys", self.min_keys, 0)
+        if self.sample_keys is not None:
+            _require_int("sample_keys", self.sample_keys, 0)
+        sig = self.sample_sigmas
+        if isinstance(sig, bool) or not isinstance(sig, (int, float)) or not -1e6 < sig < 1e6:
+            raise ValueError(f"sample_sigmas: expected a finite number, got {sig!r}")
         frac = self.workspace_frac
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac < 1e6:
             raise ValueError(f"workspace_frac: expected a finite number >= 0, got {frac!r}")
-        if self.path not in _PATHS:
-            raise ValueError(f"path: expected one of {_PATHS}, got {self.path!r}")
+        if self.path not in PATHS:
+            raise ValueError(f"path: expected one of {PATHS}, got {self.path!r}")
 
 
 class TopkStats:
@@ -111,6 +124,19 @@ class TopkStats:
             raise ValueError(f"name: expected a counter of {self.COUNTERS + FALLBACK_REASONS}, got {name!r}")
         count = count.to(torch.int64)
         self._counts[name] = self._counts[name] + count if name in self._counts else count
+
+    def merge(self, other: "TopkStats") -> None:
+        """Add every counter of ``other`` (moved to this accumulator's device if it has one)."""
+        for name, count in other._counts.items():
+            device = next(iter(self._counts.values())).device if self._counts else count.device
+            self.add(name, count.to(device))
+
+    def stacked(self, names) -> torch.Tensor:
+        """The counters ``names`` as one int64 device tensor (0 for a counter never added), without
+        a host synchronisation; empty accumulators give a CPU tensor of zeros."""
+        device = next(iter(self._counts.values())).device if self._counts else torch.device("cpu")
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        return torch.stack([self._counts.get(name, zero) for name in names])
 
     def _value(self, name: str) -> int:
         return int(self._counts[name]) if name in self._counts else 0
@@ -142,7 +168,7 @@ def _compact(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _route(inputs: IndexerInputs, config: CertifiedTopkConfig,
            key_norm: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Exclusive [B,S] bool masks: one per fallback reason (but overflow), "anchor", "certified".
+    """Exclusive [B,S] bool masks: one per ``ROUTED_REASONS`` entry, "anchor", "certified".
 
     key_norm [B,T] float64: ``_key_norms``. Requires B*S > 0 and T > 0.
     """
@@ -161,12 +187,7 @@ def _route(inputs: IndexerInputs, config: CertifiedTopkConfig,
     max_key = torch.where(visible, key_norm[:, None, :], zero).amax(-1)
     safe = range_is_safe((w64.abs() * head_norm).sum(-1), head_norm.amax(-1), max_key)
     n_visible = visible.sum(-1)
-    if config.path == "dense":
-        dense_cheaper = torch.ones_like(safe)
-    elif config.path == "auto":
-        dense_cheaper = n_visible < config.min_keys
-    else:
-        dense_cheaper = torch.zeros_like(safe)
+    dense_cheaper = torch.full_like(safe, config.path == "dense")
 
     routes: dict[str, torch.Tensor] = {}
     taken = torch.zeros_like(safe)
@@ -238,7 +259,7 @@ def certified_topk(
     values = torch.empty((B, S, kk), dtype=torch.float32, device=inputs.q.device)
     indices = torch.empty((B, S, kk), dtype=torch.int64, device=inputs.q.device)
     _dense_rows(inputs, ~routes["certified"], values, indices)
-    counts = {name: routes[name].sum() for name in FALLBACK_REASONS[:-1]}
+    counts = {name: routes[name].sum() for name in ROUTED_REASONS}
     counts["anchors"] = routes["anchor"].sum()
     counts["queries"] = torch.tensor(B * S, device=inputs.q.device)
     counts["keys_visible"] = inputs.visible.sum()
@@ -267,7 +288,8 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dic
     seed_dots = head_dots(q, inputs.k[cb[:, None], seed_keys])
     seed_scores = _with_bias(inputs, weighted_relu_sum(w, seed_dots), cb, cs, seed_keys)
     seed_scores = torch.where(seed_valid, seed_scores, float("-inf"))
-    tau = seed_scores.topk(kk, dim=-1).values[:, -1]
+    tau = torch.maximum(seed_scores.topk(kk, dim=-1).values[:, -1],
+                        _own_threshold(inputs, config, cb, cs, visible, q, w))
     active = ((seed_dots > 0) & seed_valid[:, None, :]).sum(-1).to(torch.float64)
     p = active / seed_valid.sum(-1, keepdim=True)
 
@@ -301,13 +323,26 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dic
     if not bool(ok.any()):
         return counts
 
-    # Refine, second sieve, final selection over seeds U C.
+    # Refine, second sieve; a query with fewer than kk keys >= tau is answered densely.
     ob, os_, tau_ok = cb[ok], cs[ok], tau[ok]
     surv_idx, surv_valid = _compact(survive[ok])
     surv_keys = surv_idx.clamp_max(T - 1)
     surv_scores = exact_scores(q[ok], w[ok], inputs.k[ob[:, None], surv_keys])
     surv_scores = _with_bias(inputs, surv_scores, ob, os_, surv_keys)
     written = surv_valid & (surv_scores >= tau_ok[:, None])
+    reached = written.sum(-1) + (seed_scores[ok] >= tau_ok[:, None]).sum(-1)
+    missed = reached < kk
+    miss_rows = torch.zeros_like(certified)
+    miss_rows[ob[missed], os_[missed]] = True
+    _dense_rows(inputs, miss_rows, values, indices)
+    counts["threshold_miss"] = missed.sum()
+    if not bool((~missed).any()):
+        return counts
+
+    # Final selection over seeds U C.
+    hit = ~missed
+    ob, os_, tau_ok, ok = ob[hit], os_[hit], tau_ok[hit], ok.nonzero().flatten()[hit]
+    surv_idx, surv_keys, surv_scores, written = surv_idx[hit], surv_keys[hit], surv_scores[hit], written[hit]
     n_ok = ob.numel()
     cand_scores = torch.full((n_ok, T + 1), float("-inf"), device=q.device)
     cand_scores.scatter_(1, seed_idx[ok], seed_scores[ok])  # padding lands in column T
@@ -321,3 +356,25 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dic
     indices[ob, os_] = cand_idx.gather(1, top_pos)
     counts["written"] = written.sum()
     return counts
+
+
+def _own_threshold(inputs, config, cb, cs, visible, q, w) -> torch.Tensor:
+    """theta [N] float32 of the certified rows (``seeds.sample_rank``-th best score over their
+    anchor group's strided key sample; -inf when the sample is off or too few sampled keys are
+    visible). Scores by THE SCORER (+ bias), in row chunks."""
+    B, S, T, H, D = inputs.shape
+    M = sample_size(T, config.sample_keys)
+    theta = torch.full(cb.shape, float("-inf"), device=cb.device)
+    if M == 0:
+        return theta
+    keys = sample_keys(-(-S // config.anchor_stride), M, T, cb.device)[cs // config.anchor_stride]
+    rank = sample_rank(inputs.kk, M, T, config.sample_sigmas)
+    step = max(1, _SCREEN_ELEMENTS // max(1, M * (H + D)))
+    for start in range(0, cb.numel(), step):
+        rows = slice(start, start + step)
+        b, s, kr = cb[rows], cs[rows], keys[rows]
+        scores = _with_bias(inputs, exact_scores(q[rows], w[rows], inputs.k[b[:, None], kr]), b, s, kr)
+        scores = torch.where(visible[rows].gather(1, kr), scores, float("-inf"))
+        kth = scores.topk(rank, dim=-1).values[:, -1]
+        theta[rows] = torch.where(torch.isfinite(kth), kth, float("-inf"))
+    return theta

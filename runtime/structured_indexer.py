@@ -15,8 +15,9 @@ generator reproduces (every knob is a keyword argument and is returned in the pa
 * negative heads have stable activation patterns: they point along +m or -m (plus noise), so
   q_h . k has the same sign for most keys (activation frequency near 1 or 0).
 
-Returns q [B,S,H,D], k [B,T,D], weights [B,S,H] (float32 unless ``dtype`` says otherwise) and
-the parameter dict. Deterministic for a given ``seed`` (or ``generator``).
+Returns q [B,S,H,D], k [B,T,D], weights [B,S,H] (float32 unless ``dtype`` says otherwise) on
+``device`` and the parameter dict. Deterministic for a given ``seed`` (or ``generator``) and device
+(the draws are made on ``device``: a CUDA run gives other numbers than a CPU run, at GPU speed).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def structured_indexer_inputs(
     key_offset: float = 0.5,
     negative_scale: float = 0.3,
     dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
     """Structured indexer inputs (module docstring); all sizes must be positive."""
     for name, value in (("B", B), ("S", S), ("T", T), ("H", H), ("D", D), ("topics", topics),
@@ -56,32 +58,39 @@ def structured_indexer_inputs(
     if isinstance(positive_heads, bool) or not isinstance(positive_heads, int) \
             or not 0 <= positive_heads <= H:
         raise ValueError(f"positive_heads: expected an int in [0, H={H}], got {positive_heads!r}")
-    gen = generator if generator is not None else torch.Generator().manual_seed(seed)
+    device = torch.device(device)
+    gen = generator if generator is not None else torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen)
+        return torch.randn(*shape, generator=gen, device=device)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.rand(*shape, generator=gen, device=device)
+
+    def randint(high: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randint(high, shape, generator=gen, device=device)
 
     common = _unit(randn(D))
     topic_dirs = _unit(randn(B, topics, D))
-    key_topic = torch.randint(topics, (B, (T + topic_run - 1) // topic_run), generator=gen)
+    key_topic = randint(topics, (B, (T + topic_run - 1) // topic_run))
     key_topic = key_topic.repeat_interleave(topic_run, dim=1)[:, :T]
     key_dirs = _unit(topic_dirs.gather(1, key_topic[..., None].expand(B, T, D)) + 0.7 * _unit(randn(B, T, D)))
     key_norms = torch.exp(norm_sigma * randn(B, T))
     k = key_norms[..., None] * (key_dirs + key_offset * common)
 
-    query_topic = torch.randint(topics, (B, (S + query_run - 1) // query_run), generator=gen)
+    query_topic = randint(topics, (B, (S + query_run - 1) // query_run))
     query_topic = query_topic.repeat_interleave(query_run, dim=1)[:, :S]
     focus = topic_dirs.gather(1, query_topic[..., None].expand(B, S, D))  # [B,S,D]
-    positive = torch.argsort(torch.rand(B, S, H, generator=gen), dim=-1) < positive_heads
+    positive = torch.argsort(rand(B, S, H), dim=-1) < positive_heads
     positive_q = _unit(focus[:, :, None, :] + head_noise * _unit(randn(B, S, H, D)))
-    sign = torch.where(torch.rand(B, 1, H, generator=gen) < 0.5, -1.0, 1.0)
+    sign = torch.where(rand(B, 1, H) < 0.5, -1.0, 1.0)
     negative_q = _unit(sign[..., None] * common + 0.5 * _unit(randn(B, S, H, D)))
     q_norms = torch.exp(0.2 * randn(B, S, H))[..., None]
     q = q_norms * torch.where(positive[..., None], positive_q, negative_q)
     weights = torch.where(
         positive,
-        0.5 + torch.rand(B, S, H, generator=gen),
-        -negative_scale * (0.5 + torch.rand(B, S, H, generator=gen)),
+        0.5 + rand(B, S, H),
+        -negative_scale * (0.5 + rand(B, S, H)),
     )
     params = dict(
         B=B, S=S, T=T, H=H, D=D, seed=seed, topics=topics, topic_run=topic_run,

@@ -65,14 +65,15 @@ def test_bad_rank_is_a_value_error_naming_the_arguments():
         torch.ops.pulsar_dosa.certified_topk(q[0], k, w, 3, record_stats=False)
 
 
-def test_scalar_arguments_map_to_the_runtime_config():
-    default = CertifiedTopkConfig()
-    assert topk_config(-1, -1, "auto") == default
-    assert topk_config(5, 64, "certified") == CertifiedTopkConfig(r=5, min_keys=64, path="certified")
-    with pytest.raises(ValueError, match="path"):
-        topk_config(-1, -1, "fast")
+def test_scalar_arguments_map_to_the_runtime_config_and_bad_ones_are_named():
+    assert topk_config(-1, "certified") == CertifiedTopkConfig()
+    assert topk_config(5, "dense") == CertifiedTopkConfig(r=5, path="dense")
     with pytest.raises(ValueError, match="r: expected -1"):
-        topk_config(-2, -1, "auto")
+        topk_config(-2, "dense")
+    q, k, w, _ = _inputs()
+    for kwargs, name in (({"path": "fast"}, "path"), ({"min_keys": -2}, "min_keys"), ({"r": -3}, "r")):
+        with pytest.raises(ValueError, match=name):
+            torch.ops.pulsar_dosa.certified_topk(q, k, w, 3, record_stats=False, **kwargs)
 
 
 def test_statistics_accumulate_per_layer_only_when_recorded():

@@ -18,7 +18,8 @@ from runtime.certified_topk import (
     certified_topk,
 )
 from runtime.dense_scorer import dense_topk
-from runtime.seeds import anchor_rows, seed_mask
+from runtime.indexer_zoo import zoo_inputs
+from runtime.seeds import anchor_rows, sample_keys, sample_rank, sample_size, seed_mask
 from runtime.structured_indexer import structured_indexer_inputs
 
 NAN, INF = float("nan"), float("inf")
@@ -120,8 +121,9 @@ def configs(draw):
         sink=draw(st.integers(0, 3)),
         window=draw(st.integers(0, 5)),
         workspace_frac=draw(st.sampled_from((0.0, 0.1, 0.5, 4.0))),
-        min_keys=draw(st.sampled_from((0, 0, 0, 8))),
-        path=draw(st.sampled_from(("auto", "auto", "certified", "dense"))),
+        sample_keys=draw(st.sampled_from((None, 0, 1, 4, 16))),
+        sample_sigmas=draw(st.sampled_from((4.0, 0.0, -3.0))),
+        path=draw(st.sampled_from(("certified", "certified", "certified", "dense"))),
     )
 
 
@@ -227,6 +229,45 @@ def test_anchor_of_each_query_is_the_last_anchor_at_or_before_it():
     assert anchor_rows(7, 3, torch.device("cpu")).tolist() == [0, 0, 0, 3, 3, 3, 6]
 
 
+def test_strided_samples_are_distinct_in_range_keys_and_the_rank_errs_low():
+    for T, M in ((1000, 7), (2048, 128), (131072, 2048), (5, 5)):
+        keys = sample_keys(9, M, T, torch.device("cpu"))
+        assert keys.shape == (9, M) and int(keys.min()) >= 0 and int(keys.max()) < T
+        assert all(len(set(row.tolist())) == M for row in keys)
+    assert (sample_size(4096), sample_size(8192), sample_size(262144), sample_size(2**22)) == (0, 1024, 2048, 4096)
+    assert sample_size(100, 500) == 100 and sample_size(10**6, 0) == 0
+    # kk M / T sampled keys lie above the kk-th score on average: the rank adds sigmas deviations.
+    assert sample_rank(2048, 2048, 131072, 4.0) == 56  # ceil(32 + 4 sqrt(32)) + 1
+    assert sample_rank(2048, 2048, 131072, 0.0) == 33
+    assert sample_rank(64, 8, 64, 4.0) == 8 and sample_rank(1, 100, 10**6, -9.0) == 1
+
+
+def _misaligned(S=32, T=2048, H=8, D=32):
+    """Topics in runs of 5 queries: a query's anchor (every 16th query) rarely shares its topic."""
+    q, k, w, _ = zoo_inputs("misaligned_runs", 1, S, T, H, D, seed=0)
+    return q, k, w, torch.ones(S, T, dtype=torch.bool).tril(T - S)[None]
+
+
+def test_own_threshold_rescues_queries_whose_anchor_does_not_share_their_top_keys():
+    q, k, w, mask = _misaligned()
+    summaries = {}
+    for sampled in (0, 128):
+        stats = TopkStats()
+        config = CertifiedTopkConfig(sink=0, window=0, sample_keys=sampled)
+        _assert_same(certified_topk(q, k, w, 32, mask, config=config, stats=stats), dense_topk(q, k, w, 32, mask))
+        summaries[sampled] = (stats.pruned_frac, stats.summary()["fallbacks"])
+    assert summaries[0][0] < 0.5 and summaries[0][1]["overflow"] > 10  # anchor witnesses alone
+    assert summaries[128][0] > 0.9 and summaries[128][1]["overflow"] == 0
+
+
+def test_an_own_threshold_above_the_kth_score_is_caught_and_answered_densely():
+    q, k, w, mask = _misaligned()
+    stats = TopkStats()
+    config = CertifiedTopkConfig(sink=0, window=0, sample_keys=128, sample_sigmas=-4.0)
+    _assert_same(certified_topk(q, k, w, 32, mask, config=config, stats=stats), dense_topk(q, k, w, 32, mask))
+    assert stats.summary()["fallbacks"]["threshold_miss"] > 10
+
+
 def _structured(S=64, T=2048, H=16, D=32, seed=0):
     q, k, w, _ = structured_indexer_inputs(1, S, T, H, D, seed=seed)
     return q, k, w
@@ -235,7 +276,7 @@ def _structured(S=64, T=2048, H=16, D=32, seed=0):
 def test_certificate_prunes_most_keys_of_structured_indexer_inputs():
     q, k, w = _structured()
     stats = TopkStats()
-    got = certified_topk(q, k, w, 64, config=CertifiedTopkConfig(min_keys=0), stats=stats)
+    got = certified_topk(q, k, w, 64, config=CertifiedTopkConfig(), stats=stats)
     _assert_same(got, dense_topk(q, k, w, 64))
     summary = stats.summary()
     assert summary["keys_screened"] > 0.5 * summary["keys_visible"]
@@ -258,7 +299,7 @@ def test_pruned_structured_inputs_stay_exact_across_paths_dtypes_ties_and_masks(
         offsets = torch.randint(-1, 2, (1, 16, 256), generator=torch.Generator().manual_seed(seed)) / 4
         mask = torch.where(causal, offsets, -INF)
     stats = TopkStats()
-    config = CertifiedTopkConfig(r=r, min_keys=0, anchor_stride=4, sink=4, window=16)
+    config = CertifiedTopkConfig(r=r, anchor_stride=4, sink=4, window=16)
     got = certified_topk(q, k, w, 8, mask, config=config, stats=stats)
     _assert_same(got, dense_topk(q, k, w, 8, mask))
     assert stats.summary()["keys_screened"] > 0 and stats.pruned_frac > 0.5
@@ -280,7 +321,7 @@ def test_causal_structured_inputs_prune_and_stay_exact():
     q, k, w = _structured(S=32, T=1024)
     mask = torch.arange(1024)[None, None, :] <= torch.arange(1024 - 32, 1024)[None, :, None]
     stats = TopkStats()
-    got = certified_topk(q, k, w, 32, mask, config=CertifiedTopkConfig(min_keys=0), stats=stats)
+    got = certified_topk(q, k, w, 32, mask, config=CertifiedTopkConfig(), stats=stats)
     _assert_same(got, dense_topk(q, k, w, 32, mask))
     assert stats.pruned_frac > 0.5
 
@@ -293,7 +334,7 @@ def test_float32_min_additive_mask_of_transformers_eager_prunes_without_range_fa
     causal = torch.arange(1024)[None, None, :] <= torch.arange(512, 544)[None, :, None]
     mask = torch.where(causal, 0.0, torch.finfo(torch.float32).min)
     stats = TopkStats()
-    got = certified_topk(q, k, w, 32, mask, config=CertifiedTopkConfig(min_keys=0), stats=stats)
+    got = certified_topk(q, k, w, 32, mask, config=CertifiedTopkConfig(), stats=stats)
     _assert_same(got, dense_topk(q, k, w, 32, mask))
     summary = stats.summary()
     assert summary["fallbacks"]["numeric_range"] == 0
@@ -305,7 +346,7 @@ def test_non_contiguous_inputs_and_expanded_masks_give_the_dense_result():
     q = torch.randn(2, 8, 6, 5, generator=g).transpose(2, 3)
     k = torch.randn(2, 6, 30, generator=g).transpose(1, 2)
     w = torch.randn(8, 5, 2, generator=g).permute(2, 0, 1)
-    config = CertifiedTopkConfig(anchor_stride=2, sink=1, window=1, min_keys=0)
+    config = CertifiedTopkConfig(anchor_stride=2, sink=1, window=1)
     bool_mask = (torch.arange(30) < 20).expand(2, 8, 30)
     float_mask = torch.zeros(1, 1, 30).masked_fill(torch.arange(30) > 25, -INF).expand(2, 8, 30)
     for mask in (None, bool_mask, float_mask):
@@ -336,7 +377,7 @@ def test_nonfinite_query_falls_back_and_is_counted():
     q, k, w = _random()
     q[0, 2, 1, 0] = NAN
     w[0, 3, 0] = INF
-    summary = _route_counts(q, k, w, 3, min_keys=0, anchor_stride=4)
+    summary = _route_counts(q, k, w, 3, anchor_stride=4)
     assert summary["fallbacks"]["nonfinite"] == 2 and summary["anchors"] == 1
 
 
@@ -346,7 +387,7 @@ def test_nonfinite_visible_key_or_bias_falls_back_but_a_hidden_one_does_not():
     mask = torch.zeros(1, 4, 30)
     mask[0, 1:, 5] = -INF  # key 5 hidden for queries 1-3, visible to query 0 (the anchor)
     mask[0, 2, 7] = NAN
-    summary = _route_counts(q, k, w, 3, mask, min_keys=0, anchor_stride=4)
+    summary = _route_counts(q, k, w, 3, mask, anchor_stride=4)
     assert summary["fallbacks"]["nonfinite"] == 2  # the anchor (query 0) and query 2
     assert summary["anchors"] == 0
 
@@ -355,29 +396,28 @@ def test_score_range_that_could_overflow_float32_falls_back_and_is_counted():
     q, k, w = _random()
     q[0, 1] *= 1e19
     k *= 1e19
-    summary = _route_counts(q, k, w, 3, min_keys=0, anchor_stride=4)
+    summary = _route_counts(q, k, w, 3, anchor_stride=4)
     assert summary["fallbacks"]["numeric_range"] >= 1
 
 
 def test_topk_not_below_the_visible_count_falls_back_and_is_counted():
     q, k, w = _random(S=3)
-    summary = _route_counts(q, k, w, 30, min_keys=0)
+    summary = _route_counts(q, k, w, 30)
     assert summary["fallbacks"]["topk_ge_visible"] == 3 and summary["keys_screened"] == 0
 
 
-def test_few_visible_keys_or_dense_path_fall_back_as_dense_cheaper():
+def test_the_dense_path_falls_back_as_dense_cheaper():
     q, k, w = _random(S=5)
-    assert _route_counts(q, k, w, 3, min_keys=31)["fallbacks"]["dense_cheaper"] == 5
     assert _route_counts(q, k, w, 3, path="dense")["fallbacks"]["dense_cheaper"] == 5
-    assert _route_counts(q, k, w, 3, min_keys=31, path="certified")["fallbacks"]["dense_cheaper"] == 0
+    assert _route_counts(q, k, w, 3, path="certified")["fallbacks"]["dense_cheaper"] == 0
 
 
 def test_survivors_beyond_the_workspace_fall_back_as_overflow_and_stay_exact():
     q, k, w = _random(S=6, T=40, H=8, D=8)
-    summary = _route_counts(q, k, w, 2, min_keys=0, anchor_stride=6, sink=0, window=0,
+    summary = _route_counts(q, k, w, 2, anchor_stride=6, sink=0, window=0,
                             workspace_frac=0.0)
     assert summary["fallbacks"]["overflow"] >= 1
-    relaxed = _route_counts(q, k, w, 2, min_keys=0, anchor_stride=6, sink=0, window=0,
+    relaxed = _route_counts(q, k, w, 2, anchor_stride=6, sink=0, window=0,
                             workspace_frac=1.0)
     assert relaxed["fallbacks"]["overflow"] == 0
 
@@ -386,7 +426,7 @@ def test_stats_accumulate_over_calls_and_count_every_reason():
     q, k, w = _random()
     stats = TopkStats()
     for _ in range(2):
-        certified_topk(q, k, w, 3, config=CertifiedTopkConfig(min_keys=0, anchor_stride=2), stats=stats)
+        certified_topk(q, k, w, 3, config=CertifiedTopkConfig(anchor_stride=2), stats=stats)
     summary = stats.summary()
     assert summary["queries"] == 8 and summary["anchors"] == 4
     assert summary["keys_visible"] == 8 * 30
@@ -401,10 +441,12 @@ def test_stats_accumulate_over_calls_and_count_every_reason():
         ("anchor_stride", 0, "anchor_stride: expected an int >= 1"),
         ("sink", -1, "sink: expected an int >= 0"),
         ("window", True, "window: expected an int >= 0"),
-        ("min_keys", -2, "min_keys: expected an int >= 0"),
+        ("sample_keys", -1, "sample_keys: expected an int >= 0"),
+        ("sample_sigmas", INF, "sample_sigmas: expected a finite number"),
         ("workspace_frac", -0.5, "workspace_frac: expected a finite number >= 0"),
         ("workspace_frac", NAN, "workspace_frac: expected a finite number >= 0"),
         ("path", "fast", "path: expected one of"),
+        ("path", "auto", "path: expected one of"),
     ],
 )
 def test_invalid_config_raises_an_error_naming_the_field(field, value, words):

@@ -8,9 +8,7 @@ import pytest
 import torch
 
 from compiler.lowering.certified_topk_triton import (
-    CUDA_MIN_KEYS,
     certified_topk_cuda,
-    choose_path,
     dense_codes_topk,
     dense_topk_cuda,
     redo_dense,
@@ -18,7 +16,8 @@ from compiler.lowering.certified_topk_triton import (
 )
 from compiler.lowering.dsa_score_triton import decode_codes, score_keys
 from compiler.lowering.dsa_screen_triton import screen
-from runtime.certified_topk import CertifiedTopkConfig
+from runtime.certified_topk import CertifiedTopkConfig, TopkStats
+from runtime.indexer_zoo import zoo_inputs
 from runtime.dense_scorer import dense_topk
 from runtime.rounding import key_norm_up, round_up_to_float32
 from runtime.structured_indexer import structured_indexer_inputs
@@ -72,6 +71,23 @@ def test_certified_equals_dense_triton_and_prunes_on_structured_bf16():
     out = certified_topk_cuda(q, k, w, 64, mask, config=CERTIFIED, trace=trace)
     assert_same(out, dense_topk_cuda(q, k, w, 64, mask))
     assert trace[0].list_count.float().median() < 0.5 * k.shape[1]
+
+
+@pytest.mark.parametrize("sigmas", [4.0, -4.0])
+def test_own_sample_threshold_prunes_misaligned_queries_and_a_too_high_one_is_redone(sigmas):
+    """Topics in runs of 5 queries: anchor witnesses are poor; each query's own sample threshold
+    (64 strided keys) keeps the screen pruning. A rank far too optimistic (sigmas=-4) puts the
+    threshold above the kk-th score: those rows write fewer than kk candidates and are redone."""
+    S, T = 16, 1024
+    q, k, w, _ = zoo_inputs("misaligned_runs", 1, S, T, 8, 32, seed=0, dtype=torch.bfloat16)
+    mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None]
+    stats = TopkStats()
+    config = CertifiedTopkConfig(path="certified", sample_keys=64, sample_sigmas=sigmas)
+    out = certified_topk_cuda(q, k, w, 32, mask, config=config, stats=stats)
+    assert_same(out, dense_topk_cuda(q, k, w, 32, mask))
+    fallbacks = stats.summary()["fallbacks"]
+    assert fallbacks["overflow"] == 0 and stats.pruned_frac > 0.8
+    assert (fallbacks["threshold_miss"] > 0) == (sigmas < 0)
 
 
 def test_screen_keeps_every_key_scoring_at_least_tau():
@@ -171,55 +187,16 @@ def test_bad_arguments_raise_errors_naming_the_argument():
         certified_topk_cuda(q, k.to("meta"), w, 8)
 
 
-def test_auto_path_is_dense_below_the_cuda_minimum_and_follows_a_forced_path():
+def test_the_dense_path_runs_the_dense_scorer_without_the_certified_stages(monkeypatch):
+    import compiler.lowering.certified_topk_triton as triton_topk
+
     q, k, w = integer_inputs(4, 64, 2, 16, seed=6)
-    auto = CertifiedTopkConfig(path="auto", min_keys=0)
-    assert choose_path(q, w, k, None, 8, auto) == "dense"
-    assert choose_path(q, w, k, None, 8, CERTIFIED) == "certified"
-    assert 64 < CUDA_MIN_KEYS
-
-
-def test_auto_path_without_a_crossover_probes_only_above_the_work_threshold(monkeypatch):
-    import compiler.lowering.certified_topk_triton as triton_topk
-
-    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
-    auto = CertifiedTopkConfig(path="auto", min_keys=0, anchor_stride=16, workspace_frac=0.1)
-    probes = []
-    real_stage = triton_topk._screen_stage
-    monkeypatch.setattr(triton_topk, "_screen_stage", lambda *a: probes.append(1) or real_stage(*a))
-    monkeypatch.setattr(triton_topk, "CUDA_MIN_KEYS", 0)
-    monkeypatch.setattr(triton_topk, "PROBE_MIN_WORK", 16 * 1024 * 4 + 1)
-    assert choose_path(q, w.float(), k, mask, 32, auto) == "dense" and probes == []
-    monkeypatch.setattr(triton_topk, "PROBE_MIN_WORK", 16 * 1024 * 4)
-    choose_path(q, w.float(), k, mask, 32, auto)  # at this size the probe predicts dense
-    assert probes == [1]
-
-
-def test_auto_path_with_a_crossover_follows_it_without_a_probe(monkeypatch):
-    import compiler.lowering.certified_topk_triton as triton_topk
-
-    q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
-    auto = CertifiedTopkConfig(path="auto", anchor_stride=16, workspace_frac=0.1)
-    probes = []
-    real_stage = triton_topk._screen_stage
-    monkeypatch.setattr(triton_topk, "_screen_stage", lambda *a: probes.append(1) or real_stage(*a))
-    assert choose_path(q, w, k, mask, 32, auto, crossover=1024) == "certified"
-    assert choose_path(q, w, k, mask, 32, auto, crossover=1025) == "dense"
-    assert probes == []
-    dense = dense_topk_cuda(q, k, w, 32, mask)
-    for crossover, runs_certified in ((0, True), (1024, True), (1025, False)):
-        trace = []
-        out = certified_topk_cuda(q, k, w, 32, mask, config=auto, trace=trace, crossover=crossover)
-        assert_same(out, dense)
-        assert len(trace) == int(runs_certified)
-    assert len(probes) == 2  # the two certified calls' own screen stages, no probe
-
-
-def test_crossover_must_be_a_key_length():
-    q, k, w = integer_inputs(4, 64, 2, 16, seed=7)
-    for bad in (-1, 2.5, True):
-        with pytest.raises(ValueError, match="crossover"):
-            certified_topk_cuda(q, k, w, 8, crossover=bad)
+    stages = []
+    monkeypatch.setattr(triton_topk, "_screen_stage", lambda *a: stages.append(1))
+    stats = TopkStats()
+    out = certified_topk_cuda(q, k, w, 8, config=CertifiedTopkConfig(path="dense"), stats=stats)
+    assert_same(out, dense_topk(q, k, w, 8))
+    assert stages == [] and stats.summary()["fallbacks"]["dense_cheaper"] == 4
 
 
 def test_order_codes_decode_to_their_value_and_key_bitwise():
@@ -248,15 +225,40 @@ HOST_READS = ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__", "
 def test_certified_and_dense_calls_never_read_a_value_back_to_the_host():
     q, k, w, mask = structured(S=16, T=1024, H=4, D=16)
     dense = dense_topk_cuda(q, k, w, 32, mask)
-    auto = CertifiedTopkConfig(path="auto", anchor_stride=16, workspace_frac=0.0)
+    no_room = CertifiedTopkConfig(anchor_stride=16, workspace_frac=0.0)
+    own = CertifiedTopkConfig(sample_keys=64, sample_sigmas=-4.0)  # own thresholds, too high: misses redone
     with pytest.MonkeyPatch.context() as patch:
         for name in HOST_READS:
             patch.setattr(torch.Tensor, name, _host_read)
         outs = [certified_topk_cuda(q, k, w, 32, mask, config=CERTIFIED),
-                certified_topk_cuda(q, k, w, 32, mask, config=auto, crossover=0),  # lists overflow
+                certified_topk_cuda(q, k, w, 32, mask, config=no_room),  # lists overflow
+                certified_topk_cuda(q, k, w, 32, mask, config=own),
                 dense_topk_cuda(q, k, w, 32, mask)]
-    for out, ref in zip(outs, (dense, dense, dense)):
+    for out, ref in zip(outs, (dense, dense, dense, dense)):
         assert_same(out, ref)
+
+
+def test_the_guarded_cuda_op_path_reads_nothing_back_and_settles_on_one_path():
+    """The op's CUDA kernel (run here on CPU tensors, Triton interpreted): path choice and runtime
+    guard included, four calls (certified warm-up, measured dense, measured certified, the verdict's
+    path) read no tensor value back and all return the dense answer."""
+    from compiler.ops.certified_topk import _certified_topk_cuda
+    from compiler.path_choice import GUARD
+
+    q, k, w, mask = structured(S=32, T=1024, H=4, D=16)
+    dense = dense_topk_cuda(q, k, w, 32, mask)
+    GUARD.reset()
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_READS:
+            patch.setattr(torch.Tensor, name, _host_read)
+        outs = [_certified_topk_cuda(q, k, w, 32, mask, layer="guarded", min_keys=0, record_stats=False)
+                for _ in range(4)]
+    for out in outs:
+        assert_same(out, dense)
+    (state,) = GUARD.summaries()["guarded"]
+    assert state["path"] in ("dense", "certified")
+    assert state["certified_calls"] + state["dense_calls"] == 4 and state["dense_calls"] >= 1
+    GUARD.reset()
 
 
 def _host_read(*args, **kwargs):

@@ -1,30 +1,36 @@
 """The cost model against hand-computed cases and a brute-force sum over queries."""
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
 import sympy
 
-from compiler.cost_model import (CPU_REFERENCE, H200_FITTED, IndexerShape, KernelConstants, T,
-                                 amdahl_speedup, assumed_budget, candidate_rs, certified_call_time, choose_layer,
-                                 crossover_length, default_choice, dense_call_time, screen_rows)
+from compiler.cost_model import (CPU_REFERENCE, H200_FITTED, IndexerShape, KernelConstants, T, candidate_rs,
+                                 certified_call_time, crossover_length, dense_call_time, predicted_ratio,
+                                 screen_rows)
+from runtime.seeds import SAMPLE_PER_KEYS
 
 # Unit rates and no fixed costs: every term of the work model is a count that can be done by hand.
 UNIT = KernelConstants(dense_macs_per_s=1.0, screen_macs_per_s=1.0, refine_macs_per_s=1.0,
                        select_keys_per_s=1.0, plan_s_per_query=0.0, dense_fixed_s=0.0,
                        certified_fixed_s=0.0, screen_tile=1, screen_pow2=False,
                        source="hand-computed test rates")
-# H = 8, D = 1, N0 = topk = 1, one anchor per 8 queries: dense(n) = 9n and, for r = 1 (2 screen rows),
-# certified(n) = n (anchor) + 8 (seed) + 2(n-1) (screen) + 8m(n-1) (refine) + 1 + m(n-1) (select).
-CHUNK = IndexerShape(heads=8, head_dim=1, topk=1, queries=1, sink=0, window=0, anchor_stride=8)
+# H = 8, D = 1, N0 = topk = 1, no sample, a chunk of 8 queries with one anchor: per query dense(n) = 9n
+# and, for r = 1 (2 screen rows), certified(n) = n (1/8 anchor) + 8 (seed) + 2(n-1) (screen)
+# + 8m(n-1) (refine) + 1 + m(n-1) (select). The chunk's queries see n = T-7 .. T keys.
+CHUNK = IndexerShape(heads=8, head_dim=1, topk=1, queries=8, sink=0, window=0, anchor_stride=8, sample=False)
 PREFILL = dataclasses.replace(CHUNK, queries=None)
 
 
-def brute_force_times(shape, c, r, m, length):
+def brute_force_times(shape, c, r, m, length, redo=0.0):
     """Sum the per-query model over every query of a call, one query at a time."""
     hd = shape.heads * shape.head_dim
     lo = 1 if shape.queries is None else length - shape.queries + 1
+    anchors = 1 / shape.anchor_stride if shape.queries is None else \
+        math.ceil(shape.queries / shape.anchor_stride) / shape.queries
+    sample = length / SAMPLE_PER_KEYS if shape.sample else 0
     dense = cert = 0.0
     for n in range(lo, length + 1):
         d = n * hd / c.dense_macs_per_s + n / c.select_keys_per_s
@@ -33,10 +39,10 @@ def brute_force_times(shape, c, r, m, length):
             cert += d
             continue
         s = n - shape.n0
-        cert += (c.plan_s_per_query + n * hd / (shape.anchor_stride * c.dense_macs_per_s)
-                 + shape.n0 * hd / c.refine_macs_per_s
+        cert += (c.plan_s_per_query + anchors * n * hd / c.dense_macs_per_s
+                 + (shape.n0 + sample) * hd / c.refine_macs_per_s
                  + s * screen_rows(r, c) * shape.head_dim / c.screen_macs_per_s
-                 + m * s * hd / c.refine_macs_per_s + (shape.n0 + m * s) / c.select_keys_per_s)
+                 + m * s * hd / c.refine_macs_per_s + (shape.n0 + m * s) / c.select_keys_per_s + redo * d)
     return (c.dense_fixed_s + shape.batch * dense, c.certified_fixed_s + shape.batch * cert)
 
 
@@ -60,9 +66,15 @@ def test_candidate_budgets_fill_their_padded_rows_and_stay_below_the_head_count(
 
 
 def test_chunk_call_times_match_the_hand_computed_polynomials():
-    assert sympy.simplify(dense_call_time(CHUNK, UNIT) - 9 * T) == 0
-    # m = 0: n + 8 + 2(n - 1) + 1 = 3n + 7.
-    assert sympy.simplify(certified_call_time(1, 0.0, CHUNK, UNIT) - (3 * T + 7)) == 0
+    assert sympy.simplify(dense_call_time(CHUNK, UNIT) - (72 * T - 252)) == 0  # 9 (8T - 28)
+    # m = 0: sum of 3n + 7 over the 8 queries.
+    assert sympy.simplify(certified_call_time(1, 0.0, CHUNK, UNIT) - (24 * T - 28)) == 0
+    # A chunk of one query is its own anchor: dense scoring plus every certified stage.
+    one = dataclasses.replace(CHUNK, queries=1)
+    assert sympy.simplify(certified_call_time(1, 0.0, one, UNIT) - (10 * T + 7)) == 0
+    # Redone queries pay dense scoring on top; a scale multiplies the whole call.
+    assert sympy.simplify(certified_call_time(1, 0.0, CHUNK, UNIT, redo=0.5) - (24 * T - 28 + 36 * T - 126)) == 0
+    assert sympy.simplify(certified_call_time(1, 0.0, CHUNK, UNIT, scale=2.0) - 2 * (24 * T - 28)) == 0
 
 
 def test_prefill_call_times_match_the_hand_computed_polynomials():
@@ -72,21 +84,24 @@ def test_prefill_call_times_match_the_hand_computed_polynomials():
     assert sympy.expand(certified_call_time(1, 0.0, PREFILL, UNIT) - expected) == 0
 
 
-@pytest.mark.parametrize("shape", [CHUNK, PREFILL, dataclasses.replace(CHUNK, queries=5, batch=3)])
+@pytest.mark.parametrize("shape", [CHUNK, PREFILL, dataclasses.replace(CHUNK, queries=5, batch=3),
+                                   dataclasses.replace(CHUNK, sample=True, queries=20)])
 @pytest.mark.parametrize("c", [UNIT, CPU_REFERENCE, H200_FITTED])
 def test_symbolic_call_times_equal_the_brute_force_sum_over_queries(shape, c):
     for length in (40, 97):
-        dense, cert = brute_force_times(shape, c, 5, 0.25, length)
+        dense, cert = brute_force_times(shape, c, 5, 0.25, length, redo=0.125)
         assert float(dense_call_time(shape, c).subs(T, length)) == pytest.approx(dense, rel=1e-12)
-        assert float(certified_call_time(5, 0.25, shape, c).subs(T, length)) == pytest.approx(cert, rel=1e-12)
+        got = float(certified_call_time(5, 0.25, shape, c, redo=0.125).subs(T, length))
+        assert got == pytest.approx(cert, rel=1e-12)
 
 
 def test_crossover_of_a_chunk_is_the_first_length_strictly_past_the_root():
-    fixed = dataclasses.replace(UNIT, certified_fixed_s=100.0)
-    # m = 0: 107 + 3T < 9T  <=>  T > 17.83.
-    assert crossover_length(1, 0.0, CHUNK, fixed) == 18
-    # m = 1/2, fixed 101: 103.5 + 7.5T < 9T  <=>  T > 69; at T = 69 the paths tie, so certified starts at 70.
-    assert crossover_length(1, 0.5, CHUNK, dataclasses.replace(UNIT, certified_fixed_s=101.0)) == 70
+    # m = 0, fixed 1000: 1000 + 24T - 28 < 72T - 252  <=>  T > 25.5.
+    assert crossover_length(1, 0.0, CHUNK, dataclasses.replace(UNIT, certified_fixed_s=1000.0)) == 26
+    # m = 1/2 (60T - 190), fixed 130: 12T > 192; at T = 16 the paths tie, so certified starts at 17.
+    assert crossover_length(1, 0.5, CHUNK, dataclasses.replace(UNIT, certified_fixed_s=130.0)) == 17
+    # A measured scale of 3 (72T - 84 + 3000 < 72T - 252 never): no crossover.
+    assert crossover_length(1, 0.0, CHUNK, dataclasses.replace(UNIT, certified_fixed_s=1000.0), scale=3.0) is None
 
 
 def test_crossover_of_a_prefill_solves_the_quadratic():
@@ -100,7 +115,7 @@ def test_crossover_of_a_prefill_solves_the_quadratic():
 
 def test_crossover_never_precedes_the_lengths_where_queries_can_be_screened():
     # Without fixed costs certified wins from the first screened key: T >= N0 + queries.
-    assert crossover_length(1, 0.0, CHUNK, UNIT) == 2
+    assert crossover_length(1, 0.0, CHUNK, UNIT) == 9
     assert crossover_length(1, 0.0, dataclasses.replace(CHUNK, queries=7), UNIT) == 8
 
 
@@ -111,58 +126,9 @@ def test_no_crossover_when_survivors_cost_more_than_the_screen_saves():
     assert crossover_length(1, 0.625, CHUNK, UNIT) is not None
 
 
-def test_choice_is_dense_when_the_design_length_is_short_and_certified_when_long():
-    fixed = dataclasses.replace(UNIT, certified_fixed_s=100.0)
-    short = choose_layer({1: 0.0}, CHUNK, fixed, design_length=17)
-    long = choose_layer({1: 0.0}, CHUNK, fixed, design_length=1000)
-    assert (short.path, short.r, short.crossover) == ("dense", None, None)
-    assert (long.path, long.r, long.crossover) == ("certified", 1, 18)
-    assert long.predicted_pruned_frac == 1.0
-    assert long.predicted_speedup == pytest.approx(9000 / (100 + 3 * 1000 + 7))
-
-
-def test_choice_is_dense_when_every_measured_budget_prunes_too_little():
-    choice = choose_layer({1: 0.95, 2: 0.9, 3: 0.8}, CHUNK, UNIT, design_length=10**6)
-    assert choice.path == "dense" and choice.r is None and choice.predicted_speedup == 1.0
-
-
-def test_choice_takes_the_budget_with_the_lowest_predicted_time():
-    # Per-key slopes (anchor 1 + rows r + 1 + 9m): r=1: 7.5; r=2: 4 + 0.9 = 4.9; r=4: 6.
-    choice = choose_layer({1: 0.5, 2: 0.1, 4: 0.0}, CHUNK, UNIT, design_length=1000)
-    assert choice.r == 2 and choice.predicted_pruned_frac == pytest.approx(0.9)
-
-
-def test_choice_breaks_ties_towards_the_smaller_budget():
-    # With a screen tile of 4, r = 1 and r = 2 both pad to 4 rows: equal m gives equal times.
-    tiled = dataclasses.replace(UNIT, screen_tile=4)
-    assert choose_layer({2: 0.25, 1: 0.25}, CHUNK, tiled, design_length=1000).r == 1
-
-
-def test_budgets_at_or_above_the_head_count_are_never_chosen():
-    assert choose_layer({8: 0.0}, CHUNK, UNIT, design_length=1000).path == "dense"
-
-
-def test_assumed_budget_is_the_first_aligned_budget_of_at_least_four_heads():
-    assert assumed_budget(64, padded(16, False)) == 15
-    assert assumed_budget(64, H200_FITTED) == 7
-    assert assumed_budget(64, UNIT) == 4
-    assert assumed_budget(4, UNIT) is None
-    assert assumed_budget(8, padded(16, False)) is None
-
-
-def test_default_choice_leaves_r_to_the_runtime_and_predicts_a_crossover():
-    shape = IndexerShape(heads=64, head_dim=128, topk=2048)
-    choice = default_choice(shape, H200_FITTED, 131072)
-    assert choice.path == "certified" and choice.r is None
-    assert shape.n0 < choice.crossover < 131072
-    no_budget = padded(16, False)
-    assert default_choice(IndexerShape(heads=8, head_dim=128, topk=2048), no_budget, 131072).path == "dense"
-
-
-def test_amdahl_matches_hand_values():
-    assert amdahl_speedup(0.9, 10.0) == pytest.approx(1 / 0.19)
-    assert amdahl_speedup(0.0, 5.0) == 1.0
-    assert amdahl_speedup(1.0, 2.5) == pytest.approx(2.5)
+def test_predicted_ratio_is_certified_over_dense_time_at_one_length():
+    assert predicted_ratio(1000, 1, 0.0, CHUNK, UNIT) == pytest.approx((24 * 1000 - 28) / (72 * 1000 - 252))
+    assert predicted_ratio(1000, 1, 0.0, CHUNK, UNIT, scale=2.0) == pytest.approx(2 * (24 * 1000 - 28) / (72 * 1000 - 252))
 
 
 @pytest.mark.parametrize("bad", [{"dense_macs_per_s": 0.0}, {"plan_s_per_query": -1.0},
@@ -184,8 +150,10 @@ def test_bad_arguments_are_rejected_naming_them():
         crossover_length(1, 1.5, CHUNK, UNIT)
     with pytest.raises(TypeError, match="IndexerShape.heads"):
         IndexerShape(heads=8.0, head_dim=1, topk=1)
-    with pytest.raises(ValueError, match="fraction"):
-        amdahl_speedup(1.2, 2.0)
+    with pytest.raises(ValueError, match="redo: expected a fraction"):
+        certified_call_time(1, 0.5, CHUNK, UNIT, redo=1.5)
+    with pytest.raises(ValueError, match="scale"):
+        certified_call_time(1, 0.5, CHUNK, UNIT, scale=0.0)
 
 
 def test_h200_constants_reproduce_the_indexer_benchmark_within_thirty_percent():
@@ -198,8 +166,9 @@ def test_h200_constants_reproduce_the_indexer_benchmark_within_thirty_percent():
     for (H, S, length, D, topk), methods in rows.items():
         if len(methods) < 2:
             continue
-        shape = IndexerShape(heads=H, head_dim=D, topk=topk, queries=S)
-        # The benchmark's certified path: default budget rule (few positive heads: r = 4, 8 padded rows).
+        # The benchmark's certified path: default budget rule (few positive heads: r = 4, 8 padded rows),
+        # measured before the own-threshold sample existed.
+        shape = IndexerShape(heads=H, head_dim=D, topk=topk, queries=S, sample=False)
         m = methods["certified_forced"]["survivors_per_query"] / (length - S / 2 - shape.n0)
         dense = float(dense_call_time(shape, H200_FITTED).subs(T, length)) * 1e3
         cert = float(certified_call_time(4, m, shape, H200_FITTED).subs(T, length)) * 1e3

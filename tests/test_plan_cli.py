@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from compiler.cost_model import CPU_REFERENCE, H200_FITTED, IndexerShape, crossover_length
-from compiler.plan import layer_candidates, main
-from compiler.plan_schema import PLAN_VERSION, load_plan
+from compiler.plan.cli import layer_candidates, main
+from compiler.plan.schema import PLAN_VERSION, load_plan
 from compiler.report import collecting
 
 LAYERS = ["model.layers.0.self_attn.indexer", "model.layers.1.self_attn.indexer"]
@@ -110,20 +110,40 @@ def test_candidates_are_checked_before_the_model_is_loaded(tmp_path):
                   "--out", str(tmp_path / "plan.json"), "--candidates", bad])
 
 
-def test_layer_candidates_stay_below_the_head_count():
+def test_layer_candidates_default_to_the_short_list_and_stay_below_the_head_count():
     assert layer_candidates([4, 12], 32, CPU_REFERENCE) == [4, 12]
-    assert layer_candidates(None, 32, H200_FITTED) == [1, 3, 7, 15, 31]
+    assert layer_candidates(None, 32, H200_FITTED) == [1, 3, 7]
+    assert layer_candidates(None, 4, H200_FITTED) == [1, 3]
+    assert layer_candidates("all", 32, H200_FITTED) == [1, 3, 7, 15, 31]
     with pytest.raises(ValueError, match="below the layer's 32 heads"):
         layer_candidates([4, 32], 32, CPU_REFERENCE)
 
 
-def test_structured_geometry_gets_a_certified_plan(tmp_path):
+STRUCTURED = ["--structured", "1,48,1200,16,16,64", "--candidates", "3,7", "--constants", "h200",
+              "--design-length", "1048576"]
+
+
+def test_a_layer_without_enough_evidence_is_planned_dense_and_the_cli_says_why(tmp_path, capsys):
     out = tmp_path / "structured.json"
-    assert main(["--structured", "1,48,1200,16,16,64", "--candidates", "3,7", "--constants", "h200",
-                 "--design-length", "1048576", "--out", str(out)]) == 0
+    assert main([*STRUCTURED, "--out", str(out)]) == 0
+    (entry,) = load_plan(out).layers
+    assert (entry.path, entry.r, entry.crossover) == ("dense", None, None)
+    assert entry.reason.startswith("not enough evidence")
+    assert "structured: path=dense" in capsys.readouterr().err and "not enough evidence" in entry.reason
+
+
+def test_structured_geometry_gets_a_certified_plan(tmp_path, monkeypatch):
+    import compiler.path_choice as path_choice
+
+    # 48 queries of 1200 keys are enough to certify once the evidence thresholds are lowered to them.
+    monkeypatch.setattr(path_choice, "MIN_SCREENED_KEYS", 20_000)
+    monkeypatch.setattr(path_choice, "MIN_CERTIFIED_QUERIES", 32)
+    out = tmp_path / "structured.json"
+    assert main([*STRUCTURED, "--out", str(out)]) == 0
     (entry,) = load_plan(out).layers
     assert entry.layer == "structured" and (entry.heads, entry.head_dim, entry.topk) == (16, 16, 64)
     assert entry.path == "certified" and entry.r in (3, 7) and entry.predicted_pruned_frac > 0.9
+    assert all(c.ms is None for c in entry.candidates) and entry.dense_ms is None  # h200 constants on a CPU
     assert load_plan(out).inputs["parameters"]["T"] == 1200
 
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from compiler.cost_model import CPU_REFERENCE
 from compiler.lowering.stats import TOPK_STATS
 from compiler.options import CompileOptions
-from compiler.plan_schema import LayerPlan, Plan, PlanError, save_plan
+from compiler.path_choice import GUARD
+from compiler.plan.schema import LayerPlan, Plan, PlanError, save_plan
 from compiler.report import collecting
 
 H, D, K, HIDDEN = 8, 16, 8, 32
@@ -52,7 +53,7 @@ def layer(name, path="certified", r=3, crossover=50, heads=H):
     return LayerPlan(layer=name, path=path, r=r if path == "certified" else None,
                      crossover=crossover if path == "certified" else None, heads=heads, head_dim=D, topk=K,
                      predicted_pruned_frac=0.9 if path == "certified" else None, predicted_speedup=1.0,
-                     candidates=(), seed_gap=None, slack=None)
+                     reason="tests", dense_ms=None, calibration_calls=(), candidates=(), seed_gap=None, slack=None)
 
 
 def plan_of(*layers):
@@ -63,6 +64,7 @@ def plan_of(*layers):
 def compile_and_run(model, options, lengths, dynamic=None):
     torch._dynamo.reset()
     TOPK_STATS.reset()
+    GUARD.reset()
     torch.manual_seed(0)
     summaries = []
     with collecting() as report, torch.no_grad():
@@ -81,7 +83,7 @@ def test_report_shows_the_plans_r_path_and_crossover_per_layer(tmp_path):
     report, _ = compile_and_run(TwoLayers().eval(), {"plan": str(path), "downstream": "eager"}, [24])
     by_layer = {rw.module: rw for rw in report.rewrites}
     assert set(by_layer) == {"first", "second"}
-    assert (by_layer["first"].r, by_layer["first"].path, by_layer["first"].details["min_keys"]) == (3, "auto", 50)
+    assert (by_layer["first"].r, by_layer["first"].path, by_layer["first"].details["min_keys"]) == (3, "certified", 50)
     assert by_layer["first"].details["predicted_pruned_frac"] == 0.9
     assert (by_layer["second"].r, by_layer["second"].path) == (None, "dense")
     assert by_layer["first"].details["settings_from"].startswith("plan ")
@@ -91,7 +93,7 @@ def test_without_a_plan_the_cost_model_sets_the_crossover():
     torch.manual_seed(0)
     report, _ = compile_and_run(TwoLayers().eval(), {"downstream": "eager"}, [24])
     for rw in report.rewrites:
-        assert rw.r is None and rw.path == "auto" and rw.details["settings_from"] == "cost model"
+        assert rw.r is None and rw.path == "certified" and rw.details["settings_from"] == "cost model"
         assert rw.details["min_keys"] > K
 
 
@@ -135,9 +137,10 @@ def test_length_dispatch_happens_in_the_op_without_recompiling_per_length():
     assert len(report.compiles) == 1 and len(report.rewrites) == 1
     for T, summary in zip(lengths, summaries):
         stats = summary[""]
-        # Query i sees i + 1 keys: at most K -> topk_ge_visible; below the crossover 50 -> dense_cheaper.
+        # Query i sees i + 1 keys: at most K -> topk_ge_visible; a call below the crossover 50 is dense,
+        # a longer one certified (the first call of its length bucket is the guard's certified warm-up).
         assert stats["fallbacks"]["topk_ge_visible"] == K
-        assert stats["fallbacks"]["dense_cheaper"] == min(T, 49) - K
+        assert stats["fallbacks"]["dense_cheaper"] == (T - K if T < 50 else 0)
         assert stats["queries"] == T
 
 

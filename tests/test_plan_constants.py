@@ -1,6 +1,6 @@
 """Constants of the reference stages measured on the CPU."""
 from compiler.cost_model import KernelConstants
-from compiler.plan_constants import measure_reference_constants
+from compiler.plan.constants import measure_reference_constants
 
 
 def test_reference_constants_are_measured_as_valid_positive_rates():

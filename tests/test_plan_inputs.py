@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from compiler.plan_inputs import batch_sequences, describe_tokens, load_model, load_token_ids
+from compiler.plan.inputs import batch_sequences, describe_tokens, load_model, load_token_ids
 
 
 def test_token_ids_load_identically_from_txt_npy_and_pt(tmp_path):

@@ -1,11 +1,12 @@
-"""Plan measurements: m(r) from the runtime's statistics, seed gaps and slacks, the layer choice."""
+"""Plan measurements: m(r), redo fraction and times from the runtime's statistics, seed gaps and slacks,
+and the layer decision built from them."""
 import pytest
 import torch
 
 from compiler.cost_model import H200_FITTED
-from compiler.plan_capture import CapturedCall
-from compiler.plan_measure import (certificate_diagnostics, choose_from_measurement, distribution,
-                                   measure_layer, measure_survival)
+from compiler.plan.capture import CapturedCall
+from compiler.plan.measure import (certificate_diagnostics, choose_from_measurement, distribution,
+                                   measure_candidate, measure_layer)
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats, certified_topk
 from runtime.structured_indexer import structured_indexer_inputs
 
@@ -35,20 +36,23 @@ def test_survival_is_survivors_over_screened_keys_of_the_runtime_statistics():
         certified_topk(c.q, c.k, c.weights, c.topk, c.mask, config=CertifiedTopkConfig(r=3, path="certified"),
                        stats=stats)
     s = stats.summary()
-    m = measure_survival(calls, 3)
+    m = measure_candidate(calls, 3)
     assert (m.keys_screened, m.survivors, m.queries) == (s["keys_screened"], s["survivors"], s["queries"])
     assert m.survival == s["survivors"] / s["keys_screened"]
-    assert 0 < m.keys_screened
+    assert m.certified_queries == s["queries"] - s["anchors"] - s["fallbacks"]["topk_ge_visible"]
+    assert m.redo_frac == (s["fallbacks"]["overflow"] + s["fallbacks"]["threshold_miss"]) / m.certified_queries
+    assert 0 < m.keys_screened and m.ms > 0
+    assert measure_candidate(calls, 3, timed=False).ms is None
 
 
 def test_structured_inputs_prune_far_more_than_random_ones():
-    assert measure_survival([structured_call()], 4).survival < 0.1
-    assert measure_survival([random_call()], 4).survival > 0.5
+    assert measure_candidate([structured_call()], 4).survival < 0.1
+    assert measure_candidate([random_call()], 4).survival > 0.5
 
 
 def test_nothing_screened_counts_as_full_survival():
     q, k, w, _ = structured_indexer_inputs(1, 8, 500, H, D, seed=0)
-    m = measure_survival([CapturedCall(q, k, w, K, None)], 4)  # sink + window + K cover every key
+    m = measure_candidate([CapturedCall(q, k, w, K, None)], 4)  # sink + window + K cover every key
     assert m.keys_screened == 0 and m.survival == 1.0
 
 
@@ -70,15 +74,14 @@ def test_distribution_summarises_a_sample():
     assert distribution(torch.zeros(0)) is None
 
 
-def test_at_long_contexts_the_choice_is_dense_for_random_inputs_and_certified_for_structured_ones():
-    random_layer = choose_from_measurement(measure_layer("a", [random_call()], [4]), H200_FITTED,
-                                           design_length=2**20, queries=None)
-    structured = choose_from_measurement(measure_layer("b", [structured_call()], [4]), H200_FITTED,
-                                         design_length=2**20, queries=None)
-    assert (random_layer.path, random_layer.r, random_layer.crossover) == ("dense", None, None)
-    assert structured.path == "certified" and structured.r == 4
-    assert structured.crossover is not None and structured.predicted_pruned_frac > 0.9
-    assert structured.seed_gap.count > 0 and structured.slack.min >= 0
+def test_a_layer_measured_on_too_few_keys_is_planned_dense_and_the_plan_says_why():
+    measurement = measure_layer("b", [structured_call()], [4])
+    assert measurement.dense_ms > 0 and measurement.call_sizes == [(1, S, T)]
+    plan = choose_from_measurement(measurement, H200_FITTED, design_length=2**20, queries=None)
+    assert (plan.path, plan.r, plan.crossover) == ("dense", None, None)
+    assert plan.reason.startswith("not enough evidence") and str(measurement.candidates[0].keys_screened) in plan.reason
+    assert plan.dense_ms == measurement.dense_ms and plan.calibration_calls == ((1, S, T),)
+    assert plan.seed_gap.count > 0 and plan.slack.min >= 0
 
 
 def test_distribution_quantiles_match_torch_quantile():

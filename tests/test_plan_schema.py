@@ -5,19 +5,21 @@ import json
 import pytest
 
 from compiler.cost_model import CPU_REFERENCE
-from compiler.plan_schema import (PLAN_VERSION, CandidateMeasurement, Distribution, LayerPlan, Plan,
+from compiler.plan.schema import (PLAN_VERSION, CandidateMeasurement, Distribution, LayerPlan, Plan,
                                   PlanError, load_plan, plan_from_dict, plan_hash, save_plan)
 
 
 def example_plan() -> Plan:
     gap = Distribution(count=12, mean=0.5, min=0.0, max=2.0, p05=0.0, p50=0.25, p95=1.5)
-    cand = CandidateMeasurement(r=6, survival=0.25, queries=40, keys_screened=800, survivors=200,
-                                fallbacks={"overflow": 1, "nonfinite": 0})
+    cand = CandidateMeasurement(r=6, survival=0.25, redo_frac=0.05, ms=12.5, queries=40, certified_queries=36,
+                                keys_screened=800, survivors=200, fallbacks={"overflow": 1, "nonfinite": 0})
     certified = LayerPlan(layer="model.layers.0.self_attn.indexer", path="certified", r=6, crossover=4096,
                           heads=32, head_dim=16, topk=8, predicted_pruned_frac=0.75, predicted_speedup=1.5,
+                          reason="r=6 predicted 1.50x faster", dense_ms=20.0, calibration_calls=((1, 20, 20),),
                           candidates=(cand,), seed_gap=gap, slack=gap)
     dense = LayerPlan(layer="model.layers.1.self_attn.indexer", path="dense", r=None, crossover=None,
                       heads=32, head_dim=16, topk=8, predicted_pruned_frac=None, predicted_speedup=1.0,
+                      reason="not enough evidence", dense_ms=None, calibration_calls=(),
                       candidates=(), seed_gap=None, slack=None)
     return Plan(model={"source": "config.json"}, inputs={"sequences": 2, "lengths": [20, 20]},
                 design_length=131072, queries=None, constants=CPU_REFERENCE, layers=(certified, dense))
@@ -40,14 +42,9 @@ def test_hash_ignores_formatting_and_changes_with_any_content(tmp_path):
     assert plan_from_dict(data).hash != plan.hash
 
 
-def test_layer_lookup_and_layer_set_check():
+def test_layer_lookup():
     plan = example_plan()
     assert plan.layer("model.layers.1.self_attn.indexer").path == "dense"
-    plan.check_layers(["model.layers.1.self_attn.indexer", "model.layers.0.self_attn.indexer"])
-    with pytest.raises(PlanError, match="missing from the plan .*layers.2"):
-        plan.check_layers([e.layer for e in plan.layers] + ["model.layers.2.self_attn.indexer"])
-    with pytest.raises(PlanError, match="not in the model .*layers.1"):
-        plan.check_layers(["model.layers.0.self_attn.indexer"])
     with pytest.raises(PlanError, match="no layer 'other'"):
         plan.layer("other")
 
@@ -93,6 +90,10 @@ def mutated(path, value):
     (("layers", 0, "r"), 32, r"\.r: expected fewer than heads"),
     (("layers", 0, "r"), True, r"\.r: expected an int"),
     (("layers", 0, "candidates", 0, "survival"), 1.5, r"candidates\[0\]\.survival"),
+    (("layers", 0, "candidates", 0, "redo_frac"), -0.1, r"candidates\[0\]\.redo_frac"),
+    (("layers", 0, "crossover"), 2**63, r"\.crossover: expected an int in \[1, 2147483647\]"),
+    (("layers", 0, "reason"), 3, r"\.reason: expected a string"),
+    (("layers", 0, "calibration_calls"), [[1, 2]], r"\.calibration_calls: expected a list of"),
     (("layers", 0, "seed_gap", "p50"), "x", r"seed_gap\.p50"),
     (("layers", 0, "slack"), KeyError, r"missing keys \['slack'\]"),
     (("layers", 1, "layer"), "model.layers.0.self_attn.indexer", "duplicate layer names"),

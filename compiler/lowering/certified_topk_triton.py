@@ -7,8 +7,10 @@ scorer (dsa_score_triton) and select with THE ORDER through unique int64 order c
 Pipeline (SPEC A.2-A.5), per batch row:
 1. anchors: every ``A``-th query (A = anchor_stride rounded to the scorer's tile) is scored densely;
    its top ``kk + kk/4`` keys are the witnesses (seeds) of the A queries starting at it;
-2. seeds: every query scores its anchor's witnesses; tau = its kk-th best seed score (-inf when
-   fewer than kk witnesses are visible to it, or when any value is not finite);
+2. seeds: every query scores its anchor's witnesses and its group's strided key sample
+   (``runtime.seeds``); tau = max(its kk-th best witness score, its own sample estimate theta)
+   (-inf when neither is finite, or when any value is not finite). The witness part is <= the
+   true kk-th score; theta may exceed it, which the candidate count reveals (below);
 3. plan: runtime.certificate.plan_certificate on the queries (float64), turned into screen rows
    ``g`` (the retained heads and the aux row, rounded to the key dtype), coefficients and the GPU
    rounding margin (``screen_margin``); the row count is static: r from the config, else the
@@ -17,27 +19,20 @@ Pipeline (SPEC A.2-A.5), per batch row:
 5. refine (the scorer in compact mode): exact scores of the survivors, only ``s >= tau`` written;
    an overflowed survivor list is rescanned densely by the same kernel, on the device;
 6. selection: top-kk order codes of the written candidates.
-Rows that cannot be answered this way (fewer than kk visible keys, or more candidates ``s >= tau``
-than the candidate buffer of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the
-device and answered by ``redo_dense``: dense scoring of the flagged rows and an exact selection
+Rows that cannot be answered this way (fewer than kk candidates ``s >= tau``: fewer than kk
+visible keys, or theta above the true kk-th score; or more candidates than the candidate buffer
+of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the device and answered by
+``redo_dense``: dense scoring of the flagged rows and an exact selection
 (select_codes_triton), both gated on the device. Nothing is dropped: every flagged row is answered
 densely.
 
-Host synchronisation: none once the path is decided without data, i.e. path "dense" or
-"certified", or "auto" with a ``crossover`` (what a plan or the cost model gives the compiled op):
-such a call is capturable in a CUDA graph after one call outside the capture (which tunes the
-screen's launch config). Only "auto" without a crossover, when it probes (below), reads its probe
-back (one synchronisation) and is not capturable.
-
-Path choice (config.path): "dense", "certified", or "auto". Under "auto" with a ``crossover``
-(a key length decided offline: the op's ``min_keys`` >= 0, baked in by a plan or the cost model)
-the call is certified when T >= crossover and dense below, without a probe; without one it is
-dense below max(config.min_keys, CUDA_MIN_KEYS) keys or B * S * T * H < PROBE_MIN_WORK, else a
-probe of a few anchor groups through seeds and screen predicts the work (SPEC A.6). Either way
-the output is the dense one.
-Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile:
-kk + workspace_frac * T keys), min_keys, path; the witnesses are the anchor's top kk + kk/4 keys
-(sink and window are not added on this path).
+Host synchronisation: none; a call is capturable in a CUDA graph after one call outside the
+capture (which tunes the screen's launch config). The path (config.path, "dense" or "certified")
+is decided by the caller (``compiler.path_choice``); either way the output is the dense one. fp32
+operands are always scored densely (their tf32 products are outside the certificate's margins).
+Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile: kk +
+workspace_frac * T keys), sample_keys, sample_sigmas, path; the witnesses are the anchor's top
+kk + kk/4 keys (sink and window are not added on this path).
 
 Supported: q and k in bf16, fp16 or fp32 (mixed dtypes are upcast to fp32), weights any float
 dtype (upcast to fp32), masks None, bool or additive float. fp8 keys are not supported.
@@ -63,6 +58,7 @@ from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import check_indexer_inputs
 from runtime.rounding import U32, gamma, key_norm_up, round_up_to_float32
+from runtime.seeds import sample_keys, sample_rank, sample_size
 
 MMA_FACTOR = 4.0
 """Tensor-core fp32 accumulation is not IEEE round-to-nearest inside the MMA: its error on a
@@ -75,16 +71,6 @@ P_SAMPLE = 256
 """Witness keys used to estimate the activation frequencies p_h (they steer choices only)."""
 CANDIDATE_FACTOR = 8
 """Candidate buffer per query (keys with s >= tau): CANDIDATE_FACTOR * kk order codes."""
-CUDA_MIN_KEYS = 65536
-"""The "auto" path stays dense below max(config.min_keys, CUDA_MIN_KEYS) keys (fixed costs)."""
-PROBE_MIN_WORK = 2**36
-"""The "auto" path without a crossover probes only from B * S * T * H >= PROBE_MIN_WORK: the probe
-costs ~6 ms on the H200 (launch-bound, ~320 small kernels), and below this size dense scoring
-takes under ~20 times that (H=64: S=4096 at T=131072 is 46 ms), so it stays dense."""
-PROBE_GROUPS = 4
-"""Anchor groups the "auto" path runs through seeds and screen before choosing a path."""
-PAYS_BELOW = 0.8
-"""The "auto" path goes certified when its predicted work is below this fraction of dense."""
 DEFAULT_R_CAP = 7
 """Without ``config.r``, the per-query budget default_r is capped here (screen rows: r + aux = 8),
 so that the screen's row count is known without reading the budgets back to the host."""
@@ -237,6 +223,7 @@ class CertifiedTrace:
     list_count: torch.Tensor   # [B,L] int32 screen survivors per scorer tile (> cap: overflow)
     cand_count: torch.Tensor   # [B,S] int32 keys with s >= tau written (> cap: dense redo)
     redo: torch.Tensor         # [B,S] bool rows recomputed densely
+    kk: int
     cap: int
     list_queries: int
     plan: ScreenPlan | None
@@ -265,11 +252,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
     anchors = dense_codes_topk(q[:, ::A], w[:, ::A], k, None if mask is None else mask[:, ::A],
                                min(T, kk + kk // 4 + 1))
     seed_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
-    n_seed = seed_ids.shape[-1]
-    seed_counts = torch.full((B, seed_ids.shape[1]), n_seed, dtype=torch.int32, device=dev)
-    seed_codes = _row_codes(q, w, k, mask, seed_ids, seed_counts, n_seed, A // G)
-    kth = torch.topk(seed_codes, kk, dim=-1, sorted=False).values.amin(-1)
-    tau_val, _ = decode_codes(kth, T)
+    tau_val = _seed_threshold(q, w, k, mask, kk, config, seed_ids, A // G)
     p = _activation_frequency(q, k, seed_ids, A)
     r_max = min(H, DEFAULT_R_CAP if config.r is None else config.r)
     r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
@@ -282,6 +265,30 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
                              lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap,
                              config=screen_config)
     return tau, ids, list_count, cap, plan, G
+
+
+def _seed_threshold(q, w, k, mask, kk, config, seed_ids, tiles_per_group):
+    """tau [B,S] fp32 before the validity checks: max(the kk-th best score over the anchor's
+    witnesses ``seed_ids`` [B,groups,W], theta), theta the own threshold of ``runtime.seeds``
+    over the group's strided sample (-inf when off or not finite). One scorer call scores both
+    key lists; the row choice between them is the max, on the device."""
+    B, groups, n_seed = seed_ids.shape
+    T = k.shape[1]
+    M = sample_size(T, config.sample_keys)
+    lists = seed_ids
+    if M:
+        sampled = sample_keys(groups, M, T, q.device).to(torch.int32).expand(B, groups, M)
+        lists = torch.cat((seed_ids, sampled), dim=-1).contiguous()
+    n = lists.shape[-1]
+    counts = torch.full((B, groups), n, dtype=torch.int32, device=q.device)
+    codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group)
+    kth = torch.topk(codes[..., :n_seed], kk, dim=-1, sorted=False).values.amin(-1)
+    tau, _ = decode_codes(kth, T)
+    if M:
+        rank = sample_rank(kk, M, T, config.sample_sigmas)
+        theta, _ = decode_codes(torch.topk(codes[..., n_seed:], rank, dim=-1, sorted=False).values.amin(-1), T)
+        tau = torch.maximum(tau, torch.where(torch.isfinite(theta), theta, float("-inf")))
+    return tau
 
 
 def key_norms(k):
@@ -302,16 +309,10 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
                out_count=cand_count, splits=key_splits(B * ids.shape[1], cap))
     codes = top_codes(cand, kk)
-    # A row with >= kk visible keys and tau <= its kk-th score writes >= kk candidates; fewer
-    # means fewer than kk visible keys (tau is then -inf and every visible key was written).
+    # Every key with s >= tau was written (pruned keys have s < tau); with at least kk of them
+    # the row's top-kk is among them. Fewer: fewer than kk visible keys, or theta > the kk-th score.
     redo = (cand_count > cand_cap) | (cand_count < kk)
-    return codes, CertifiedTrace(tau, list_count, cand_count, redo, cap, G, plan)
-
-
-def predicted_work(list_count, cap, T, H, RP, A, n_seed):
-    """Certified work over dense work (SPEC A.6), from the survivor counts of a probe (float)."""
-    survivors = torch.where(list_count > cap, T, list_count).float().mean()
-    return 1.0 / A + n_seed / T + RP / triton.next_power_of_2(H) + survivors / T
+    return codes, CertifiedTrace(tau, list_count, cand_count, redo, kk, cap, G, plan)
 
 
 def redo_slots(B: int, S: int, T: int, H: int) -> int:
@@ -362,66 +363,26 @@ def _redo_row_lists(redo, slots):
     return lists[:, :-1].reshape(B, rounds, slots)
 
 
-def check_crossover(crossover) -> None:
-    """ValueError unless ``crossover`` is None or an int >= 0 (a key length)."""
-    if crossover is not None and (isinstance(crossover, bool) or not isinstance(crossover, int)
-                                  or crossover < 0):
-        raise ValueError(f"crossover: expected None or an int >= 0 (a key length), got {crossover!r}")
-
-
-def choose_path(q, w, k, mask, kk, config, nk=None, crossover=None) -> str:
-    """'dense' or 'certified': the configured path; "auto" takes dense when kk >= T; with a
-    ``crossover`` certified when T >= crossover, else dense (no probe); without one dense below
-    CUDA_MIN_KEYS keys or PROBE_MIN_WORK, else probes PROBE_GROUPS anchor groups through seeds and
-    screen (one synchronisation) and goes certified when ``predicted_work`` is below PAYS_BELOW.
-    ``nk``: key_norms(k) if known."""
-    check_crossover(crossover)
-    T = k.shape[1]
-    if config.path != "auto":
-        return config.path
-    if kk >= T:
-        return "dense"
-    if crossover is not None:
-        return "certified" if T >= crossover else "dense"
-    B, S, H, _ = q.shape
-    if T < max(config.min_keys, CUDA_MIN_KEYS) or B * S * T * H < PROBE_MIN_WORK:
-        return "dense"
-    G, _ = score_tile_shape(H)
-    A = max(G, triton.cdiv(config.anchor_stride, G) * G)
-    starts = torch.linspace(0, (S - 1) // A, min(PROBE_GROUPS, triton.cdiv(S, A))).long() * A
-    rows = (starts[:, None] + torch.arange(A)).flatten()
-    rows = rows[rows < S].to(q.device)
-    m = None if mask is None else mask.expand(B, S, T)[:, rows]
-    nk = key_norms(k) if nk is None else nk
-    _, _, list_count, cap, plan, _ = _screen_stage(q[:, rows], w[:, rows], k, m, kk, config, nk)
-    work = predicted_work(list_count, cap, T, H, plan.g.shape[2], A, min(T, kk + kk // 4 + 1))
-    return "certified" if float(work) < PAYS_BELOW else "dense"
-
-
 def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=None, trace=None,
-                        crossover=None, screen_config=None):
+                        screen_config=None):
     """Certified top-K on CUDA: (values [B,S,kk] fp32, indices [B,S,kk] int64).
 
     Same arguments and contract as runtime.certified_topk.certified_topk; output identical to
-    ``dense_topk_cuda`` (bitwise values, identical indices) for every input. ``trace``, a list,
-    receives the CertifiedTrace of the call when the certified path ran. ``crossover`` (None or a
-    key length >= 0): under path "auto", the decided length from which the call is certified
-    (``choose_path``); None lets the probe decide. ``screen_config``: the screen kernel's
-    LaunchConfig (one of dsa_screen_triton.SCREEN_CONFIGS); None autotunes it on CUDA. Any config
-    gives the same output (only the screen is tuned; the scorer's config is fixed).
+    ``dense_topk_cuda`` (bitwise values, identical indices) for every input. ``config.path``:
+    "certified" runs the pipeline, "dense" the dense path. ``trace``, a list, receives the
+    CertifiedTrace of a certified call. ``screen_config``: the screen kernel's LaunchConfig (one
+    of dsa_screen_triton.SCREEN_CONFIGS); None autotunes it on CUDA. Any config gives the same
+    output (only the screen is tuned; the scorer's config is fixed).
     """
-    check_crossover(crossover)
     kk = _check(q, k, weights, topk, mask)
     config = CertifiedTopkConfig() if config is None else config
     q, k, w = _operands(q, k, weights)
     T = k.shape[1]
-    dense = config.path == "dense" or tf32_scores(q.dtype)
-    nk = None if dense else key_norms(k)
-    if dense or choose_path(q, w, k, mask, kk, config, nk, crossover) == "dense":
+    if config.path == "dense" or tf32_scores(q.dtype):
         codes = dense_codes_topk(q, w, k, mask, kk)
         _record(stats, q, T, None)
         return decode_codes(codes, T)
-    codes, tr = certified_codes(q, w, k, mask, kk, config, nk, screen_config)
+    codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config)
     codes = redo_dense(codes, tr.redo, q, w, k, mask, kk)
     _record(stats, q, T, tr)
     if trace is not None:
@@ -450,5 +411,7 @@ def _record(stats: TopkStats | None, q, T, tr):
     stats.add("keys_screened", count(B * S * T))
     stats.add("survivors", survivors)
     stats.add("written", tr.cand_count.sum())
-    stats.add("overflow", tr.redo.sum())
+    cand_cap = min(tr.cap, CANDIDATE_FACTOR * tr.kk)
+    stats.add("overflow", (tr.cand_count > cand_cap).sum())
+    stats.add("threshold_miss", (tr.cand_count < tr.kk).sum())
 

@@ -11,8 +11,10 @@ where an ``int`` argument would turn it into 1). Returns (values [B,S,kk] float3
 [B,S,kk] int64), kk = min(topk, T): exactly ``runtime.dense_scorer.dense_topk`` (the scores
 sum_h w_h relu(q_h.k) + mask, sorted descending, ties by the lower key index; a row with fewer
 than topk visible keys lists its visible keys first, then hidden ones with value -inf in index
-order). ``layer`` is the module path the statistics are filed under; ``r``/``min_keys`` = -1 and
-``path`` = "auto" take the defaults of ``runtime.certified_topk.CertifiedTopkConfig``.
+order). ``layer`` is the module path the statistics and the runtime guard are filed under;
+``r`` = -1 takes the runtime's per-query rule; ``path`` ("auto", "dense" or "certified") and
+``min_keys`` (the crossover key length under "auto"; -1: the cost model's) are resolved per call by
+``compiler.path_choice.call_path``.
 
 Every kernel starts with the same checks (:func:`check_call`: devices, types, ranks, shapes,
 dtypes, the scalar arguments; a clear error naming the argument) and answers empty inputs
@@ -30,10 +32,10 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from compiler.lowering.stats import TOPK_STATS
+from compiler.path_choice import call_path, check_choice
 from runtime.certified_topk import CertifiedTopkConfig, certified_topk as reference_certified_topk
 from runtime.indexer_inputs import check_indexer_inputs
 
-PATHS = ("auto", "dense", "certified")
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
           'SymInt r=-1, SymInt min_keys=-1, str path="auto", bool record_stats=True) -> (Tensor, Tensor)')
 """The schema of ``certified_topk`` and of every op that stands in for it (``capture_topk``)."""
@@ -47,19 +49,11 @@ def op_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
             for i, a in enumerate(_ARGUMENTS)}
 
 
-def topk_config(r: int, min_keys: int, path: str) -> CertifiedTopkConfig:
-    """The runtime configuration for the op's scalar arguments (-1 = the config's default)."""
-    if path not in PATHS:
-        raise ValueError(f"path: expected one of {list(PATHS)}, got {path!r}")
-    for name, value in (("r", r), ("min_keys", min_keys)):
-        if value < -1:
-            raise ValueError(f"{name}: expected -1 (default) or a non-negative int, got {value}")
-    overrides = {"path": path}
-    if r != -1:
-        overrides["r"] = r
-    if min_keys != -1:
-        overrides["min_keys"] = min_keys
-    return dataclasses.replace(CertifiedTopkConfig(), **overrides)
+def topk_config(r: int, path: str) -> CertifiedTopkConfig:
+    """The runtime configuration for the op's ``r`` (-1 = the runtime's rule) and a decided path."""
+    if r < -1:
+        raise ValueError(f"r: expected -1 (default) or a positive int, got {r}")
+    return dataclasses.replace(CertifiedTopkConfig(), path=path, **({} if r == -1 else {"r": r}))
 
 
 def check_devices(a: dict[str, Any]) -> None:
@@ -80,32 +74,42 @@ def check_topk_type(topk: Any) -> None:
         raise TypeError(f"topk: expected a positive int, got {topk!r} ({type(topk).__name__})")
 
 
-def check_call(a: dict[str, Any]) -> tuple[int, CertifiedTopkConfig]:
-    """Validate a concrete call (every argument, tensors on one device); returns (kk, config).
+def check_call(a: dict[str, Any]) -> int:
+    """Validate a concrete call (every argument, tensors on one device); returns kk.
 
     Shapes, dtypes and topk's value are checked by the runtime's ``check_indexer_inputs`` on meta
     copies (no data is read)."""
     check_devices(a)
     check_topk_type(a["topk"])
+    check_choice("path", a["path"])
+    for name in ("r", "min_keys"):
+        if a[name] < -1:
+            raise ValueError(f"{name}: expected -1 (default) or a non-negative int, got {a[name]}")
     meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in (a["q"], a["k"], a["weights"], a["mask"])]
-    kk = check_indexer_inputs(meta[0], meta[1], meta[2], a["topk"], meta[3]).kk
-    return kk, topk_config(a["r"], a["min_keys"], a["path"])
+    return check_indexer_inputs(meta[0], meta[1], meta[2], a["topk"], meta[3]).kk
 
 
 Kernel = Callable[[dict[str, Any], CertifiedTopkConfig, Any], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Check the call, answer empty inputs with empty outputs, else run ``kernel(a, config, stats)``."""
+    """Check the call, answer empty inputs with empty outputs, decide its path
+    (``compiler.path_choice.call_path``), then run ``kernel(a, config, stats)`` inside the
+    decision's timed block (the runtime guard measures guarded calls)."""
     a = op_arguments(args, kwargs)
-    kk, config = check_call(a)
+    kk = check_call(a)
     q = a["q"]
-    B, S = q.shape[:2]
+    B, S, H, D = q.shape
     if B * S * kk == 0:
         return (torch.empty((B, S, kk), dtype=torch.float32, device=q.device),
                 torch.empty((B, S, kk), dtype=torch.int64, device=q.device))
+    ticket = call_path(layer=a["layer"], device=q.device, choice=a["path"],
+                       crossover=None if a["min_keys"] == -1 else a["min_keys"],
+                       B=B, S=S, T=a["k"].shape[1], H=H, D=D, kk=kk)
+    config = topk_config(a["r"], ticket.path)
     stats = TOPK_STATS.for_layer(a["layer"], q.device) if a["record_stats"] else None
-    return kernel(a, config, stats)
+    with ticket.timed(stats) as call_stats:
+        return kernel(a, config, call_stats)
 
 
 def _reference_kernel(a, config, stats):
@@ -115,8 +119,7 @@ def _reference_kernel(a, config, stats):
 def _cuda_kernel(a, config, stats):
     from compiler.lowering.certified_topk_triton import certified_topk_cuda
 
-    return certified_topk_cuda(a["q"], a["k"], a["weights"], a["topk"], a["mask"], config=config, stats=stats,
-                               crossover=None if a["min_keys"] == -1 else a["min_keys"])
+    return certified_topk_cuda(a["q"], a["k"], a["weights"], a["topk"], a["mask"], config=config, stats=stats)
 
 
 def _default(*args, **kwargs):

@@ -41,8 +41,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from compiler.plan_apply import indexer_settings
-from compiler.plan_capture import indexer_op
+from compiler.path_choice import indexer_settings
 from compiler.passes.base import NearMiss, NotCandidate, PatternPass
 from compiler.passes.matcher import (arg, escaping_nodes, insert_call, is_scalar,
                                      is_unit, module_path, normalize_dim, op_kind, post_dominators,
@@ -516,6 +515,11 @@ def _emit(graph: fx.Graph, operand: Operand, like: fx.Node) -> fx.Node:
     return node
 
 
+def _indexer_op(options):
+    """certified_topk, or with ``options.capture`` the plan's recording twin capture_topk (same schema)."""
+    return torch.ops.pulsar_dosa.capture_topk.default if options.capture else torch.ops.pulsar_dosa.certified_topk.default
+
+
 def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
     """Insert one certified_topk call for the matched region before its anchor (``settings``: its plan
     arguments); returns the op node (the pass runner reroutes the anchor's users and erases the region)."""
@@ -535,7 +539,7 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
             sizes = [insert_call(graph, "call_method", "size", (node, dim), like=anchor)
                      for node, dim in ((q, 0), (q, 1), (k, 1))]
             mask = insert_call(graph, "call_method", "expand", (mask, *sizes), like=anchor)
-        op = insert_call(graph, "call_function", indexer_op(options), (q, k, w, match.topk, mask),
+        op = insert_call(graph, "call_function", _indexer_op(options), (q, k, w, match.topk, mask),
                          {"layer": match.module, **settings.op_kwargs(), "record_stats": options.record_stats},
                          like=anchor)
     return op

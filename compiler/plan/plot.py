@@ -6,8 +6,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compiler.cost_model import IndexerShape, LayerChoice, speedup_curve
-from compiler.plan_schema import Plan
+from compiler.cost_model import IndexerShape, predicted_ratio
+from compiler.plan.schema import LayerPlan, Plan
+
+
+def speedup_curve(entry: LayerPlan, shape: IndexerShape, plan: Plan, lengths: list[int]) -> list[float]:
+    """Predicted speedup of a layer's plan at each length: 1 where it runs dense, else the cost model's
+    prediction for its r, survival and redo fraction, scaled as at the design length."""
+    if entry.path == "dense":
+        return [1.0 for _ in lengths]
+    chosen = next(c for c in entry.candidates if c.r == entry.r)
+    raw = predicted_ratio(plan.design_length, entry.r, chosen.survival, shape, plan.constants, redo=chosen.redo_frac)
+    scale = 1.0 / (entry.predicted_speedup * raw)
+    return [1.0 if n < entry.crossover else
+            1.0 / predicted_ratio(n, entry.r, chosen.survival, shape, plan.constants, redo=chosen.redo_frac,
+                                  scale=scale) for n in lengths]
 
 
 def plot_plan(plan: Plan, out: str | Path, lengths: list[int] | None = None) -> Path:
@@ -28,11 +41,7 @@ def plot_plan(plan: Plan, out: str | Path, lengths: list[int] | None = None) -> 
             rs = [c.r for c in entry.candidates]
             left.plot(rs, [c.survival for c in entry.candidates], marker="o", label=entry.layer)
         shape = IndexerShape(heads=entry.heads, head_dim=entry.head_dim, topk=entry.topk, queries=plan.queries)
-        choice = LayerChoice(entry.path, entry.r, entry.crossover, entry.predicted_pruned_frac,
-                             entry.predicted_speedup)
-        survival = None if entry.predicted_pruned_frac is None else 1.0 - entry.predicted_pruned_frac
-        right.plot(lengths, speedup_curve(choice, survival, shape, plan.constants, lengths),
-                   label=f"{entry.layer} ({entry.path}, r={entry.r})")
+        right.plot(lengths, speedup_curve(entry, shape, plan, lengths), label=f"{entry.layer} ({entry.path}, r={entry.r})")
     left.set(xlabel="retained heads r", ylabel="survival m(r) = survivors / screened keys",
              title="measured m(r) per layer", ylim=(0.0, 1.05))
     right.set(xlabel="key length T", ylabel="predicted indexer speedup vs dense", xscale="log",

@@ -1,10 +1,18 @@
 """Offline per-layer indexer plans: ``python -m compiler.plan --model M --tokens F --out plan.json``.
 
 Runs the model eagerly on calibration tokens, captures each DSA indexer layer's q, k, weights through
-the backend's own indexer pass (``compiler.plan_capture``), measures per layer the survival m(r) of
-each candidate budget r with the runtime's certified top-K, the seed gap and slack distributions,
-lets the cost model choose r, the path and the crossover length, and writes a versioned JSON plan
-(``compiler.plan_schema``). ``--plot out.png`` also draws m(r) per layer and the predicted speedup.
+the backend's own indexer pass (``compiler.plan.capture``), measures per layer the survival m(r), the
+redo fraction and the call time of each candidate budget r with the certified top-K on the device,
+the dense time, the seed gap and slack distributions (``compiler.plan.measure``), lets
+``compiler.path_choice.choose_layer`` choose r, the path and the crossover length (or refuse, with the
+reason), and writes a versioned JSON plan (``compiler.plan.schema``). ``--plot out.png`` also draws
+m(r) per layer and the predicted speedup.
+
+Candidates: by default the short tile-aligned list r = 1, 3, 7 (``path_choice.short_candidates``);
+``--candidates all`` sweeps every tile-aligned budget, ``--candidates 2,5`` measures those. Times are
+measured when the plan is for the device it is calibrated on (``--device cuda``, or the CPU
+constants on the CPU); with other constants (e.g. ``--constants h200`` on a CPU) the choice rests on
+the cost model's prediction alone.
 
 Use the plan with ``torch.compile(model, backend="pulsar_dosa", options={"plan": "plan.json"})``.
 """
@@ -16,7 +24,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from compiler.cost_model import CPU_REFERENCE, H200_FITTED, KernelConstants, candidate_rs
-from compiler.plan_schema import Plan, save_plan
+from compiler.path_choice import short_candidates
+from compiler.plan.schema import Plan, save_plan
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -35,7 +44,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="tokens per calibration sequence (default: the whole stream, or each row)")
     p.add_argument("--batch-size", type=int, default=1, help="sequences per model call")
     p.add_argument("--candidates", default=None,
-                   help="comma-separated retained-head budgets r to measure (default: the tile-aligned set)")
+                   help="comma-separated retained-head budgets r to measure, or 'all' for every tile-aligned "
+                        "budget (default: the short list 1,3,7)")
     p.add_argument("--constants", default=None,
                    help="'cpu', 'h200', 'measure' (time the runtime reference on --device) or a JSON file "
                         "of KernelConstants (default: cpu, or h200 on --device cuda)")
@@ -62,47 +72,55 @@ def resolve_constants(spec: str | None, device: str) -> KernelConstants:
     if spec == "h200":
         return H200_FITTED
     if spec == "measure":
-        from compiler.plan_constants import measure_reference_constants
+        from compiler.plan.constants import measure_reference_constants
 
         return measure_reference_constants(device)
     return KernelConstants.from_json(spec)
 
 
-def parse_candidates(spec: str | None) -> list[int] | None:
-    """``--candidates`` as sorted distinct budgets >= 1 (None: the tile-aligned set of each layer)."""
-    if spec is None:
-        return None
+def parse_candidates(spec: str | None) -> list[int] | str | None:
+    """``--candidates`` as sorted distinct budgets >= 1, "all", or None (the short list)."""
+    if spec is None or spec == "all":
+        return spec
     try:
         rs = sorted({int(x) for x in spec.split(",") if x.strip()})
     except ValueError as exc:
-        raise ValueError(f"--candidates: expected comma-separated ints, got {spec!r}") from exc
+        raise ValueError(f"--candidates: expected comma-separated ints or 'all', got {spec!r}") from exc
     if not rs or rs[0] < 1:
         raise ValueError(f"--candidates: expected budgets >= 1, got {spec!r}")
     return rs
 
 
-def layer_candidates(requested: list[int] | None, heads: int, constants: KernelConstants) -> list[int]:
-    """The budgets measured on a layer with ``heads`` heads: the requested ones (each < heads) or the
-    tile-aligned set."""
+def layer_candidates(requested: list[int] | str | None, heads: int, constants: KernelConstants) -> list[int]:
+    """The budgets measured on a layer with ``heads`` heads: the requested ones (each < heads), every
+    tile-aligned one ("all"), or the short list (None)."""
     if requested is None:
+        return short_candidates(heads)
+    if requested == "all":
         return candidate_rs(heads, constants)
     if requested[-1] >= heads:
         raise ValueError(f"--candidates: expected budgets below the layer's {heads} heads, got {requested}")
     return requested
 
 
+def times_the_calls(constants_spec: str | None, device: str) -> bool:
+    """Whether calibration calls are timed: only when the plan is for the device it is measured on."""
+    return device.startswith("cuda") or constants_spec in (None, "cpu", "measure")
+
+
 def plan_from_calls(calls: Mapping[str, Sequence], *, constants: KernelConstants, design_length: int,
-                    queries: int | None, candidates: list[int] | None, model: Any, inputs: Any) -> Plan:
-    """Measure and choose every layer of ``calls`` (layer -> CapturedCalls) and assemble the plan;
-    ``model`` and ``inputs`` are the plan's descriptions."""
-    from compiler.plan_measure import choose_from_measurement, measure_layer
-    from compiler.plan_progress import progress
+                    queries: int | None, candidates: list[int] | str | None, model: Any, inputs: Any,
+                    timed: bool = True) -> Plan:
+    """Measure and decide every layer of ``calls`` (layer -> CapturedCalls) and assemble the plan;
+    ``model`` and ``inputs`` are the plan's descriptions; ``timed``: time the calibration calls."""
+    from compiler.plan.measure import choose_from_measurement, measure_layer
+    from compiler.plan.progress import progress
 
     layers = []
     for name, layer_calls in calls.items():
         rs = layer_candidates(candidates, layer_calls[0].q.shape[2], constants)
         with progress((len(rs) + 1) * len(layer_calls), f"measure {name} (r x batches)") as step:
-            measurement = measure_layer(name, layer_calls, rs, on_call=step)
+            measurement = measure_layer(name, layer_calls, rs, timed=timed, on_call=step)
             layers.append(choose_from_measurement(measurement, constants, design_length, queries, on_call=step))
     return Plan(model=model, inputs=inputs, design_length=design_length, queries=queries, constants=constants,
                 layers=tuple(layers))
@@ -112,7 +130,7 @@ def structured_calls(spec: str, seed: int, device: str) -> tuple[dict, dict]:
     """``--structured B,S,T,H,D,K`` -> ({"structured": [call]}, inputs description)."""
     import torch
 
-    from compiler.plan_capture import CapturedCall
+    from compiler.plan.capture import CapturedCall
     from runtime.structured_indexer import structured_indexer_inputs
 
     try:
@@ -133,15 +151,15 @@ def build_plan(args: argparse.Namespace) -> Plan:
     """Everything but writing: load, capture (or synthesise), measure, choose."""
     import torch
 
-    from compiler.plan_capture import capture_indexer_inputs
-    from compiler.plan_inputs import (batch_sequences, describe_tokens, load_model, load_token_ids,
+    from compiler.plan.capture import capture_indexer_inputs
+    from compiler.plan.inputs import (batch_sequences, describe_tokens, load_model, load_token_ids,
                                       tokenize_text)
-    from compiler.plan_progress import progress
+    from compiler.plan.progress import progress
 
     constants = resolve_constants(args.constants, args.device)
     requested = parse_candidates(args.candidates)
     settings = dict(constants=constants, design_length=args.design_length, queries=args.queries,
-                    candidates=requested)
+                    candidates=requested, timed=times_the_calls(args.constants, args.device))
     if args.structured is not None:
         calls, inputs = structured_calls(args.structured, args.seed, args.device)
         return plan_from_calls(calls, model={"spec": "structured"}, inputs=inputs, **settings)
@@ -166,14 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for e in plan.layers:
         pruned = "-" if e.predicted_pruned_frac is None else f"{e.predicted_pruned_frac:.3f}"
         print(f"{e.layer}: path={e.path} r={e.r} crossover={e.crossover} pruned={pruned} "
-              f"speedup@{plan.design_length}={e.predicted_speedup:.2f}", file=sys.stderr)
+              f"speedup@{plan.design_length}={e.predicted_speedup:.2f}: {e.reason}", file=sys.stderr)
     print(f"wrote {args.out} (sha256 {plan.hash[:16]}...)", file=sys.stderr)
     if args.plot:
-        from compiler.plan_plot import plot_plan
+        from compiler.plan.plot import plot_plan
 
         print(f"wrote {plot_plan(plan, Path(args.plot))}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

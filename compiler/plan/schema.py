@@ -2,20 +2,23 @@
 
 A plan file is one JSON object::
 
-    {"format": "pulsar-dosa-plan", "version": 1,
+    {"format": "pulsar-dosa-plan", "version": 2,
      "model": {...}, "inputs": {...},            free-form descriptions (JSON values)
      "design_length": int, "queries": int|null,   the workload the choices were optimised for
      "constants": {KernelConstants fields},
      "layers": [{"layer": module path, "path": "dense"|"certified", "r": int|null,
                  "crossover": int|null, "heads": int, "head_dim": int, "topk": int,
                  "predicted_pruned_frac": float|null, "predicted_speedup": float,
-                 "candidates": [{"r", "survival", "queries", "keys_screened", "survivors",
+                 "reason": str, "dense_ms": float|null, "calibration_calls": [[B, S, T], ...],
+                 "candidates": [{"r", "survival", "redo_frac", "ms" (null: not timed), "queries",
+                                 "certified_queries", "keys_screened", "survivors",
                                  "fallbacks": {reason: int}}],
                  "seed_gap": distribution|null, "slack": distribution|null}]}
 
 A distribution is {"count", "mean", "min", "max", "p05", "p50", "p95"}. A certified layer has r and
-crossover set; a dense layer has both null. ``plan_hash`` is the SHA-256 of the canonical JSON text
-(sorted keys, no spaces), so formatting does not change it and any content change does.
+crossover set (1 <= crossover <= MAX_KEYS); a dense layer has both null. ``reason`` says why the layer
+got its path (``compiler.path_choice.choose_layer``). ``plan_hash`` is the SHA-256 of the canonical JSON
+text (sorted keys, no spaces), so formatting does not change it and any content change does.
 Every problem raises ``PlanError`` (a ValueError) naming the offending field.
 """
 from __future__ import annotations
@@ -25,13 +28,15 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from compiler.cost_model import KernelConstants
+from runtime.certified_topk import PATHS
 
 PLAN_FORMAT = "pulsar-dosa-plan"
-PLAN_VERSION = 1
-PATHS = ("dense", "certified")
+PLAN_VERSION = 2
+MAX_KEYS = 2**31 - 1
+"""Largest key length a plan may name (the kernels index keys with int32)."""
 _DISTRIBUTION_KEYS = ("count", "mean", "min", "max", "p05", "p50", "p95")
 
 
@@ -54,11 +59,15 @@ class Distribution:
 
 @dataclass(frozen=True)
 class CandidateMeasurement:
-    """m(r) measured on real activations: survivors / keys_screened with the budget r."""
+    """Budget r measured on real activations: m(r) = survivors / keys_screened, the fraction of
+    certified queries redone densely, the summed call time (ms, None when not timed) and counts."""
 
     r: int
     survival: float
+    redo_frac: float
+    ms: float | None
     queries: int
+    certified_queries: int
     keys_screened: int
     survivors: int
     fallbacks: Mapping[str, int]
@@ -77,6 +86,9 @@ class LayerPlan:
     topk: int
     predicted_pruned_frac: float | None
     predicted_speedup: float
+    reason: str
+    dense_ms: float | None
+    calibration_calls: tuple[tuple[int, int, int], ...]
     candidates: tuple[CandidateMeasurement, ...]
     seed_gap: Distribution | None
     slack: Distribution | None
@@ -101,16 +113,6 @@ class Plan:
                 return entry
         raise PlanError(f"plan has no layer {name!r}; its layers are {[e.layer for e in self.layers]}")
 
-    def check_layers(self, names: Iterable[str]) -> None:
-        """Raise PlanError unless the model's indexer layers are exactly the plan's layers."""
-        model_names = set(names)
-        plan_names = {e.layer for e in self.layers}
-        if model_names != plan_names:
-            raise PlanError(
-                "plan layers do not match the model's indexer layers: "
-                f"missing from the plan {sorted(model_names - plan_names)}, "
-                f"not in the model {sorted(plan_names - model_names)}")
-
     def to_dict(self) -> dict:
         return {
             "format": PLAN_FORMAT,
@@ -133,7 +135,9 @@ def _layer_to_dict(e: LayerPlan) -> dict:
         "layer": e.layer, "path": e.path, "r": e.r, "crossover": e.crossover,
         "heads": e.heads, "head_dim": e.head_dim, "topk": e.topk,
         "predicted_pruned_frac": e.predicted_pruned_frac, "predicted_speedup": e.predicted_speedup,
-        "candidates": [{"r": c.r, "survival": c.survival, "queries": c.queries,
+        "reason": e.reason, "dense_ms": e.dense_ms, "calibration_calls": [list(c) for c in e.calibration_calls],
+        "candidates": [{"r": c.r, "survival": c.survival, "redo_frac": c.redo_frac, "ms": c.ms,
+                        "queries": c.queries, "certified_queries": c.certified_queries,
                         "keys_screened": c.keys_screened, "survivors": c.survivors,
                         "fallbacks": dict(sorted(c.fallbacks.items()))} for c in e.candidates],
         "seed_gap": None if e.seed_gap is None else _dist_to_dict(e.seed_gap),
@@ -215,9 +219,10 @@ def _keys(where: str, obj: Any, expected: set[str]) -> None:
         raise PlanError(f"{where}: missing keys {missing}, unknown keys {unknown}")
 
 
-def _int(where: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise PlanError(f"{where}: expected an int >= {low}, got {value!r}")
+def _int(where: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+        raise PlanError(f"{where}: expected {expected}, got {value!r}")
     return value
 
 
@@ -233,8 +238,9 @@ def _opt(check, where: str, value: Any, *bounds):
 
 
 def _layer(where: str, e: Any) -> LayerPlan:
-    _keys(where, e, {"layer", "path", "r", "crossover", "heads", "head_dim", "topk",
-                     "predicted_pruned_frac", "predicted_speedup", "candidates", "seed_gap", "slack"})
+    _keys(where, e, {"layer", "path", "r", "crossover", "heads", "head_dim", "topk", "predicted_pruned_frac",
+                     "predicted_speedup", "reason", "dense_ms", "calibration_calls", "candidates", "seed_gap",
+                     "slack"})
     if not isinstance(e["layer"], str):
         raise PlanError(f"{where}.layer: expected a module path string ('' is the compiled module itself), "
                         f"got {e['layer']!r}")
@@ -243,7 +249,7 @@ def _layer(where: str, e: Any) -> LayerPlan:
         raise PlanError(f"{where}.path: expected one of {PATHS}, got {e['path']!r}")
     heads = _int(f"{where}.heads", e["heads"], 1)
     r = _opt(_int, f"{where}.r", e["r"], 1)
-    crossover = _opt(_int, f"{where}.crossover", e["crossover"], 1)
+    crossover = _opt(_int, f"{where}.crossover", e["crossover"], 1, MAX_KEYS)
     if e["path"] == "certified" and (r is None or crossover is None):
         raise PlanError(f"{where}: a certified layer needs r and crossover, got r={r!r}, crossover={crossover!r}")
     if e["path"] == "dense" and (r is not None or crossover is not None):
@@ -253,12 +259,20 @@ def _layer(where: str, e: Any) -> LayerPlan:
     candidates = e["candidates"]
     if not isinstance(candidates, list):
         raise PlanError(f"{where}.candidates: expected a list")
+    if not isinstance(e["reason"], str):
+        raise PlanError(f"{where}.reason: expected a string, got {e['reason']!r}")
+    calls = e["calibration_calls"]
+    if not isinstance(calls, list) or not all(isinstance(c, list) and len(c) == 3 for c in calls):
+        raise PlanError(f"{where}.calibration_calls: expected a list of [batch, queries, keys]")
     return LayerPlan(
         layer=e["layer"], path=e["path"], r=r, crossover=crossover, heads=heads,
         head_dim=_int(f"{where}.head_dim", e["head_dim"], 1),
         topk=_int(f"{where}.topk", e["topk"], 1),
         predicted_pruned_frac=_opt(_float, f"{where}.predicted_pruned_frac", e["predicted_pruned_frac"], 0.0, 1.0),
         predicted_speedup=_float(f"{where}.predicted_speedup", e["predicted_speedup"], 0.0, math.inf),
+        reason=e["reason"], dense_ms=_opt(_float, f"{where}.dense_ms", e["dense_ms"], 0.0, math.inf),
+        calibration_calls=tuple(tuple(_int(f"{where}.calibration_calls[{i}]", n, 0) for n in c)
+                                for i, c in enumerate(calls)),
         candidates=tuple(_candidate(f"{where}.candidates[{i}]", c) for i, c in enumerate(candidates)),
         seed_gap=_opt(_distribution, f"{where}.seed_gap", e["seed_gap"]),
         slack=_opt(_distribution, f"{where}.slack", e["slack"]),
@@ -266,14 +280,18 @@ def _layer(where: str, e: Any) -> LayerPlan:
 
 
 def _candidate(where: str, c: Any) -> CandidateMeasurement:
-    _keys(where, c, {"r", "survival", "queries", "keys_screened", "survivors", "fallbacks"})
+    _keys(where, c, {"r", "survival", "redo_frac", "ms", "queries", "certified_queries", "keys_screened",
+                     "survivors", "fallbacks"})
     fallbacks = c["fallbacks"]
     if not isinstance(fallbacks, dict):
         raise PlanError(f"{where}.fallbacks: expected an object reason -> count")
     return CandidateMeasurement(
         r=_int(f"{where}.r", c["r"], 1),
         survival=_float(f"{where}.survival", c["survival"], 0.0, 1.0),
+        redo_frac=_float(f"{where}.redo_frac", c["redo_frac"], 0.0, 1.0),
+        ms=_opt(_float, f"{where}.ms", c["ms"], 0.0, math.inf),
         queries=_int(f"{where}.queries", c["queries"], 0),
+        certified_queries=_int(f"{where}.certified_queries", c["certified_queries"], 0),
         keys_screened=_int(f"{where}.keys_screened", c["keys_screened"], 0),
         survivors=_int(f"{where}.survivors", c["survivors"], 0),
         fallbacks={str(k): _int(f"{where}.fallbacks[{k}]", v, 0) for k, v in fallbacks.items()},

@@ -20,7 +20,7 @@ from runtime.dense_scorer import dense_topk
 
 @dataclass(frozen=True)
 class CapturedCall:
-    """One indexer call's inputs as float32 copies on the op's device (mask keeps its dtype)."""
+    """One indexer call's inputs as copies on the op's device, in their own dtypes."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -36,8 +36,7 @@ class CaptureRecorder:
     calls: dict[str, list[CapturedCall]] = field(default_factory=dict)
 
     def record(self, layer: str, q, k, weights, topk: int, mask) -> None:
-        entry = CapturedCall(q.detach().float().clone(), k.detach().float().clone(),
-                             weights.detach().float().clone(), int(topk),
+        entry = CapturedCall(q.detach().clone(), k.detach().clone(), weights.detach().clone(), int(topk),
                              None if mask is None else mask.detach().clone())
         self.calls.setdefault(layer, []).append(entry)
 
@@ -60,7 +59,7 @@ def _capture_topk(*args, **kwargs):
     """Record the inputs under ``layer`` and return ``dense_topk`` (values float32, indices int64)."""
     a = op_arguments(args, kwargs)
     if not _ACTIVE:
-        raise RuntimeError("pulsar_dosa.capture_topk ran outside compiler.plan_capture.capturing(): "
+        raise RuntimeError("pulsar_dosa.capture_topk ran outside compiler.plan.capture.capturing(): "
                            "compile with capture=True only to calibrate plans")
     _ACTIVE[-1].record(a["layer"], a["q"], a["k"], a["weights"], a["topk"], a["mask"])
     return dense_topk(a["q"], a["k"], a["weights"], a["topk"], a["mask"])
@@ -69,11 +68,6 @@ def _capture_topk(*args, **kwargs):
 capture_topk = torch.library.custom_op("pulsar_dosa::capture_topk", _capture_topk, mutates_args=(),
                                        schema=SCHEMA)
 capture_topk.register_fake(fake_certified_topk)
-
-
-def indexer_op(options):
-    """The op the indexer pass emits: ``capture_topk`` when ``options.capture``, else ``certified_topk``."""
-    return torch.ops.pulsar_dosa.capture_topk.default if options.capture else torch.ops.pulsar_dosa.certified_topk.default
 
 
 def capture_indexer_inputs(model: torch.nn.Module, batches: Iterable[torch.Tensor],

@@ -28,11 +28,13 @@ from runtime.dense_scorer import exact_scores, select_topk
 from runtime.rounding import key_norm_up
 
 
-def best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Least wall time of ``fn`` over ``repeats`` runs after one warm-up (synchronising on CUDA)."""
+def best_seconds(fn: Callable[[], object], device: torch.device, repeats: int, warmup: bool = True) -> float:
+    """Least wall time of ``fn`` over ``repeats`` runs after one warm-up run (skipped with
+    ``warmup=False``), synchronising on CUDA."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    sync()
+    if warmup:
+        fn()
+        sync()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

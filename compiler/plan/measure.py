@@ -1,0 +1,222 @@
+"""Per-layer calibration measurements for plans, and the layer's decision from them.
+
+For one indexer layer and its captured calls, on the device they were captured on:
+
+* per candidate budget r: the certified top-K (``path="certified"``; the Triton pipeline on CUDA, the
+  runtime reference elsewhere) on every call, giving m(r) = survivors / keys_screened (1.0 when
+  nothing was screened: no evidence that screening prunes), the fraction of certified queries redone
+  densely (overflow or threshold miss), the certified queries, and, when ``timed``, the call time;
+* the dense top-K's time on the same calls (when ``timed``);
+* the seed gap b = τ* − τ ≥ 0 per certified query (true kk-th score minus the seed threshold) and the
+  slack δ = U_num − s ≥ 0 per screened key, for the chosen budget: a key is pruned iff Δ = τ* − s >
+  δ + b (SPEC A.6). They are recomputed from the runtime's public stages (seeds, certificate planning
+  and evaluation, THE SCORER) for the queries the runtime certifies (not anchors, more than kk
+  visible keys).
+
+Times are wall times of one run per call after a warm-up run on CUDA (which compiles and tunes), and
+of one run on the CPU; the decision (``compiler.path_choice.choose_layer``) uses them to correct the
+cost model's prediction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from compiler.cost_model import KernelConstants
+from compiler.path_choice import choose_layer
+from compiler.plan.capture import CapturedCall
+from compiler.plan.constants import best_seconds
+from compiler.plan.schema import CandidateMeasurement, Distribution, LayerPlan
+from runtime.certificate import default_r, evaluate_bound, plan_certificate
+from runtime.certified_topk import ROUTED_REASONS, CertifiedTopkConfig, TopkStats, certified_topk
+from runtime.dense_scorer import dense_topk, head_dots, weighted_relu_sum
+from runtime.indexer_inputs import check_indexer_inputs
+from runtime.rounding import key_norm_up
+from runtime.seeds import anchor_rows, seed_mask
+
+_ROW_ELEMENTS = 1 << 22  # bound on the [rows, H, T] intermediates of the diagnostics
+DIAGNOSTIC_QUERIES = 64
+"""Certified queries per call whose seed gap and slacks are computed (the distributions are summaries)."""
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    """One layer's geometry, its candidates, the dense time (ms, None when not timed) and its calls."""
+
+    layer: str
+    heads: int
+    head_dim: int
+    topk: int
+    candidates: tuple[CandidateMeasurement, ...]
+    dense_ms: float | None
+    calls: tuple[CapturedCall, ...]
+
+    @property
+    def call_sizes(self) -> list[tuple[int, int, int]]:
+        """(batch, queries, keys) of every call."""
+        return [(c.q.shape[0], c.q.shape[1], c.k.shape[1]) for c in self.calls]
+
+
+def distribution(values: torch.Tensor) -> Distribution | None:
+    """Count, mean, min, max and 5/50/95 % quantiles (linear interpolation between order statistics,
+    as ``torch.quantile``, without its size limit) of a float sample (None when empty)."""
+    v = values.detach().double().flatten().sort().values
+    n = v.numel()
+    if n == 0:
+        return None
+
+    def quantile(p: float) -> float:
+        pos = p * (n - 1)
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        return float(v[lo] + (v[hi] - v[lo]) * (pos - lo))
+
+    return Distribution(count=n, mean=float(v.mean()), min=float(v[0]), max=float(v[-1]),
+                        p05=quantile(0.05), p50=quantile(0.5), p95=quantile(0.95))
+
+
+def _certified_run(call: CapturedCall, config: CertifiedTopkConfig, stats: TopkStats) -> None:
+    if call.q.device.type == "cuda":
+        from compiler.lowering.certified_topk_triton import certified_topk_cuda
+
+        certified_topk_cuda(call.q, call.k, call.weights, call.topk, call.mask, config=config, stats=stats)
+    else:
+        certified_topk(call.q, call.k, call.weights, call.topk, call.mask, config=config, stats=stats)
+
+
+def _dense_run(call: CapturedCall) -> None:
+    if call.q.device.type == "cuda":
+        from compiler.lowering.certified_topk_triton import dense_topk_cuda
+
+        dense_topk_cuda(call.q, call.k, call.weights, call.topk, call.mask)
+    else:
+        dense_topk(call.q, call.k, call.weights, call.topk, call.mask)
+
+
+def _seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """One timed run (after a warm-up run on CUDA, which compiles kernels and tunes the screen)."""
+    return best_seconds(fn, device, repeats=1, warmup=device.type == "cuda")
+
+
+def measure_candidate(calls: Sequence[CapturedCall], r: int, timed: bool = True,
+                      on_call: Callable[[], None] | None = None) -> CandidateMeasurement:
+    """m(r), the redo fraction, counts and (``timed``) the summed call time of budget r over the calls."""
+    config = CertifiedTopkConfig(r=r, path="certified")
+    total, ms = TopkStats(), 0.0
+    for call in calls:
+        last = []  # the statistics of the last run (the timed one, after the warm-up)
+
+        def run(call=call):
+            last[:] = [TopkStats()]
+            _certified_run(call, config, last[0])
+
+        if timed:
+            ms += 1e3 * _seconds(run, call.q.device)
+        else:
+            run()
+        total.merge(last[0])
+        if on_call is not None:
+            on_call()
+    s = total.summary()
+    screened, survivors = int(s["keys_screened"]), int(s["survivors"])
+    certified = s["queries"] - s["anchors"] - sum(s["fallbacks"][name] for name in ROUTED_REASONS)
+    redone = s["fallbacks"]["overflow"] + s["fallbacks"]["threshold_miss"]
+    return CandidateMeasurement(r=r, survival=survivors / screened if screened else 1.0,
+                                redo_frac=redone / certified if certified > 0 else 0.0,
+                                ms=ms if timed else None, queries=int(s["queries"]),
+                                certified_queries=max(0, int(certified)), keys_screened=screened,
+                                survivors=survivors, fallbacks={k: int(v) for k, v in s["fallbacks"].items()})
+
+
+def measure_dense(calls: Sequence[CapturedCall]) -> float:
+    """Summed dense call time (ms) over the calls."""
+    return sum(1e3 * _seconds(lambda call=call: _dense_run(call), call.q.device) for call in calls)
+
+
+def measure_layer(layer: str, calls: Sequence[CapturedCall], candidates: Sequence[int], timed: bool = True,
+                  on_call: Callable[[], None] | None = None) -> LayerMeasurement:
+    """Every candidate budget and (``timed``) the dense time on one layer's calls."""
+    if not calls:
+        raise ValueError(f"calls: layer {layer!r} has no captured call")
+    _, _, heads, head_dim = calls[0].q.shape
+    measured = tuple(measure_candidate(calls, r, timed, on_call) for r in candidates)
+    return LayerMeasurement(layer=layer, heads=heads, head_dim=head_dim, topk=calls[0].topk,
+                            candidates=measured, dense_ms=measure_dense(calls) if timed else None,
+                            calls=tuple(calls))
+
+
+def certificate_diagnostics(call: CapturedCall, config: CertifiedTopkConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seed gaps b [queries] and slacks δ [screened keys] (float64) of one call under ``config``, over
+    at most DIAGNOSTIC_QUERIES certified queries spread evenly over the call (the witness seeds'
+    gap: the own-threshold sample is not included)."""
+    inputs = check_indexer_inputs(call.q, call.k, call.weights, call.topk, call.mask)
+    B, S, T, H, D = inputs.shape
+    kk = inputs.kk
+    anchors = anchor_rows(S, config.anchor_stride, inputs.q.device)
+    device = inputs.q.device
+    finite = torch.isfinite(inputs.q).all(-1).all(-1) & torch.isfinite(inputs.weights).all(-1)
+    certified = (anchors != torch.arange(S, device=device))[None, :] & (inputs.visible.sum(-1) > kk) & finite
+    cb, cs = certified.nonzero(as_tuple=True)
+    if cb.numel() > DIAGNOSTIC_QUERIES:  # evenly spread over the call
+        pick = torch.linspace(0, cb.numel() - 1, DIAGNOSTIC_QUERIES, device=device).long()
+        cb, cs = cb[pick], cs[pick]
+    first = torch.unique(anchors[cs])
+    _, anchor_top = dense_topk(call.q[:, first], call.k, call.weights[:, first], call.topk,
+                               None if call.mask is None else call.mask[:, first])
+    witnesses = torch.zeros((B, S, anchor_top.shape[-1]), dtype=torch.int64, device=device)
+    witnesses[:, first] = anchor_top
+    key_norm = key_norm_up(inputs.k)
+    gaps, slacks = [], []
+    step = max(1, _ROW_ELEMENTS // max(1, H * max(T, D)))
+    for start in range(0, cb.numel(), step):
+        b, s = cb[start:start + step], cs[start:start + step]
+        visible = inputs.visible[b, s]
+        seeds = seed_mask(visible, witnesses[b, anchors[s]], kk, config.sink, config.window)
+        q, w, keys = inputs.q[b, s], inputs.weights[b, s], inputs.k[b]
+        dots = head_dots(q, keys)
+        scores = weighted_relu_sum(w, dots)
+        biased = scores if inputs.bias is None else scores + inputs.bias[b, s]
+        tau_star = torch.where(visible, biased, float("-inf")).topk(kk, dim=-1).values[:, -1].double()
+        tau = torch.where(seeds, biased, float("-inf")).topk(kk, dim=-1).values[:, -1].double()
+        keep = torch.isfinite(tau_star)
+        gaps.append((tau_star - tau)[keep])
+        p = ((dots > 0) & seeds[:, None, :]).sum(-1).double() / seeds.sum(-1, keepdim=True)
+        r = default_r(w) if config.r is None else torch.full_like(b, min(config.r, H))
+        bound = evaluate_bound(plan_certificate(q, w, p, r), keys, key_norm[b])
+        slacks.append((bound - scores.double())[visible & ~seeds & keep[:, None]])
+    empty = torch.zeros(0, dtype=torch.float64, device=device)
+    return (torch.cat(gaps) if gaps else empty), (torch.cat(slacks) if slacks else empty)
+
+
+def seed_gap_and_slack(calls: Sequence[CapturedCall], r: int | None,
+                       on_call: Callable[[], None] | None = None) -> tuple[Distribution | None, Distribution | None]:
+    """Distributions of the seed gap b and the slack δ over the calls, with budget r (None: default rule)."""
+    config = CertifiedTopkConfig(r=r, path="certified")
+    gaps, slacks = [], []
+    for call in calls:
+        gap, slack = certificate_diagnostics(call, config)
+        gaps.append(gap)
+        slacks.append(slack)
+        if on_call is not None:
+            on_call()
+    return distribution(torch.cat(gaps)), distribution(torch.cat(slacks))
+
+
+def choose_from_measurement(measurement: LayerMeasurement, constants: KernelConstants, design_length: int,
+                            queries: int | None, on_call: Callable[[], None] | None = None) -> LayerPlan:
+    """The layer's decision (``compiler.path_choice.choose_layer``), with the diagnostics of the
+    chosen budget (or of the best-surviving one when the layer is dense)."""
+    choice = choose_layer(measurement.candidates, measurement.dense_ms, measurement.call_sizes,
+                          heads=measurement.heads, head_dim=measurement.head_dim, topk=measurement.topk,
+                          constants=constants, design_length=design_length, queries=queries)
+    best_measured = min(measurement.candidates, key=lambda c: (c.survival, c.r), default=None)
+    r_diag = choice.r if choice.r is not None else (best_measured.r if best_measured else None)
+    seed_gap, slack = seed_gap_and_slack(measurement.calls, r_diag, on_call)
+    return LayerPlan(layer=measurement.layer, path=choice.path, r=choice.r, crossover=choice.crossover,
+                     heads=measurement.heads, head_dim=measurement.head_dim, topk=measurement.topk,
+                     predicted_pruned_frac=choice.predicted_pruned_frac,
+                     predicted_speedup=choice.predicted_speedup, reason=choice.reason,
+                     dense_ms=measurement.dense_ms, calibration_calls=tuple(measurement.call_sizes),
+                     candidates=measurement.candidates, seed_gap=seed_gap, slack=slack)
