@@ -48,6 +48,8 @@ SMOKE_SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                    moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
                    topk_group=1)
 MODELS = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+PLAN_TIMEOUT_S = 150
+"""A plan that takes longer is recorded as the plan rows' error."""
 
 
 def build(name: str, layers: int, sizes: dict, device: str, dtype: torch.dtype, seed: int = 0):
@@ -77,8 +79,19 @@ def make_plan(model_name: str, config, sizes_tokens: int, device: str, workdir: 
     out = workdir / f"{model_name}.plan.json"
     cmd = [sys.executable, "-m", "compiler.plan", "--model", str(cfg), "--tokens", str(tokens), "--out", str(out),
            "--device", device, "--seq-len", str(sizes_tokens)]
-    subprocess.run(cmd, check=True, timeout=600)
+    subprocess.run(cmd, check=True, timeout=PLAN_TIMEOUT_S, capture_output=True, text=True)
     return out
+
+
+def plan_for(name: str, config, args, device: str) -> Path:
+    """The model's plan from ``python -m compiler.plan`` (kept beside the results)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        made = make_plan(name, config, args.plan_tokens, device, Path(tmp))
+        plan = Path(args.workdir) / made.name
+        plan.write_text(made.read_text())
+    print(f"[{name}] plan made in {time.perf_counter() - start:.1f} s: {plan}", flush=True)
+    return plan
 
 
 def method_module(model, method: str, plan: Path | None):
@@ -95,16 +108,15 @@ def run_model(name: str, args, emit) -> None:
     model, config = build(name, args.layers, sizes, device, dtype)
     lengths = args.lengths
     methods = args.methods
-    plan = None
-    if "pulsar_dosa_plan" in methods:
-        with tempfile.TemporaryDirectory() as tmp:
-            start = time.perf_counter()
-            plan_path = make_plan(name, config, args.plan_tokens, device, Path(tmp))
-            plan = Path(args.workdir) / plan_path.name
-            plan.write_text(plan_path.read_text())
-            print(f"[{name}] plan made in {time.perf_counter() - start:.1f} s: {plan}", flush=True)
     reference: dict[int, torch.Tensor] = {}
+    plan, plan_error = None, None
     for method in methods:
+        if method == "pulsar_dosa_plan":
+            try:
+                plan = plan_for(name, config, args, device)
+            except Exception as exc:  # recorded in every row of the method
+                detail = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines() or [""]
+                plan_error = f"plan: {type(exc).__name__}: {detail[-1][:300]}"
         torch._dynamo.reset()
         compiled = method_module(model, method, plan)
         for S in lengths:
@@ -112,6 +124,8 @@ def run_model(name: str, args, emit) -> None:
                    "argmax_agree": None, "max_abs_diff": None}
             ids = torch.randint(0, config.vocab_size, (1, S), generator=torch.Generator().manual_seed(S)).to(device)
             try:
+                if method == "pulsar_dosa_plan" and plan_error:
+                    raise RuntimeError(plan_error)
                 with torch.no_grad():
                     start = time.perf_counter()
                     logits = compiled(ids, use_cache=False, logits_to_keep=1).logits[0, -1].float()

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import compiler
+from compiler.path_choice import default_crossover
 from compiler.demo import (DEMO_INDEXER, build_model, eager_run, indexers, per_layer_selection, set_trained_geometry,
                            tiny_config, topic_run_ids)
 
@@ -71,7 +72,7 @@ def test_inductor_downstream_logits_match_eager():
 
 
 def test_with_a_trained_geometry_the_certificate_prunes_inside_the_model():
-    """The demo's model: queries past the crossover (771 keys) take the certified path and most of
+    """The demo's model: queries past the cost model's crossover (~770 keys) take the certified path and most of
     the keys they screen are pruned; selections and logits stay those of eager."""
     model = set_trained_geometry(build_model(tiny_config(layers=1, **DEMO_INDEXER), torch.float32))
     ids = topic_run_ids(840, model.config.vocab_size)
@@ -79,6 +80,8 @@ def test_with_a_trained_geometry_the_certificate_prunes_inside_the_model():
         want = model(ids, use_cache=False).logits
     report = compiler.explain(model, ids, options={"downstream": "eager", "passes": ["dsa_indexer"]}, use_cache=False)
     (stats,) = report.stats.values()
-    assert [r.details["min_keys"] for r in report.rewrites] == [771]
+    crossover = default_crossover(DEMO_INDEXER["heads"], DEMO_INDEXER["head_dim"], DEMO_INDEXER["topk"], None, "cpu")
+    assert [r.details["min_keys"] for r in report.rewrites if r.kind == "dsa_indexer"] == [crossover]
+    assert crossover < 840
     assert stats["keys_screened"] > 10 * 840 and stats["pruned_frac"] > 0.9
     assert torch.equal(report.output.logits, want)
