@@ -29,12 +29,12 @@ def choose(candidates, dense_ms=None, design_length=131072, queries=16384):
 
 
 def test_the_path_names_are_defined_once_and_shared():
-    from compiler.ops import certified_topk as certified_topk_op
+    from compiler.ops.certified_topk import check_choice as op_check_choice
     from compiler.plan import schema
     from runtime import certified_topk
 
     assert PATHS is certified_topk.PATHS is schema.PATHS and CHOICES == ("auto",) + PATHS
-    assert certified_topk_op.check_choice is path_choice.check_choice
+    assert op_check_choice is path_choice.check_choice
     with pytest.raises(ValueError, match="option 'certified': expected one of"):
         CompileOptions.from_user({"certified": "fast"})
 
