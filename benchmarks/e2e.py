@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         args.plan_tokens = min(args.plan_tokens, 128)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    args.workdir = str(out.parent)
+    args.workdir = tempfile.mkdtemp(prefix="e2e_plans_")  # the plans live for the run only
     import transformers
     import triton
 
