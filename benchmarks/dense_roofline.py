@@ -85,11 +85,12 @@ def scorer_form(config, matrix_rows):
 
 
 FORMS = [(LaunchConfig.of(num_warps=w, num_stages=s, BLOCK_T=bt), cols)
-         for (bt, w, s, cols) in [(64, 8, 3, 256), (64, 8, 4, 256), (64, 8, 2, 256), (128, 8, 3, 256),
-                                  (64, 4, 4, 256)]]
+         for (bt, w, s, cols) in [(64, 4, 3, 256), (64, 8, 3, 256), (64, 8, 4, 256), (64, 4, 4, 256),
+                                  (128, 8, 3, 256)]]
 """Scorer forms of the sweep; the first is the module default (keys on the product's rows since the
 first H200 sweep: results/dense_roofline_sweep_h200.json, heads-on-rows 160 TFLOP/s; the second
-sweep, results/dense_roofline_sweep2_h200.json, chose 8 warps)."""
+sweep, results/dense_roofline_sweep2_h200.json, found 8 warps fastest unmasked; 4 warps are the
+default: much faster under a mask, results/dense_scorer_mask_ab_h200.json)."""
 FP32_CONFIGS = [LaunchConfig.of(num_warps=w, num_stages=s, BLOCK_T=bt)
                 for (bt, w, s) in [(64, 8, 3), (64, 4, 3), (128, 8, 3), (64, 8, 2), (32, 4, 3)]]
 """Launch configs tried for fp32 operands (tf32 products)."""

@@ -36,8 +36,8 @@ call in every process (not tuned). The scorer defines the values: the order of t
 follows the tile's layout, which BLOCK_T and num_warps decide, so two configs may round a score
 differently. Tuning per length would let a key scored densely at one length and as a survivor at
 another differ in the last bit; a fixed config makes dense, seed and refine scores bitwise the
-same by construction. BLOCK_T=64, 8 warps, 3 stages and MATRIX_ROWS=256 product columns: the
-fastest form of a sweep on the H200 (benchmarks/dense_roofline.py --sweep).
+same by construction. BLOCK_T=64, 4 warps, 3 stages and MATRIX_ROWS=256 product columns: the
+fastest form on the H200 for masked calls (see MATRIX_ROWS).
 
 Masks: before its key loop a program finds the last position whose key its mask shows to any of
 its rows; after it only hidden keys remain, whose codes do not depend on the scores, so they are
@@ -216,9 +216,9 @@ def tf32_scores(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and not SEQUENTIAL
 
 
-SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64)
+SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)
 """The scorer's launch config for bf16/fp16 operands (module docstring: why it is fixed)."""
-FP32_SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64)
+FP32_SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)
 """The scorer's launch config for fp32 operands (tf32 products)."""
 
 
@@ -227,9 +227,11 @@ def scorer_config(dtype: torch.dtype) -> LaunchConfig:
     return FP32_SCORER_CONFIG if dtype == torch.float32 else SCORER_CONFIG
 
 MATRIX_ROWS = 32 if INTERPRET else 256
-"""Columns of the scorer's product per program (BLOCK_S queries x HP padded heads): with BLOCK_T=64
-keys, 8 warps and 3 stages the fastest form measured on the H200 (484 TFLOP/s, 63% of the run's
-bf16 matmul rate, at S=4096, T=131072, H=64: benchmarks/results/dense_roofline_sweep2_h200.json)."""
+"""Columns of the scorer's product per program (BLOCK_S queries x HP padded heads). With BLOCK_T=64
+keys and 3 stages, 4 warps scored S=4096 queries against T=131072 keys (H=64) in 19.6 ms unmasked
+(448 TFLOP/s, 58% of the bf16 matmul rate) and 23.4 ms under a causal mask on the H200; 8 warps
+were faster unmasked (18.1 ms, 63%) but took 41.3 ms masked, and models always pass a mask
+(benchmarks/results/dense_roofline_sweep2_h200.json, dense_scorer_mask_ab_h200.json)."""
 
 
 def score_tile_shape(H: int) -> tuple[int, int]:
