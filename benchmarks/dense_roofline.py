@@ -7,13 +7,14 @@ Measured in the same run: the bf16 matmul rate (8192^3, random data) and the cop
 per (S, T) with H=64, D=128, topk=2048, bf16, causal chunk of S queries at the end of T keys:
 ``score_ms`` (the Triton scorer writing every order code), ``select_ms`` (the exact selection of
 the top-kk codes), ``ms`` (the whole ``dense_topk_cuda`` call) and ``score_tflops`` = 2 S T H D /
-score time; ``certified_plan`` = the op as a compiled model calls it with a plan (r=1, its
-crossover) on the structured geometry; ``identical``: indices equal to dense's and values bitwise.
+score time; ``certified_plan`` = the certified pipeline with the structured geometry's plan (r=1;
+every T of the grid is above its crossover); ``identical``: indices equal to dense's and values
+bitwise. Decode rows call the op with that plan's arguments, which must score decode densely.
 
-``--sweep`` times the scorer alone over tile orientations (keys on the product's rows, KEYS_M, or
-heads), launch configs and query tiles, checks that each computes the same scores as the baseline
-form (within fp32 reassociation) and that a key scores to the same bits in dense scoring and in a
-row list (refine/redo use), and times fp32 operands (bf16 hi + lo, three products) against bf16.
+``--sweep`` times the scorer alone over launch configs and product columns, checks that each
+computes the same scores as the default (within fp32 reassociation) and that a key scores to the
+same bits in dense scoring and in a row list (refine/redo use), and times fp32 operands (tf32
+products) against bf16 over several configs.
 """
 from __future__ import annotations
 
@@ -76,12 +77,12 @@ def all_codes(q, w, k, mask=None):
     return _row_codes(q, w, k, mask, ids, counts, k.shape[1], 1 << 30)
 
 
-def scorer_form(config, matrix_rows):
+def scorer_form(config, columns):
     """Set the scorer's launch config and product columns (module constants); return a label."""
     scorer.SCORER_CONFIG = config
-    scorer.MATRIX_ROWS = matrix_rows
+    scorer.PRODUCT_COLUMNS = columns
     meta = dict(config.meta)
-    return f"BT{meta['BLOCK_T']} w{config.num_warps} s{config.num_stages} cols{matrix_rows}"
+    return f"BT{meta['BLOCK_T']} w{config.num_warps} s{config.num_stages} cols{columns}"
 
 
 FORMS = [(LaunchConfig.of(num_warps=w, num_stages=s, BLOCK_T=bt), cols)
@@ -99,12 +100,12 @@ FP32_CONFIGS = [LaunchConfig.of(num_warps=w, num_stages=s, BLOCK_T=bt)
 def sweep(emit, S=4096, T=131072):
     q, k, w = random_inputs(S, T)
     flops = 2 * S * T * H * D
-    default = (scorer.SCORER_CONFIG, scorer.MATRIX_ROWS)
+    default = (scorer.SCORER_CONFIG, scorer.PRODUCT_COLUMNS)
     base = scorer.decode_codes(all_codes(q, w, k), T)[0]
     bound = (w.abs()[0, :64, :, None] * torch.einsum("shd,td->sht", q[0, :64].float().abs(), k[0].float().abs())).sum(1)
     rows = torch.randperm(S, device=DEVICE)[:64].sort().values
-    for config, matrix_rows in FORMS:
-        label = scorer_form(config, matrix_rows)
+    for config, columns in FORMS:
+        label = scorer_form(config, columns)
         row = {"kind": "scorer_form", "form": label, "S": S, "T": T}
         try:
             codes = all_codes(q, w, k)

@@ -69,16 +69,16 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def make_plan(model_name: str, config, sizes_tokens: int, device: str, workdir: Path) -> Path:
+def make_plan(model_name: str, config, tokens_count: int, device: str, workdir: Path) -> Path:
     """A per-layer plan from ``python -m compiler.plan`` on random calibration tokens."""
     cfg = workdir / f"{model_name}.json"
     config.to_json_file(cfg)
     tokens = workdir / "calib.txt"
-    ids = torch.randint(0, config.vocab_size, (sizes_tokens,), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, config.vocab_size, (tokens_count,), generator=torch.Generator().manual_seed(1))
     tokens.write_text(" ".join(map(str, ids.tolist())))
     out = workdir / f"{model_name}.plan.json"
     cmd = [sys.executable, "-m", "compiler.plan", "--model", str(cfg), "--tokens", str(tokens), "--out", str(out),
-           "--device", device, "--seq-len", str(sizes_tokens)]
+           "--device", device, "--seq-len", str(tokens_count)]
     subprocess.run(cmd, check=True, timeout=PLAN_TIMEOUT_S, capture_output=True, text=True)
     return out
 

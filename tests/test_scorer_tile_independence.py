@@ -40,10 +40,10 @@ def triton_scores(q, w, k, keys, rows=None, mask=None, with_keys=False):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("H", [1, 3, 16])
-@pytest.mark.parametrize("matrix_rows", ["head_rows", 32, 128])
-def test_scores_equal_the_runtime_scorer_bitwise_for_every_tile_shape(dtype, H, matrix_rows, monkeypatch):
+@pytest.mark.parametrize("columns", ["one_query", 32, 128])
+def test_scores_equal_the_runtime_scorer_bitwise_for_every_tile_shape(dtype, H, columns, monkeypatch):
     hp = score_tile_shape(H)[1]
-    monkeypatch.setattr(dsa_score_triton, "MATRIX_ROWS", hp if matrix_rows == "head_rows" else matrix_rows)
+    monkeypatch.setattr(dsa_score_triton, "PRODUCT_COLUMNS", hp if columns == "one_query" else columns)
     S, T, D = 5, 150, 32
     q, k, w = general_inputs(S, T, H, D, dtype, seed=H)
     keys = list(range(T - 1, -1, -2)) + list(range(0, T, 2))  # every key, out of order

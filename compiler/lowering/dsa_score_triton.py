@@ -36,8 +36,8 @@ call in every process (not tuned). The scorer defines the values: the order of t
 follows the tile's layout, which BLOCK_T and num_warps decide, so two configs may round a score
 differently. Tuning per length would let a key scored densely at one length and as a survivor at
 another differ in the last bit; a fixed config makes dense, seed and refine scores bitwise the
-same by construction. BLOCK_T=64, 4 warps, 3 stages and MATRIX_ROWS=256 product columns: the
-fastest form on the H200 for masked calls (see MATRIX_ROWS).
+same by construction. BLOCK_T=64, 4 warps, 3 stages and PRODUCT_COLUMNS=256 product columns: the
+fastest form on the H200 for masked calls (see PRODUCT_COLUMNS).
 
 Masks: before its key loop a program finds the last position whose key its mask shows to any of
 its rows; after it only hidden keys remain, whose codes do not depend on the scores, so they are
@@ -226,7 +226,7 @@ def scorer_config(dtype: torch.dtype) -> LaunchConfig:
     """The one launch config of the scorer for operands of ``dtype``."""
     return FP32_SCORER_CONFIG if dtype == torch.float32 else SCORER_CONFIG
 
-MATRIX_ROWS = 32 if INTERPRET else 256
+PRODUCT_COLUMNS = 32 if INTERPRET else 256
 """Columns of the scorer's product per program (BLOCK_S queries x HP padded heads). With BLOCK_T=64
 keys and 3 stages, 4 warps scored S=4096 queries against T=131072 keys (H=64) in 19.6 ms unmasked
 (448 TFLOP/s, 58% of the bf16 matmul rate) and 23.4 ms under a causal mask on the H200; 8 warps
@@ -235,13 +235,15 @@ were faster unmasked (18.1 ms, 63%) but took 41.3 ms masked, and models always p
 
 
 def score_tile_shape(H: int) -> tuple[int, int]:
-    """(BLOCK_S, HP): queries per program and heads padded to a power of two; MATRIX_ROWS rows."""
+    """(BLOCK_S, HP): queries per program and heads padded to a power of two; BLOCK_S * HP =
+    PRODUCT_COLUMNS (at least HP)."""
     hp = triton.next_power_of_2(max(H, 1))
-    return max(1, MATRIX_ROWS // hp), hp
+    return max(1, PRODUCT_COLUMNS // hp), hp
 
 
 def key_splits(programs: int, keys: int, block_t: int = 128) -> int:
-    """Programs per key list so that at least ~2 programs per SM run (1 on the CPU)."""
+    """Programs per key list so that at least ~2 programs per SM run (1 on the CPU); a split gets
+    at least 4 * ``block_t`` keys (128 for every H200 measurement, whatever the launch's tile)."""
     if INTERPRET or not torch.cuda.is_available():
         return 1
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
