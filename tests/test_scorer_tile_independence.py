@@ -87,3 +87,26 @@ def test_the_gpu_tile_form_computes_the_scores(dtype, masked, monkeypatch):
     bound = (w.abs()[0, :, :, None] * torch.einsum("shd,td->sht", q[0].float().abs(), k[0].float().abs())).sum(1)
     finite = want[0].isfinite()
     assert ((got[0] - want[0]).abs()[finite] <= 1e-4 * bound[finite]).all()
+
+
+@pytest.mark.parametrize("kind,anomaly", [("bool", None), ("bool", "hidden"), ("additive", None),
+                                           ("additive", "hidden"), ("additive", "bias"),
+                                           ("additive", "negative_zero")])
+def test_masks_with_clear_runs_broken_anywhere_score_exactly(kind, anomaly):
+    """Key tiles a program's mask shows whole with bias 0 skip the mask read; one hidden key, one
+    finite nonzero bias or -0.0 biases inside a clear run (one row of the program) still count."""
+    S, T, H, D = 6, 300, 3, 16
+    q, k, w = general_inputs(S, T, H, D, torch.bfloat16, seed=11)
+    keys = list(range(T))
+    visible = torch.ones(S, T, dtype=torch.bool).tril(T - S)  # a causal chunk: early tiles clear
+    bias = torch.zeros(S, T)
+    if anomaly == "hidden":
+        visible[2, 70] = False
+    elif anomaly == "bias":
+        bias[1, 130] = 0.75
+    elif anomaly == "negative_zero":
+        bias[0, 10:20] = -0.0
+    mask = bias.masked_fill(~visible, float("-inf"))[None] if kind == "additive" else visible[None]
+    got = triton_scores(q, w, k, keys, mask=mask)
+    want = (reference_scores(q, w, k, keys) + bias).masked_fill(~visible, float("-inf")) + 0.0
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))

@@ -39,9 +39,13 @@ another differ in the last bit; a fixed config makes dense, seed and refine scor
 same by construction. BLOCK_T=64, 4 warps, 3 stages and PRODUCT_COLUMNS=256 product columns: the
 fastest form on the H200 for masked calls (see PRODUCT_COLUMNS).
 
-Masks: before its key loop a program finds the last position whose key its mask shows to any of
-its rows; after it only hidden keys remain, whose codes do not depend on the scores, so they are
-written without a product (causal prefill multiplies about half the keys).
+Masks: before its key loop a program scans its mask once (``TRIM_BLOCK`` positions a step) for
+the last position whose key it shows to any of its rows, and for the first position where some
+row's entry is not clear (clear: visible with additive bias 0). After the last visible position
+only hidden keys remain, whose codes do not depend on the scores, so they are written without a
+product (causal prefill multiplies about half the keys); key tiles before the first unclear
+position take visible = in range and bias = 0 without reading the mask (the same bits: adding a
+zero bias is the ``+ 0.0`` the order code applies anyway).
 """
 from __future__ import annotations
 
@@ -159,17 +163,23 @@ def _indexer_score_kernel(
     p_hi = tl.minimum(p_lo + chunk, n)
     running = tl.zeros([BLOCK_S], dtype=tl.int32)
     p_end = p_hi
-    if TRIM_HIDDEN:  # positions after the program's last visible key hold hidden keys only
+    p_clear = p_lo
+    if TRIM_HIDDEN:
+        # Positions after the program's last visible key hold hidden keys only (p_end); positions
+        # before p_clear are clear (visible with bias 0) for all of its rows.
         p_end = p_lo
+        p_clear = p_hi
         for p0 in range(p_lo, p_hi, TRIM_BLOCK):
             pos = p0 + tl.arange(0, TRIM_BLOCK)
             pok = pos < p_hi
             listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
             key = tl.where(overflow, pos, listed)
-            visible, _ = load_mask_tile(mask_ptr, b, rows, key, row_ok[:, None] & pok[None, :],
-                                        msb, mss, mst, MASK_KIND)
+            tile_ok = row_ok[:, None] & pok[None, :]
+            visible, bias = load_mask_tile(mask_ptr, b, rows, key, tile_ok, msb, mss, mst, MASK_KIND)
             seen = tl.max(tl.where(visible, pos[None, :] + 1, 0), axis=1)
             p_end = tl.maximum(p_end, tl.max(seen, axis=0))
+            blocked = tile_ok & ~(visible & (bias == 0.0))
+            p_clear = tl.minimum(p_clear, tl.min(tl.min(tl.where(blocked, pos[None, :], p_hi), axis=1), axis=0))
     for p0 in range(p_lo, p_end, BLOCK_T):
         pos = p0 + tl.arange(0, BLOCK_T)
         pok = pos < p_hi
@@ -178,7 +188,14 @@ def _indexer_score_kernel(
         ok = row_ok[:, None] & pok[None, :]
         score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, b * skb + key * skt, pok, H, BLOCK_S, HP,
                              D, BLOCK_T, SEQUENTIAL, TF32, TO_FP32)
-        visible, bias = load_mask_tile(mask_ptr, b, rows, key, ok, msb, mss, mst, MASK_KIND)
+        clear = False
+        if TRIM_HIDDEN:
+            clear = p0 + BLOCK_T <= p_clear
+        if clear:  # every entry of the tile visible with bias 0: no mask to read
+            visible = ok
+            bias = tl.zeros((BLOCK_S, BLOCK_T), dtype=tl.float32)
+        else:
+            visible, bias = load_mask_tile(mask_ptr, b, rows, key, ok, msb, mss, mst, MASK_KIND)
         score = score + bias
         code = order_code(score, visible, key[None, :], T)
         if COMPACT:
@@ -208,6 +225,11 @@ def _indexer_score_kernel(
 
 
 SEQUENTIAL = INTERPRET
+TRIM_BLOCK = 4096
+"""Positions per step of the masked scorer's scan for its last visible key and its clear run. The
+scan runs before the key loop and is latency-bound: at S=4096 queries, T=131072 keys (H=64, causal
+chunk, H200) the scorer took 22.4 ms with steps of 1024 and 18.6 ms with 4096
+(benchmarks/results/dense_scorer_mask_ab_h200.json)."""
 """Scores by tile_arith's sequential form (the CPU interpreter's arithmetic) instead of tl.dot."""
 def tf32_scores(dtype: torch.dtype) -> bool:
     """True when operands of ``dtype`` are multiplied as tf32 on tensor cores (fp32 on the GPU,
@@ -218,8 +240,10 @@ def tf32_scores(dtype: torch.dtype) -> bool:
 
 SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)
 """The scorer's launch config for bf16/fp16 operands (module docstring: why it is fixed)."""
-FP32_SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)
-"""The scorer's launch config for fp32 operands (tf32 products)."""
+FP32_SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64)
+"""The scorer's launch config for fp32 operands (tf32 products): the fastest of 17 forms under a
+causal mask at S=4096, T=131072 (H200: 50.9 ms against 56.4 with 4 warps; 128 or 64 product
+columns, 2 stages or 32/128-key tiles were slower; benchmarks/results/dense_scorer_mask_ab_h200.json)."""
 
 
 def scorer_config(dtype: torch.dtype) -> LaunchConfig:
@@ -227,13 +251,11 @@ def scorer_config(dtype: torch.dtype) -> LaunchConfig:
     return FP32_SCORER_CONFIG if dtype == torch.float32 else SCORER_CONFIG
 
 PRODUCT_COLUMNS = 32 if INTERPRET else 256
-"""Columns of the scorer's product per program (BLOCK_S queries x HP padded heads). With BLOCK_T=64
-keys and 3 stages, 4 warps scored S=4096 queries against T=131072 keys (H=64) in 19.6 ms unmasked
-(448 TFLOP/s, 58% of the bf16 matmul rate) and 23.4 ms under a causal mask on the H200; 8 warps
-were faster unmasked (18.1 ms, 63%) but took 41.3 ms masked, and models always pass a mask
-(benchmarks/results/dense_roofline_sweep2_h200.json, dense_scorer_mask_ab_h200.json)."""
-
-
+"""Columns of the scorer's product per program (BLOCK_S queries x HP padded heads) for bf16/fp16
+operands. With BLOCK_T=64 keys and 3 stages, 4 warps scored S=4096 queries against T=131072 keys
+(H=64) in 19.6 ms unmasked (448 TFLOP/s, 58% of the bf16 matmul rate) and 23.4 ms under a causal
+mask on the H200; 8 warps were faster unmasked (18.1 ms, 63%) but took 41.3 ms masked, and models
+always pass a mask (benchmarks/results/dense_roofline_sweep2_h200.json, dense_scorer_mask_ab_h200.json)."""
 def score_tile_shape(H: int) -> tuple[int, int]:
     """(BLOCK_S, HP): queries per program and heads padded to a power of two; BLOCK_S * HP =
     PRODUCT_COLUMNS (at least HP)."""
@@ -305,7 +327,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
         TF32=tf32_scores(q.dtype),
-        TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=1024,
+        TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=TRIM_BLOCK,
         **scorer_config(q.dtype).kwargs(),
     )
     return out
