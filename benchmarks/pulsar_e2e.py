@@ -12,14 +12,18 @@ Rows (``"how"``): ``hf_generate`` (``model.generate`` on ``[context ‖ query]``
 stock path; dense only), ``generate_eager`` (``runtime.pulsar.generate`` on the uncompiled model)
 and ``generate_compiled`` (on ``torch.compile(model, backend="pulsar_dosa")``, downstream
 ``--downstream``), for modes dense / star / pulsar with block size L/4, at every L. ``ms`` is the
-median of ``--reps`` runs after one warm-up run (which compiles and autotunes); ``phase1_ms`` the
-median time of the context encoding alone; ``packed_tokens`` and ``attention_pairs`` the phase-1
-tokens and visible (query, key) pairs of the layout (the work that separates the modes); ``tokens``
-the generated ids. Per length: HF generate, then the uncompiled rows, then the compiled rows (the
-first compiled rows include the compiles in their warm-up). ``notes.two_interval_kernel`` records
-the two-interval kernel ``runtime.attention_layout`` finds for the device before anything imports
-``compiler``: what an uncompiled model gets (on CUDA the Triton kernel, through the installed
-package's entry point).
+median of ``--reps`` runs (default 5) after one warm-up run (which compiles and autotunes); before
+every timed run Python's garbage is collected and the device synchronised, outside the timing.
+The parts of ``generate``, each then timed alone the same way (median of ``--reps``): ``layout_ms``
+the phase-1 layout assembly on the host, ``phase1_ms`` the context encoding and KV drop,
+``phase2_decode_ms`` phase 2 and decoding over the kept KV (``ms`` is about their sum; layout
+assembly would count as phase 2 in ``ms - phase1_ms``). ``packed_tokens`` and ``attention_pairs``
+the phase-1 tokens and visible (query, key) pairs of the layout (the work that separates the
+modes); ``tokens`` the generated ids. Per length: HF generate, then the uncompiled rows, then the
+compiled rows (the first compiled rows include the compiles in their warm-up).
+``notes.two_interval_kernel`` records the two-interval kernel ``runtime.attention_layout`` finds
+for the device before anything imports ``compiler``: what an uncompiled model gets (on CUDA the
+Triton kernel, through the installed package's entry point).
 
 Checks (reported, not asserted: random weights give near-tied logits, and a last-bit difference
 between kernels can pick another token): per mode and L, ``generate_eager`` and
@@ -31,12 +35,13 @@ Results are written after every row (JSON and a markdown table), so a run stoppe
 ``--budget-s`` (remaining rows recorded as skipped) or killed still leaves what it measured.
 
     python benchmarks/pulsar_e2e.py --out benchmarks/results/pulsar_e2e_h200.json \\
-        --md benchmarks/results/pulsar_e2e_h200.md                  # one H200, ~3-4 min
+        --md benchmarks/results/pulsar_e2e_h200.md                  # one H200, ~4 min
     python benchmarks/pulsar_e2e.py --smoke                         # CPU, tiny model, ~1 min
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -52,9 +57,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.timing import timed
 from runtime.attention_layout import attention_kernel
-from runtime.pulsar import PulsarConfig, encode_context, generate
+from runtime.pulsar import PulsarConfig, decode, encode_context, generate
 
 HOWS = ("hf_generate", "generate_eager", "generate_compiled")
+PARTS = ("layout_ms", "phase1_ms", "phase2_decode_ms")
+"""The parts of ``generate`` timed alone, in the order it runs them."""
 MODES = ("dense", "star", "pulsar")
 TARGET = 1.10
 """``generate_eager`` may take at most this times its baseline's time."""
@@ -75,11 +82,11 @@ class Settings:
     query_tokens: int = 16
     new_tokens: int = 8
     blocks: int = 4
-    reps: int = 3
+    reps: int = 5
     dtype: str = "bfloat16"
     device: str = "cuda"
     downstream: str = "inductor"
-    budget_s: float = 210.0
+    budget_s: float = 300.0
 
 
 SMOKE = dict(lengths=(192,), hidden=64, heads=4, kv_heads=2, head_dim=16, mlp=128, vocab=256,
@@ -154,7 +161,7 @@ class Recorder:
     def add(self, row: dict) -> None:
         row["elapsed_s"] = round(self.elapsed(), 1)
         self.rows.append(row)
-        shown = {k: row[k] for k in ("how", "mode", "L", "ms", "phase1_ms", "error") if row.get(k) is not None}
+        shown = {k: row[k] for k in ("how", "mode", "L", "ms", *PARTS, "error") if row.get(k) is not None}
         print(f"[{row['elapsed_s']:7.1f}s] {shown}", flush=True)
         self.write()
 
@@ -231,13 +238,17 @@ def markdown(payload: dict) -> str:
     lines = [f"# Pulsar end to end: `generate` against HF `generate` ({payload['device']})", "",
              f"{s['layers']}-layer Llama (hidden {s['hidden']}, {s['heads']}/{s['kv_heads']} heads, MLP {s['mlp']}, "
              f"vocab {s['vocab']}), {s['dtype']}, random weights; {s['query_tokens']} query tokens, "
-             f"{s['new_tokens']} new tokens, block L/{s['blocks']}; median of {s['reps']} after a warm-up; "
+             f"{s['new_tokens']} new tokens, block L/{s['blocks']}; median of {s['reps']} after a warm-up "
+             f"(garbage collected and device synchronised before each timed run); "
              f"compiled: `backend=\"pulsar_dosa\"`, downstream {s['downstream']}. "
              f"torch {payload['versions']['torch']}, transformers {payload['versions']['transformers']}, "
              f"triton {payload['versions']['triton']}.", "",
-             "| L | mode | HF generate ms | generate eager ms | generate compiled ms | eager phase 1 ms "
-             "| compiled phase 1 ms | phase-1 tokens | attention pairs |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "Parts of `generate`, each timed alone: layout assembly (host), phase 1 (context encoding), "
+             "phase 2 + decode (over the kept KV).", "",
+             "| L | mode | HF generate ms | generate eager ms | generate compiled ms | layout ms | eager phase 1 ms "
+             "| compiled phase 1 ms | eager phase 2 + decode ms | compiled phase 2 + decode ms | phase-1 tokens "
+             "| attention pairs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = {(r["how"], r["mode"], r["L"]): r for r in payload["rows"]}
 
     def cell(how, mode, length, key="ms"):
@@ -255,8 +266,11 @@ def markdown(payload: dict) -> str:
                          and r.get("packed_tokens") is not None), {})
             lines.append(f"| {length} | {mode} | {cell('hf_generate', mode, length)} | "
                          f"{cell('generate_eager', mode, length)} | {cell('generate_compiled', mode, length)} | "
+                         f"{cell('generate_eager', mode, length, 'layout_ms')} | "
                          f"{cell('generate_eager', mode, length, 'phase1_ms')} | "
                          f"{cell('generate_compiled', mode, length, 'phase1_ms')} | "
+                         f"{cell('generate_eager', mode, length, 'phase2_decode_ms')} | "
+                         f"{cell('generate_compiled', mode, length, 'phase2_decode_ms')} | "
                          f"{work.get('packed_tokens', '-')} | {work.get('attention_pairs', '-')} |")
     lines += ["", "Targets (eager time / baseline time, at most 1.10):", "",
               "| L | mode | baseline | ratio | meets target |", "|---|---|---|---|---|"]
@@ -272,17 +286,18 @@ def markdown(payload: dict) -> str:
 
 
 def run_row(recorder: Recorder, how: str, mode: str, length: int, device: torch.device,
-            run: Callable[[], torch.Tensor], phase1: Optional[Callable[[], object]], work: dict) -> None:
-    """Warm up, time ``run`` (and ``phase1``), record the row; an out-of-memory error is recorded."""
+            run: Callable[[], torch.Tensor], parts: Optional[Callable[[], dict]], work: dict) -> None:
+    """Warm up, time ``run`` (then ``parts``: the times of its parts), record the row; an
+    out-of-memory error is recorded."""
     row = {"how": how, "mode": mode, "L": length, "ms": None, "tokens": None, **work}
     if recorder.over_budget():
         recorder.add({**row, "error": f"skipped: time budget of {recorder.settings.budget_s:.0f} s spent"})
         return
     try:
-        row["ms"], tokens = timed(run, device, recorder.settings.reps)
+        row["ms"], tokens = timed(run, device, recorder.settings.reps, before=gc.collect)
         row["tokens"] = [int(t) for t in tokens]
-        if phase1 is not None:  # warmed up by the runs above
-            row["phase1_ms"], _ = timed(phase1, device, recorder.settings.reps, warmup=False)
+        if parts is not None:  # warmed up by the runs above
+            row.update(parts())
         if device.type == "cuda":
             row["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     except torch.cuda.OutOfMemoryError as error:
@@ -294,15 +309,29 @@ def run_row(recorder: Recorder, how: str, mode: str, length: int, device: torch.
     recorder.add(row)
 
 
+def part_times(model, context_ids: torch.Tensor, query_ids: torch.Tensor, config: PulsarConfig,
+               settings: Settings, device: torch.device) -> dict:
+    """``PARTS``: median ms of each part of ``generate`` run alone as ``generate`` runs it (no
+    warm-up: run after ``generate`` itself), each part fed the previous part's result."""
+    def median(fn: Callable[[], object]) -> tuple[float, object]:
+        return timed(fn, device, settings.reps, before=gc.collect, warmup=False)
+
+    layout_ms, layout = median(lambda: config.layout(context_ids))
+    phase1_ms, kept = median(lambda: encode_context(model, context_ids, layout))
+    decode_ms, _ = median(lambda: decode(model, kept, query_ids, query_position_start=layout.query_position_start,
+                                         max_new_tokens=settings.new_tokens))
+    return dict(zip(PARTS, (layout_ms, phase1_ms, decode_ms)))
+
+
 def pulsar_rows(recorder: Recorder, how: str, model, length: int, settings: Settings, device: torch.device) -> None:
     """``how`` rows of every mode at ``length`` through ``runtime.pulsar.generate`` on ``model``."""
     context_ids, query_ids = workload(length, settings)
     for mode in MODES:
         config = pulsar_config(mode, length, settings)
-        layout = config.layout(context_ids)
         run_row(recorder, how, mode, length, device,
                 lambda: generate(model, context_ids, query_ids, config, max_new_tokens=settings.new_tokens),
-                lambda: encode_context(model, context_ids, layout), layout_work(config, context_ids))
+                lambda: part_times(model, context_ids, query_ids, config, settings, device),
+                layout_work(config, context_ids))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

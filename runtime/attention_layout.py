@@ -15,12 +15,14 @@ is active, calls its ``attend``. With no active layout attention is ordinary att
 
 Which computation runs (one home for the choice, ``attend``): where the layout is what
 ``F.scaled_dot_product_attention`` expresses and no log-sum-exp is needed — a packed phase that is
-one ordinary causal sequence (dense mode), or one new token that sees every key on one device —
-it is that stock call, the attention an unmodified model runs. Otherwise it is the two-interval
-attention kernel registered for the tensors' device (``attention_kernel``): the Triton kernel on
-CUDA, registered by ``compiler.lowering.flash_attention_triton`` when it is imported (``import
-compiler``, or automatically through the package's ``pulsar_dosa.attention_kernels`` entry point),
-and the plain-torch reference ``runtime.attention_reference.two_interval_attention`` elsewhere.
+one ordinary causal sequence (dense mode), or a query phase on one device, whose new tokens see
+every kept key and each other causally (causal attention aligned to the last key; with several new
+tokens only where SDPA has a fused kernel for it, ``causal_sdpa_is_fused``) — it is that stock
+call, the attention an unmodified model runs. Otherwise it is the two-interval attention kernel
+registered for the tensors' device (``attention_kernel``): the Triton kernel on CUDA, registered
+by ``compiler.lowering.flash_attention_triton`` when it is imported (``import compiler``, or
+automatically through the package's ``pulsar_dosa.attention_kernels`` entry point), and the
+plain-torch reference ``runtime.attention_reference.two_interval_attention`` elsewhere.
 An attention function has the signature of that reference.
 """
 from __future__ import annotations
@@ -34,6 +36,8 @@ from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
+from torch.nn.attention.bias import causal_lower_right
 
 from runtime.attention_reference import two_interval_attention
 
@@ -89,10 +93,32 @@ def attention_kernel(device: torch.device) -> AttentionFn:
 
 def stock_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                     causal: bool) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` (GQA folded): query p sees keys ``[0, p]`` when ``causal``
-    (Sq == Sk), else every key. q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] -> [B, Hq, Sq, D]."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=float(scale),
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    """``F.scaled_dot_product_attention`` (GQA folded): query p sees keys ``[0, Sk - Sq + p]`` when
+    ``causal`` (aligned to the last key, as new tokens after cached ones; ``[0, p]`` when Sq == Sk),
+    else every key. q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] with Sq <= Sk -> [B, Hq, Sq, D].
+
+    Sq < Sk causally takes SDPA's lower-right ``CausalBias`` (no mask tensor in the fused kernels)."""
+    sq, sk = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if causal and 1 < sq < sk:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(sq, sk), scale=float(scale),
+                                              enable_gqa=gqa)
+    # One query at the end sees every key: causal or not, no mask.
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal and sq > 1, scale=float(scale),
+                                          enable_gqa=gqa)
+
+
+def causal_sdpa_is_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``stock_attention(q, k, v, causal=True)`` runs without a score matrix in memory.
+
+    On CUDA: flash attention (GQA included) or memory-efficient attention (no GQA) accepts the
+    tensors — the kernels SDPA's lower-right causal bias uses; else SDPA would fall back to its
+    math path, [B, Hq, Sq, Sk] scores. Elsewhere True: SDPA's own choice stands (there the
+    alternative is usually the plain-torch reference)."""
+    if q.device.type != "cuda":
+        return True
+    params = SDPAParams(q, k, v, None, 0.0, False, q.shape[1] != k.shape[1])
+    return can_use_flash_attention(params) or can_use_efficient_attention(params)
 
 
 @dataclass
@@ -137,37 +163,50 @@ class QueryPhase:
     """Phase-2/decode visibility: ``kept`` cached keys first, new tokens after them.
 
     ``owner``: this rank holds the new tokens' KV (it sees them causally); ``merge``: combines
-    this rank's partial ``(o, lse)`` with the other ranks' (None on one device).
+    this rank's partial ``(o, lse)`` with the other ranks' (None on one device). One instance
+    serves one forward: the interval bounds it builds for the kernel are shared by its layers.
     """
 
     kept: int
     owner: bool = True
     merge: Optional[MergeFn] = None
     calls: int = field(default=0, init=False)
+    _bounds: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False,
+                                                                    repr=False)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                attention_fn: Optional[AttentionFn] = None) -> torch.Tensor:
         """q [B, Hq, Sq, D] new tokens, k/v [B, Hkv, kept + n, D] -> o [B, Hq, Sq, D] over all ranks.
 
         ``attention_fn``: a two-interval attention to use instead of the module's choice."""
-        batch, _, sq, _ = q.shape
-        sk = k.shape[2]
+        sq, sk = q.shape[2], k.shape[2]
         if sk < self.kept + sq:
             raise ValueError(f"query-phase attention expects at least kept + queries = {self.kept + sq} "
                              f"keys, got {sk}")
         self.calls += 1
-        if attention_fn is None and self.merge is None and self.owner and sq == 1:
-            return stock_attention(q, k, v, scale=scale, causal=False)  # one token that sees every key
-        prefix_end = torch.full((batch, sq), self.kept, dtype=torch.int64, device=q.device)
-        # Owner: the new tokens are keys [kept, sk) seen causally; elsewhere an empty interval.
-        segment_start = torch.full((batch, sq), self.kept if self.owner else sk, dtype=torch.int64,
-                                   device=q.device)
+        if (attention_fn is None and self.merge is None and self.owner
+                and (sq == 1 or causal_sdpa_is_fused(q, k, v))):
+            # Every kept key, then the new tokens causally: causal attention aligned to the last key.
+            return stock_attention(q, k, v, scale=scale, causal=True)
+        prefix_end, segment_start = self.bounds(q.shape[0], sq, sk, q.device)
         attention_fn = attention_kernel(q.device) if attention_fn is None else attention_fn
         out, lse = attention_fn(q, k, v, prefix_end, segment_start, scale=float(scale), q_start=sk - sq)
         if self.merge is None:
             return out
         merged, _ = self.merge(out, lse)
         return merged
+
+    def bounds(self, batch: int, queries: int, keys: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(prefix_end, segment_start)`` int64 [batch, queries] on ``device`` for ``keys`` keys,
+        built once per argument set: the kept keys ``[0, kept)``, then on the owner the keys from
+        ``kept`` on causally (elsewhere an empty interval)."""
+        key = (batch, queries, keys, device)
+        if key not in self._bounds:
+            prefix_end = torch.full((batch, queries), self.kept, dtype=torch.int64, device=device)
+            segment_start = torch.full((batch, queries), self.kept if self.owner else keys, dtype=torch.int64,
+                                       device=device)
+            self._bounds[key] = prefix_end, segment_start
+        return self._bounds[key]
 
 
 Layout = PackedPhase | QueryPhase

@@ -117,18 +117,22 @@ def is_compiled(model: torch.nn.Module) -> bool:
 
 @contextlib.contextmanager
 def routed_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Route an uncompiled model's attention to ``layout_attention`` for the block."""
+    """Route an uncompiled model's attention to ``layout_attention`` for the block; inside a block
+    that routes it already the implementation is left alone (the outer block restores it)."""
     if is_compiled(model):
         yield
         return
     register_layout_attention()
     config = model.config
     previous = config._attn_implementation
-    config._attn_implementation = ATTENTION_IMPLEMENTATION
+    switch = previous != ATTENTION_IMPLEMENTATION
+    if switch:
+        config._attn_implementation = ATTENTION_IMPLEMENTATION
     try:
         yield
     finally:
-        config._attn_implementation = previous
+        if switch:
+            config._attn_implementation = previous
 
 
 def new_cache(model: torch.nn.Module, kept: Optional[KeptKV] = None) -> "DynamicCache":
@@ -194,7 +198,8 @@ def decode(model: torch.nn.Module, kept: KeptKV, query_ids: torch.Tensor, *, que
     after each forward); ``merge``: combines per-rank partials (None on one device); ``agree``:
     makes every rank use the same next token (None on one device); ``make_phase``: builds the
     layout of each forward (default ``QueryPhase(kept tokens, owner, merge)``). Stops after a
-    token in ``stop_ids`` (included) or ``max_new_tokens`` tokens.
+    token in ``stop_ids`` (included) or ``max_new_tokens`` tokens. A token is read back to the host
+    only to test it against ``stop_ids`` (with none, the device is not waited on between steps).
     """
     device = model_device(model)
     num_kept = kept[0][0].shape[2]
@@ -202,22 +207,24 @@ def decode(model: torch.nn.Module, kept: KeptKV, query_ids: torch.Tensor, *, que
     cache = new_cache(model, kept)
     tokens = query_ids.to(device).unsqueeze(0)
     position = query_position_start
-    generated: list[int] = []
-    while len(generated) < max_new_tokens:
-        positions = torch.arange(position, position + tokens.shape[1], device=device).unsqueeze(0)
-        phase = QueryPhase(num_kept, owner, merge) if make_phase is None else make_phase()
-        logits = run_forward(model, phase, tokens, positions, cache)
-        next_token = logits.argmax().reshape(1)
-        if agree is not None:
-            next_token = agree(next_token)
-        generated.append(int(next_token))
-        position += tokens.shape[1]
-        tokens = next_token.unsqueeze(0)
-        if not owner:
-            cache = new_cache(model, kept)
-        if generated[-1] in stops:
-            break
-    return torch.tensor(generated, dtype=torch.int64)
+    generated: list[torch.Tensor] = []
+    with routed_attention(model):
+        while len(generated) < max_new_tokens:
+            positions = torch.arange(position, position + tokens.shape[1], device=device).unsqueeze(0)
+            phase = QueryPhase(num_kept, owner, merge) if make_phase is None else make_phase()
+            logits = run_forward(model, phase, tokens, positions, cache)
+            next_token = logits.argmax().reshape(1)
+            if agree is not None:
+                next_token = agree(next_token)
+            generated.append(next_token)
+            # Read the token back only to test it against the stop ids.
+            if len(generated) == max_new_tokens or (stops and int(next_token) in stops):
+                break
+            position += tokens.shape[1]
+            tokens = next_token.unsqueeze(0)
+            if not owner:
+                cache = new_cache(model, kept)
+    return torch.cat(generated).cpu() if generated else torch.zeros(0, dtype=torch.int64)
 
 
 def vocabulary_size(model: torch.nn.Module) -> Optional[int]:

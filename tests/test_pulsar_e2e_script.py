@@ -1,5 +1,6 @@
 """benchmarks/pulsar_e2e.py --smoke (downstream eager, to keep it short): every row, check and
-target is written, and the driver's dense tokens agree with HF generate and with the compiled model."""
+target is written (generate rows with the times of their parts), and the driver's dense tokens
+agree with HF generate and with the compiled model."""
 import json
 import os
 import subprocess
@@ -22,6 +23,8 @@ def test_the_smoke_run_writes_every_row_check_and_target(tmp_path):
                                   "generate_compiled") for mode in ("dense", "pulsar", "star")])
     for row in result["rows"]:
         assert row["ms"] > 0 and len(row["tokens"]) == result["settings"]["new_tokens"] and "error" not in row
+        parts = ("layout_ms", "phase1_ms", "phase2_decode_ms")
+        assert all(row[part] > 0 for part in parts) if row["how"] != "hf_generate" else not set(parts) & set(row)
     assert rows[("generate_eager", "star")]["packed_tokens"] > rows[("generate_eager", "dense")]["packed_tokens"]
     checks = {(c["mode"], c["compare"]): c["tokens_equal"] for c in result["checks"]}
     assert checks[("dense", "generate_eager vs hf_generate")]

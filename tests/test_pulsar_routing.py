@@ -4,9 +4,11 @@ registers the Triton kernel for CUDA); an uncompiled model reaches it."""
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.nn.attention.bias import CausalBias
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import runtime.attention_layout as attention_layout
@@ -58,24 +60,49 @@ def test_stock_attention_gives_the_two_interval_answer_where_it_is_chosen():
     torch.testing.assert_close(causal.attend(q, k, v, scale=0.3),
                                causal.attend(q, k, v, scale=0.3, attention_fn=two_interval_attention),
                                atol=1e-6, rtol=1e-6)
-    q, k, v = qkv(1, 9)
-    decode = QueryPhase(kept=8)
-    torch.testing.assert_close(decode.attend(q, k, v, scale=0.3),
-                               decode.attend(q, k, v, scale=0.3, attention_fn=two_interval_attention),
-                               atol=1e-6, rtol=1e-6)
+    # decode; phase 2; new tokens after earlier ones; nothing kept
+    for sq, sk, kept in ((1, 9, 8), (3, 9, 6), (3, 12, 6), (5, 5, 0)):
+        q, k, v = qkv(sq, sk)
+        query = QueryPhase(kept=kept)
+        torch.testing.assert_close(query.attend(q, k, v, scale=0.3),
+                                   query.attend(q, k, v, scale=0.3, attention_fn=two_interval_attention),
+                                   atol=1e-6, rtol=1e-6)
+
+
+def test_a_query_phase_on_one_device_runs_stock_sdpa_with_causal_attention_aligned_to_the_last_key(
+        counted_cpu_kernel, monkeypatch):
+    """Several new tokens after the kept keys: one SDPA call with the lower-right causal bias, no
+    kernel; each new token sees every kept key and the new tokens up to itself."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counted_sdpa(*args, **kwargs):
+        calls.append(kwargs.get("attn_mask"))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(attention_layout, "F", SimpleNamespace(scaled_dot_product_attention=counted_sdpa))
+    q, k, v = qkv(4, 10, seed=3)
+    out = QueryPhase(kept=6).attend(q, k, v, scale=0.3)
+    assert not counted_cpu_kernel and len(calls) == 1 and isinstance(calls[0], CausalBias)
+    torch.testing.assert_close(out, two_interval_attention(q, k, v, torch.full((1, 4), 6), torch.full((1, 4), 6),
+                                                           scale=0.3, q_start=6)[0], atol=1e-6, rtol=1e-6)
+    visible = torch.ones(4, 10, dtype=torch.bool).tril(6)
+    manual = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                                              attn_mask=visible, scale=0.3)
+    torch.testing.assert_close(out, manual, atol=1e-6, rtol=1e-6)
 
 
 def test_layouts_other_than_ordinary_attention_run_the_registered_kernel(counted_cpu_kernel):
     q, k, v = qkv(7, 7)
     packed = PackedPhase(torch.tensor([0, 0, 0, 3, 3, 3, 3]), torch.tensor([0, 0, 0, 3, 3, 5, 5]))
     packed.attend(q, k, v, scale=0.3)
-    QueryPhase(kept=6).attend(*qkv(3, 9), scale=0.3)                       # several new tokens
-    QueryPhase(kept=8, merge=lambda o, lse: (o, lse)).attend(*qkv(1, 9), scale=0.3)  # partials to merge
+    QueryPhase(kept=6, merge=lambda o, lse: (o, lse)).attend(*qkv(3, 9), scale=0.3)  # partials to merge
     QueryPhase(kept=8, owner=False).attend(*qkv(1, 9), scale=0.3)          # kept keys only
-    assert len(counted_cpu_kernel) == 4
+    assert len(counted_cpu_kernel) == 3
     PackedPhase(torch.zeros(7, dtype=torch.int64), torch.zeros(7, dtype=torch.int64)).attend(q, k, v, scale=0.3)
-    QueryPhase(kept=8).attend(*qkv(1, 9), scale=0.3)
-    assert len(counted_cpu_kernel) == 4  # ordinary attention: stock SDPA
+    QueryPhase(kept=6).attend(*qkv(3, 9), scale=0.3)                       # phase 2 on one device
+    QueryPhase(kept=8).attend(*qkv(1, 9), scale=0.3)                       # decode on one device
+    assert len(counted_cpu_kernel) == 3  # ordinary attention: stock SDPA
 
 
 def test_an_uncompiled_model_reaches_the_registered_kernel(counted_cpu_kernel):
@@ -89,7 +116,7 @@ def test_an_uncompiled_model_reaches_the_registered_kernel(counted_cpu_kernel):
     encode_context(model, ids, pulsar.layout(ids))
     assert len(counted_cpu_kernel) == 2  # phase 1, both layers
     generate(model, ids, query, pulsar, max_new_tokens=3, stop_ids=())
-    assert len(counted_cpu_kernel) == 2 + 2 + 2  # phase 1 and phase 2 (5 query tokens); decode is stock
+    assert len(counted_cpu_kernel) == 2 + 2  # phase 1 again; phase 2 (5 query tokens) and decode are stock
     assert model.config._attn_implementation == "sdpa"
 
 
