@@ -240,15 +240,8 @@ def reference_budget(block: list[int], ratio: float, chunk: int) -> int:
     return int(Fraction(ratio).limit_denominator(10**6) * len(block)) // chunk
 
 
-@settings(max_examples=60, deadline=None)
-@given(data=st.data(), heuristic=st.sampled_from(HEURISTICS))
-def test_vectorised_selection_matches_the_loop_reference(data, heuristic):
-    length = data.draw(st.integers(1, 60))
-    tokens = data.draw(st.lists(st.integers(0, 9), min_size=length, max_size=length))
-    block_size = data.draw(st.integers(1, 16))
-    chunk = data.draw(st.integers(1, 5))
-    sink = data.draw(st.integers(0, block_size))
-    ratio = data.draw(st.sampled_from([0.125, 0.25, 0.3, 0.5, 1.0]))
+def assert_matches_the_loop_reference(tokens: list[int], block_size: int, heuristic: str, chunk: int,
+                                      ratio: float, sink: int) -> None:
     got = select_summaries(torch.tensor(tokens), block_size, heuristic=heuristic, chunk=chunk,
                            ratio=ratio, sink=sink)
     blocks, cands, groups, scores = reference_groups(tokens, block_size, heuristic, chunk, sink)
@@ -267,6 +260,47 @@ def test_vectorised_selection_matches_the_loop_reference(data, heuristic):
         else:  # sums: optimal up to rounding (exact ties of equal term multisets are tested apart)
             rest = [sc[i] for i in range(len(gs)) if i not in chosen]
             assert not rest or not chosen or min(sc[i] for i in chosen) >= max(rest) - 1e-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), heuristic=st.sampled_from(HEURISTICS))
+def test_vectorised_selection_matches_the_loop_reference(data, heuristic):
+    length = data.draw(st.integers(1, 60))
+    tokens = data.draw(st.lists(st.integers(0, 9), min_size=length, max_size=length))
+    block_size = data.draw(st.integers(1, 16))
+    chunk = data.draw(st.integers(1, 5))
+    sink = data.draw(st.integers(0, block_size))
+    ratio = data.draw(st.sampled_from([0.125, 0.25, 0.3, 0.5, 1.0]))
+    assert_matches_the_loop_reference(tokens, block_size, heuristic, chunk, ratio, sink)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), heuristic=st.sampled_from(HEURISTICS))
+def test_selection_matches_the_loop_reference_on_longer_sequences(data, heuristic):
+    # many blocks of every kind (block 0 cut by the sink, alike middle blocks, a shorter last
+    # block), groups that do or do not divide the block, Zipf-like or nearly constant ids
+    length = data.draw(st.integers(100, 400))
+    vocabulary = data.draw(st.sampled_from([2, 20, 500]))
+    tokens = torch.multinomial(1.0 / torch.arange(1, vocabulary + 1, dtype=torch.float64), length, replacement=True,
+                               generator=torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))).tolist()
+    block_size = data.draw(st.integers(8, 96))
+    chunk = data.draw(st.integers(1, 12))
+    sink = data.draw(st.integers(0, block_size))
+    ratio = data.draw(st.sampled_from([0.0625, 0.125, 0.29, 0.5, 1.0]))
+    assert_matches_the_loop_reference(tokens, block_size, heuristic, chunk, ratio, sink)
+
+
+@pytest.mark.parametrize("heuristic", HEURISTICS)
+@pytest.mark.parametrize("tokens, block_size, chunk, sink, ratio", [
+    ([7] * 490, 10, 3, 4, 0.5),  # one id in all 49 blocks: its rounded IDF log(49 / 49) is just below 0
+    (list(range(300)), 16, 5, 7, 0.5),  # every id distinct
+    ([3, 1, 4, 1, 5, 9, 2, 6] * 5, 64, 4, 6, 0.5),  # one block, longer than the sequence
+    ([3, 1, 4, 1, 5, 9, 2, 6] * 5, 8, 16, 2, 1.0),  # groups longer than the blocks
+    ([3, 1, 4, 1, 5, 9, 2, 6] * 5, 8, 3, 8, 1.0),  # block 0 is all sink
+    ([1, 2] * 20 + [9], 8, 3, 1, 0.5),  # a last block of one token
+])
+def test_selection_matches_the_loop_reference_on_edge_cases(heuristic, tokens, block_size, chunk, sink, ratio):
+    assert_matches_the_loop_reference(tokens, block_size, heuristic, chunk, ratio, sink)
 
 
 @pytest.mark.parametrize("heuristic", BAG_OF_TOKENS)
@@ -372,3 +406,13 @@ def test_pulsar_config_takes_the_novelty_heuristic():
     assert torch.equal(layout.source_index, expected.source_index)
     assert not torch.equal(layout.source_index, assemble(tokens, 32, sink=4, chunk=4, heuristic="max_idf",
                                                          shared_spine=True).source_index)
+
+
+@pytest.mark.parametrize("heuristic", BAG_OF_TOKENS)
+def test_a_chunk_far_longer_than_the_blocks_costs_no_memory(heuristic):
+    # every block is one group whatever the chunk beyond the block size: no table is sized by the chunk
+    tokens = torch.randint(0, 30, (200,), generator=torch.Generator().manual_seed(2))
+    huge = score_chunk_groups(tokens, 8, heuristic=heuristic, chunk=2**40, sink=3)
+    small = score_chunk_groups(tokens, 8, heuristic=heuristic, chunk=8, sink=3)
+    for field in huge._fields:
+        assert torch.equal(getattr(huge, field), getattr(small, field))
