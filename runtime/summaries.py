@@ -33,6 +33,17 @@ Definitions used throughout (token ids ``t`` of length ``L``, block size ``B``):
   some token found in no other block (65-99 % of a block's groups tie at the top), so the rule
   then keeps a prefix of the block. ``tie_break="tfidf"`` orders tied groups by their TF-IDF
   first (then by position), which keeps Max-IDF's choice wherever it is strict.
+* Floating point: every device computes the same float64 scores, so selects the same groups.
+  IDF is ``log(n / df)`` clamped at 0 (``n * (1 / n)`` may round below 1); the tables of IDF and
+  BM25's IDF (n + 1 values each) are computed on the CPU and copied to the device. Sums over a
+  group (TF-IDF, BM25) take a fixed order of float64 additions rather than the device's own
+  reduction order: the terms in descending order, zero-padded to a power of two and folded in
+  halves, so a group's sum depends only on the multiset of its terms, and groups with the same
+  multiset tie exactly. Different multisets whose sums are equal in exact arithmetic, such as
+  ``log(n/1) + log(n/4)`` and ``2 log(n/2)``, are still ordered by rounding, by the same rounding
+  on every device. (A device's own reduction order breaks such ties its own way: with four
+  blocks, where they are common, a CUDA device and the CPU used to select different TF-IDF
+  groups.) Max-IDF, entropy and novelty scores are exact.
 
 The ``novelty`` heuristic (query-agnostic, from token ids only):
 
@@ -74,7 +85,7 @@ date template loses a few cells by one to three needles in 28).
 from __future__ import annotations
 
 from fractions import Fraction
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Callable, NamedTuple
 
 import torch
@@ -198,12 +209,15 @@ class _Grid(NamedTuple):
             return slice(kind, kind + 1)
         return slice(1, self.blocks - 1)
 
+    def count(self, kind: int) -> int:
+        """Blocks of one of ``kinds()``."""
+        return self.rows(kind).stop - self.rows(kind).start
+
     def per_block(self, value: dict[int, int]) -> list[int]:
         """``value[kind]`` for every block, from a value per kind."""
         out = [0] * self.blocks
         for kind in self.kinds():
-            rows = self.rows(kind)
-            out[rows] = [value[kind]] * (rows.stop - rows.start)
+            out[self.rows(kind)] = [value[kind]] * self.count(kind)
         return out
 
     @property
@@ -318,16 +332,31 @@ class _Tokens:
         return weight
 
 
+def _on_device(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small CPU table on ``device``; to CUDA through pinned memory, so the copy does not wait."""
+    if device.type == "cuda":
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)
+
+
+@lru_cache(maxsize=64)
+def _cpu_idf_tables(blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 [blocks + 1] each, on the CPU, never modified: entry d >= 1 of the first is
+    log(blocks / d), the IDF of an id found in d blocks, clamped at 0 (for d = blocks it may round
+    just below); of the second BM25's IDF log((N - d + 0.5) / (d + 0.5) + 1) > 0 with N = blocks."""
+    found_in = torch.arange(blocks + 1, dtype=torch.float64).clamp_(min=1)
+    idf = torch.log(blocks / found_in).clamp_(min=0.0)
+    return idf, torch.log((float(blocks) - found_in + 0.5) / (found_in + 0.5) + 1.0)
+
+
 def _idf_table(blocks: int, device: torch.device) -> torch.Tensor:
-    """float64 [blocks + 1]: entry d >= 1 is log(blocks / d), the IDF of an id found in d blocks."""
-    found_in = torch.arange(blocks + 1, dtype=torch.float64, device=device).clamp_(min=1)
-    return torch.log(blocks / found_in)
+    """The IDF table of ``_cpu_idf_tables`` on ``device`` (the same values on every device)."""
+    return _on_device(_cpu_idf_tables(blocks)[0], device)
 
 
 def _bm25_idf_table(blocks: int, device: torch.device) -> torch.Tensor:
-    """float64 [blocks + 1]: entry d >= 1 is BM25's IDF log((N - d + 0.5) / (d + 0.5) + 1), N = blocks."""
-    found_in = torch.arange(blocks + 1, dtype=torch.float64, device=device).clamp_(min=1)
-    return torch.log((float(blocks) - found_in + 0.5) / (found_in + 0.5) + 1.0)
+    """BM25's IDF table of ``_cpu_idf_tables`` on ``device`` (the same values on every device)."""
+    return _on_device(_cpu_idf_tables(blocks)[1], device)
 
 
 class _Scoring:
@@ -373,14 +402,23 @@ class _Scoring:
 
 
 def _canonical_sum(table: torch.Tensor) -> torch.Tensor:
-    """Row sums of a table, each row sorted before the sum, so rows holding the
-    same multiset of values get bit-identical sums."""
-    return torch.sort(table, dim=1).values.sum(dim=1)
+    """Row sums of a table of values >= 0 in one fixed order: each row sorted in descending order,
+    zero-padded to a power-of-two width and folded in halves (``row[:h] + row[h:]``) down to one
+    column. The sum depends only on the multiset of a row's values (the zeros trail, and
+    trailing zeros fold away exactly), and the same float64 additions run on every device,
+    whatever its own reduction order."""
+    rows = torch.sort(table, dim=1, descending=True).values
+    width = 1 << (rows.shape[1] - 1).bit_length()
+    if width != rows.shape[1]:
+        rows = torch.nn.functional.pad(rows, (0, width - rows.shape[1]))
+    while width > 1:
+        width //= 2
+        rows = rows[:, :width] + rows[:, width:]
+    return rows[:, 0]
 
 
 def _max_idf(s: _Scoring) -> torch.Tensor:
-    """Max IDF per group; padding cells hold -inf, as a rounded IDF may lie just below 0."""
-    return s.lay_out(s.idf, -torch.inf).amax(dim=1)
+    return s.lay_out(s.idf, 0.0).amax(dim=1)
 
 
 def _tfidf(s: _Scoring) -> torch.Tensor:
@@ -405,7 +443,7 @@ def _bm25(s: _Scoring) -> torch.Tensor:
     occurrences.index_add_(0, pair, torch.ones_like(pair))
     tf = s.lay_out(torch.where(starts, occurrences[pair], 0).to(torch.float64), 0.0)
     idf = s.lay_out(_bm25_idf_table(grid.blocks, s.device)[s.document_frequency], 0.0)
-    groups = sum(grid.per_block({kind: grid.groups(kind) for kind in grid.kinds()}))
+    groups = sum(grid.groups(kind) * grid.count(kind) for kind in grid.kinds())
     mean_len = torch.full((), (grid.length - grid.first0) / groups, dtype=torch.float64, device=s.device)
     norm = BM25_K1 * (1.0 - BM25_B + BM25_B * s.lengths.to(torch.float64) / mean_len)
     return _canonical_sum(idf * tf * (BM25_K1 + 1.0) / (tf + norm[:, None]))
@@ -455,9 +493,10 @@ def score_chunk_groups(token_ids: torch.Tensor, block_size: int, *, heuristic: s
     max_idf = max IDF over the group; tfidf = mean IDF over its tokens; entropy = distinct tokens
     / |C|; bm25 with k1 = 1.2, b = 0.75, N = n blocks and l̄ = the mean length of all groups;
     novelty = (2·chunk + 1) · span + own, integers (module docstring).
-    Sums are taken in a canonical order (sorted terms), so two groups whose terms are the same
-    multiset score bit-identically and tie exactly; max_idf, entropy and novelty ties are always
-    exact. Time and memory are O(L) in the sequence length (sorts aside), never in the token ids.
+    Sums are taken in one fixed order on every device (module docstring), so two groups whose
+    terms are the same multiset score bit-identically and tie exactly; max_idf, entropy and
+    novelty ties are always exact. Time and memory are O(L) in the sequence length (sorts aside),
+    never in the token ids.
     """
     check_token_ids(token_ids)
     check_positive_int("block_size", block_size)
