@@ -1,15 +1,16 @@
 """Pulsar block summaries: chunk-group scores and selection (SPEC B.2, plus ``novelty``).
 
-Pure integer work on token ids, done before any model computation, in a fixed number of tensor
-operations whatever the sequence: no Python loop over the vocabulary, the chunk groups or the
-blocks, and no read of device data by the host but the check that ids are non-negative (plus one
-read of the summary sizes, only when some block's shorter last group may or may not be chosen).
-The ids are sorted once, stably; the runs of equal ids in that order give occurrence counts,
-document frequencies and a dense renumbering. Block and group geometry is Python arithmetic on
-``L``, the block size, ``chunk`` and ``sink``; the groups are laid out as a table with one row
-per block, so per-group sums and maxima and per-block selection are row operations. Time and
-memory are O(L) (sorts aside) whatever the ids are: no table is sized by the largest id, and ids
-up to ``2**63 - 1`` work.
+Pure integer work on token ids, done before any model computation, in a number of tensor
+operations that does not grow with the sequence or the number of blocks: no Python loop over the
+vocabulary, the chunk groups or the blocks, and no read of device data by the host but the check
+that ids are non-negative (plus one read of the summary sizes, only when some block's shorter
+last group may or may not be chosen). The ids are sorted once, stably (novelty then sorts its
+adjacent pairs); the runs of equal ids in that order give occurrence counts, document
+frequencies and a dense renumbering. Block and group geometry is Python arithmetic on ``L``, the
+block size, ``chunk`` and ``sink``; the groups are laid out as a table with one row per block, so
+per-group sums and maxima and per-block selection are row operations. Time and memory are O(L)
+(sorts aside) whatever the ids are: no table is sized by the largest id, and ids up to
+``2**63 - 1`` work.
 
 Definitions used throughout (token ids ``t`` of length ``L``, block size ``B``):
 
@@ -322,7 +323,8 @@ class _Tokens:
 
     def pair_start(self, key: torch.Tensor) -> torch.Tensor:
         """bool [L]: entry i is the first of its (id, ``key[i]``) pair; ``key`` (int64 [L]) must keep
-        the entries of each pair adjacent, as any key that ascends with the position does."""
+        the entries of each pair adjacent, as does any key that, read along the positions, never
+        returns to a value it has left."""
         starts = torch.ones(self.length, dtype=torch.bool, device=self.device)
         torch.ne(key[1:], key[:-1], out=starts[1:])
         return starts.logical_or_(self.run_start[:-1])
