@@ -32,6 +32,10 @@ CHUNKS_PER_K = 2
 """Interleaved chunks per selected code (n = CHUNKS_PER_K * kk): tau is the kk-th of n maxima."""
 CANDIDATE_FACTOR = 4
 """Candidate buffer per row, in multiples of kk (an overflowing row is selected from the whole row)."""
+COMPACT_BLOCK = 1024
+"""Codes per step of the compaction (one program per row): at 4096 rows of 131072 codes on the H200
+it took 2.4 ms with steps of 1024, 3.1 with 2048 and 5.4 with 4096
+(benchmarks/results/selection_parts_h200.json: every part of the selection at that size)."""
 INT64_MIN = -(2**63)
 
 
@@ -88,7 +92,7 @@ def top_codes(codes: torch.Tensor, kk: int) -> torch.Tensor:
     cap = CANDIDATE_FACTOR * kk
     cand = torch.full((R, cap), INT64_MIN, dtype=torch.int64, device=codes.device)
     count = torch.empty(R, dtype=torch.int32, device=codes.device)
-    _compact_kernel[(R,)](rows, tau, cand, count, N, cap, rows.stride(0), cand.stride(0), BLOCK=2048)
+    _compact_kernel[(R,)](rows, tau, cand, count, N, cap, rows.stride(0), cand.stride(0), BLOCK=COMPACT_BLOCK)
     out = torch.topk(cand, kk, dim=-1, largest=True, sorted=True).values
     select_top_codes(rows, count > cap, kk, out=out)
     return out.reshape(*lead, kk)
