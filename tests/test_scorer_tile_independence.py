@@ -110,3 +110,20 @@ def test_masks_with_clear_runs_broken_anywhere_score_exactly(kind, anomaly):
     got = triton_scores(q, w, k, keys, mask=mask)
     want = (reference_scores(q, w, k, keys) + bias).masked_fill(~visible, float("-inf")) + 0.0
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("last_visible,unclear", [(2, 1), (1, 0)])
+def test_the_mask_scan_spans_several_steps(last_visible, unclear):
+    """A mask whose first unclear entry and last visible key lie in given scan steps (steps of
+    TRIM_BLOCK positions): every code is still the runtime scorer's, hidden keys after the last
+    visible one included."""
+    step = dsa_score_triton.TRIM_BLOCK
+    S, T, H, D = 3, 2 * step + 700, 2, 8
+    q, k, w = general_inputs(S, T, H, D, torch.bfloat16, seed=5)
+    visible = torch.ones(S, T, dtype=torch.bool)
+    visible[:, last_visible * step + 100:] = False
+    visible[1, unclear * step + 17] = False
+    got, got_keys = triton_scores(q, w, k, list(range(T)), mask=visible[None], with_keys=True)
+    want = reference_scores(q, w, k, list(range(T))).masked_fill(~visible, float("-inf")) + 0.0
+    assert torch.equal(got_keys[0], torch.arange(T).expand(S, T))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
