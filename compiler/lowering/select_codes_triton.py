@@ -149,15 +149,13 @@ def _state_after(tally_row, state_row, q, kk):
 
 @triton.jit
 def _complete_and_sort(row_out, stride_oc, live, kth, num_greater, kk, KP: tl.constexpr):
-    """Stage 3: slots num_greater..kk-1 := kth, the first kk slots of the row sorted descending.
-    A row that is not live does nothing (no sort: a gated call over many rows mostly has none)."""
-    if live:
-        slots = tl.arange(0, KP)
-        top = tl.load(row_out + slots.to(tl.int64) * stride_oc, mask=slots < num_greater,
-                      other=0, cache_modifier=".cg")
-        top = tl.where(slots < num_greater, top, tl.where(slots < kk, kth, -9223372036854775808))
-        top = tl.sort(top, descending=True)
-        tl.store(row_out + slots.to(tl.int64) * stride_oc, top, mask=slots < kk)
+    """Stage 3: slots num_greater..kk-1 := kth, the first kk slots of the row sorted descending."""
+    slots = tl.arange(0, KP)
+    top = tl.load(row_out + slots.to(tl.int64) * stride_oc, mask=live & (slots < num_greater),
+                  other=0, cache_modifier=".cg")
+    top = tl.where(slots < num_greater, top, tl.where(slots < kk, kth, -9223372036854775808))
+    top = tl.sort(top, descending=True)
+    tl.store(row_out + slots.to(tl.int64) * stride_oc, top, mask=live & (slots < kk))
 
 
 @triton.jit
