@@ -12,10 +12,12 @@ score time; ``certified_plan`` = the certified pipeline with the structured geom
 every T of the grid is above its crossover); ``identical``: indices equal to dense's and values
 bitwise. Decode rows call the op with that plan's arguments, which must score decode densely.
 
-``--sweep`` times the scorer alone over launch configs and product columns, checks that each
-computes the same scores as the default (within fp32 reassociation) and that a key scores to the
-same bits in dense scoring and in a row list (refine/redo use), and times fp32 operands (tf32
-products) against bf16 over several configs.
+``--sweep`` times the scorer alone over launch configs and product columns, unmasked and under the
+causal chunk mask, checks that each computes the same scores as the default (within fp32
+reassociation) and that a key scores to the same bits in dense scoring and in a row list
+(refine/redo use); times the masked scorer's scan step (``TRIM_BLOCK``) against warps (the scan
+step changes no code); and times fp32 operands (tf32 products) under the mask against bf16 over
+several configs, with the whole dense op's ratio for the default fp32 config.
 """
 from __future__ import annotations
 
@@ -94,12 +96,17 @@ first H200 sweep: results/dense_roofline_sweep_h200.json, heads-on-rows 160 TFLO
 sweep, results/dense_roofline_sweep2_h200.json, found 8 warps fastest unmasked; 4 warps are the
 default: much faster under a mask, results/dense_scorer_mask_ab_h200.json)."""
 FP32_CONFIGS = [LaunchConfig.of(num_warps=w, num_stages=s, BLOCK_T=bt)
-                for (bt, w, s) in [(64, 8, 3), (64, 4, 3), (128, 8, 3), (64, 8, 2), (32, 4, 3)]]
-"""Launch configs tried for fp32 operands (tf32 products)."""
+                for (bt, w, s) in [(64, 8, 3), (64, 4, 3), (64, 4, 2), (64, 8, 2), (32, 4, 3)]]
+"""Launch configs tried for fp32 operands (tf32 products); the first is the module default."""
+
+
+SCAN_STEPS = [(4, 1024), (4, 2048), (4, 4096), (8, 1024), (8, 4096)]
+"""(warps, TRIM_BLOCK) pairs timed under a causal mask: the masked scorer's scan step against warps."""
 
 
 def sweep(emit, S=4096, T=131072):
     q, k, w = random_inputs(S, T)
+    mask = causal_chunk_mask(S, T)
     flops = 2 * S * T * H * D
     default = (scorer.SCORER_CONFIG, scorer.PRODUCT_COLUMNS)
     base = scorer.decode_codes(all_codes(q, w, k), T)[0]
@@ -117,11 +124,31 @@ def sweep(emit, S=4096, T=131072):
             del codes, listed, values
             row["ms"] = round(timed(lambda: all_codes(q, w, k)), 3)
             row["tflops"] = round(flops / row["ms"] / 1e9, 1)
+            row["masked_ms"] = round(timed(lambda: all_codes(q, w, k, mask)), 3)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
     label = scorer_form(*default)
-    bf16_ms = timed(lambda: all_codes(q, w, k))
+    step = scorer.TRIM_BLOCK
+    want = all_codes(q, w, k, mask)
+    for warps, trim_block in SCAN_STEPS:
+        scorer.SCORER_CONFIG = LaunchConfig.of(num_warps=warps, num_stages=3, BLOCK_T=dict(default[0].meta)["BLOCK_T"])
+        scorer.TRIM_BLOCK = trim_block
+        row = {"kind": "mask_scan", "warps": warps, "trim_block": trim_block, "S": S, "T": T}
+        try:
+            got = all_codes(q, w, k, mask)
+            # the scan step changes no score; warps may reassociate the head sum (values compared only then)
+            row["same_codes"] = bool(torch.equal(got, want)) if warps == default[0].num_warps else None
+            del got
+            row["masked_ms"] = round(timed(lambda: all_codes(q, w, k, mask)), 3)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        emit(row)
+    del want
+    scorer_form(*default)
+    scorer.TRIM_BLOCK = step
+    bf16_ms = timed(lambda: all_codes(q, w, k, mask))
+    bf16_op_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
     q32, k32 = q.float(), k.float()
     exact = torch.einsum("shd,td->sht", q32[0, :64].double(), k32[0].double())
     exact = (w[0, :64, :, None].double() * exact.clamp_min(0)).sum(1)
@@ -136,9 +163,12 @@ def sweep(emit, S=4096, T=131072):
             v32 = scorer.decode_codes(codes[:, :64], T)[0]
             row["max_rel_err_vs_fp64"] = float(((v32[0] - exact).abs() / bound).max())
             del codes, listed
-            row["ms"] = round(timed(lambda: all_codes(q32, w, k32)), 3)
-            row["bf16_ms"] = round(bf16_ms, 3)
-            row["ratio"] = round(row["ms"] / bf16_ms, 2)
+            row["masked_ms"] = round(timed(lambda: all_codes(q32, w, k32, mask)), 3)
+            row["bf16_masked_ms"] = round(bf16_ms, 3)
+            row["ratio"] = round(row["masked_ms"] / bf16_ms, 2)
+            if config == chosen:
+                op_ms = timed(lambda: dense_topk_cuda(q32, k32, w, TOPK, mask), reps=3)
+                row["op_ratio"] = round(op_ms / bf16_op_ms, 2)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)

@@ -1,0 +1,43 @@
+"""benchmarks/dense_roofline.py runs end to end on the CPU (interpreter sizes): the sweep's checks
+hold (same codes for every scan step, bitwise row lists) and decode is scored densely."""
+import json
+import time
+
+import pytest
+
+from benchmarks import dense_roofline
+
+
+@pytest.fixture(autouse=True)
+def one_timed_call(monkeypatch):
+    """Time one call instead of a median (the interpreter is slow; the checks are what is tested);
+    the module state ``main(--smoke)`` changes is restored afterwards."""
+    for name in ("H", "D", "TOPK", "DEVICE"):
+        monkeypatch.setattr(dense_roofline, name, getattr(dense_roofline, name))
+    monkeypatch.setattr(dense_roofline.scorer, "SEQUENTIAL", dense_roofline.scorer.SEQUENTIAL)
+    def once(fn, reps=1, warmup=0):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    monkeypatch.setattr(dense_roofline, "timed", once)
+
+
+def test_the_sweep_runs_and_its_checks_hold(tmp_path, monkeypatch):
+    monkeypatch.setattr(dense_roofline, "FORMS", dense_roofline.FORMS[:1])
+    monkeypatch.setattr(dense_roofline, "SCAN_STEPS", [(4, 1024), (8, 4096)])
+    monkeypatch.setattr(dense_roofline, "FP32_CONFIGS", dense_roofline.FP32_CONFIGS[:1])
+    out = tmp_path / "sweep.json"
+    assert dense_roofline.main(["--smoke", "--sweep", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["kind"] for r in rows} == {"scorer_form", "mask_scan", "fp32_tf32"}
+    assert not [r for r in rows if "error" in r]
+    assert all(r["same_codes"] in (True, None) for r in rows if r["kind"] == "mask_scan")
+    assert all(r["row_list_bitwise"] for r in rows if "row_list_bitwise" in r)
+    assert "op_ratio" in [r for r in rows if r["kind"] == "fp32_tf32"][0]
+
+
+def test_decode_rows_score_densely(tmp_path):
+    out = tmp_path / "decode.json"
+    assert dense_roofline.main(["--smoke", "--decode-only", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["B"] for r in rows] == [1, 64] and all(r["identical"] for r in rows)
