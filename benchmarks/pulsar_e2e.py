@@ -37,6 +37,10 @@ Results are written after every row (JSON and a markdown table), so a run stoppe
     python benchmarks/pulsar_e2e.py --out benchmarks/results/pulsar_e2e_h200.json \\
         --md benchmarks/results/pulsar_e2e_h200.md                  # one H200, ~4 min
     python benchmarks/pulsar_e2e.py --smoke                         # CPU, tiny model, ~1 min
+
+``--profile FILE`` adds, after the rows, one torch.profiler trace of ``generate`` per mode on the
+uncompiled and the compiled model at the first length (top operators of each), to see where two
+whole calls differ when their parts do not.
 """
 from __future__ import annotations
 
@@ -344,6 +348,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--budget-s", type=float, help="skip the rows left once this many seconds have passed")
     parser.add_argument("--out", type=Path, help="JSON results")
     parser.add_argument("--md", type=Path, help="markdown table")
+    parser.add_argument("--profile", type=Path,
+                        help="after the rows: one torch.profiler trace of generate per mode, eager and "
+                             "compiled, at the first length; the top operators of each to this text file")
     args = parser.parse_args(argv)
     settings = Settings(**SMOKE) if args.smoke else Settings()
     overrides = {"lengths": tuple(args.lengths) if args.lengths else None, "layers": args.layers, "reps": args.reps,
@@ -369,7 +376,36 @@ def main(argv: Optional[list[str]] = None) -> int:
         pulsar_rows(recorder, "generate_compiled", compiled, length, settings, device)
     recorder.write()
     print(markdown(recorder.payload()), flush=True)
+    if args.profile is not None:
+        write_profiles(args.profile, {"generate_eager": model, "generate_compiled": compiled},
+                       settings.lengths[0], settings, device)
     return 0
+
+
+def write_profiles(path: Path, models: dict, length: int, settings: Settings, device: torch.device) -> None:
+    """One profiled ``generate`` (after a warm-up call) per mode and model at ``length``: the top
+    operators by self device time (by self CPU time off CUDA), written to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    context_ids, query_ids = workload(length, settings)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    sections = []
+    for how, model in models.items():
+        for mode in MODES:
+            config = pulsar_config(mode, length, settings)
+            run = lambda: generate(model, context_ids, query_ids, config, max_new_tokens=settings.new_tokens)  # noqa: E731
+            run()
+            gc.collect()
+            with profile(activities=activities) as trace:
+                run()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            table = trace.key_averages().table(sort_by=sort_by, row_limit=25)
+            sections.append(f"## {how}, {mode}, L = {length}\n\n{table}\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(sections), encoding="utf-8")
+    print(f"profiles: {path}", flush=True)
 
 
 if __name__ == "__main__":
