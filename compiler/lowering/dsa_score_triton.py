@@ -225,12 +225,14 @@ def _indexer_score_kernel(
 
 
 SEQUENTIAL = INTERPRET
+"""Scores by tile_arith's sequential form (the CPU interpreter's arithmetic) instead of tl.dot."""
 TRIM_BLOCK = 4096
 """Positions per step of the masked scorer's scan for its last visible key and its clear run. The
 scan runs before the key loop and is latency-bound: at S=4096 queries, T=131072 keys (H=64, causal
 chunk, H200) the scorer took 22.4 ms with steps of 1024 and 18.6 ms with 4096
-(benchmarks/results/dense_scorer_mask_ab_h200.json)."""
-"""Scores by tile_arith's sequential form (the CPU interpreter's arithmetic) instead of tl.dot."""
+(benchmarks/results/dense_scorer_mask_ab_h200.json). The step changes no score."""
+
+
 def tf32_scores(dtype: torch.dtype) -> bool:
     """True when operands of ``dtype`` are multiplied as tf32 on tensor cores (fp32 on the GPU,
     module docstring). The certificate's rounding margins assume exact products of the operands,
@@ -250,12 +252,16 @@ def scorer_config(dtype: torch.dtype) -> LaunchConfig:
     """The one launch config of the scorer for operands of ``dtype``."""
     return FP32_SCORER_CONFIG if dtype == torch.float32 else SCORER_CONFIG
 
+
 PRODUCT_COLUMNS = 32 if INTERPRET else 256
-"""Columns of the scorer's product per program (BLOCK_S queries x HP padded heads) for bf16/fp16
-operands. With BLOCK_T=64 keys and 3 stages, 4 warps scored S=4096 queries against T=131072 keys
-(H=64) in 19.6 ms unmasked (448 TFLOP/s, 58% of the bf16 matmul rate) and 23.4 ms under a causal
-mask on the H200; 8 warps were faster unmasked (18.1 ms, 63%) but took 41.3 ms masked, and models
-always pass a mask (benchmarks/results/dense_roofline_sweep2_h200.json, dense_scorer_mask_ab_h200.json)."""
+"""Columns of the scorer's product per program (BLOCK_S queries x HP padded heads). With BLOCK_T=64
+keys and 3 stages, 4 warps scored S=4096 queries against T=131072 keys (H=64) in 19.6 ms unmasked
+(448 TFLOP/s, 58% of the bf16 matmul rate) and 18.6 ms under a causal mask (scan steps of
+TRIM_BLOCK) on the H200; 8 warps were faster unmasked (18.1 ms, 63%) but take 34-43 ms under a
+mask, and models always pass a mask (benchmarks/results/dense_roofline_sweep2_h200.json,
+dense_scorer_mask_ab_h200.json)."""
+
+
 def score_tile_shape(H: int) -> tuple[int, int]:
     """(BLOCK_S, HP): queries per program and heads padded to a power of two; BLOCK_S * HP =
     PRODUCT_COLUMNS (at least HP)."""
