@@ -30,7 +30,10 @@ def rows_of(kind, R, N, seed):
 
 @pytest.mark.parametrize("kind", ["random", "increasing", "decreasing", "periodic", "duplicates", "extremes"])
 @pytest.mark.parametrize("N,kk", [(1000, 7), (333, 41), (97, 1)])
-def test_equals_torch_topk(kind, N, kk):
+@pytest.mark.parametrize("step", [64, threshold_select.COMPACT_BLOCK])
+def test_equals_torch_topk(kind, N, kk, step, monkeypatch):
+    """Compaction steps shorter than a row (several steps) and the default."""
+    monkeypatch.setattr(threshold_select, "COMPACT_BLOCK", step)
     codes = rows_of(kind, 5, N, seed=N + kk)
     assert N > threshold_select.LONG_ROW_FACTOR * kk  # the threshold path, not the torch.topk shortcut
     got = top_codes(codes, kk)
