@@ -127,3 +127,32 @@ def test_the_mask_scan_spans_several_steps(last_visible, unclear):
     want = reference_scores(q, w, k, list(range(T))).masked_fill(~visible, float("-inf")) + 0.0
     assert torch.equal(got_keys[0], torch.arange(T).expand(S, T))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+def test_key_splits_score_a_masked_list_the_same(splits):
+    """Programs sharing a key list (GPU key splits) each scan their own range of it: codes equal
+    one program's, non-compact and compacted (the compacted set: its order follows the atomics)."""
+    S, T, H, D = 5, 700, 2, 8
+    q, k, w = general_inputs(S, T, H, D, torch.bfloat16, seed=splits)
+    visible = torch.ones(S, T, dtype=torch.bool).tril(T - S)
+    visible[2, 300] = False
+    bias = torch.zeros(S, T)
+    bias[3, 450] = 0.5
+    mask = bias.masked_fill(~visible, float("-inf"))[None]
+    ids = torch.arange(T, dtype=torch.int32).view(1, 1, T)
+    counts = torch.tensor([[T]], dtype=torch.int32)
+    one = score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask)
+    split = score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask, splits=splits)
+    assert torch.equal(split, one)
+    tau = torch.full((1, S), -1.0)
+
+    def compacted(n):
+        out = torch.full((1, S, T), torch.iinfo(torch.int64).min, dtype=torch.int64)
+        count = torch.zeros((1, S), dtype=torch.int32)
+        score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask, tau=tau, out=out,
+                   out_count=count, splits=n)
+        return out.sort(dim=-1).values, count
+
+    got, want = compacted(splits), compacted(1)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
