@@ -4,6 +4,8 @@ One GPU command (about 5-6 minutes on one H200 with a cold autotune cache), from
 
     PYTHONPATH=. python3 benchmarks/indexer_zoo.py --out benchmarks/results/indexer_zoo_h200.json
 
+``--S`` / ``--T`` run other query / key counts (e.g. one S per device call), ``--families`` a subset.
+
 CPU smoke run of the same code at interpreter sizes (Triton under TRITON_INTERPRET=1, the op on the
 CPU runs the runtime reference):
 
@@ -287,9 +289,12 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="CPU run at interpreter sizes (set TRITON_INTERPRET=1)")
     ap.add_argument("--families", nargs="+", default=[CONTROL, *FAMILIES], help="families to run")
     ap.add_argument("--budget-s", type=float, default=400, help="no new cell is started after this many seconds")
+    ap.add_argument("--S", nargs="+", type=int, help="query counts to run instead of the default sizes'")
+    ap.add_argument("--T", nargs="+", type=int, help="key counts to run instead of the default sizes'")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    sizes = SMOKE if args.smoke else FULL
+    sizes = dict(SMOKE if args.smoke else FULL)
+    sizes.update({name: values for name, values in (("S", args.S), ("T", args.T)) if values})
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:  # the plan's evidence thresholds, lowered to the smoke sizes so that plans can certify
         path_choice.MIN_SCREENED_KEYS, path_choice.MIN_CERTIFIED_QUERIES = 1000, 8
