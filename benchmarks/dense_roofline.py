@@ -8,8 +8,10 @@ Measured in the same run: the bf16 matmul rate (8192^3, random data) and the cop
 per (S, T) with H=64, D=128, topk=2048, bf16, causal chunk of S queries at the end of T keys:
 ``score_ms`` (the Triton scorer writing every order code), ``select_ms`` (the exact selection of
 the top-kk codes), ``ms`` (the whole ``dense_topk_cuda`` call) and ``score_tflops`` = 2 S T H D /
-score time; ``certified_plan`` = the certified pipeline with the structured geometry's plan (r=1;
-every T of the grid is above its crossover); ``identical``: indices equal to dense's and values
+score time; ``torch_gemm_topk`` = the plain-torch baseline (cuBLAS GEMMs for the logits and the
+head sum, ``torch.topk``; not exact: ``same_index_fraction`` = the fraction of its selected keys
+that the dense op also selects); ``certified_plan`` = the certified pipeline with the structured
+geometry's plan (r=1; every T of the grid is above its crossover); ``identical``: indices equal to dense's and values
 bitwise. Decode rows call the op with that plan's arguments, which must score decode densely.
 
 ``--sweep`` times the scorer alone over launch configs and product columns, unmasked and under the
@@ -176,6 +178,22 @@ def sweep(emit, S=4096, T=131072):
     scorer_form(*default)
 
 
+def torch_gemm_topk(q, k, w, mask, kk):
+    """The plain-torch baseline: per chunk of queries the bf16 logits of every head by one cuBLAS
+    GEMM ([rows * H, D] x [D, T], fp32 accumulation, bf16 out), relu in place, the weighted head sum
+    as a batched GEMM with bf16 weights, the mask, then ``torch.topk`` of the fp32 scores. Not
+    exact (bf16 logits and weights): the indices [S, kk] are compared with the dense op's."""
+    S, T = q.shape[1], k.shape[1]
+    rows = max(1, (2 << 30) // (2 * H * T))  # 2 GiB of bf16 logits per chunk
+    out = []
+    for s0 in range(0, S, rows):
+        r = min(rows, S - s0)
+        x = (q[0, s0:s0 + r].reshape(r * H, D) @ k[0].T).view(r, H, T).relu_()
+        scores = torch.bmm(w[0, s0:s0 + r, None, :].to(x.dtype), x)[:, 0].float()
+        out.append(torch.topk(scores.masked_fill_(~mask[0, s0:s0 + r], float("-inf")), kk, dim=-1).indices)
+    return torch.cat(out)
+
+
 def grid(emit, lengths_s, lengths_t, structured_inputs):
     for S in lengths_s:
         for T in lengths_t:
@@ -194,6 +212,18 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
                   "score_ms": round(score_ms, 2), "select_ms": round(select_ms, 2),
                   "select_torch_topk_ms": round(topk_ms, 2),
                   "score_tflops": round(2 * S * T * H * D / score_ms / 1e9, 1), "identical": True})
+            row = {"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "torch_gemm_topk"}
+            try:
+                want = dense_topk_cuda(q, k, w, TOPK, mask)[1][0]
+                got = torch_gemm_topk(q, k, w, mask, kk)
+                offset = torch.arange(S, device=got.device)[:, None] * T  # per-row sets, flattened
+                same = torch.isin(got + offset, want + offset).float().mean()
+                row.update(ms=round(timed(lambda: torch_gemm_topk(q, k, w, mask, kk), reps=3), 2),
+                           dense_ms=round(ms, 2), same_index_fraction=round(float(same), 4))
+                del want, got
+            except Exception as exc:  # out of memory at some size: recorded
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            emit(row)
             del q, k, w
             if structured_inputs is not None:
                 sq, sk, sw = (x[:, :n].contiguous() for x, n in zip(structured_inputs, (S, T, S)))

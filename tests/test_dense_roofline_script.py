@@ -41,3 +41,12 @@ def test_decode_rows_score_densely(tmp_path):
     assert dense_roofline.main(["--smoke", "--decode-only", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["B"] for r in rows] == [1, 64] and all(r["identical"] for r in rows)
+
+
+def test_the_grid_times_dense_and_the_torch_baseline(tmp_path):
+    out = tmp_path / "grid.json"
+    assert dense_roofline.main(["--smoke", "--no-structured", "--S", "16", "--T", "512", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    by_method = {r["method"]: r for r in rows}
+    assert by_method["dense"]["identical"] and "error" not in by_method["torch_gemm_topk"]
+    assert 0.5 <= by_method["torch_gemm_topk"]["same_index_fraction"] <= 1.0
