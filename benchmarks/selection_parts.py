@@ -4,10 +4,10 @@
     python3 benchmarks/selection_parts.py --smoke --out /tmp/selection_parts.json   # CPU, interpreter
 
 The order codes of S=4096 causal queries at the end of T=131072 keys (H=64, D=128, bf16, the dense
-scorer), kk=2048, then each launch of ``compiler.lowering.threshold_select.top_codes`` timed alone
-(CUDA events, median of 5): the interleaved chunk maxima, tau (the kk-th largest maximum), the
-compaction at several step lengths, the final top-kk of the candidates, the gated overflow selector
-(``select_top_codes``), and the whole call; ``read_once_floor_ms`` is one read of the codes at
+scorer), kk=2048, then each step of ``compiler.lowering.threshold_select.top_codes`` timed alone
+(CUDA events, median of 5, its allocations included): the interleaved chunk maxima, tau (the
+kk-th largest maximum), the compaction at several step lengths, the final top-kk of the
+candidates, the gated overflow selector (``select_top_codes``), and the whole call; ``read_once_floor_ms`` is one read of the codes at
 4.2 TB/s. Checked in the same run: ``top_codes`` equals ``torch.topk`` on every row, and the
 compaction's candidates and count do not depend on its step.
 """
@@ -31,27 +31,17 @@ STEPS = (1024, 2048, 4096)
 
 def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
     """Times (ms) and checks of every part of ``top_codes(codes, kk)`` for codes [R, N]."""
-    R, N = codes.shape
     n = ts.CHUNKS_PER_K * kk
     time_ms = lambda fn: round(median_ms(fn, 5, device), 3)  # noqa: E731
-    maxima = torch.empty((R, n), dtype=torch.int64, device=device)
-    block_j = min(1024, triton.next_power_of_2(n))
-    chunk_max = lambda: ts._chunk_max_kernel[(R, triton.cdiv(n, block_j))](  # noqa: E731
-        codes, maxima, N, n, codes.stride(0), maxima.stride(0), BLOCK_J=block_j)
-    chunk_max()
-    out = {"chunk_max": time_ms(chunk_max)}
-    tau = torch.topk(maxima, kk, dim=-1, sorted=False).values.amin(-1).contiguous()
-    out["tau"] = time_ms(lambda: torch.topk(maxima, kk, dim=-1, sorted=False).values.amin(-1))
+    maxima = ts.chunk_maxima(codes, n)
+    out = {"chunk_max": time_ms(lambda: ts.chunk_maxima(codes, n))}
+    tau = ts.threshold(maxima, kk)
+    out["tau"] = time_ms(lambda: ts.threshold(maxima, kk))
     cap = ts.CANDIDATE_FACTOR * kk
     found = {}
     for step in STEPS:
-        cand = torch.full((R, cap), ts.INT64_MIN, dtype=torch.int64, device=device)
-        count = torch.empty(R, dtype=torch.int32, device=device)
-        compact = lambda: ts._compact_kernel[(R,)](  # noqa: E731
-            codes, tau, cand, count, N, cap, codes.stride(0), cand.stride(0), BLOCK=step)
-        compact()
-        found[step] = (cand.clone(), count.clone())
-        out[f"compact_{step}"] = time_ms(compact)
+        found[step] = ts.compact(codes, tau, cap, step)
+        out[f"compact_{step}"] = time_ms(lambda: ts.compact(codes, tau, cap, step))
     cand, count = found[ts.COMPACT_BLOCK]
     out["compaction_same_for_every_step"] = all(torch.equal(c, cand) and torch.equal(k, count)
                                                 for c, k in found.values())

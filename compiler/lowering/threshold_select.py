@@ -71,6 +71,35 @@ def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, cap, stride_c, s
     tl.store(count_ptr + row + tl.arange(0, 1), running)
 
 
+def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """[R, n] int64: the maximum of each of the n interleaved chunks of ``rows [R, N]`` (n <= N,
+    last dim contiguous)."""
+    R, N = rows.shape
+    maxima = torch.empty((R, n), dtype=torch.int64, device=rows.device)
+    block_j = min(1024, triton.next_power_of_2(n))
+    _chunk_max_kernel[(R, triton.cdiv(n, block_j))](rows, maxima, N, n, rows.stride(0), maxima.stride(0),
+                                                   BLOCK_J=block_j)
+    return maxima
+
+
+def threshold(maxima: torch.Tensor, kk: int) -> torch.Tensor:
+    """[R] int64: the kk-th largest of each row of chunk maxima (tau of the module docstring)."""
+    return torch.topk(maxima, kk, dim=-1, sorted=False).values.amin(-1).contiguous()
+
+
+def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int,
+            step: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cand [R, cap] int64, count [R] int32): each row's codes >= tau[row] in position order, padded
+    with INT64_MIN; count goes on past ``cap`` (the row overflowed). ``step``: codes per pass
+    (COMPACT_BLOCK when None; speed only)."""
+    R, N = rows.shape
+    cand = torch.full((R, cap), INT64_MIN, dtype=torch.int64, device=rows.device)
+    count = torch.empty(R, dtype=torch.int32, device=rows.device)
+    _compact_kernel[(R,)](rows, tau, cand, count, N, cap, rows.stride(0), cand.stride(0),
+                          BLOCK=COMPACT_BLOCK if step is None else step)
+    return cand, count
+
+
 def top_codes(codes: torch.Tensor, kk: int) -> torch.Tensor:
     """The kk largest codes of each row of ``codes [..., N]``, descending (module docstring)."""
     N = codes.shape[-1]
@@ -82,17 +111,8 @@ def top_codes(codes: torch.Tensor, kk: int) -> torch.Tensor:
     rows = codes.reshape(-1, N)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    R = rows.shape[0]
-    n = min(N, CHUNKS_PER_K * kk)
-    maxima = torch.empty((R, n), dtype=torch.int64, device=codes.device)
-    block_j = min(1024, triton.next_power_of_2(n))
-    _chunk_max_kernel[(R, triton.cdiv(n, block_j))](rows, maxima, N, n, rows.stride(0), maxima.stride(0),
-                                                   BLOCK_J=block_j)
-    tau = torch.topk(maxima, kk, dim=-1, sorted=False).values.amin(-1).contiguous()
-    cap = CANDIDATE_FACTOR * kk
-    cand = torch.full((R, cap), INT64_MIN, dtype=torch.int64, device=codes.device)
-    count = torch.empty(R, dtype=torch.int32, device=codes.device)
-    _compact_kernel[(R,)](rows, tau, cand, count, N, cap, rows.stride(0), cand.stride(0), BLOCK=COMPACT_BLOCK)
+    tau = threshold(chunk_maxima(rows, min(N, CHUNKS_PER_K * kk)), kk)
+    cand, count = compact(rows, tau, CANDIDATE_FACTOR * kk)
     out = torch.topk(cand, kk, dim=-1, largest=True, sorted=True).values
-    select_top_codes(rows, count > cap, kk, out=out)
+    select_top_codes(rows, count > cand.shape[1], kk, out=out)
     return out.reshape(*lead, kk)
