@@ -4,7 +4,10 @@
 ``pulsar_dosa(gm, example_inputs, options={...})`` for every graph Dynamo captures (and again on
 each recompilation, e.g. with ``dynamic=True`` when a new shape needs one). The backend validates
 the options, runs the enabled passes on the torch-level graph, records what it did in
-``compiler.report.current_report()`` and hands the graph to the downstream compiler.
+``compiler.report.current_report()`` and hands the graph to the downstream compiler. A graph captured while
+a Pulsar layout is active (inside ``runtime.pulsar.generate``) whose attention ops are fed a mask
+computed in the graph is compiled a second time without that mask, for the calls made under a
+layout (``compiler.layout_variant``); graphs captured elsewhere are compiled once, as before.
 """
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from compiler.layout_variant import LayoutDispatch, without_attention_masks
 from compiler.options import CompileOptions
 from compiler.passes import run_passes
 from compiler.report import current_report
+from runtime.attention_layout import active_layout
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +41,12 @@ def pulsar_dosa(gm: fx.GraphModule, example_inputs: Sequence[Any],
     logger.debug("compile %d: %d nodes, downstream %s, options %s", report.compile_index, len(gm.graph.nodes),
                  opts.downstream, opts.uuid()[:12])
     run_passes(gm, opts, report)
-    return compile_downstream(gm, example_inputs, opts.downstream, mode)
+    plain = compile_downstream(gm, example_inputs, opts.downstream, mode)
+    variant = without_attention_masks(gm) if opts.downstream != "tensorrt" and active_layout() is not None else None
+    if variant is None:
+        return plain
+    report.compiles[-1]["layout_variant_nodes"] = len(variant.graph.nodes)
+    return LayoutDispatch(plain, compile_downstream(variant, example_inputs, opts.downstream, mode))
 
 
 def compile_downstream(gm: fx.GraphModule, example_inputs: Sequence[Any], downstream: str,
