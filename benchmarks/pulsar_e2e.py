@@ -15,8 +15,8 @@ and ``generate_compiled`` (on ``torch.compile(model, backend="pulsar_dosa")``, d
 median of ``--reps`` runs (default 5) after one warm-up run (which compiles and autotunes); before
 every timed run Python's garbage is collected and the device synchronised, outside the timing.
 The parts of ``generate``, each then timed alone the same way (median of ``--reps``): ``layout_ms``
-the phase-1 layout assembly on the host, ``phase1_ms`` the context encoding and KV drop,
-``phase2_decode_ms`` phase 2 and decoding over the kept KV (``ms`` is about their sum; layout
+the phase-1 layout assembly on the device (summaries included), ``phase1_ms`` the context encoding
+and KV drop, ``phase2_decode_ms`` phase 2 and decoding over the kept KV (``ms`` is about their sum; layout
 assembly would count as phase 2 in ``ms - phase1_ms``). ``packed_tokens`` and ``attention_pairs``
 the phase-1 tokens and visible (query, key) pairs of the layout (the work that separates the
 modes); ``tokens`` the generated ids. Per length: HF generate, then the uncompiled rows, then the
@@ -247,8 +247,8 @@ def markdown(payload: dict) -> str:
              f"compiled: `backend=\"pulsar_dosa\"`, downstream {s['downstream']}. "
              f"torch {payload['versions']['torch']}, transformers {payload['versions']['transformers']}, "
              f"triton {payload['versions']['triton']}.", "",
-             "Parts of `generate`, each timed alone: layout assembly (host), phase 1 (context encoding), "
-             "phase 2 + decode (over the kept KV).", "",
+             "Parts of `generate`, each timed alone: layout assembly (on the device, summaries included), "
+             "phase 1 (context encoding), phase 2 + decode (over the kept KV).", "",
              "| L | mode | HF generate ms | generate eager ms | generate compiled ms | layout ms | eager phase 1 ms "
              "| compiled phase 1 ms | eager phase 2 + decode ms | compiled phase 2 + decode ms | phase-1 tokens "
              "| attention pairs |",
@@ -320,7 +320,7 @@ def part_times(model, context_ids: torch.Tensor, query_ids: torch.Tensor, config
     def median(fn: Callable[[], object]) -> tuple[float, object]:
         return timed(fn, device, settings.reps, before=gc.collect, warmup=False)
 
-    layout_ms, layout = median(lambda: config.layout(context_ids))
+    layout_ms, layout = median(lambda: config.layout(context_ids.to(device)))
     phase1_ms, kept = median(lambda: encode_context(model, context_ids, layout))
     decode_ms, _ = median(lambda: decode(model, kept, query_ids, query_position_start=layout.query_position_start,
                                          max_new_tokens=settings.new_tokens))

@@ -3,7 +3,7 @@
 ``generate(model, context_ids, query_ids, config, *, max_new_tokens, stop_ids=None)`` runs a
 Hugging Face causal LM (batch 1) on one device:
 
-1. Phase 1: ``runtime.assembly.assemble`` packs the phase-1 inputs (pulsar: the spine
+1. Phase 1: ``runtime.assembly.assemble`` packs, on the model's device, the phase-1 inputs (pulsar: the spine
    ``[sink ‖ Σ_0 … Σ_{n-2}]`` encoded once, then every block attending to its spine prefix and
    itself); one forward over the packed tokens with their position ids under a ``PackedPhase``.
 2. KV drop: every layer's cache keeps the KV of the block tokens B_i only, in context order.
@@ -329,7 +329,7 @@ def generate(model: torch.nn.Module, context_ids: torch.Tensor, query_ids: torch
     ``generation_config.eos_token_id``. Arguments are checked before any model work.
     """
     args = prepare_generate_args(model, context_ids, query_ids, config, max_new_tokens, stop_ids)
-    layout = config.layout(args.context_ids)
+    layout = config.layout(args.context_ids.to(model_device(model)))  # summaries chosen on the model's device
     kept = encode_context(model, args.context_ids, layout)
     return decode(model, kept, args.query_ids, query_position_start=layout.query_position_start,
                   max_new_tokens=args.max_new_tokens, stop_ids=args.stop_ids)
