@@ -11,8 +11,10 @@ the top-kk codes), ``ms`` (the whole ``dense_topk_cuda`` call) and ``score_tflop
 score time; ``torch_gemm_topk`` = the plain-torch baseline (cuBLAS GEMMs for the logits and the
 head sum, ``torch.topk``; not exact: ``same_index_fraction`` = the fraction of its selected keys
 that the dense op also selects); ``certified_plan`` = the certified pipeline with the structured
-geometry's plan (r=1; every T of the grid is above its crossover); ``identical``: indices equal to dense's and values
-bitwise. Decode rows call the op with that plan's arguments, which must score decode densely.
+geometry's plan (r=1; every T of the grid is above its crossover); ``identical``: indices equal to
+dense's and values bitwise (on dense rows: the selection of the timed chunk of codes equals
+``torch.topk`` of them). Decode rows call the op with that plan's arguments, which must score
+decode densely.
 
 ``--sweep`` times the scorer alone over launch configs and product columns, unmasked and under the
 causal chunk mask, checks that each computes the same scores as the default (within fp32
@@ -206,12 +208,13 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
             codes = all_codes(*part)
             select_ms = timed(lambda: top_codes(codes, kk), reps=3) * S / rows
             topk_ms = timed(lambda: torch.topk(codes, kk, dim=-1), reps=3) * S / rows
+            same_selection = bool(torch.equal(top_codes(codes, kk), torch.topk(codes, kk, dim=-1).values))
             del codes
             ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
             emit({"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "dense", "ms": round(ms, 2),
                   "score_ms": round(score_ms, 2), "select_ms": round(select_ms, 2),
                   "select_torch_topk_ms": round(topk_ms, 2),
-                  "score_tflops": round(2 * S * T * H * D / score_ms / 1e9, 1), "identical": True})
+                  "score_tflops": round(2 * S * T * H * D / score_ms / 1e9, 1), "identical": same_selection})
             row = {"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "torch_gemm_topk"}
             try:
                 want = dense_topk_cuda(q, k, w, TOPK, mask)[1][0]
@@ -239,18 +242,25 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
                 torch.cuda.empty_cache()
 
 
-def decode(emit, T=131072):
-    """One decode query, and a serving batch of 64 decode queries each over its own T keys:
-    ``dense_ms`` the dense kernel called directly, ``op_dense_ms`` the op told to score densely
-    (path "dense"), ``op_ms`` the op as a compiled model calls it with that plan (path "auto", r=1,
-    the plan's crossover): the op's path choice must send decode to dense scoring, so ``op_ms``
-    matches ``op_dense_ms``; the difference to ``dense_ms`` is the op's own per-call cost (argument
-    checks, dispatch)."""
+def decode_inputs(B, T, exact):
+    """q [B,1,H,D], k [B,T,D] bf16 and w [B,1,H] fp32, normal; ``exact``: small integers instead,
+    whose scores are exact in any summation order (the CPU smoke run compares two scorers whose
+    roundings depend on the CPU's BLAS; many ties, which the order breaks by index)."""
+    g = torch.Generator(device=DEVICE).manual_seed(B)
+    draw = ((lambda *shape: torch.randint(-2, 3, shape, device=DEVICE, generator=g).float()) if exact
+            else (lambda *shape: torch.randn(*shape, device=DEVICE, generator=g)))
+    return draw(B, 1, H, D).to(torch.bfloat16), draw(B, T, D).to(torch.bfloat16), draw(B, 1, H)
+
+
+def decode(emit, T=131072, exact=False):
+    """One decode query, and a serving batch of 64 decode queries each over its own T keys
+    (``decode_inputs``): ``dense_ms`` the dense kernel called directly, ``op_dense_ms`` the op told
+    to score densely (path "dense"), ``op_ms`` the op as a compiled model calls it with that plan
+    (path "auto", r=1, the plan's crossover): the op's path choice must send decode to dense
+    scoring, so ``op_ms`` matches ``op_dense_ms``; the difference to ``dense_ms`` is the op's own
+    per-call cost (argument checks, dispatch)."""
     for B in (1, 64):
-        g = torch.Generator(device=DEVICE).manual_seed(B)
-        q = torch.randn(B, 1, H, D, device=DEVICE, generator=g).to(torch.bfloat16)
-        k = torch.randn(B, T, D, device=DEVICE, generator=g).to(torch.bfloat16)
-        w = torch.randn(B, 1, H, device=DEVICE, generator=g)
+        q, k, w = decode_inputs(B, T, exact)
         want = dense_topk_cuda(q, k, w, TOPK)
         op = lambda: torch.ops.pulsar_dosa.certified_topk(q, k, w, TOPK, None, layer=f"decode{B}", r=1,
                                                           min_keys=PLAN_CROSSOVER, path="auto")
@@ -295,7 +305,7 @@ def main(argv=None):
         sweep(emit, *((64, 512) if args.smoke else ()))
         return 0
     if args.decode_only:
-        decode(emit, 256 if args.smoke else 131072)
+        decode(emit, 256 if args.smoke else 131072, exact=args.smoke)
         return 0
     structured_inputs = None
     if not args.no_structured:
@@ -306,7 +316,7 @@ def main(argv=None):
         structured_inputs = (q.to(DEVICE), k.to(DEVICE), w.float().to(DEVICE))
         print(f"structured inputs in {time.perf_counter() - start:.1f} s", flush=True)
     grid(emit, args.S, args.T, structured_inputs)
-    decode(emit, 256 if args.smoke else 131072)
+    decode(emit, 256 if args.smoke else 131072, exact=args.smoke)
     return 0
 
 
