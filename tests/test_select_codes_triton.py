@@ -187,6 +187,19 @@ def test_invalid_rows_leave_out_untouched(splits, scratch):
     assert (out[~valid] == SENTINEL).all()
 
 
+@pytest.mark.parametrize("splits, scratch", [(1, False), (1, True), (3, False)])
+def test_dead_rows_change_no_output_even_with_entries_naming_live_destinations(splits, scratch):
+    """Dead rows (valid False) skip every stage, stage 3's sort included, in each kernel that has
+    it: live rows get their top kk, and the out rows no live row names keep their content."""
+    codes = random_unique_codes(4, 40, seed=13)
+    valid = torch.tensor([True, False, True, False])
+    out_rows = torch.tensor([0, 0, 2, 2])  # dead rows' entries name live rows' destinations
+    out = torch.full((4, 12), SENTINEL, dtype=torch.int64)
+    select(codes, valid, 12, out, out_rows, block=16, splits=splits, scratch=scratch)
+    assert torch.equal(out[[0, 2]], expected_top(codes, 12)[[0, 2]])
+    assert (out[[1, 3]] == SENTINEL).all()
+
+
 @SPLITS
 def test_no_valid_row_writes_nothing(splits, scratch):
     codes = random_unique_codes(2, 20, seed=6)

@@ -53,3 +53,84 @@ def test_the_overflow_path_is_taken_and_exact(monkeypatch):
     monkeypatch.setattr(threshold_select, "CANDIDATE_FACTOR", 1)
     codes = rows_of("random", 4, 900, seed=5)
     assert torch.equal(top_codes(codes, 10), torch.topk(codes, 10).values)
+
+
+def distinct_rows(R, N, seed):
+    """[R, N] distinct int64 codes per row, spread over the whole range."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(N, generator=g) for _ in range(R)]) * (2**53 + 7) - 2**62
+
+
+def check_compaction(codes, tau, cap, cand, count):
+    """count is each row's number of codes >= tau; a row that fits holds exactly them, an
+    overflowing one ``cap`` distinct codes of its row, all >= tau."""
+    kept = codes >= tau[:, None]
+    assert torch.equal(count, kept.sum(-1).to(torch.int32))
+    for r in range(codes.shape[0]):
+        n = min(int(count[r]), cap)
+        got = cand[r, :n].sort().values
+        assert (cand[r, n:] == INT64_MIN).all()
+        if count[r] <= cap:
+            assert torch.equal(got, codes[r][kept[r]].sort().values), r
+        else:
+            assert got.unique().numel() == cap and torch.isin(got, codes[r][kept[r]]).all(), r
+
+
+def thresholds_keeping(codes, kept):
+    """[R] tau: row r keeps its ``kept[r]`` largest codes (0: none)."""
+    top = codes.sort(dim=-1, descending=True).values
+    return torch.stack([top[r, k - 1] if k else top[r, 0] + 1 for r, k in enumerate(kept)])
+
+
+@pytest.mark.parametrize("R, N, step, splits", [
+    (1, 500, 16, None),     # the rule: up to one step per program, 32 programs on the row
+    (6, 600, 16, 5),        # 38 steps over 5 programs: 8 steps each, the last 6
+    (4, 333, 64, 2),        # 6 steps over 2 programs, the last step short
+    (3, 1000, 1024, None),  # one step, one program
+])
+def test_compaction_over_several_programs_keeps_every_code_once(R, N, step, splits):
+    """Rows keeping all their codes, none, a few, exactly cap, cap + 1 and far more than cap
+    (overflowing), with a buffer of 40 and one of the whole row."""
+    codes = distinct_rows(R, N, seed=R * N + step)
+    for cap in (40, N):
+        kinds = [k for k in (N, 0, 10, cap, cap + 1, 2 * cap + 1) if k <= N]
+        for shift in range(0, len(kinds), R):
+            tau = thresholds_keeping(codes, [kinds[(r + shift) % len(kinds)] for r in range(R)])
+            cand, count = threshold_select.compact(codes, tau, cap, step, splits)
+            check_compaction(codes, tau, cap, cand, count)
+
+
+def adversarial_rows(kind, R, N, seed):
+    """Distinct codes: the 60 largest shuffled at the row's end, the rest shuffled before them
+    (recency), or scores of three values whose codes differ only in the key index of their low
+    word (as the scorer writes them)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "clustered_at_end":
+        ascending = distinct_rows(R, N, seed).sort(dim=-1).values
+        order = torch.cat([torch.randperm(N - 60, generator=g), N - 60 + torch.randperm(60, generator=g)])
+        return ascending[:, order]
+    scores = torch.tensor([1.0, 2.0, 3.0])[torch.randint(0, 3, (R, N), generator=g)]
+    return scores.view(torch.int32).to(torch.int64) * 2**32 + (N - 1 - torch.arange(N))
+
+
+@pytest.mark.parametrize("kind", ["clustered_at_end", "tied_scores"])
+@pytest.mark.parametrize("programs, splits", [(152, 38), (40, 10)])
+@pytest.mark.parametrize("factor", [threshold_select.CANDIDATE_FACTOR, 1])
+def test_split_compaction_gives_torch_topk_on_adversarial_rows(kind, programs, splits, factor,
+                                                               monkeypatch):
+    """4 rows of 600 codes in steps of 16: one step per program, or 10 programs of 4 steps per row
+    (the 60 clustered codes span two); buffers of 4 kk and of kk (rows overflowing)."""
+    monkeypatch.setattr(threshold_select, "COMPACT_BLOCK", 16)
+    monkeypatch.setattr(threshold_select, "COMPACT_PROGRAMS", programs)
+    monkeypatch.setattr(threshold_select, "CANDIDATE_FACTOR", factor)
+    codes = adversarial_rows(kind, 4, 600, seed=len(kind) + factor)
+    assert all(row.unique().numel() == 600 for row in codes)
+    assert threshold_select.compact_splits(4, 600, 16) == splits
+    assert torch.equal(top_codes(codes, 20), torch.topk(codes, 20).values)
+
+
+def test_compact_splits_reach_the_target_within_one_step_per_program(monkeypatch):
+    monkeypatch.setattr(threshold_select, "COMPACT_PROGRAMS", 100)
+    assert threshold_select.compact_splits(7, 10**6, 16) == 15  # ceil(100 / 7)
+    assert threshold_select.compact_splits(7, 50, 16) == 4      # 4 steps: one each
+    assert threshold_select.compact_splits(1000, 10**6, 16) == 1

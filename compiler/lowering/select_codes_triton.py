@@ -66,8 +66,9 @@ Two launch layouts compute exactly these stages.
   and together are ``0 .. kk-k-1``, and stage 3 sorts, so the order of the atomics never shows.
 
 Gating: a program whose row is not valid (or whose destination row lies outside ``out``) runs its
-loops zero times (loop bounds are zero through ``tl.where`` on the loaded flag) and masks every
-store and atomic. The destinations of valid rows must be distinct (two valid rows writing one row
+loops zero times (loop bounds are zero through ``tl.where`` on the loaded flag), branches past
+stage 3 (a scalar ``if``: no tile is loaded, sorted or stored) and masks every other store and
+atomic. The destinations of valid rows must be distinct (two valid rows writing one row
 race). Launch configuration: ``BLOCK`` elements per block, 8 warps, not tuned; the result depends
 on neither BLOCK nor P.
 """
@@ -149,13 +150,15 @@ def _state_after(tally_row, state_row, q, kk):
 
 @triton.jit
 def _complete_and_sort(row_out, stride_oc, live, kth, num_greater, kk, KP: tl.constexpr):
-    """Stage 3: slots num_greater..kk-1 := kth, the first kk slots of the row sorted descending."""
-    slots = tl.arange(0, KP)
-    top = tl.load(row_out + slots.to(tl.int64) * stride_oc, mask=live & (slots < num_greater),
-                  other=0, cache_modifier=".cg")
-    top = tl.where(slots < num_greater, top, tl.where(slots < kk, kth, -9223372036854775808))
-    top = tl.sort(top, descending=True)
-    tl.store(row_out + slots.to(tl.int64) * stride_oc, top, mask=live & (slots < kk))
+    """Stage 3 when ``live``: slots num_greater..kk-1 := kth, the first kk slots of the row sorted
+    descending. A dead row branches past it (no loads, sort or stores)."""
+    if live:
+        slots = tl.arange(0, KP)
+        top = tl.load(row_out + slots.to(tl.int64) * stride_oc, mask=slots < num_greater, other=0,
+                      cache_modifier=".cg")
+        top = tl.where(slots < num_greater, top, tl.where(slots < kk, kth, -9223372036854775808))
+        top = tl.sort(top, descending=True)
+        tl.store(row_out + slots.to(tl.int64) * stride_oc, top, mask=slots < kk)
 
 
 @triton.jit
