@@ -6,13 +6,10 @@
 The order codes of S=4096 causal queries at the end of T=131072 keys (H=64, D=128, bf16, the dense
 scorer), kk=2048, then each step of ``compiler.lowering.threshold_select.top_codes`` timed alone
 (CUDA events, median of 5, its allocations included): the interleaved chunk maxima, tau (the
-kk-th largest maximum), the compaction at several step lengths (``compact_<step>``, programs per
-row by the rule ``ts.compact_splits``, recorded as ``compact_splits``) and at several programs per
-row (``compact_<step>_splits_<p>``, at the default step), the final top-kk of the candidates, the
-gated overflow selector (``select_top_codes``), and the whole call; ``read_once_floor_ms`` is one
-read of the codes at 4.2 TB/s. Checked in the same run: ``top_codes`` equals ``torch.topk`` on
-every row, and the compaction's counts and, in rows that fit the buffer, candidate sets (each row
-sorted: the order of the candidates is not determined) do not depend on its step or split.
+kk-th largest maximum), the compaction at several step lengths, the final top-kk of the
+candidates, the gated overflow selector (``select_top_codes``), and the whole call; ``read_once_floor_ms`` is one read of the codes at
+4.2 TB/s. Checked in the same run: ``top_codes`` equals ``torch.topk`` on every row, and the
+compaction's candidates and count do not depend on its step.
 """
 from __future__ import annotations
 
@@ -29,15 +26,7 @@ from compiler.lowering import threshold_select as ts
 from compiler.lowering.select_codes_triton import select_top_codes
 
 STEPS = (1024, 2048, 4096)
-"""Compaction step lengths timed (programs per row by the rule)."""
-SPLITS = (1, 2, 4, 8, 16)
-"""Compaction programs per row timed at the default step."""
-
-
-def compaction_layouts() -> list[tuple[str, int, int | None]]:
-    """(result key, step, programs per row or None for the rule) of every compaction timed."""
-    return ([(f"compact_{step}", step, None) for step in STEPS]
-            + [(f"compact_{ts.COMPACT_BLOCK}_splits_{p}", ts.COMPACT_BLOCK, p) for p in SPLITS])
+"""Compaction step lengths timed."""
 
 
 def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
@@ -49,16 +38,13 @@ def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
     tau = ts.threshold(maxima, kk)
     out["tau"] = time_ms(lambda: ts.threshold(maxima, kk))
     cap = ts.CANDIDATE_FACTOR * kk
-    out["compact_splits"] = ts.compact_splits(*codes.shape, ts.COMPACT_BLOCK)
-    found = []
-    for key, step, splits in compaction_layouts():
-        found.append(ts.compact(codes, tau, cap, step, splits))
-        out[key] = time_ms(lambda: ts.compact(codes, tau, cap, step, splits))
-    cand, count = found[0]
-    fits = count <= cap  # an overflowing row's buffer holds an undetermined part of its candidates
-    sorted_fits = lambda c: c[fits].sort(dim=-1).values  # noqa: E731
-    out["compaction_same_for_every_layout"] = all(
-        torch.equal(k, count) and torch.equal(sorted_fits(c), sorted_fits(cand)) for c, k in found)
+    found = {}
+    for step in STEPS:
+        found[step] = ts.compact(codes, tau, cap, step)
+        out[f"compact_{step}"] = time_ms(lambda: ts.compact(codes, tau, cap, step))
+    cand, count = found[ts.COMPACT_BLOCK]
+    out["compaction_same_for_every_step"] = all(torch.equal(c, cand) and torch.equal(k, count)
+                                                for c, k in found.values())
     out["overflow_rows"] = int((count > cap).sum())
     final = torch.topk(cand, kk, dim=-1, sorted=True).values
     out["final_topk"] = time_ms(lambda: torch.topk(cand, kk, dim=-1, sorted=True).values)

@@ -11,6 +11,6 @@ def test_selection_parts_smoke(tmp_path, monkeypatch):
     out = tmp_path / "parts.json"
     assert selection_parts.main(["--smoke", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["identical_to_torch_topk"] and result["compaction_same_for_every_layout"]
+    assert result["identical_to_torch_topk"] and result["compaction_same_for_every_step"]
     assert result["overflow_rows"] == 0
-    assert {key for key, _, _ in selection_parts.compaction_layouts()} <= set(result)
+    assert {f"compact_{step}" for step in selection_parts.STEPS} <= set(result)

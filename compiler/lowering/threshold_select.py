@@ -13,13 +13,6 @@ into a buffer of ``CANDIDATE_FACTOR * kk`` per row (the count goes on past the b
 selected there; a row whose candidates overflow the buffer is selected from its whole row by the
 row-gated exact selector (select_codes_triton), so nothing is ever dropped.
 
-The compaction splits each row over several programs (``compact_splits``), each a contiguous range
-of whole steps, which reserve their slots in the row's buffer by atomic adds on the row's count:
-the candidates land in no particular order, and which codes fill an overflowing buffer is not
-determined. Neither shows in the result: a row that fits holds exactly its codes >= tau (a set,
-whatever the order), whose top kk by value is unique, and an overflowing row is selected again
-from its whole row.
-
 Why interleaved chunks: large scores cluster in position (an indexer favours recent keys, so a
 row's best keys sit at its end). Contiguous chunks would put all of them in a few chunks and tau
 far below the kk-th code; interleaved chunks spread any run of positions over all chunks. Memory
@@ -40,15 +33,9 @@ CHUNKS_PER_K = 2
 CANDIDATE_FACTOR = 4
 """Candidate buffer per row, in multiples of kk (an overflowing row is selected from the whole row)."""
 COMPACT_BLOCK = 1024
-"""Codes per step of the compaction. Measured with the earlier kernel of one program per row: at
-4096 rows of 131072 codes on the H200 it took 2.4 ms with steps of 1024, 3.1 with 2048 and 5.4 with
-4096 (benchmarks/results/selection_parts_h200.json: every part of the selection at that size). The
-split kernel (COMPACT_PROGRAMS) is not yet timed on the GPU."""
-COMPACT_PROGRAMS = 16384
-"""Target number of compaction programs in one call: ``compact_splits`` gives each of R rows
-ceil(COMPACT_PROGRAMS / R) programs, at least 1, at most one per step. 16384 is about 8 waves of
-the H200's 132 SMs at up to 16 resident 4-warp programs each, so that no program runs a long
-serial loop (at 4096 rows of 131072 codes: 4 programs of 32 steps per row); not yet timed."""
+"""Codes per step of the compaction (one program per row): at 4096 rows of 131072 codes on the H200
+it took 2.4 ms with steps of 1024, 3.1 with 2048 and 5.4 with 4096
+(benchmarks/results/selection_parts_h200.json: every part of the selection at that size)."""
 INT64_MIN = -(2**63)
 
 
@@ -67,24 +54,21 @@ def _chunk_max_kernel(codes_ptr, out_ptr, N, n, stride_c, stride_o, BLOCK_J: tl.
 
 
 @triton.jit
-def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, cap, chunk, stride_c, stride_d,
+def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, cap, stride_c, stride_d,
                     BLOCK: tl.constexpr):
-    """Program (row, part): the codes >= tau[row] of codes[row, part chunk : (part + 1) chunk], each
-    step's into slots of cand[row] reserved by one atomic add on count[row] (zero at launch); slots
-    from cap on are not stored, the count still grows."""
+    """The codes >= tau[row] of a row, in position order, into cand[row, :cap]; count[row] = how many."""
     row = tl.program_id(0).to(tl.int64)
-    lo = tl.program_id(1) * chunk
-    hi = tl.minimum(lo + chunk, N)
     tau = tl.load(tau_ptr + row)
-    for t0 in range(lo, hi, BLOCK):
+    running = tl.zeros([1], dtype=tl.int32)
+    for t0 in range(0, N, BLOCK):
         t = t0 + tl.arange(0, BLOCK)
-        c = tl.load(codes_ptr + row * stride_c + t, mask=t < hi, other=-9223372036854775808)
-        keep = (c >= tau) & (t < hi)
+        c = tl.load(codes_ptr + row * stride_c + t, mask=t < N, other=-9223372036854775808)
+        keep = (c >= tau) & (t < N)
         keep_i = keep.to(tl.int32)
-        num = tl.sum(keep_i, axis=0)
-        base = tl.atomic_add(count_ptr + row, num, mask=num > 0, sem="relaxed")
-        slot = base + tl.cumsum(keep_i, axis=0) - 1
+        slot = running + tl.cumsum(keep_i, axis=0) - 1
         tl.store(cand_ptr + row * stride_d + slot, c, mask=keep & (slot < cap))
+        running += tl.sum(keep_i, axis=0)
+    tl.store(count_ptr + row + tl.arange(0, 1), running)
 
 
 def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
@@ -103,28 +87,16 @@ def threshold(maxima: torch.Tensor, kk: int) -> torch.Tensor:
     return torch.topk(maxima, kk, dim=-1, sorted=False).values.amin(-1).contiguous()
 
 
-def compact_splits(R: int, N: int, step: int) -> int:
-    """Programs per row of the compaction of R rows of N codes in steps of ``step``:
-    ceil(COMPACT_PROGRAMS / R), at least 1, at most ceil(N / step). Shapes only, no device query."""
-    return max(1, min(triton.cdiv(COMPACT_PROGRAMS, max(R, 1)), triton.cdiv(N, step)))
-
-
-def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, step: int | None = None,
-            splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cand [R, cap] int64, count [R] int32): count[r] = how many codes of row r are >= tau[r] (it
-    goes on past ``cap``: the row overflowed); cand[r, :min(count[r], cap)] holds that many of them
-    in no particular order (all of them when count[r] <= cap), the rest of cand[r] is INT64_MIN.
-    ``step``: codes per pass (COMPACT_BLOCK when None); ``splits``: programs per row, each a
-    contiguous range of whole steps (``compact_splits`` when None). Both change speed and the
-    order only. Three launches (the two buffers' fills, the kernel), no host synchronisation."""
+def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int,
+            step: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cand [R, cap] int64, count [R] int32): each row's codes >= tau[row] in position order, padded
+    with INT64_MIN; count goes on past ``cap`` (the row overflowed). ``step``: codes per pass
+    (COMPACT_BLOCK when None; speed only)."""
     R, N = rows.shape
-    step = COMPACT_BLOCK if step is None else step
-    splits = compact_splits(R, N, step) if splits is None else splits
-    chunk = triton.cdiv(triton.cdiv(N, step), splits) * step
     cand = torch.full((R, cap), INT64_MIN, dtype=torch.int64, device=rows.device)
-    count = torch.zeros(R, dtype=torch.int32, device=rows.device)
-    _compact_kernel[(R, triton.cdiv(N, chunk))](rows, tau, cand, count, N, cap, chunk,
-                                                rows.stride(0), cand.stride(0), BLOCK=step)
+    count = torch.empty(R, dtype=torch.int32, device=rows.device)
+    _compact_kernel[(R,)](rows, tau, cand, count, N, cap, rows.stride(0), cand.stride(0),
+                          BLOCK=COMPACT_BLOCK if step is None else step)
     return cand, count
 
 
