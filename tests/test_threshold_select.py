@@ -53,3 +53,58 @@ def test_the_overflow_path_is_taken_and_exact(monkeypatch):
     monkeypatch.setattr(threshold_select, "CANDIDATE_FACTOR", 1)
     codes = rows_of("random", 4, 900, seed=5)
     assert torch.equal(top_codes(codes, 10), torch.topk(codes, 10).values)
+
+
+def distinct_rows(R, N, seed):
+    """[R, N] distinct int64 codes per row, spread over the whole range."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(N, generator=g) for _ in range(R)]) * (2**53 + 7) - 2**62
+
+
+def thresholds_keeping(codes, kept):
+    """[R] tau: row r keeps its ``kept[r]`` largest codes (0: none)."""
+    top = codes.sort(dim=-1, descending=True).values
+    return torch.stack([top[r, k - 1] if k else top[r, 0] + 1 for r, k in enumerate(kept)])
+
+
+@pytest.mark.parametrize("R, N, step", [(1, 500, 16), (6, 600, 16), (4, 333, 64), (3, 1000, 1024)])
+def test_compaction_keeps_the_codes_above_tau_in_position_order(R, N, step):
+    """Rows keeping all their codes, none, a few, exactly cap, cap + 1 and far more than cap
+    (overflowing: the first cap of them, the count goes on), with a buffer of 40 and of the row."""
+    codes = distinct_rows(R, N, seed=R * N + step)
+    for cap in (40, N):
+        kinds = [k for k in (N, 0, 10, cap, cap + 1, 2 * cap + 1) if k <= N]
+        for shift in range(0, len(kinds), R):
+            tau = thresholds_keeping(codes, [kinds[(r + shift) % len(kinds)] for r in range(R)])
+            cand, count = threshold_select.compact(codes, tau, cap, step)
+            kept = codes >= tau[:, None]
+            assert torch.equal(count, kept.sum(-1).to(torch.int32))
+            for r in range(R):
+                n = min(int(count[r]), cap)
+                assert torch.equal(cand[r, :n], codes[r][kept[r]][:n]), r
+                assert (cand[r, n:] == INT64_MIN).all(), r
+
+
+def adversarial_rows(kind, R, N, seed):
+    """Distinct codes: the 60 largest shuffled at the row's end, the rest shuffled before them
+    (recency), or scores of three values whose codes differ only in the key index of their low
+    word (as the scorer writes them)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "clustered_at_end":
+        ascending = distinct_rows(R, N, seed).sort(dim=-1).values
+        order = torch.cat([torch.randperm(N - 60, generator=g), N - 60 + torch.randperm(60, generator=g)])
+        return ascending[:, order]
+    scores = torch.tensor([1.0, 2.0, 3.0])[torch.randint(0, 3, (R, N), generator=g)]
+    return scores.view(torch.int32).to(torch.int64) * 2**32 + (N - 1 - torch.arange(N))
+
+
+@pytest.mark.parametrize("kind", ["clustered_at_end", "tied_scores"])
+@pytest.mark.parametrize("factor", [threshold_select.CANDIDATE_FACTOR, 1])
+def test_top_codes_equals_torch_topk_on_adversarial_rows(kind, factor, monkeypatch):
+    """4 rows of 600 codes in compaction steps of 16 (the 60 clustered codes span several);
+    buffers of 4 kk and of kk (rows overflowing)."""
+    monkeypatch.setattr(threshold_select, "COMPACT_BLOCK", 16)
+    monkeypatch.setattr(threshold_select, "CANDIDATE_FACTOR", factor)
+    codes = adversarial_rows(kind, 4, 600, seed=len(kind) + factor)
+    assert all(row.unique().numel() == 600 for row in codes)
+    assert torch.equal(top_codes(codes, 20), torch.topk(codes, 20).values)

@@ -35,7 +35,9 @@ CANDIDATE_FACTOR = 4
 COMPACT_BLOCK = 1024
 """Codes per step of the compaction (one program per row): at 4096 rows of 131072 codes on the H200
 it took 2.4 ms with steps of 1024, 3.1 with 2048 and 5.4 with 4096
-(benchmarks/results/selection_parts_h200.json: every part of the selection at that size)."""
+(benchmarks/results/selection_parts_h200.json: every part of the selection at that size). Splitting
+a row over 1-16 programs that reserve their slots by one atomic add per step was slower there
+(2.7-2.9 ms at steps of 1024): each step then waits on its atomic."""
 INT64_MIN = -(2**63)
 
 
