@@ -1,6 +1,7 @@
 """Where the exact selection of the dense path spends its time, part by part, on one GPU.
 
     python3 benchmarks/selection_parts.py --out benchmarks/results/selection_parts_h200.json
+    python3 benchmarks/selection_parts.py --sweep --out benchmarks/results/selection_constants_h200.json
     python3 benchmarks/selection_parts.py --smoke --out /tmp/selection_parts.json   # CPU, interpreter
 
 The order codes of S=4096 causal queries at the end of T=131072 keys (H=64, D=128, bf16, the dense
@@ -10,10 +11,18 @@ kk-th largest maximum), the compaction at several step lengths, the final top-kk
 candidates, the gated overflow selector (``select_top_codes``), and the whole call; ``read_once_floor_ms`` is one read of the codes at
 4.2 TB/s. Checked in the same run: ``top_codes`` equals ``torch.topk`` on every row, and the
 compaction's candidates and count do not depend on its step.
+
+``--sweep`` chooses the selection's constants instead, on the codes of a random and of a structured
+indexer (``runtime.structured_indexer``, the same query and key counts): per chunks-per-kk (1, 2, 4)
+tau's time and how many codes per row pass it (mean, 99th percentile, maximum), the compaction at
+steps of 256-1024 and the final top-kk with buffers of 2, 3 and 4 kk (overflowing rows counted);
+then the whole ``top_codes`` for every choice of (chunks per kk, buffer, step), checked against
+``torch.topk``. The module constants restored after.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -24,8 +33,9 @@ from benchmarks import dense_roofline as roofline
 from benchmarks.timing import median_ms
 from compiler.lowering import threshold_select as ts
 from compiler.lowering.select_codes_triton import select_top_codes
+from runtime.structured_indexer import structured_indexer_inputs
 
-STEPS = (1024, 2048, 4096)
+STEPS = (512, 1024, 2048)
 """Compaction step lengths timed."""
 
 
@@ -55,9 +65,42 @@ def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
     return out
 
 
+def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps: int = 5) -> list[dict]:
+    """Rows of the ``--sweep`` (module docstring) for codes [R, N] of one kind of ``inputs``; times
+    are medians of ``reps`` calls."""
+    time_ms = lambda fn: round(median_ms(fn, reps, device), 3)  # noqa: E731
+    rows = []
+    for per_k in (1, 2, 4):
+        maxima = ts.chunk_maxima(codes, per_k * kk)
+        tau = ts.threshold(maxima, kk)
+        passing = (codes >= tau[:, None]).sum(-1).float()
+        row = {"inputs": inputs, "chunks_per_k": per_k, "chunk_max": time_ms(lambda: ts.chunk_maxima(codes, per_k * kk)),
+               "tau": time_ms(lambda: ts.threshold(maxima, kk)), "passing_mean": round(float(passing.mean()), 1),
+               "passing_q99": round(float(passing.quantile(0.99)), 1), "passing_max": int(passing.max())}
+        for step in (256, 512, 1024):
+            row[f"compact_{step}"] = time_ms(lambda: ts.compact(codes, tau, 4 * kk, step))
+        for factor in (2, 3, 4):
+            cand, count = ts.compact(codes, tau, factor * kk)
+            row[f"overflow_rows_{factor}kk"] = int((count > factor * kk).sum())
+            row[f"final_topk_{factor}kk"] = time_ms(lambda: torch.topk(cand, kk, dim=-1, sorted=True).values)
+        rows.append(row)
+    want = torch.topk(codes, kk, dim=-1).values
+    saved = ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK
+    try:
+        for per_k, factor, step in itertools.product((1, 2), (2, 3, 4), (512, 1024)):
+            ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK = per_k, factor, step
+            rows.append({"inputs": inputs, "chunks_per_k": per_k, "candidate_factor": factor, "step": step,
+                         "top_codes": time_ms(lambda: ts.top_codes(codes, kk)),
+                         "identical_to_torch_topk": bool(torch.equal(ts.top_codes(codes, kk), want))})
+    finally:
+        ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK = saved
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
+    p.add_argument("--sweep", action="store_true", help="choose the selection's constants (module docstring)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU under TRITON_INTERPRET=1")
     args = p.parse_args(argv)
     S, T, kk, device = 4096, 131072, 2048, "cuda"
@@ -65,12 +108,21 @@ def main(argv=None) -> int:
         S, T, kk, device = 8, 1024, 16, "cpu"
         roofline.H, roofline.D, roofline.DEVICE = 4, 16, "cpu"
         roofline.scorer.SEQUENTIAL = False
+    mask = roofline.causal_chunk_mask(S, T)
     q, k, w = roofline.random_inputs(S, T)
-    codes = roofline.all_codes(q, w, k, roofline.causal_chunk_mask(S, T))[0]
+    codes = roofline.all_codes(q, w, k, mask)[0]
     del q, k, w
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)",
-              "versions": {"torch": torch.__version__, "triton": triton.__version__},
-              "S": S, "T": T, "kk": kk, **parts(codes, kk, device)}
+              "versions": {"torch": torch.__version__, "triton": triton.__version__}, "S": S, "T": T, "kk": kk}
+    if args.sweep:
+        reps = 1 if args.smoke else 5
+        rows = constants_sweep(codes, kk, device, "random", reps)
+        del codes
+        q, k, w, _ = structured_indexer_inputs(1, S, T, roofline.H, roofline.D, dtype=torch.bfloat16)
+        codes = roofline.all_codes(q.to(device), w.float().to(device), k.to(device), mask)[0]
+        result["rows"] = rows + constants_sweep(codes, kk, device, "structured", reps)
+    else:
+        result.update(parts(codes, kk, device))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

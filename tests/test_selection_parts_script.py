@@ -14,3 +14,17 @@ def test_selection_parts_smoke(tmp_path, monkeypatch):
     assert result["identical_to_torch_topk"] and result["compaction_same_for_every_step"]
     assert result["overflow_rows"] == 0
     assert {f"compact_{step}" for step in selection_parts.STEPS} <= set(result)
+
+
+def test_selection_constants_sweep_smoke(tmp_path, monkeypatch):
+    for name in ("H", "D", "DEVICE"):
+        monkeypatch.setattr(dense_roofline, name, getattr(dense_roofline, name))
+    monkeypatch.setattr(dense_roofline.scorer, "SEQUENTIAL", dense_roofline.scorer.SEQUENTIAL)
+    out = tmp_path / "sweep.json"
+    assert selection_parts.main(["--smoke", "--sweep", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["inputs"] for r in rows} == {"random", "structured"}
+    totals = [r for r in rows if "top_codes" in r]
+    assert len(totals) == 24 and all(r["identical_to_torch_topk"] for r in totals)
+    tau_rows = [r for r in rows if "passing_mean" in r]
+    assert all(r["passing_max"] >= 16 for r in tau_rows)  # tau never exceeds the kk-th code

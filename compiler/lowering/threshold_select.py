@@ -29,12 +29,18 @@ from compiler.lowering.select_codes_triton import select_top_codes
 LONG_ROW_FACTOR = 8
 """Rows longer than LONG_ROW_FACTOR * kk take the threshold path; shorter ones torch.topk."""
 CHUNKS_PER_K = 2
-"""Interleaved chunks per selected code (n = CHUNKS_PER_K * kk): tau is the kk-th of n maxima."""
-CANDIDATE_FACTOR = 4
-"""Candidate buffer per row, in multiples of kk (an overflowing row is selected from the whole row)."""
-COMPACT_BLOCK = 1024
+"""Interleaved chunks per selected code (n = CHUNKS_PER_K * kk): tau is the kk-th of n maxima. On the
+H200 (4096 scorer rows of 131072 keys, kk=2048, random and structured indexers) 2 left 2797-2807
+codes per row on average (at most 2934) for a tau of 0.65 ms; 1 left 15500 (tau 0.5 ms, every row
+overflowing any buffer); 4 left 2330 for a tau of 1.0 ms
+(benchmarks/results/selection_constants_h200.json)."""
+CANDIDATE_FACTOR = 2
+"""Candidate buffer per row, in multiples of kk (an overflowing row is selected from the whole row,
+exactly but slower). 2 kk holds every row of the sweep above (at most 1.43 kk codes >= tau) and its
+final top-kk takes 1.0 ms against 1.4 ms for 4 kk (whole selection 5.0-5.1 ms against 5.4)."""
+COMPACT_BLOCK = 512
 """Codes per step of the compaction (one program per row): at 4096 rows of 131072 codes on the H200
-it took 2.4 ms with steps of 1024, 3.1 with 2048 and 5.4 with 4096
+it took 2.3 ms with steps of 512, 2.4 with 1024 and 256, 3.1 with 2048 and 5.4 with 4096
 (benchmarks/results/selection_parts_h200.json: every part of the selection at that size). Splitting
 a row over 1-16 programs that reserve their slots by one atomic add per step was slower there
 (2.7-2.9 ms at steps of 1024): each step then waits on its atomic."""
