@@ -70,7 +70,12 @@ DENSE_CHUNK_BYTES = 4 << 30
 P_SAMPLE = 256
 """Witness keys used to estimate the activation frequencies p_h (they steer choices only)."""
 CANDIDATE_FACTOR = 8
-"""Candidate buffer per query (keys with s >= tau): CANDIDATE_FACTOR * kk order codes."""
+"""Candidate buffer per query (keys with s >= tau): CANDIDATE_FACTOR * kk order codes. On the H200
+with the structured plan the rows wrote 1.48-1.55 kk candidates on average and at most 3.53 kk
+(benchmarks/results/certified_buffer_h200.json), and a buffer of 4 kk was 5% faster there (49.9
+against 52.4 ms at S=16384, T=131072); but a conservative own-sample threshold on misaligned
+query runs writes more than 4 kk in some rows (tests/test_certified_topk_triton.py), which the
+dense redo then answers, so 8 stays until the zoo's geometries are timed with 4. Exact at any size."""
 DEFAULT_R_CAP = 7
 """Without ``config.r``, the per-query budget default_r is capped here (screen rows: r + aux = 8),
 so that the screen's row count is known without reading the budgets back to the host."""
