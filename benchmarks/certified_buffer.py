@@ -30,10 +30,6 @@ FACTORS = (8, 4, 3, 2)
 """Candidate buffers timed, in multiples of kk."""
 
 
-def identical(got, want) -> bool:
-    return bool(torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32)))
-
-
 def measure(S: int, T: int, reps: int) -> dict:
     """One size's row (module docstring)."""
     q, k, w, _ = structured_indexer_inputs(1, S, T, roofline.H, roofline.D, dtype=torch.bfloat16)
@@ -54,7 +50,7 @@ def measure(S: int, T: int, reps: int) -> dict:
         for factor in FACTORS:
             certified.CANDIDATE_FACTOR = factor
             run = lambda: certified.certified_topk_cuda(q, k, w, roofline.TOPK, mask, config=roofline.PLAN)  # noqa: E731
-            row[f"buffer_{factor}kk_identical"] = identical(run(), want)
+            row[f"buffer_{factor}kk_identical"] = roofline.identical(run(), want)
             ms = median_ms(run, reps, device)
             row[f"buffer_{factor}kk_ms"] = round(ms, 2)
             row[f"buffer_{factor}kk_x_dense"] = round(dense_ms / ms, 3)

@@ -67,6 +67,11 @@ def ceilings():
     return {"copy_GBps": round(2 * (2 << 30) / copy_ms / 1e6), "bf16_matmul_tflops": round(2 * 8192**3 / mm_ms / 1e9, 1)}
 
 
+def identical(got, want) -> bool:
+    """Top-K results ``(values, indices)`` equal: indices equal, values bitwise."""
+    return bool(torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32)))
+
+
 def random_inputs(S, T, dtype=torch.bfloat16, seed=0):
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     q = torch.randn(1, S, H, D, device=DEVICE, generator=g).to(dtype)
@@ -233,7 +238,7 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
                 want = dense_topk_cuda(sq, sk, sw, TOPK, mask)
                 dense_ms = timed(lambda: dense_topk_cuda(sq, sk, sw, TOPK, mask), reps=3)
                 got = certified_topk_cuda(sq, sk, sw, TOPK, mask, config=PLAN)
-                same = bool(torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32)))
+                same = identical(got, want)
                 ms = timed(lambda: certified_topk_cuda(sq, sk, sw, TOPK, mask, config=PLAN), reps=3)
                 emit({"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "certified_plan", "ms": round(ms, 2),
                       "dense_ms_same_inputs": round(dense_ms, 2), "speedup": round(dense_ms / ms, 2),
@@ -267,7 +272,7 @@ def decode(emit, T=131072, exact=False):
         op_dense = lambda: torch.ops.pulsar_dosa.certified_topk(q, k, w, TOPK, None, layer=f"decode{B}",
                                                                 path="dense")
         got = op()
-        same = bool(torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32)))
+        same = identical(got, want)
         dense_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK), reps=20)
         op_dense_ms = timed(op_dense, reps=20)
         op_ms = timed(op, reps=20)

@@ -329,7 +329,8 @@ def generate(model: torch.nn.Module, context_ids: torch.Tensor, query_ids: torch
     ``generation_config.eos_token_id``. Arguments are checked before any model work.
     """
     args = prepare_generate_args(model, context_ids, query_ids, config, max_new_tokens, stop_ids)
-    layout = config.layout(args.context_ids.to(model_device(model)))  # summaries chosen on the model's device
-    kept = encode_context(model, args.context_ids, layout)
+    context_ids = args.context_ids.to(model_device(model))  # the layout (summaries too) is built there
+    layout = config.layout(context_ids)
+    kept = encode_context(model, context_ids, layout)
     return decode(model, kept, args.query_ids, query_position_start=layout.query_position_start,
                   max_new_tokens=args.max_new_tokens, stop_ids=args.stop_ids)
