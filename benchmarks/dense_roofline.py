@@ -6,8 +6,8 @@
 
 Measured in the same run: the bf16 matmul rate (8192^3, random data) and the copy bandwidth, then
 per (S, T) with H=64, D=128, topk=2048, bf16, causal chunk of S queries at the end of T keys:
-``score_ms`` (the Triton scorer writing every order code), ``select_ms`` (the exact selection of
-the top-kk codes), ``ms`` (the whole ``dense_topk_cuda`` call) and ``score_tflops`` = 2 S T H D /
+``score_ms`` (the dense Triton scorer writing every order code and, for long rows, the chunk
+maxima), ``select_ms`` (the exact selection of the top-kk codes from them), ``ms`` (the whole ``dense_topk_cuda`` call) and ``score_tflops`` = 2 S T H D /
 score time; ``torch_gemm_topk`` = the plain-torch baseline (cuBLAS GEMMs for the logits and the
 head sum, ``torch.topk``; not exact: ``same_index_fraction`` = the fraction of its selected keys
 that the dense op also selects); ``certified_plan`` = the certified pipeline with the structured
@@ -18,9 +18,9 @@ decode densely.
 
 ``--sweep`` times the scorer alone over launch configs and product columns, unmasked and under the
 causal chunk mask, checks that each computes the same scores as the default (within fp32
-reassociation) and that a key scores to the same bits in dense scoring and in a row list
-(refine/redo use); times the masked scorer's scan step (``TRIM_BLOCK``) against warps (the scan
-step changes no code); and times fp32 operands (tf32 products) under the mask against bf16 over
+reassociation) and that a key scores to the same bits in dense scoring and in the key-list
+scorer's row list (refine/redo use); times the key-list scorer's mask scan step (``TRIM_BLOCK``)
+against warps (the scan step changes no code); and times fp32 operands (tf32 products) under the mask against bf16 over
 several configs, with the whole dense op's ratio for the default fp32 config.
 """
 from __future__ import annotations
@@ -36,9 +36,9 @@ import triton
 from benchmarks.timing import median_ms
 from compiler.autotune import LaunchConfig
 from compiler.lowering import dsa_score_triton as scorer
-from compiler.lowering.certified_topk_triton import (_all_keys, _row_codes, certified_topk_cuda,
+from compiler.lowering.certified_topk_triton import (_all_keys, certified_topk_cuda, dense_codes,
                                                      dense_topk_cuda)
-from compiler.lowering.threshold_select import top_codes
+from compiler.lowering.threshold_select import chunk_count, long_row, top_codes
 from runtime.certified_topk import CertifiedTopkConfig
 
 H, D, TOPK = 64, 128, 2048
@@ -84,9 +84,24 @@ def causal_chunk_mask(S, T):
     return torch.ones(S, T, dtype=torch.bool, device=DEVICE).tril(T - S)[None]
 
 
-def all_codes(q, w, k, mask=None):
-    ids, counts = _all_keys(1, k.shape[1], q.device)
-    return _row_codes(q, w, k, mask, ids, counts, k.shape[1], 1 << 30)
+def all_codes(q, w, k, mask=None, maxima=None):
+    """The dense path's scorer: every key's order code [1,S,T] (and the chunk ``maxima``)."""
+    return dense_codes(q, w, k, mask, maxima=maxima)
+
+
+def listed_codes(q, w, k, mask=None, rows=None):
+    """The key-list scorer (seeds, refine) over the list 0..T-1, for the query ``rows`` [R] or all."""
+    T = k.shape[1]
+    return scorer.score_keys(q, w, k, *_all_keys(1, T, q.device), cap=T, tiles_per_list=1 << 30, mask=mask,
+                             rows=None if rows is None else rows[None])
+
+
+def dense_maxima(S, T, kk, dtype=torch.bfloat16):
+    """The chunk maxima buffer [1,S,n] the dense path gives its scorer, or None (short rows)."""
+    n = chunk_count(T, kk, scorer.chunk_multiple(dtype))
+    if not long_row(T, kk) or n % scorer.chunk_multiple(dtype):
+        return None
+    return torch.empty((1, S, n), dtype=torch.int64, device=DEVICE)
 
 
 def scorer_form(config, columns):
@@ -110,7 +125,7 @@ FP32_CONFIGS = [LaunchConfig.of(num_warps=w, num_stages=s, BLOCK_T=bt)
 
 
 SCAN_STEPS = [(4, 1024), (4, 2048), (4, 4096), (8, 1024), (8, 4096)]
-"""(warps, TRIM_BLOCK) pairs timed under a causal mask: the masked scorer's scan step against warps."""
+"""(warps, TRIM_BLOCK) pairs timed under a causal mask: the key-list scorer's scan step against warps."""
 
 
 def sweep(emit, S=4096, T=131072):
@@ -128,7 +143,7 @@ def sweep(emit, S=4096, T=131072):
             codes = all_codes(q, w, k)
             values = scorer.decode_codes(codes, T)[0]
             row["max_rel_err_vs_base"] = float(((values[0, :64] - base[0, :64]).abs() / bound).max())
-            listed = _row_codes(q, w, k, None, *_all_keys(1, T, q.device), T, 1 << 30, rows=rows[None])
+            listed = listed_codes(q, w, k, rows=rows)
             row["row_list_bitwise"] = bool(torch.equal(listed[0], codes[0, rows]))
             del codes, listed, values
             row["ms"] = round(timed(lambda: all_codes(q, w, k)), 3)
@@ -139,17 +154,17 @@ def sweep(emit, S=4096, T=131072):
         emit(row)
     label = scorer_form(*default)
     step = scorer.TRIM_BLOCK
-    want = all_codes(q, w, k, mask)
+    want = listed_codes(q, w, k, mask)
     for warps, trim_block in SCAN_STEPS:
         scorer.SCORER_CONFIG = LaunchConfig.of(num_warps=warps, num_stages=3, BLOCK_T=dict(default[0].meta)["BLOCK_T"])
         scorer.TRIM_BLOCK = trim_block
         row = {"kind": "mask_scan", "warps": warps, "trim_block": trim_block, "S": S, "T": T}
         try:
-            got = all_codes(q, w, k, mask)
+            got = listed_codes(q, w, k, mask)
             # the scan step changes no score; warps may reassociate the head sum (values compared only then)
             row["same_codes"] = bool(torch.equal(got, want)) if warps == default[0].num_warps else None
             del got
-            row["masked_ms"] = round(timed(lambda: all_codes(q, w, k, mask)), 3)
+            row["masked_ms"] = round(timed(lambda: listed_codes(q, w, k, mask)), 3)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
@@ -167,7 +182,7 @@ def sweep(emit, S=4096, T=131072):
         row = {"kind": "fp32_tf32", "form": scorer_form(config, default[1]), "S": S, "T": T}
         try:
             codes = all_codes(q32, w, k32)
-            listed = _row_codes(q32, w, k32, None, *_all_keys(1, T, q.device), T, 1 << 30, rows=rows[None])
+            listed = listed_codes(q32, w, k32, rows=rows)
             row["row_list_bitwise"] = bool(torch.equal(listed[0], codes[0, rows]))
             v32 = scorer.decode_codes(codes[:, :64], T)[0]
             row["max_rel_err_vs_fp64"] = float(((v32[0] - exact).abs() / bound).max())
@@ -209,11 +224,12 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
             kk = min(TOPK, T)
             rows = min(S, max(1, (4 << 30) // (8 * T)))  # the dense path's chunk of rows (4 GiB of codes)
             part = (q[:, :rows], w[:, :rows], k, mask[:, :rows])
-            score_ms = timed(lambda: all_codes(*part), reps=3) * S / rows
-            codes = all_codes(*part)
-            select_ms = timed(lambda: top_codes(codes, kk), reps=3) * S / rows
+            maxima = dense_maxima(rows, T, kk)
+            score_ms = timed(lambda: all_codes(*part, maxima=maxima), reps=3) * S / rows
+            codes = all_codes(*part, maxima=maxima)
+            select_ms = timed(lambda: top_codes(codes, kk, maxima), reps=3) * S / rows
             topk_ms = timed(lambda: torch.topk(codes, kk, dim=-1), reps=3) * S / rows
-            same_selection = bool(torch.equal(top_codes(codes, kk), torch.topk(codes, kk, dim=-1).values))
+            same_selection = bool(torch.equal(top_codes(codes, kk, maxima), torch.topk(codes, kk, dim=-1).values))
             del codes
             ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
             emit({"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "dense", "ms": round(ms, 2),

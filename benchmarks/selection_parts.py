@@ -8,15 +8,16 @@ The order codes of S=4096 causal queries at the end of T=131072 keys (H=64, D=12
 scorer), kk=2048, then each step of ``compiler.lowering.threshold_select.top_codes`` timed alone
 (CUDA events, median of 5, its allocations included): the interleaved chunk maxima, tau (the
 kk-th largest maximum), the compaction at several step lengths, the final top-kk of the
-candidates, the gated overflow selector (``select_top_codes``), and the whole call; ``read_once_floor_ms`` is one read of the codes at
+candidates, the gated overflow selector (``select_top_codes``), and the whole call, with and
+without the chunk maxima given (the dense path's scorer writes them); ``read_once_floor_ms`` is one read of the codes at
 4.2 TB/s. Checked in the same run: ``top_codes`` equals ``torch.topk`` on every row, and the
 compaction's candidates and count do not depend on its step.
 
 ``--sweep`` chooses the selection's constants instead, on the codes of a random and of a structured
 indexer (``runtime.structured_indexer``, the same query and key counts): per chunks-per-kk (1, 2, 4)
-tau's time and how many codes per row pass it (mean, 99th percentile, maximum), the compaction at
-steps of 256-1024 and the final top-kk with buffers of 2, 3 and 4 kk (overflowing rows counted);
-then the whole ``top_codes`` for every choice of (chunks per kk, buffer, step), checked against
+tau's time and how many codes per row pass it (mean, 99th percentile, maximum), the compaction
+over (warps, step) pairs (``COMPACT_FORMS``) and the final top-kk with buffers of 2, 3 and 4 kk (overflowing rows counted);
+then the whole ``top_codes`` for every choice of (chunks per kk, buffer, warps and step), checked against
 ``torch.topk``. The module constants restored after.
 """
 from __future__ import annotations
@@ -35,8 +36,10 @@ from compiler.lowering import threshold_select as ts
 from compiler.lowering.select_codes_triton import select_top_codes
 from runtime.structured_indexer import structured_indexer_inputs
 
-STEPS = (512, 1024, 2048)
-"""Compaction step lengths timed."""
+STEPS = (64, 128, 256, 512)
+"""Compaction step lengths timed (at COMPACT_WARPS warps)."""
+COMPACT_FORMS = ((1, 64), (1, 128), (1, 256), (2, 64), (2, 128), (4, 128), (4, 512), (4, 1024))
+"""(warps, step) pairs of the compaction timed by the sweep."""
 
 
 def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
@@ -60,6 +63,8 @@ def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
     out["final_topk"] = time_ms(lambda: torch.topk(cand, kk, dim=-1, sorted=True).values)
     out["gated_select"] = time_ms(lambda: select_top_codes(codes, count > cap, kk, out=final.clone()))
     out["top_codes_total"] = time_ms(lambda: ts.top_codes(codes, kk))
+    given = ts.chunk_maxima(codes, ts.chunk_count(codes.shape[1], kk, 64))  # as the dense scorer writes them
+    out["top_codes_given_maxima"] = time_ms(lambda: ts.top_codes(codes, kk, given))
     out["identical_to_torch_topk"] = bool(torch.equal(ts.top_codes(codes, kk), torch.topk(codes, kk, dim=-1).values))
     out["read_once_floor_ms"] = round(codes.numel() * 8 / 4.2e9, 3)
     return out
@@ -77,23 +82,23 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
         row = {"inputs": inputs, "chunks_per_k": per_k, "chunk_max": time_ms(lambda: ts.chunk_maxima(codes, per_k * kk)),
                "tau": time_ms(lambda: ts.threshold(maxima, kk)), "passing_mean": round(float(passing.mean()), 1),
                "passing_q99": round(float(passing.quantile(0.99)), 1), "passing_max": int(passing.max())}
-        for step in (256, 512, 1024):
-            row[f"compact_{step}"] = time_ms(lambda: ts.compact(codes, tau, 4 * kk, step))
+        for warps, step in COMPACT_FORMS:
+            row[f"compact_w{warps}_{step}"] = time_ms(lambda: ts.compact(codes, tau, 4 * kk, step, warps))
         for factor in (2, 3, 4):
             cand, count = ts.compact(codes, tau, factor * kk)
             row[f"overflow_rows_{factor}kk"] = int((count > factor * kk).sum())
             row[f"final_topk_{factor}kk"] = time_ms(lambda: torch.topk(cand, kk, dim=-1, sorted=True).values)
         rows.append(row)
     want = torch.topk(codes, kk, dim=-1).values
-    saved = ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK
+    saved = ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS
     try:
-        for per_k, factor, step in itertools.product((1, 2), (2, 3, 4), (512, 1024)):
-            ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK = per_k, factor, step
-            rows.append({"inputs": inputs, "chunks_per_k": per_k, "candidate_factor": factor, "step": step,
-                         "top_codes": time_ms(lambda: ts.top_codes(codes, kk)),
+        for per_k, factor, (warps, step) in itertools.product((1, 2), (2, 3, 4), ((1, 128), (4, 512))):
+            ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS = per_k, factor, step, warps
+            rows.append({"inputs": inputs, "chunks_per_k": per_k, "candidate_factor": factor, "warps": warps,
+                         "step": step, "top_codes": time_ms(lambda: ts.top_codes(codes, kk)),
                          "identical_to_torch_topk": bool(torch.equal(ts.top_codes(codes, kk), want))})
     finally:
-        ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK = saved
+        ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS = saved
     return rows
 
 

@@ -45,15 +45,17 @@ import torch
 import triton
 
 from compiler.lowering.dsa_score_triton import (
+    chunk_multiple,
     decode_codes,
     key_splits,
+    score_dense,
     score_keys,
     score_tile_shape,
     tf32_scores,
 )
 from compiler.lowering.dsa_screen_triton import screen
 from compiler.lowering.select_codes_triton import select_top_codes
-from compiler.lowering.threshold_select import top_codes
+from compiler.lowering.threshold_select import chunk_count, long_row, top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import check_indexer_inputs
@@ -99,13 +101,20 @@ def _operands(q, k, weights):
     return q.contiguous(), k.contiguous(), weights.float().contiguous()
 
 
-def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list, rows=None):
+def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list):
     """``score_keys`` in non-compact mode, with key splits for the call's tile count."""
     block_s, _ = score_tile_shape(q.shape[2])
-    n_slots = q.shape[1] if rows is None else rows.shape[1]
-    splits = key_splits(q.shape[0] * triton.cdiv(n_slots, block_s), cap)
+    splits = key_splits(q.shape[0] * triton.cdiv(q.shape[1], block_s), cap)
     return score_keys(q, w, k, lists, counts, cap=cap, tiles_per_list=tiles_per_list, mask=mask,
-                      splits=splits, rows=rows)
+                      splits=splits)
+
+
+def dense_codes(q, w, k, mask, rows=None, maxima=None):
+    """``score_dense`` (codes [B,R,T] of every key), with key splits for the call's tile count."""
+    block_s, _ = score_tile_shape(q.shape[2])
+    n_slots = q.shape[1] if rows is None else rows.shape[1]
+    splits = key_splits(q.shape[0] * triton.cdiv(n_slots, block_s), k.shape[1])
+    return score_dense(q, w, k, mask=mask, splits=splits, rows=rows, maxima=maxima)
 
 
 def _all_keys(B, T, device):
@@ -115,18 +124,22 @@ def _all_keys(B, T, device):
 
 
 def dense_codes_topk(q, w, k, mask, kk):
-    """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory."""
+    """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory.
+    Long rows (threshold_select) get their chunk maxima from the scorer itself."""
     B, S = q.shape[:2]
     T = k.shape[1]
-    ids, counts = _all_keys(B, T, q.device)
     block_s, _ = score_tile_shape(q.shape[2])
     rows = max(block_s, (DENSE_CHUNK_BYTES // (8 * T * B)) // block_s * block_s)
+    n = chunk_count(T, kk, chunk_multiple(q.dtype))
+    fused = long_row(T, kk) and n % chunk_multiple(q.dtype) == 0
     out = []
     for s0 in range(0, S, rows):
         sl = slice(s0, min(S, s0 + rows))
         m = None if mask is None else mask[:, sl]
-        codes = _row_codes(q[:, sl], w[:, sl], k, m, ids, counts, T, 1 << 30)
-        out.append(top_codes(codes, kk))
+        maxima = (torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device) if fused
+                  else None)
+        codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima)
+        out.append(top_codes(codes, kk, maxima))
     return torch.cat(out, dim=1)
 
 
@@ -341,13 +354,12 @@ def redo_dense(codes, redo, q, w, k, mask, kk):
     """
     B, S = redo.shape
     T = k.shape[1]
-    ids, counts = _all_keys(B, T, q.device)
     flat = codes.view(B * S, kk)
     lists = _redo_row_lists(redo, redo_slots(B, S, T, q.shape[2]))
     valid = lists >= 0
     out_rows = (torch.arange(B, device=q.device) * S)[:, None, None] + lists.clamp(min=0)
     for i in range(lists.shape[1]):
-        buf = _row_codes(q, w, k, mask, ids, counts, T, 1 << 30, rows=lists[:, i])
+        buf = dense_codes(q, w, k, mask, rows=lists[:, i])
         select_top_codes(buf.view(-1, T), valid[:, i].reshape(-1), kk, out=flat, scratch=True,
                          out_rows=out_rows[:, i].reshape(-1))
     return codes

@@ -5,8 +5,11 @@ returns [..., kk], each row's kk largest codes in descending order: exactly
 ``torch.topk(codes, kk).values``, with no host synchronisation and a fixed number of launches.
 
 Rows of at most ``LONG_ROW_FACTOR * kk`` codes go to ``torch.topk``. A longer row is cut into n
-interleaved chunks (chunk j holds positions j, j + n, j + 2n, ...), n = min(N, CHUNKS_PER_K * kk)
->= kk, and tau is the kk-th largest chunk maximum. The kk chunks whose maxima are >= tau are
+interleaved chunks (chunk j holds positions j, j + n, j + 2n, ...), n = ``chunk_count`` (about
+CHUNKS_PER_K * kk, at most N) >= kk, and tau is the kk-th largest chunk maximum (``threshold``).
+The maxima are computed here, or passed in: the dense scorer writes them as it scores
+(dsa_score_triton ``score_dense(maxima=...)``), which saves a read of the row; any partition of
+the row into n >= kk disjoint chunks gives the same guarantee. The kk chunks whose maxima are >= tau are
 disjoint and each holds a code >= tau, so at least kk codes are >= tau: tau <= the row's kk-th
 largest code, and the row's top kk are exactly the top kk of its codes >= tau. Those are compacted
 into a buffer of ``CANDIDATE_FACTOR * kk`` per row (the count goes on past the buffer) and
@@ -16,7 +19,8 @@ row-gated exact selector (select_codes_triton), so nothing is ever dropped.
 Why interleaved chunks: large scores cluster in position (an indexer favours recent keys, so a
 row's best keys sit at its end). Contiguous chunks would put all of them in a few chunks and tau
 far below the kk-th code; interleaved chunks spread any run of positions over all chunks. Memory
-traffic: two reads of the row (chunk maxima, compaction) instead of a full sort-based selection.
+traffic: one read of the row (the compaction) when the scorer wrote the maxima, two otherwise,
+instead of a full sort-based selection.
 """
 from __future__ import annotations
 
@@ -30,20 +34,24 @@ LONG_ROW_FACTOR = 8
 """Rows longer than LONG_ROW_FACTOR * kk take the threshold path; shorter ones torch.topk."""
 CHUNKS_PER_K = 2
 """Interleaved chunks per selected code (n = CHUNKS_PER_K * kk): tau is the kk-th of n maxima. On the
-H200 (4096 scorer rows of 131072 keys, kk=2048, random and structured indexers) 2 left 2797-2807
-codes per row on average (at most 2934) for a tau of 0.65 ms; 1 left 15500 (tau 0.5 ms, every row
-overflowing any buffer); 4 left 2330 for a tau of 1.0 ms
+H200 (4096 scorer rows of 131072 keys, kk=2048, random and structured indexers) 2 left 2797-2808
+codes per row on average (at most 2925) for a tau of 0.33 ms; 1 left 15250-15750 (every row
+overflowing any buffer); 4 left 2330-2336 for a tau of 0.63-0.68 ms
 (benchmarks/results/selection_constants_h200.json)."""
 CANDIDATE_FACTOR = 2
 """Candidate buffer per row, in multiples of kk (an overflowing row is selected from the whole row,
 exactly but slower). 2 kk holds every row of the sweep above (at most 1.43 kk codes >= tau) and its
-final top-kk takes 1.0 ms against 1.4 ms for 4 kk (whole selection 5.0-5.1 ms against 5.4)."""
-COMPACT_BLOCK = 512
-"""Codes per step of the compaction (one program per row): at 4096 rows of 131072 codes on the H200
-it took 2.3 ms with steps of 512, 2.4 with 1024 and 256, 3.1 with 2048 and 5.4 with 4096
-(benchmarks/results/selection_parts_h200.json: every part of the selection at that size). Splitting
-a row over 1-16 programs that reserve their slots by one atomic add per step was slower there
-(2.7-2.9 ms at steps of 1024): each step then waits on its atomic."""
+final top-kk takes 1.01-1.03 ms against 1.35-1.39 ms for 4 kk (whole selection 4.03-4.15 ms
+against 4.40-4.49)."""
+COMPACT_BLOCK = 128
+"""Codes per step of the compaction (one program per row, COMPACT_WARPS warps): at 4096 rows of
+131072 codes on the H200 one warp at steps of 128 took 1.67-1.70 ms, against 1.84-2.18 ms for one
+or two warps at 64 or 256 and 1.91-2.47 ms for four warps at 128-1024 (the previous form, four
+warps at 512: 2.30-2.37; benchmarks/results/selection_constants_h200.json). One read of the codes
+takes 1.02 ms there. Splitting a row over 1-16 programs that reserve their slots by one atomic add
+per step was slower (2.7-2.9 ms at steps of 1024): each step then waits on its atomic."""
+COMPACT_WARPS = 1
+"""Warps per compaction program (see COMPACT_BLOCK): the in-step prefix sum stays in one warp."""
 INT64_MIN = -(2**63)
 
 
@@ -79,6 +87,24 @@ def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, cap, stride_c, s
     tl.store(count_ptr + row + tl.arange(0, 1), running)
 
 
+@triton.jit
+def _kth_largest_kernel(x_ptr, out_ptr, n, kk, stride_x, NP: tl.constexpr):
+    """out[row] = the kk-th largest of x[row, :n] (int64, 1 <= kk <= n): the bits of its
+    sign-flipped (unsigned-ordered) pattern from the top, each kept set when at least kk values are
+    >= the prefix with it set."""
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, NP)
+    x = tl.load(x_ptr + row * stride_x + j, mask=j < n, other=-9223372036854775808)
+    u = (x ^ -9223372036854775808).to(tl.uint64, bitcast=True)
+    ans = tl.zeros([], dtype=tl.uint64)
+    one = tl.full([], 1, dtype=tl.uint64)
+    for bit in range(63, -1, -1):
+        cand = ans | (one << bit)
+        count = tl.sum((u >= cand).to(tl.int32), axis=0)
+        ans = tl.where(count >= kk, cand, ans)
+    tl.store(out_ptr + row + tl.arange(0, 1), tl.zeros([1], tl.int64) + (ans.to(tl.int64, bitcast=True) ^ -9223372036854775808))
+
+
 def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
     """[R, n] int64: the maximum of each of the n interleaved chunks of ``rows [R, N]`` (n <= N,
     last dim contiguous)."""
@@ -91,35 +117,67 @@ def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def threshold(maxima: torch.Tensor, kk: int) -> torch.Tensor:
-    """[R] int64: the kk-th largest of each row of chunk maxima (tau of the module docstring)."""
-    return torch.topk(maxima, kk, dim=-1, sorted=False).values.amin(-1).contiguous()
+    """[R] int64: the kk-th largest of each row of chunk maxima ``[R, n]`` (tau of the module
+    docstring; 1 <= kk <= n), one Triton program per row (``_kth_largest_kernel``): at 4096 rows of
+    4096 maxima on the H200 0.34-0.36 ms, against 0.64 for ``torch.topk`` then the row minimum
+    (benchmarks/results/dense_scorer_groups_h200.json, run1)."""
+    R, n = maxima.shape
+    out = torch.empty(R, dtype=torch.int64, device=maxima.device)
+    if R:
+        _kth_largest_kernel[(R,)](maxima, out, n, kk, maxima.stride(0), NP=triton.next_power_of_2(n),
+                                  num_warps=8)
+    return out
 
 
-def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int,
-            step: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def long_row(N: int, kk: int) -> bool:
+    """Whether rows of N codes take the threshold path for kk (else ``torch.topk``)."""
+    return N > LONG_ROW_FACTOR * kk
+
+
+def chunk_count(N: int, kk: int, multiple: int = 1) -> int:
+    """Interleaved chunks per row of N codes: CHUNKS_PER_K * kk rounded up to a multiple of
+    ``multiple`` (the scorer's key tile when it writes the maxima), at most N."""
+    return min(N, -(-CHUNKS_PER_K * kk // multiple) * multiple)
+
+
+def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, step: int | None = None,
+            warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(cand [R, cap] int64, count [R] int32): each row's codes >= tau[row] in position order, padded
-    with INT64_MIN; count goes on past ``cap`` (the row overflowed). ``step``: codes per pass
-    (COMPACT_BLOCK when None; speed only)."""
+    with INT64_MIN; count goes on past ``cap`` (the row overflowed). ``step``: codes per pass,
+    ``warps``: warps per row (COMPACT_BLOCK, COMPACT_WARPS when None; speed only)."""
     R, N = rows.shape
     cand = torch.full((R, cap), INT64_MIN, dtype=torch.int64, device=rows.device)
     count = torch.empty(R, dtype=torch.int32, device=rows.device)
     _compact_kernel[(R,)](rows, tau, cand, count, N, cap, rows.stride(0), cand.stride(0),
-                          BLOCK=COMPACT_BLOCK if step is None else step)
+                          BLOCK=COMPACT_BLOCK if step is None else step,
+                          num_warps=COMPACT_WARPS if warps is None else warps)
     return cand, count
 
 
-def top_codes(codes: torch.Tensor, kk: int) -> torch.Tensor:
-    """The kk largest codes of each row of ``codes [..., N]``, descending (module docstring)."""
+def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) -> torch.Tensor:
+    """The kk largest codes of each row of ``codes [..., N]``, descending (module docstring).
+
+    ``maxima [..., n]`` int64 (kk <= n, same leading dims): the maxima of n disjoint chunks of each
+    row, e.g. written by the scorer (dsa_score_triton ``maxima``); computed here when None."""
     N = codes.shape[-1]
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
-    if N <= LONG_ROW_FACTOR * kk:
+    if not long_row(N, kk):
         return torch.topk(codes, kk, dim=-1, largest=True, sorted=True).values
     lead = codes.shape[:-1]
     rows = codes.reshape(-1, N)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    tau = threshold(chunk_maxima(rows, min(N, CHUNKS_PER_K * kk)), kk)
+    if maxima is None:
+        maxima = chunk_maxima(rows, chunk_count(N, kk))
+    else:
+        if maxima.shape[:-1] != lead or maxima.shape[-1] < kk:
+            raise ValueError(f"maxima: expected [{', '.join(map(str, lead))}, n] with n >= kk = {kk}, "
+                             f"got {tuple(maxima.shape)}")
+        maxima = maxima.reshape(-1, maxima.shape[-1])
+        if maxima.stride(-1) != 1:
+            maxima = maxima.contiguous()
+    tau = threshold(maxima, kk)
     cand, count = compact(rows, tau, CANDIDATE_FACTOR * kk)
     out = torch.topk(cand, kk, dim=-1, largest=True, sorted=True).values
     select_top_codes(rows, count > cand.shape[1], kk, out=out)

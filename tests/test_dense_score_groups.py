@@ -1,0 +1,131 @@
+"""Dense scoring in key groups (dsa_score_triton.score_dense) under TRITON_INTERPRET=1: the same
+codes as the key-list kernel for every key, mask kind, split and row list; interleaved chunk maxima
+equal to those of the codes; per-row mask bounds; and the exact selection that starts from them."""
+import pytest
+import torch
+
+from compiler.lowering import dsa_score_triton
+from compiler.lowering.dsa_score_triton import (_mask_bounds_kernel, chunk_multiple, mask_operand,
+                                                score_dense, score_keys)
+from compiler.lowering.threshold_select import chunk_maxima, threshold, top_codes
+
+B, S, H, D, T = 2, 9, 4, 16, 450
+
+
+def inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, S, H, D, generator=g).to(torch.bfloat16)
+    k = torch.randn(B, T, D, generator=g).to(torch.bfloat16)
+    return q, k, torch.randn(B, S, H, generator=g)
+
+
+def masks():
+    """Masks of every kind, with clear runs ending anywhere, hidden rows and visible holes."""
+    g = torch.Generator().manual_seed(7)
+    causal = torch.ones(S, T, dtype=torch.bool).tril(T - S - 200)
+    causal[4] = False  # a row that sees nothing
+    causal[6, 420] = True  # a lone visible key after a hidden run
+    additive = torch.where(torch.rand(S, T, generator=g) < 0.3, float("-inf"), torch.randn(S, T, generator=g))
+    additive[:, :200] = 0.0
+    additive[2, 17] = 0.25  # an unclear entry early in one row
+    return {"none": None, "bool": causal[None].expand(B, S, T), "short": torch.ones(S, T, dtype=torch.bool).tril(130)[None],
+            "few": torch.ones(S, T, dtype=torch.bool).tril(20)[None],  # chunks of hidden keys only
+            "additive": additive[None], "additive_bf16": additive.to(torch.bfloat16)[None]}
+
+
+def listed_codes(q, w, k, mask):
+    ids = torch.arange(T, dtype=torch.int32).view(1, 1, T).expand(B, 1, T)
+    counts = torch.full((B, 1), T, dtype=torch.int32)
+    return score_keys(q, w, k, ids, counts, cap=T, tiles_per_list=1 << 30, mask=mask)
+
+
+@pytest.mark.parametrize("mask_name,splits,gpu_form", [
+    *[(name, splits, False) for name in masks() for splits in (1, 3)],
+    ("none", 1, True), ("bool", 3, True), ("additive", 1, True)])
+def test_dense_codes_and_chunk_maxima_equal_the_key_list_kernel(mask_name, splits, gpu_form, monkeypatch):
+    if gpu_form:  # the tl.dot / tl.sum form (the interpreter's BLAS rounds it; both kernels share it)
+        monkeypatch.setattr(dsa_score_triton, "SEQUENTIAL", False)
+    q, k, w = inputs(splits)
+    mask = masks()[mask_name]
+    want = listed_codes(q, w, k, mask)
+    n = 3 * chunk_multiple(q.dtype)  # does not divide T: the last chunks are one key shorter
+    maxima = torch.empty(B, S, n, dtype=torch.int64)
+    got = score_dense(q, w, k, mask=mask, splits=splits, maxima=maxima)
+    assert torch.equal(got, want)
+    assert torch.equal(maxima, chunk_maxima(want.view(-1, T), n).view(B, S, n))
+    assert torch.equal(score_dense(q, w, k, mask=mask, splits=splits), want)
+
+
+@pytest.mark.parametrize("mask_name", ["none", "bool", "additive"])
+def test_row_lists_score_their_rows_and_leave_empty_slots(mask_name):
+    q, k, w = inputs(3)
+    mask = masks()[mask_name]
+    full = listed_codes(q, w, k, mask)
+    rows = torch.tensor([[3, -1, 0, 8, 5], [7, 7, -1, -1, 2]])
+    n = chunk_multiple(q.dtype)
+    maxima = torch.full((B, 5, n), 11, dtype=torch.int64)
+    got = score_dense(q, w, k, mask=mask, rows=rows, maxima=maxima)
+    for b in range(B):
+        for j, row in enumerate(rows[b].tolist()):
+            if row >= 0:
+                assert torch.equal(got[b, j], full[b, row])
+                assert torch.equal(maxima[b, j], chunk_maxima(full[b, row][None], n)[0])
+            else:
+                assert torch.equal(maxima[b, j], torch.full((n,), 11))  # nothing written
+
+
+def bounds_reference(mask, rows):
+    """(first key not clear or T, one past the last visible key or 0) per listed row."""
+    kind, m, _ = mask_operand(mask, B, S, T)
+    visible = m != 0 if kind == dsa_score_triton.MASK_BOOL else m != float("-inf")
+    clear = visible & ((m == 0) if kind != dsa_score_triton.MASK_BOOL else visible)
+    keys = torch.arange(T)
+    first = torch.where(~clear, keys, T).amin(-1)
+    end = torch.where(visible, keys + 1, 0).amax(-1)
+    out = torch.stack((first, end), -1).to(torch.int32)
+    return torch.stack([torch.stack([out[b, r] if r >= 0 else torch.tensor([T, 0], dtype=torch.int32)
+                                     for r in rows[b].tolist()]) for b in range(B)])
+
+
+@pytest.mark.parametrize("mask_name", ["bool", "short", "additive", "additive_bf16"])
+@pytest.mark.parametrize("block", [64, 512])
+def test_mask_bounds_are_the_first_unclear_and_last_visible_keys(mask_name, block):
+    mask = masks()[mask_name]
+    kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
+    rows = torch.tensor([[0, 4, -1, 6, 2], [8, 1, 2, -1, 4]])
+    out = torch.empty((B, 5, 2), dtype=torch.int32)
+    _mask_bounds_kernel[(B * 5,)](m, rows, out, S, T, 5, msb, mss, mst, rows.stride(0), MASK_KIND=kind,
+                                  ROWS=True, BLOCK=block)
+    assert torch.equal(out, bounds_reference(mask, rows))
+
+
+def test_maxima_of_the_wrong_form_are_refused_by_name():
+    q, k, w = inputs(0)
+    for bad in (torch.empty(B, S, 100, dtype=torch.int64), torch.empty(B, S, 64, dtype=torch.int32),
+                torch.empty(B, S + 1, 64, dtype=torch.int64), torch.empty(B, S, 768, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="maxima"):
+            score_dense(q, w, k, maxima=bad)
+
+
+def test_threshold_is_the_kth_largest_for_any_int64():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(-2**63, 2**63 - 1, (6, 300), generator=g, dtype=torch.int64)
+    x[1] = 5  # all equal
+    x[2, :10] = torch.iinfo(torch.int64).max
+    x[3] = torch.iinfo(torch.int64).min
+    x[4, ::2] = -1
+    for kk in (1, 7, 150, 300):
+        assert torch.equal(threshold(x, kk), torch.topk(x, kk, dim=-1).values[:, -1])
+
+
+def test_top_codes_from_given_maxima_is_exact_and_checks_them():
+    q, k, w = inputs(5)
+    mask = masks()["bool"]
+    maxima = torch.empty(B, S, 64, dtype=torch.int64)
+    codes = score_dense(q, w, k, mask=mask, maxima=maxima)
+    for kk in (8, 40):  # 64 chunks >= kk; rows of 450 > 8 kk codes take the threshold path
+        assert torch.equal(top_codes(codes, kk, maxima), torch.topk(codes, kk, dim=-1).values)
+    with pytest.raises(ValueError, match="maxima"):
+        top_codes(codes, 40, maxima[..., :32])  # fewer chunks than kk
+    with pytest.raises(ValueError, match="maxima"):
+        top_codes(codes, 8, maxima[:, :3])
