@@ -60,7 +60,11 @@ from runtime.indexer_zoo import FAMILIES, zoo_inputs
 from runtime.structured_indexer import structured_indexer_inputs
 
 FULL = {"S": [4096, 16384], "T": [131072, 524288], "H": 64, "D": 128, "topk": 2048, "reps": 4, "fixed_reps": 1,
-        "fixed_r": [1, 3, 7, 15], "cal_S": 4096, "cal_T": 131072, "design_length": 131072, "plan_queries": 16384}
+        "fixed_r": [1, 3, 7, 15], "cal_S": 4096, "cal_T": 131072, "design_length": 524288, "plan_queries": 16384}
+"""The zoo's sizes. Plans are made for the longest key count the zoo serves (``design_length``): a
+plan decides whether certifying pays at its design length and certifies from the crossover it
+predicts below it, so a plan designed for 131072 keys keeps a layer dense at 524288 keys even
+where certifying pays there."""
 SMOKE = {"S": [32], "T": [1024], "H": 8, "D": 32, "topk": 32, "reps": 3, "fixed_reps": 1,
          "fixed_r": [1, 3], "cal_S": 32, "cal_T": 1024, "design_length": 1024, "plan_queries": 32}
 CONTROL = "structured"
