@@ -93,10 +93,12 @@ def test_mask_bounds_are_the_first_unclear_and_last_visible_keys(mask_name, bloc
     mask = masks()[mask_name]
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
     rows = torch.tensor([[0, 4, -1, 6, 2], [8, 1, 2, -1, 4]])
-    out = torch.empty((B, 5, 2), dtype=torch.int32)
-    _mask_bounds_kernel[(B * 5,)](m, rows, out, S, T, 5, msb, mss, mst, rows.stride(0), MASK_KIND=kind,
-                                  ROWS=True, BLOCK=block)
-    assert torch.equal(out, bounds_reference(mask, rows))
+    for per_program in (1, 4):  # the last program's block of slots runs past the 5 slots
+        out = torch.empty((B, 5, 2), dtype=torch.int32)
+        n_blocks = -(-5 // per_program)
+        _mask_bounds_kernel[(B * n_blocks,)](m, rows, out, S, T, 5, n_blocks, msb, mss, mst, rows.stride(0),
+                                             MASK_KIND=kind, ROWS=True, R=per_program, BLOCK=block)
+        assert torch.equal(out, bounds_reference(mask, rows))
 
 
 def test_maxima_of_the_wrong_form_are_refused_by_name():

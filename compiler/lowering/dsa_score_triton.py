@@ -107,30 +107,31 @@ def load_mask_tile(mask_ptr, b, rows, keys, ok, msb, mss, mst, MASK_KIND: tl.con
 
 
 @triton.jit
-def _mask_bounds_kernel(mask_ptr, rows_ptr, out_ptr, S, T, n_slots, msb, mss, mst, srb,
-                        MASK_KIND: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _mask_bounds_kernel(mask_ptr, rows_ptr, out_ptr, S, T, n_slots, n_blocks, msb, mss, mst, srb,
+                        MASK_KIND: tl.constexpr, ROWS: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
     """out[b, j] = (the first key whose mask entry is not clear, or T; one past the last key the
     mask shows, or 0) of query row j (``rows[b, j]`` with ROWS; an empty slot -1 gets (T, 0)):
-    one program per (b, j), one read of the row."""
+    program (b, block) takes R slots, one read of their mask rows."""
     pid = tl.program_id(0)
-    b = pid // n_slots
-    slot = pid % n_slots
+    b = pid // n_blocks
+    slot = (pid % n_blocks) * R + tl.arange(0, R)
+    in_range = slot < n_slots
     if ROWS:
-        row = tl.load(rows_ptr + b * srb + slot + tl.arange(0, 1))
+        row = tl.load(rows_ptr + b * srb + slot, mask=in_range, other=-1).to(tl.int64)
     else:
-        row = tl.zeros([1], dtype=tl.int64) + slot
-    live = (row >= 0) & (row < S)
-    first = tl.full([1], 0, tl.int32) + T
-    end = tl.zeros([1], dtype=tl.int32)
+        row = slot.to(tl.int64)
+    live = in_range & (row >= 0) & (row < S)
+    first = tl.full([R], 0, tl.int32) + T
+    end = tl.zeros([R], dtype=tl.int32)
     for p0 in range(0, tl.where(tl.max(live.to(tl.int32), axis=0) > 0, T, 0), BLOCK):
         pos = p0 + tl.arange(0, BLOCK)
         ok = live[:, None] & (pos < T)[None, :]
         visible, bias = load_mask_tile(mask_ptr, b, row, pos, ok, msb, mss, mst, MASK_KIND)
         end = tl.maximum(end, tl.max(tl.where(visible, pos[None, :] + 1, 0), axis=1))
         first = tl.minimum(first, tl.min(tl.where(ok & ~(visible & (bias == 0.0)), pos[None, :], T), axis=1))
-    out = out_ptr + pid.to(tl.int64) * 2 + tl.arange(0, 1)
-    tl.store(out, first)
-    tl.store(out + 1, end)
+    out = out_ptr + (b * n_slots + slot.to(tl.int64)) * 2
+    tl.store(out, first, mask=in_range)
+    tl.store(out + 1, end, mask=in_range)
 
 
 @triton.jit
@@ -374,12 +375,16 @@ def _dense_score_kernel(
 
 SEQUENTIAL = INTERPRET
 BOUNDS_BLOCK = 2048
-"""Mask entries per step of ``_mask_bounds_kernel`` (one program per query row)."""
+BOUNDS_ROWS = 16 if INTERPRET else 1
+"""``_mask_bounds_kernel``: mask entries per step and query rows per program. One row of 2048
+entries a step on the H200: 0.39 ms for 4096 rows of 131072 (benchmarks/results/
+dense_scorer_groups_h200.json); 16 rows in the interpreter, where every program costs host time."""
 """Scores by tile_arith's sequential form (the CPU interpreter's arithmetic) instead of tl.dot."""
 TRIM_BLOCK = 4096
-"""Positions per step of the masked scorer's scan for its last visible key and its clear run. The
-scan runs before the key loop and is latency-bound: at S=4096 queries, T=131072 keys (H=64, causal
-chunk, H200) the scorer took 22.4 ms with steps of 1024 and 18.6 ms with 4096
+"""Positions per step of the key-list scorer's mask scan for its last visible key and its clear run
+(dense scoring gets both from ``_mask_bounds_kernel`` instead). The scan runs before the key loop
+and is latency-bound: at S=4096 queries, T=131072 keys (H=64, causal chunk, H200) the scorer, then
+used for dense scoring too, took 22.4 ms with steps of 1024 and 18.6 ms with 4096
 (benchmarks/results/dense_scorer_mask_ab_h200.json). The step changes no score."""
 
 
@@ -520,10 +525,11 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None):
     bounds = None
     if kind != MASK_NONE:
         bounds = torch.empty((B, n_slots, 2), dtype=torch.int32, device=q.device)
-        _mask_bounds_kernel[(B * n_slots,)](m, bounds if rows is None else rows, bounds, S, T, n_slots,
-                                            msb, mss, mst, 0 if rows is None else rows.stride(0),
-                                            MASK_KIND=kind, ROWS=rows is not None, BLOCK=BOUNDS_BLOCK,
-                                            num_warps=4)
+        n_blocks = triton.cdiv(n_slots, BOUNDS_ROWS)
+        _mask_bounds_kernel[(B * n_blocks,)](m, bounds if rows is None else rows, bounds, S, T, n_slots,
+                                             n_blocks, msb, mss, mst, 0 if rows is None else rows.stride(0),
+                                             MASK_KIND=kind, ROWS=rows is not None, R=BOUNDS_ROWS,
+                                             BLOCK=BOUNDS_BLOCK, num_warps=4)
     _dense_score_kernel[(B * n_tiles, splits)](
         q, w, k, q if m is None else m, out if bounds is None else bounds, out,
         out if maxima is None else maxima, out if rows is None else rows,
