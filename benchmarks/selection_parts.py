@@ -40,6 +40,9 @@ STEPS = (64, 128, 256, 512)
 """Compaction step lengths timed (at COMPACT_WARPS warps)."""
 COMPACT_FORMS = ((1, 64), (1, 128), (1, 256), (2, 64), (2, 128), (4, 128), (4, 512), (4, 1024))
 """(warps, step) pairs of the compaction timed by the sweep."""
+TOTAL_FORMS = ((1, 128), (4, 512))
+"""(warps, step) pairs of the compaction in the sweep's whole-selection rows (the kept one, the
+previous one)."""
 
 
 def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
@@ -70,9 +73,11 @@ def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
     return out
 
 
-def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps: int = 5) -> list[dict]:
+def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps: int = 5,
+                    forms=COMPACT_FORMS, total_forms=TOTAL_FORMS) -> list[dict]:
     """Rows of the ``--sweep`` (module docstring) for codes [R, N] of one kind of ``inputs``; times
-    are medians of ``reps`` calls."""
+    are medians of ``reps`` calls; ``forms`` / ``total_forms``: the compaction's (warps, step)
+    pairs timed alone / in the whole selection."""
     time_ms = lambda fn: round(median_ms(fn, reps, device), 3)  # noqa: E731
     rows = []
     for per_k in (1, 2, 4):
@@ -82,7 +87,7 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
         row = {"inputs": inputs, "chunks_per_k": per_k, "chunk_max": time_ms(lambda: ts.chunk_maxima(codes, per_k * kk)),
                "tau": time_ms(lambda: ts.threshold(maxima, kk)), "passing_mean": round(float(passing.mean()), 1),
                "passing_q99": round(float(passing.quantile(0.99)), 1), "passing_max": int(passing.max())}
-        for warps, step in COMPACT_FORMS:
+        for warps, step in forms:
             row[f"compact_w{warps}_{step}"] = time_ms(lambda: ts.compact(codes, tau, 4 * kk, step, warps))
         for factor in (2, 3, 4):
             cand, count = ts.compact(codes, tau, factor * kk)
@@ -92,7 +97,7 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
     want = torch.topk(codes, kk, dim=-1).values
     saved = ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS
     try:
-        for per_k, factor, (warps, step) in itertools.product((1, 2), (2, 3, 4), ((1, 128), (4, 512))):
+        for per_k, factor, (warps, step) in itertools.product((1, 2), (2, 3, 4), total_forms):
             ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS = per_k, factor, step, warps
             rows.append({"inputs": inputs, "chunks_per_k": per_k, "candidate_factor": factor, "warps": warps,
                          "step": step, "top_codes": time_ms(lambda: ts.top_codes(codes, kk)),
@@ -121,11 +126,13 @@ def main(argv=None) -> int:
               "versions": {"torch": torch.__version__, "triton": triton.__version__}, "S": S, "T": T, "kk": kk}
     if args.sweep:
         reps = 1 if args.smoke else 5
-        rows = constants_sweep(codes, kk, device, "random", reps)
+        # The smoke run checks the code path with one form of each kind.
+        forms = (COMPACT_FORMS[:2], TOTAL_FORMS[:1]) if args.smoke else (COMPACT_FORMS, TOTAL_FORMS)
+        rows = constants_sweep(codes, kk, device, "random", reps, *forms)
         del codes
         q, k, w, _ = structured_indexer_inputs(1, S, T, roofline.H, roofline.D, dtype=torch.bfloat16)
         codes = roofline.all_codes(q.to(device), w.float().to(device), k.to(device), mask)[0]
-        result["rows"] = rows + constants_sweep(codes, kk, device, "structured", reps)
+        result["rows"] = rows + constants_sweep(codes, kk, device, "structured", reps, *forms)
     else:
         result.update(parts(codes, kk, device))
     out = Path(args.out)
