@@ -37,8 +37,8 @@ from benchmarks.timing import median_ms
 from compiler.autotune import LaunchConfig
 from compiler.lowering import dsa_score_triton as scorer
 from compiler.lowering.certified_topk_triton import (_all_keys, certified_topk_cuda, dense_codes,
-                                                     dense_topk_cuda)
-from compiler.lowering.threshold_select import chunk_count, long_row, top_codes
+                                                     dense_topk_cuda, scorer_chunks)
+from compiler.lowering.threshold_select import top_codes
 from runtime.certified_topk import CertifiedTopkConfig
 
 H, D, TOPK = 64, 128, 2048
@@ -98,10 +98,8 @@ def listed_codes(q, w, k, mask=None, rows=None):
 
 def dense_maxima(S, T, kk, dtype=torch.bfloat16):
     """The chunk maxima buffer [1,S,n] the dense path gives its scorer, or None (short rows)."""
-    n = chunk_count(T, kk, scorer.chunk_multiple(dtype))
-    if not long_row(T, kk) or n % scorer.chunk_multiple(dtype):
-        return None
-    return torch.empty((1, S, n), dtype=torch.int64, device=DEVICE)
+    n = scorer_chunks(T, kk, dtype)
+    return None if n is None else torch.empty((1, S, n), dtype=torch.int64, device=DEVICE)
 
 
 def scorer_form(config, columns):

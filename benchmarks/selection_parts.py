@@ -33,6 +33,7 @@ import triton
 from benchmarks import dense_roofline as roofline
 from benchmarks.timing import median_ms
 from compiler.lowering import threshold_select as ts
+from compiler.lowering.certified_topk_triton import scorer_chunks
 from compiler.lowering.select_codes_triton import select_top_codes
 from runtime.structured_indexer import structured_indexer_inputs
 
@@ -66,7 +67,7 @@ def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
     out["final_topk"] = time_ms(lambda: torch.topk(cand, kk, dim=-1, sorted=True).values)
     out["gated_select"] = time_ms(lambda: select_top_codes(codes, count > cap, kk, out=final.clone()))
     out["top_codes_total"] = time_ms(lambda: ts.top_codes(codes, kk))
-    given = ts.chunk_maxima(codes, ts.chunk_count(codes.shape[1], kk, 64))  # as the dense scorer writes them
+    given = ts.chunk_maxima(codes, scorer_chunks(codes.shape[1], kk, torch.bfloat16))  # as the dense scorer writes them
     out["top_codes_given_maxima"] = time_ms(lambda: ts.top_codes(codes, kk, given))
     out["identical_to_torch_topk"] = bool(torch.equal(ts.top_codes(codes, kk), torch.topk(codes, kk, dim=-1).values))
     out["read_once_floor_ms"] = round(codes.numel() * 8 / 4.2e9, 3)

@@ -123,6 +123,15 @@ def _all_keys(B, T, device):
     return ids, torch.full((B, 1), T, dtype=torch.int32, device=device)
 
 
+def scorer_chunks(T: int, kk: int, dtype: torch.dtype) -> int | None:
+    """The chunk maxima per row the dense scorer writes for an exact top-kk of T keys
+    (threshold_select's chunk count, a multiple of the scorer's key tile), or None: rows too short
+    for the threshold path, or a count the scorer cannot write."""
+    multiple = chunk_multiple(dtype)
+    n = chunk_count(T, kk, multiple)
+    return n if long_row(T, kk) and n % multiple == 0 else None
+
+
 def dense_codes_topk(q, w, k, mask, kk):
     """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory.
     Long rows (threshold_select) get their chunk maxima from the scorer itself."""
@@ -130,14 +139,13 @@ def dense_codes_topk(q, w, k, mask, kk):
     T = k.shape[1]
     block_s, _ = score_tile_shape(q.shape[2])
     rows = max(block_s, (DENSE_CHUNK_BYTES // (8 * T * B)) // block_s * block_s)
-    n = chunk_count(T, kk, chunk_multiple(q.dtype))
-    fused = long_row(T, kk) and n % chunk_multiple(q.dtype) == 0
+    n = scorer_chunks(T, kk, q.dtype)
     out = []
     for s0 in range(0, S, rows):
         sl = slice(s0, min(S, s0 + rows))
         m = None if mask is None else mask[:, sl]
-        maxima = (torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device) if fused
-                  else None)
+        maxima = (None if n is None
+                  else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device))
         codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima)
         out.append(top_codes(codes, kk, maxima))
     return torch.cat(out, dim=1)

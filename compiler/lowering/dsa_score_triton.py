@@ -107,6 +107,16 @@ def load_mask_tile(mask_ptr, b, rows, keys, ok, msb, mss, mst, MASK_KIND: tl.con
 
 
 @triton.jit
+def mask_extent(visible, bias, ok, pos, none):
+    """Per row of a mask tile (positions ``pos``, entries in range ``ok``): (one past the last
+    visible position, or 0; the first position whose entry is not clear, i.e. visible with bias 0,
+    or ``none``)."""
+    end = tl.max(tl.where(visible, pos[None, :] + 1, 0), axis=1)
+    first = tl.min(tl.where(ok & ~(visible & (bias == 0.0)), pos[None, :], none), axis=1)
+    return end, first
+
+
+@triton.jit
 def _mask_bounds_kernel(mask_ptr, rows_ptr, out_ptr, S, T, n_slots, n_blocks, msb, mss, mst, srb,
                         MASK_KIND: tl.constexpr, ROWS: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
     """out[b, j] = (the first key whose mask entry is not clear, or T; one past the last key the
@@ -127,8 +137,9 @@ def _mask_bounds_kernel(mask_ptr, rows_ptr, out_ptr, S, T, n_slots, n_blocks, ms
         pos = p0 + tl.arange(0, BLOCK)
         ok = live[:, None] & (pos < T)[None, :]
         visible, bias = load_mask_tile(mask_ptr, b, row, pos, ok, msb, mss, mst, MASK_KIND)
-        end = tl.maximum(end, tl.max(tl.where(visible, pos[None, :] + 1, 0), axis=1))
-        first = tl.minimum(first, tl.min(tl.where(ok & ~(visible & (bias == 0.0)), pos[None, :], T), axis=1))
+        tile_end, tile_first = mask_extent(visible, bias, ok, pos, T)
+        end = tl.maximum(end, tile_end)
+        first = tl.minimum(first, tile_first)
     out = out_ptr + (b * n_slots + slot.to(tl.int64)) * 2
     tl.store(out, first, mask=in_range)
     tl.store(out + 1, end, mask=in_range)
@@ -275,10 +286,9 @@ def _indexer_score_kernel(
             key = tl.where(overflow, pos, listed)
             tile_ok = row_ok[:, None] & pok[None, :]
             visible, bias = load_mask_tile(mask_ptr, b, rows, key, tile_ok, msb, mss, mst, MASK_KIND)
-            seen = tl.max(tl.where(visible, pos[None, :] + 1, 0), axis=1)
+            seen, unclear = mask_extent(visible, bias, tile_ok, pos, p_hi)
             p_end = tl.maximum(p_end, tl.max(seen, axis=0))
-            blocked = tile_ok & ~(visible & (bias == 0.0))
-            p_clear = tl.minimum(p_clear, tl.min(tl.min(tl.where(blocked, pos[None, :], p_hi), axis=1), axis=0))
+            p_clear = tl.minimum(p_clear, tl.min(unclear, axis=0))
     for p0 in range(p_lo, p_end, BLOCK_T):
         pos = p0 + tl.arange(0, BLOCK_T)
         pok = pos < p_hi
