@@ -330,8 +330,9 @@ def main(argv=None):
         from runtime.structured_indexer import structured_indexer_inputs
 
         start = time.perf_counter()
-        q, k, w, _ = structured_indexer_inputs(1, max(args.S), max(args.T), H, D, dtype=torch.bfloat16)
-        structured_inputs = (q.to(DEVICE), k.to(DEVICE), w.float().to(DEVICE))
+        q, k, w, _ = structured_indexer_inputs(1, max(args.S), max(args.T), H, D, dtype=torch.bfloat16,
+                                               device=DEVICE)
+        structured_inputs = (q, k, w.float())
         print(f"structured inputs in {time.perf_counter() - start:.1f} s", flush=True)
     grid(emit, args.S, args.T, structured_inputs)
     decode(emit, 256 if args.smoke else 131072, exact=args.smoke)

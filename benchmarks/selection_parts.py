@@ -7,8 +7,9 @@
 The order codes of S=4096 causal queries at the end of T=131072 keys (H=64, D=128, bf16, the dense
 scorer), kk=2048, then each step of ``compiler.lowering.threshold_select.top_codes`` timed alone
 (CUDA events, median of 5, its allocations included): the interleaved chunk maxima, tau (the
-kk-th largest maximum), the compaction at several step lengths, the final top-kk of the
-candidates, the gated overflow selector (``select_top_codes``), and the whole call, with and
+kk-th largest maximum), the compaction at several step lengths and pipeline stages, the final
+top-kk of the candidates (and of the same candidates in an 8 kk wide buffer, as the certified path
+holds them: ``torch.topk`` against ``top_candidates``' window), the gated overflow selector (``select_top_codes``), and the whole call, with and
 without the chunk maxima given (the dense path's scorer writes them); ``read_once_floor_ms`` is one read of the codes at
 4.2 TB/s. Checked in the same run: ``top_codes`` equals ``torch.topk`` on every row, and the
 compaction's candidates and count do not depend on its step.
@@ -52,19 +53,28 @@ def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
     time_ms = lambda fn: round(median_ms(fn, 5, device), 3)  # noqa: E731
     maxima = ts.chunk_maxima(codes, n)
     out = {"chunk_max": time_ms(lambda: ts.chunk_maxima(codes, n))}
-    tau = ts.threshold(maxima, kk)
-    out["tau"] = time_ms(lambda: ts.threshold(maxima, kk))
+    tau = ts.kth_largest(maxima, kk)
+    out["tau"] = time_ms(lambda: ts.kth_largest(maxima, kk))
     cap = ts.CANDIDATE_FACTOR * kk
     found = {}
     for step in STEPS:
         found[step] = ts.compact(codes, tau, cap, step)
         out[f"compact_{step}"] = time_ms(lambda: ts.compact(codes, tau, cap, step))
+    for stages in (1, 2, 3):
+        out[f"compact_stages_{stages}"] = time_ms(lambda: ts.compact(codes, tau, cap, stages=stages))
     cand, count = found[ts.COMPACT_BLOCK]
     out["compaction_same_for_every_step"] = all(torch.equal(c, cand) and torch.equal(k, count)
                                                 for c, k in found.values())
     out["overflow_rows"] = int((count > cap).sum())
     final = torch.topk(cand, kk, dim=-1, sorted=True).values
     out["final_topk"] = time_ms(lambda: torch.topk(cand, kk, dim=-1, sorted=True).values)
+    wide = torch.full((cand.shape[0], 4 * cap), ts.INT64_MIN, dtype=torch.int64, device=cand.device)
+    wide[:, :cap] = cand  # a certified-path buffer: 8 kk wide, mostly padding
+    wide_count = torch.minimum(count, torch.full_like(count, cap))
+    out["final_8kk_torch_topk"] = time_ms(lambda: torch.topk(wide, kk, dim=-1).values)
+    out["final_8kk_window"] = time_ms(lambda: ts.top_candidates(wide, wide_count, kk))
+    out["final_8kk_window_same"] = bool(torch.equal(ts.top_candidates(wide, wide_count, kk),
+                                                    torch.topk(wide, kk, dim=-1).values))
     out["gated_select"] = time_ms(lambda: select_top_codes(codes, count > cap, kk, out=final.clone()))
     out["top_codes_total"] = time_ms(lambda: ts.top_codes(codes, kk))
     given = ts.chunk_maxima(codes, scorer_chunks(codes.shape[1], kk, torch.bfloat16))  # as the dense scorer writes them
@@ -83,10 +93,10 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
     rows = []
     for per_k in (1, 2, 4):
         maxima = ts.chunk_maxima(codes, per_k * kk)
-        tau = ts.threshold(maxima, kk)
+        tau = ts.kth_largest(maxima, kk)
         passing = (codes >= tau[:, None]).sum(-1).float()
         row = {"inputs": inputs, "chunks_per_k": per_k, "chunk_max": time_ms(lambda: ts.chunk_maxima(codes, per_k * kk)),
-               "tau": time_ms(lambda: ts.threshold(maxima, kk)), "passing_mean": round(float(passing.mean()), 1),
+               "tau": time_ms(lambda: ts.kth_largest(maxima, kk)), "passing_mean": round(float(passing.mean()), 1),
                "passing_q99": round(float(passing.quantile(0.99)), 1), "passing_max": int(passing.max())}
         for warps, step in forms:
             row[f"compact_w{warps}_{step}"] = time_ms(lambda: ts.compact(codes, tau, 4 * kk, step, warps))

@@ -41,7 +41,8 @@ class CertificatePlan:
     rows [..., r, D] retained heads q_j (zero rows pad queries whose R is smaller);
     row_weights [..., r]: w~_j (joint path) or w_j / 2 (abs path); aux [..., D]: a_A or V;
     residual [...]: E (0 on the abs path); abs_path [...] bool; retained [..., H] bool;
-    slope, offset [...]: the rounding margin = slope * ||k||_up + offset.
+    slope, offset [...]: the rounding margin = slope * ||k||_up + offset;
+    mass [...]: sum_h |w_h| ||q_h|| (the scores' absolute mass, which GPU margins scale with).
     """
 
     rows: torch.Tensor
@@ -52,6 +53,7 @@ class CertificatePlan:
     retained: torch.Tensor
     slope: torch.Tensor
     offset: torch.Tensor
+    mass: torch.Tensor
 
 
 def default_r(weights: torch.Tensor) -> torch.Tensor:
@@ -73,7 +75,7 @@ def plan_certificate(
 ) -> CertificatePlan:
     """Plan the certificate of each query.
 
-    q [..., H, D] float32 (finite), w [..., H] float32 (finite), p [..., H] activation
+    q [..., H, D] float32 or narrower (finite; converted to float64 exactly), w [..., H] float32 (finite), p [..., H] activation
     frequencies in [0, 1], r [...] int64 retained budgets (clipped to [1, H]). Returns a plan
     with r_max rows per query (rows past a query's r are zero). ``r_max``: None reads max(r)
     (one host synchronisation); an int must bound every r (the budgets are clipped to it) and
@@ -164,6 +166,7 @@ def plan_certificate(
         retained=retained,
         slope=slope,
         offset=offset,
+        mass=mass_scores,
     )
 
 

@@ -7,7 +7,7 @@ import torch
 from compiler.lowering import dsa_score_triton
 from compiler.lowering.dsa_score_triton import (_mask_bounds_kernel, chunk_multiple, mask_operand,
                                                 score_dense, score_keys)
-from compiler.lowering.threshold_select import chunk_maxima, threshold, top_codes
+from compiler.lowering.threshold_select import chunk_maxima, kth_largest, top_codes
 
 B, S, H, D, T = 2, 9, 4, 16, 450
 
@@ -119,7 +119,7 @@ def test_threshold_is_the_kth_largest_for_any_int64():
     x[3] = torch.iinfo(torch.int64).min
     x[4, ::2] = -1
     for kk in (1, 7, 150, 300):
-        assert torch.equal(threshold(x, kk), torch.topk(x, kk, dim=-1).values[:, -1])
+        assert torch.equal(kth_largest(x, kk), torch.topk(x, kk, dim=-1).values[:, -1])
 
 
 def test_top_codes_from_given_maxima_is_exact_and_checks_them():

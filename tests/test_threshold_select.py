@@ -108,3 +108,51 @@ def test_top_codes_equals_torch_topk_on_adversarial_rows(kind, factor, monkeypat
     codes = adversarial_rows(kind, 4, 600, seed=len(kind) + factor)
     assert all(row.unique().numel() == 600 for row in codes)
     assert torch.equal(top_codes(codes, 20), torch.topk(codes, 20).values)
+
+
+def candidate_rows(R, N, counts, seed, distinct=True):
+    """[R, N] candidate buffers: row r holds ``counts[r]`` codes (at most N) then INT64_MIN."""
+    g = torch.Generator().manual_seed(seed)
+    x = distinct_rows(R, N, seed) if distinct else torch.randint(-3, 3, (R, N), generator=g)
+    for r, c in enumerate(counts):
+        x[r, min(c, N):] = INT64_MIN
+    return x
+
+
+@pytest.mark.parametrize("N,kk", [(64, 8), (100, 30), (40, 40), (300, 1)])
+@pytest.mark.parametrize("distinct", [True, False])
+def test_top_candidates_equals_torch_topk(N, kk, distinct):
+    """Counts below kk, at kk, inside the register window, past it (the gated selector) and at
+    the buffer's end; distinct codes and many ties (and a real INT64_MIN among them)."""
+    win = threshold_select.window(N, kk)
+    counts = sorted({0, 1, max(kk - 1, 0), kk, win // 2, win - 1, win, win + 1, N - 1, N})
+    counts = [c for c in counts if 0 <= c <= N]
+    cand = candidate_rows(len(counts), N, counts, seed=N * kk, distinct=distinct)
+    if not distinct:
+        cand[0, 0] = INT64_MIN
+    got = threshold_select.top_candidates(cand, torch.tensor(counts, dtype=torch.int32), kk)
+    assert torch.equal(got, torch.topk(cand, kk, dim=-1).values)
+
+
+def test_top_candidates_window_and_its_fallback_both_run():
+    """A window smaller than the buffer: rows past it take the gated selector, others the window."""
+    N, kk = 200, 10
+    assert threshold_select.window(N, kk) == 32
+    counts = [5, 32, 33, 150, 200]
+    cand = candidate_rows(len(counts), N, counts, seed=11)
+    want = torch.topk(cand, kk, dim=-1).values
+    assert torch.equal(threshold_select.top_candidates(cand, torch.tensor(counts), kk), want)
+    assert torch.equal(threshold_select.top_candidates(cand.clone(), torch.tensor(counts), kk, scratch=True), want)
+    with pytest.raises(ValueError, match="kk"):
+        threshold_select.top_candidates(cand, torch.tensor(counts), 0)
+
+
+def test_kth_largest_of_long_rows_and_batch_dims(monkeypatch):
+    x = distinct_rows(6, 300, seed=2).view(2, 3, 300)
+    want = torch.topk(x, 17, dim=-1).values[..., -1]
+    assert torch.equal(threshold_select.kth_largest(x, 17), want)
+    assert torch.equal(threshold_select.kth_largest(x[..., :250], 17), torch.topk(x[..., :250], 17, dim=-1).values[..., -1])
+    monkeypatch.setattr(threshold_select, "KTH_REGISTER_ROW", 128)  # rows past the register limit: torch.topk
+    assert torch.equal(threshold_select.kth_largest(x, 17), want)
+    with pytest.raises(ValueError, match="kk"):
+        threshold_select.kth_largest(x, 301)

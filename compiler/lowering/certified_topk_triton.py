@@ -55,7 +55,7 @@ from compiler.lowering.dsa_score_triton import (
 )
 from compiler.lowering.dsa_screen_triton import screen
 from compiler.lowering.select_codes_triton import select_top_codes
-from compiler.lowering.threshold_select import chunk_count, long_row, top_codes
+from compiler.lowering.threshold_select import chunk_count, kth_largest, long_row, top_candidates, top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import check_indexer_inputs
@@ -81,6 +81,11 @@ dense redo then answers, so 8 stays until the zoo's geometries are timed with 4.
 DEFAULT_R_CAP = 7
 """Without ``config.r``, the per-query budget default_r is capped here (screen rows: r + aux = 8),
 so that the screen's row count is known without reading the budgets back to the host."""
+PLAN_CHUNK_BYTES = 1 << 30
+"""Queries planned at once by ``plan_screen``: their float64 copy of q fits this (16384 queries of
+64 heads x 128; the plan's float64 passes over [queries, H, D] are each launched once per chunk:
+planning 16384 such queries took 8.6 ms in one chunk and 21.8 ms in chunks of 4096 on the H200,
+whose launches then outlasted the work; benchmarks/results/certified_profile_h200.json)."""
 REDO_BUFFER_BYTES = 1 << 30
 """Dense code buffer of one round of ``redo_dense`` ([B, slots, T] int64)."""
 
@@ -188,20 +193,22 @@ def screen_margin(M_s, W, row_mass, D, H, RP):
     return slope, g_eval
 
 
-def plan_screen(q, w, k_dtype, p, r, r_max, chunk=4096) -> ScreenPlan:
+def plan_screen(q, w, k_dtype, p, r, r_max, chunk=None) -> ScreenPlan:
     """Screen rows and coefficients for every query (runtime planning, GPU margin added).
 
     q [B,S,H,D] (bf16/fp16/fp32), w [B,S,H] fp32, p [B,S,H] activation frequencies, r [B,S] int64
     budgets, r_max an int >= every r (the screen gets next_power_of_2(r_max + 1) rows; no host
     synchronisation). U(k) = sum_rho alpha relu(g . k) + beta min(g . k, 0) + e ||k||_up + c >=
-    the GPU score, for every query with ok; queries without ok must not be pruned.
+    the GPU score, for every query with ok; queries without ok must not be pruned. ``chunk``:
+    queries planned at once (None: as many as fit PLAN_CHUNK_BYTES; speed and memory only).
     """
     B, S, H, D = q.shape
     RP = triton.next_power_of_2(r_max + 1)
+    chunk = max(1, PLAN_CHUNK_BYTES // (8 * B * H * D)) if chunk is None else chunk
     parts = []
     for s0 in range(0, S, chunk):
         sl = slice(s0, min(S, s0 + chunk))
-        parts.append(_plan_chunk(q[:, sl].float(), w[:, sl], k_dtype, p[:, sl], r[:, sl], r_max, RP))
+        parts.append(_plan_chunk(q[:, sl], w[:, sl], k_dtype, p[:, sl], r[:, sl], r_max, RP))
     return ScreenPlan(*[torch.cat([pt[i] for pt in parts], dim=1) for i in range(6)])
 
 
@@ -228,10 +235,8 @@ def _plan_chunk(q, w, k_dtype, p, r, r_max, RP):
     m = torch.maximum(alpha.abs(), beta.abs()).to(torch.float64)
     row_mass = (m * g_back.norm(dim=-1)).sum(-1)
     bf_err = (m * (g_back - g64).norm(dim=-1)).sum(-1) * (1 + 2.0**-40)
-    q64, w64 = q.to(torch.float64), w.to(torch.float64)
-    M_s = (w64.abs() * q64.norm(dim=-1)).sum(-1)
-    W = w64.abs().sum(-1)
-    slope, g_eval = screen_margin(M_s, W, row_mass, D, H, RP)
+    W = w.to(torch.float64).abs().sum(-1)
+    slope, g_eval = screen_margin(plan.mass, W, row_mass, D, H, RP)
     e64 = (plan.residual + plan.slope + bf_err + slope) / (1 - g_eval) * (1 + 2.0**-40)
     c64 = (plan.offset + 2 * (D + H + RP + 8) * FTZ_UNIT * (1 + W + m.sum(-1))) / (1 - g_eval)
     e = round_up_to_float32(e64)
@@ -263,7 +268,7 @@ def _activation_frequency(q, k, seed_ids, A):
     ks = torch.gather(k, 1, ids.reshape(B, -1, 1).expand(-1, -1, D)).view(B, nA, -1, D)
     pad = nA * A - S
     qq = torch.nn.functional.pad(q, (0, 0, 0, 0, 0, pad)).view(B, nA, A * H, D)
-    pos = (qq @ ks.transpose(-1, -2) > 0).float().mean(-1)
+    pos = (qq @ ks.transpose(-1, -2) > 0).sum(-1).float() / ks.shape[-2]
     return pos.view(B, nA * A, H)[:, :S]
 
 
@@ -308,11 +313,10 @@ def _seed_threshold(q, w, k, mask, kk, config, seed_ids, tiles_per_group):
     n = lists.shape[-1]
     counts = torch.full((B, groups), n, dtype=torch.int32, device=q.device)
     codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group)
-    kth = torch.topk(codes[..., :n_seed], kk, dim=-1, sorted=False).values.amin(-1)
-    tau, _ = decode_codes(kth, T)
+    tau, _ = decode_codes(kth_largest(codes[..., :n_seed], kk), T)
     if M:
         rank = sample_rank(kk, M, T, config.sample_sigmas)
-        theta, _ = decode_codes(torch.topk(codes[..., n_seed:], rank, dim=-1, sorted=False).values.amin(-1), T)
+        theta, _ = decode_codes(kth_largest(codes[..., n_seed:], rank), T)
         tau = torch.maximum(tau, torch.where(torch.isfinite(theta), theta, float("-inf")))
     return tau
 
@@ -334,7 +338,7 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
                out_count=cand_count, splits=key_splits(B * ids.shape[1], cap))
-    codes = top_codes(cand, kk)
+    codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True).view(B, S, kk)
     # Every key with s >= tau was written (pruned keys have s < tau); with at least kk of them
     # the row's top-kk is among them. Fewer: fewer than kk visible keys, or theta > the kk-th score.
     redo = (cand_count > cand_cap) | (cand_count < kk)

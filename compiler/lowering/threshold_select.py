@@ -6,14 +6,14 @@ returns [..., kk], each row's kk largest codes in descending order: exactly
 
 Rows of at most ``LONG_ROW_FACTOR * kk`` codes go to ``torch.topk``. A longer row is cut into n
 interleaved chunks (chunk j holds positions j, j + n, j + 2n, ...), n = ``chunk_count`` (about
-CHUNKS_PER_K * kk, at most N) >= kk, and tau is the kk-th largest chunk maximum (``threshold``).
+CHUNKS_PER_K * kk, at most N) >= kk, and tau is the kk-th largest chunk maximum (``kth_largest``).
 The maxima are computed here, or passed in: the dense scorer writes them as it scores
 (dsa_score_triton ``score_dense(maxima=...)``), which saves a read of the row; any partition of
 the row into n >= kk disjoint chunks gives the same guarantee. The kk chunks whose maxima are >= tau are
 disjoint and each holds a code >= tau, so at least kk codes are >= tau: tau <= the row's kk-th
 largest code, and the row's top kk are exactly the top kk of its codes >= tau. Those are compacted
 into a buffer of ``CANDIDATE_FACTOR * kk`` per row (the count goes on past the buffer) and
-selected there; a row whose candidates overflow the buffer is selected from its whole row by the
+selected there (``torch.topk``); a row whose candidates overflow the buffer is selected from its whole row by the
 row-gated exact selector (select_codes_triton), so nothing is ever dropped.
 
 Why interleaved chunks: large scores cluster in position (an indexer favours recent keys, so a
@@ -52,6 +52,17 @@ takes 1.02 ms there. Splitting a row over 1-16 programs that reserve their slots
 per step was slower (2.7-2.9 ms at steps of 1024): each step then waits on its atomic."""
 COMPACT_WARPS = 1
 """Warps per compaction program (see COMPACT_BLOCK): the in-step prefix sum stays in one warp."""
+COMPACT_STAGES = 3
+"""Pipeline stages of the compaction's loop (``tl.range(num_stages=...)``: the next steps' codes
+load while a step is compacted). At 4096 dense-scorer rows of 131072 codes on the H200, one warp at
+steps of 128: 1.31 ms with 3 stages, 1.49 with 2, 1.66 without; steps of 64 or 256, 2 or 4 warps,
+or a hand-prefetched next step were slower (1.43-2.71 ms; selection_parts_h200.json times the
+stages again)."""
+WINDOW_FACTOR = 2
+"""A candidate row of at most ``window(N, kk)`` codes (the power of two >= WINDOW_FACTOR * kk) is
+selected in registers by ``top_candidates``; longer ones by the row-gated selector."""
+KTH_REGISTER_ROW = 16384
+"""``kth_largest`` holds rows of at most this many values in one program's registers."""
 INT64_MIN = -(2**63)
 
 
@@ -71,12 +82,13 @@ def _chunk_max_kernel(codes_ptr, out_ptr, N, n, stride_c, stride_o, BLOCK_J: tl.
 
 @triton.jit
 def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, cap, stride_c, stride_d,
-                    BLOCK: tl.constexpr):
-    """The codes >= tau[row] of a row, in position order, into cand[row, :cap]; count[row] = how many."""
+                    BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """The codes >= tau[row] of a row, in position order, into cand[row, :cap]; count[row] = how many.
+    STAGES: loads in flight (software pipelining of the row's reads; speed only)."""
     row = tl.program_id(0).to(tl.int64)
     tau = tl.load(tau_ptr + row)
     running = tl.zeros([1], dtype=tl.int32)
-    for t0 in range(0, N, BLOCK):
+    for t0 in tl.range(0, N, BLOCK, num_stages=STAGES):
         t = t0 + tl.arange(0, BLOCK)
         c = tl.load(codes_ptr + row * stride_c + t, mask=t < N, other=-9223372036854775808)
         keep = (c >= tau) & (t < N)
@@ -88,13 +100,10 @@ def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, cap, stride_c, s
 
 
 @triton.jit
-def _kth_largest_kernel(x_ptr, out_ptr, n, kk, stride_x, NP: tl.constexpr):
-    """out[row] = the kk-th largest of x[row, :n] (int64, 1 <= kk <= n): the bits of its
-    sign-flipped (unsigned-ordered) pattern from the top, each kept set when at least kk values are
-    >= the prefix with it set."""
-    row = tl.program_id(0).to(tl.int64)
-    j = tl.arange(0, NP)
-    x = tl.load(x_ptr + row * stride_x + j, mask=j < n, other=-9223372036854775808)
+def _kth_of(x, kk):
+    """The kk-th largest of the int64 tile ``x`` (1 <= kk <= its size; padding must be INT64_MIN):
+    the bits of its sign-flipped (unsigned-ordered) pattern from the top, each kept set when at
+    least kk values are >= the prefix with it set."""
     u = (x ^ -9223372036854775808).to(tl.uint64, bitcast=True)
     ans = tl.zeros([], dtype=tl.uint64)
     one = tl.full([], 1, dtype=tl.uint64)
@@ -102,7 +111,33 @@ def _kth_largest_kernel(x_ptr, out_ptr, n, kk, stride_x, NP: tl.constexpr):
         cand = ans | (one << bit)
         count = tl.sum((u >= cand).to(tl.int32), axis=0)
         ans = tl.where(count >= kk, cand, ans)
-    tl.store(out_ptr + row + tl.arange(0, 1), tl.zeros([1], tl.int64) + (ans.to(tl.int64, bitcast=True) ^ -9223372036854775808))
+    return ans.to(tl.int64, bitcast=True) ^ -9223372036854775808
+
+
+@triton.jit
+def _kth_largest_kernel(x_ptr, out_ptr, n, kk, stride_x, NP: tl.constexpr):
+    """out[row] = the kk-th largest of x[row, :n] (int64, 1 <= kk <= n <= NP)."""
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, NP)
+    x = tl.load(x_ptr + row * stride_x + j, mask=j < n, other=-9223372036854775808)
+    tl.store(out_ptr + row + tl.arange(0, 1), tl.zeros([1], tl.int64) + _kth_of(x, kk))
+
+
+@triton.jit
+def _top_window_kernel(cand_ptr, count_ptr, out_ptr, N, kk, stride_c, stride_o, NP: tl.constexpr):
+    """Rows with count[row] <= NP: out[row, :kk] = the kk largest of cand[row, :min(N, NP)] as a
+    multiset, in no particular order (those greater than the kk-th, then copies of it); other
+    rows: nothing written."""
+    row = tl.program_id(0).to(tl.int64)
+    live = tl.load(count_ptr + row) <= NP
+    j = tl.arange(0, NP)
+    x = tl.load(cand_ptr + row * stride_c + j, mask=live & (j < N), other=-9223372036854775808)
+    kth = _kth_of(x, kk)
+    greater = (x > kth).to(tl.int32)
+    tl.store(out_ptr + row * stride_o + tl.cumsum(greater, axis=0) - 1, x, mask=live & (greater != 0))
+    equal = (x == kth).to(tl.int32)
+    slot = tl.sum(greater, axis=0) + tl.cumsum(equal, axis=0) - 1
+    tl.store(out_ptr + row * stride_o + slot, x, mask=live & (equal != 0) & (slot < kk))
 
 
 def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
@@ -116,16 +151,62 @@ def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
     return maxima
 
 
-def threshold(maxima: torch.Tensor, kk: int) -> torch.Tensor:
-    """[R] int64: the kk-th largest of each row of chunk maxima ``[R, n]`` (tau of the module
-    docstring; 1 <= kk <= n), one Triton program per row (``_kth_largest_kernel``): at 4096 rows of
-    4096 maxima on the H200 0.34-0.36 ms, against 0.64 for ``torch.topk`` then the row minimum
-    (benchmarks/results/dense_scorer_groups_h200.json, run1)."""
-    R, n = maxima.shape
-    out = torch.empty(R, dtype=torch.int64, device=maxima.device)
-    if R:
-        _kth_largest_kernel[(R,)](maxima, out, n, kk, maxima.stride(0), NP=triton.next_power_of_2(n),
-                                  num_warps=8)
+def kth_largest(x: torch.Tensor, kk: int) -> torch.Tensor:
+    """[...] int64: the kk-th largest of each row of ``x [..., n]`` int64 (1 <= kk <= n), e.g. tau
+    of the module docstring from the chunk maxima. Rows of at most KTH_REGISTER_ROW values: one
+    Triton program per row holding it in registers (``_kth_largest_kernel``; at 4096 rows of 4096
+    maxima on the H200 0.33-0.36 ms, against 0.64 for ``torch.topk`` then the row minimum,
+    benchmarks/results/dense_scorer_groups_h200.json, run1); longer rows: ``torch.topk``."""
+    n = x.shape[-1]
+    if not 1 <= kk <= n:
+        raise ValueError(f"kk: expected 1 <= kk <= n = {n}, got {kk}")
+    if n > KTH_REGISTER_ROW:
+        return torch.topk(x, kk, dim=-1, sorted=False).values.amin(-1)
+    rows = x.reshape(-1, n)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], dtype=torch.int64, device=x.device)
+    if rows.shape[0]:
+        _kth_largest_kernel[(rows.shape[0],)](rows, out, n, kk, rows.stride(0),
+                                              NP=triton.next_power_of_2(n), num_warps=8)
+    return out.view(x.shape[:-1])
+
+
+def window(N: int, kk: int) -> int:
+    """Codes of a candidate row that ``top_candidates`` selects in registers: the power of two
+    >= WINDOW_FACTOR * kk (at least kk), at most that of N."""
+    return triton.next_power_of_2(max(kk, min(N, WINDOW_FACTOR * kk)))
+
+
+def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bool = False) -> torch.Tensor:
+    """[R, kk] int64: the kk largest codes of each candidate row ``cand [R, N]`` int64, descending
+    (as ``torch.topk(cand, kk).values``), for rows holding at most N codes.
+
+    A candidate row holds its ``count [R]`` (int32/int64) codes first, then INT64_MIN padding; a
+    count above N (an overflowed buffer) leaves that row of the result unspecified, for the caller
+    to answer. A buffer no wider than ``window(N, kk)``: ``torch.topk``. A wider one (most of it
+    padding): rows with count <= the window get the window's kk largest, found in registers by one
+    program per row (the kk-th by bits, then the codes above it and copies of it; everything past
+    the window is padding, the smallest value), then ``torch.sort`` of the kk; rows with a larger
+    count the row-gated selector over the whole row (``scratch``: the caller gives up ``cand``'s
+    content, which lets that selector read such a row about twice instead of 17 times). On the H200, per 4096 rows: ``torch.topk``
+    took 2.29 ms over 8 kk = 16384 wide buffers holding 1.5 kk codes and 1.02-1.13 ms over 2 kk
+    wide ones; the window form 1.25 ms over the 2 kk ones (benchmarks/results/selection_parts_h200.json
+    times both forms on both buffers). No host synchronisation."""
+    R, N = cand.shape
+    if not 1 <= kk <= N:
+        raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
+    np_ = window(N, kk)
+    if np_ >= N:
+        return torch.topk(cand, kk, dim=-1, largest=True, sorted=True).values
+    out = torch.empty((R, kk), dtype=torch.int64, device=cand.device)
+    if not R:
+        return out
+    if cand.stride(-1) != 1:
+        cand = cand.contiguous()
+    _top_window_kernel[(R,)](cand, count, out, N, kk, cand.stride(0), out.stride(0), NP=np_, num_warps=8)
+    out = torch.sort(out, dim=-1, descending=True).values
+    select_top_codes(cand, (count > np_) & (count <= N), kk, out=out, scratch=scratch)
     return out
 
 
@@ -141,15 +222,17 @@ def chunk_count(N: int, kk: int, multiple: int = 1) -> int:
 
 
 def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, step: int | None = None,
-            warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            warps: int | None = None, stages: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(cand [R, cap] int64, count [R] int32): each row's codes >= tau[row] in position order, padded
     with INT64_MIN; count goes on past ``cap`` (the row overflowed). ``step``: codes per pass,
-    ``warps``: warps per row (COMPACT_BLOCK, COMPACT_WARPS when None; speed only)."""
+    ``warps``: warps per row, ``stages``: loads in flight (COMPACT_BLOCK, COMPACT_WARPS,
+    COMPACT_STAGES when None; speed only)."""
     R, N = rows.shape
     cand = torch.full((R, cap), INT64_MIN, dtype=torch.int64, device=rows.device)
     count = torch.empty(R, dtype=torch.int32, device=rows.device)
     _compact_kernel[(R,)](rows, tau, cand, count, N, cap, rows.stride(0), cand.stride(0),
                           BLOCK=COMPACT_BLOCK if step is None else step,
+                          STAGES=COMPACT_STAGES if stages is None else stages,
                           num_warps=COMPACT_WARPS if warps is None else warps)
     return cand, count
 
@@ -177,7 +260,7 @@ def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) 
         maxima = maxima.reshape(-1, maxima.shape[-1])
         if maxima.stride(-1) != 1:
             maxima = maxima.contiguous()
-    tau = threshold(maxima, kk)
+    tau = kth_largest(maxima, kk)
     cand, count = compact(rows, tau, CANDIDATE_FACTOR * kk)
     out = torch.topk(cand, kk, dim=-1, largest=True, sorted=True).values
     select_top_codes(rows, count > cand.shape[1], kk, out=out)

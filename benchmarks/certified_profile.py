@@ -1,0 +1,84 @@
+"""Where the certified and the dense top-K spend their device time, kernel by kernel, on one GPU.
+
+    python3 benchmarks/certified_profile.py --out benchmarks/results/certified_profile_h200.json
+    python3 benchmarks/certified_profile.py --smoke --out /tmp/profile.json   # CPU, interpreter
+
+The structured indexer (``runtime.structured_indexer``, H=64, D=128, bf16) with S causal queries at
+the end of T keys, topk=2048: both ops are checked equal (indices, values bitwise), timed whole
+(CUDA events, median of 3), then profiled once each with ``torch.profiler``: every kernel's name,
+launches and device milliseconds, largest first, and their sum. Then the screen plan alone
+(``plan_screen``) at several query chunks, whose float64 passes are launched once per chunk.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from benchmarks.timing import median_ms
+from compiler.lowering.certified_topk_triton import certified_topk_cuda, dense_topk_cuda, plan_screen
+from runtime.certified_topk import CertifiedTopkConfig
+from runtime.structured_indexer import structured_indexer_inputs
+
+PLAN = CertifiedTopkConfig(r=1, path="certified")
+"""The structured geometry's per-layer plan at long lengths (as benchmarks/dense_roofline.py)."""
+
+
+def kernel_table(fn, device: str, rows: int = 40) -> tuple[list, float]:
+    """([[kernel, launches, device ms]] of one call of ``fn``, largest first; their total ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] if device == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    total = lambda e: e.device_time_total if device == "cuda" else e.self_cpu_time_total  # noqa: E731
+    ranked = sorted(events, key=lambda e: -total(e))
+    return ([[e.key[:100], e.count, round(total(e) / 1e3, 3)] for e in ranked[:rows]],
+            round(sum(total(e) for e in events) / 1e3, 2))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--S", type=int, default=16384)
+    p.add_argument("--T", type=int, default=131072)
+    p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU under TRITON_INTERPRET=1")
+    args = p.parse_args(argv)
+    device = "cpu" if args.smoke else "cuda"
+    S, T, H, D, topk = (16, 96, 4, 16, 8) if args.smoke else (args.S, args.T, 64, 128, 2048)
+    q, k, w, _ = structured_indexer_inputs(1, S, T, H, D, dtype=torch.bfloat16, device=device)
+    w = w.float()
+    mask = torch.ones(S, T, dtype=torch.bool, device=device).tril(T - S)[None]
+    ms = lambda fn: round(median_ms(fn, 3, device), 2)  # noqa: E731
+    dense = lambda: dense_topk_cuda(q, k, w, topk, mask)  # noqa: E731
+    certified = lambda: certified_topk_cuda(q, k, w, topk, mask, config=PLAN)  # noqa: E731
+    want, got = dense(), certified()
+    doc = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)",
+           "S": S, "T": T, "H": H, "D": D, "topk": topk,
+           "identical": bool(torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))),
+           "dense_ms": ms(dense), "certified_ms": ms(certified)}
+    print(json.dumps(doc), flush=True)
+    for name, fn in (("certified", certified), ("dense", dense)):
+        doc[f"{name}_kernels"], doc[f"{name}_kernels_total_ms"] = kernel_table(fn, device)
+    p_act = torch.rand(1, S, H, device=device)
+    r = torch.ones(1, S, dtype=torch.long, device=device)
+    doc["plan_screen_ms"] = {str(chunk): ms(lambda: plan_screen(q, w, k.dtype, p_act, r, 1, chunk=chunk))
+                             for chunk in (None, S // 4 or 1)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    for name in ("certified", "dense"):
+        print(f"{name}: {doc[f'{name}_kernels_total_ms']} ms of kernels", flush=True)
+        for row in doc[f"{name}_kernels"][:12]:
+            print("  ", row, flush=True)
+    print(json.dumps(doc["plan_screen_ms"]), flush=True)
+    return 0 if doc["identical"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
