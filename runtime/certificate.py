@@ -67,7 +67,8 @@ def default_r(weights: torch.Tensor) -> torch.Tensor:
 
 
 def _norm(x: torch.Tensor) -> torch.Tensor:
-    return torch.sqrt((x * x).sum(-1))
+    """Euclidean norm over the last dimension (one reduction, no squared copy of x)."""
+    return torch.linalg.vector_norm(x, dim=-1)
 
 
 def plan_certificate(
@@ -115,7 +116,7 @@ def plan_certificate(
 
     omitted_negative = negative & ~retained
     active = omitted_negative & (p64 >= 0.5)
-    a_support = (torch.where(active, -w64, 0.0)[..., None] * q64).sum(-2)
+    a_support = (torch.where(active, -w64, 0.0)[..., None, :] @ q64).squeeze(-2)
 
     # Joint path: project each omitted positive head onto its best retained anchor.
     omitted_positive = positive & ~retained
