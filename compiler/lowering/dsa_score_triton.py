@@ -57,11 +57,8 @@ keys); key tiles before the first unclear position take visible = in range and b
 reading the mask (the same bits: adding a zero bias is the ``+ 0.0`` the order code applies
 anyway). Dense scoring gets both positions per row from ``_mask_bounds_kernel`` (one read of each
 mask row, all rows in parallel) and scores a group's clear tiles in one loop and its other
-visible tiles in a second, mask-reading loop; a key-list program in the non-compact mode scans its
-own list's mask entries before its key loop (``TRIM_BLOCK`` positions a step). The compact mode
-(refine) does not scan: its lists hold screen survivors, keys visible to some row of the tile,
-so there is no hidden tail to skip, and it reads the mask with each key tile (it writes no
-hidden key, so the codes written are the same either way).
+visible tiles in a second, mask-reading loop; a key-list program scans its own list's mask
+entries before its key loop (``TRIM_BLOCK`` positions a step).
 """
 from __future__ import annotations
 
@@ -505,7 +502,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         0 if rows is None else rows.stride(0),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
-        TF32=tf32_scores(q.dtype), TRIM_HIDDEN=kind != MASK_NONE and not compact, TRIM_BLOCK=TRIM_BLOCK,
+        TF32=tf32_scores(q.dtype), TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=TRIM_BLOCK,
         **scorer_config(q.dtype).kwargs(),
     )
     return out
