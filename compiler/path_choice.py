@@ -8,7 +8,10 @@ Vocabulary: ``PATHS`` = ("dense", "certified") is what a call runs (defined by t
    fraction of queries redone densely, and the measured times of dense and of each candidate r on
    the calibration calls), the r with the lowest predicted time at the design length: the cost
    model's prediction (``compiler.cost_model``) scaled by the ratio measured on the calibration
-   calls, among the budgets that beat dense on those calls. The layer is certified only when the
+   calls. A budget that lost to dense on those calls stays a candidate only when the design length
+   is longer than every calibration call (the certified advantage grows with the key count, which
+   the scaled model extrapolates), and is then certified only above the longest calibration call.
+   The layer is certified only when the
    evidence suffices (``MIN_SCREENED_KEYS``, ``MIN_CERTIFIED_QUERIES``) and that time is below
    ``PAYS_BELOW`` of dense; otherwise dense, with the reason.
 2. Compile time, ``layer_settings``: the op arguments of one rewritten layer (path, r, min_keys =
@@ -146,6 +149,7 @@ def choose_layer(candidates: Sequence, dense_ms: float | None, calls: Sequence[t
     design = IndexerShape(heads=heads, head_dim=head_dim, topk=topk, queries=queries)
     shapes = [_call_shape(heads, head_dim, topk, *call) for call in calls]
     dense_cal = sum(float(dense_call_time(s, constants).subs(LENGTH, n)) for s, n in shapes)
+    longest = max((n for _, n in shapes), default=0)
     best, lost = None, []
     for c in sorted(candidates, key=lambda c: c.r):
         if c.r >= heads:
@@ -155,7 +159,8 @@ def choose_layer(candidates: Sequence, dense_ms: float | None, calls: Sequence[t
         measured = None if c.ms is None or not dense_ms else c.ms / dense_ms
         if measured is not None and measured >= 1.0:
             lost.append(f"r={c.r} {measured:.2f}x")
-            continue
+            if design_length <= longest:  # it lost at the design length itself (or beyond it)
+                continue
         scale = 1.0 if measured is None else measured / (cert_cal / dense_cal)
         ratio = scale * float(certified_call_time(c.r, c.survival, design, constants, redo=c.redo_frac)
                               .subs(LENGTH, design_length) / dense_call_time(design, constants).subs(LENGTH, design_length))
@@ -174,6 +179,8 @@ def choose_layer(candidates: Sequence, dense_ms: float | None, calls: Sequence[t
                            f"best budget r={c.r} predicted at {ratio:.2f}x the dense time at {design_length} keys "
                            f"(certified needs < {PAYS_BELOW}){seen}")
     crossover = crossover_length(c.r, c.survival, design, constants, redo=c.redo_frac, scale=scale)
+    if crossover is not None and measured is not None and measured >= 1.0:
+        crossover = max(crossover, longest + 1)  # never certified where it was measured to lose
     if crossover is None or crossover > design_length:
         return LayerChoice("dense", None, None, None, 1.0,
                            f"r={c.r} never overtakes dense up to {design_length} keys{seen}")

@@ -64,11 +64,26 @@ def test_a_plan_picks_r_by_predicted_time_not_by_survival():
 def test_a_plan_goes_dense_when_the_measured_call_loses_or_the_prediction_barely_wins():
     lost = choose([candidate(3, 0.03, ms=12.0), candidate(7, 0.01, ms=10.0)], dense_ms=10.0)
     assert lost.path == "dense" and "(r=3 1.20x, r=7 1.00x the dense time)" in lost.reason
-    # A budget that lost on the calibration calls is never chosen, however well it is predicted.
+    # A budget that lost on calibration calls as long as the design's is never chosen, however
+    # well it is predicted.
     other = choose([candidate(1, 0.001, ms=12.0), candidate(7, 0.02, ms=6.0)], dense_ms=10.0)
     assert other.r == 7
     barely = choose([candidate(3, 0.9)])
     assert barely.path == "dense" and "certified needs < 0.9" in barely.reason
+
+
+def test_a_budget_that_lost_on_shorter_calls_may_pay_at_a_longer_design_length():
+    """r=1 lost on the 131072-key calibration call; a layer designed for 2^19 keys extrapolates the
+    scaled model and is certified only above the calibration length. At the calibration length
+    itself the loss stands."""
+    longer = choose([candidate(1, 0.03, ms=12.0)], dense_ms=10.0, design_length=2**19)
+    assert longer.path == "certified" and longer.r == 1 and longer.crossover > CALLS[0][2]
+    assert "measured 0.83x on the calibration calls" in longer.reason
+    same = choose([candidate(1, 0.03, ms=12.0)], dense_ms=10.0, design_length=CALLS[0][2])
+    assert same.path == "dense" and same.reason.startswith("every budget measured slower")
+    # Far slower than predicted: the scaled model no longer pays at the design length either.
+    hopeless = choose([candidate(1, 0.03, ms=30.0)], dense_ms=10.0, design_length=2**19)
+    assert hopeless.path == "dense" and "certified needs < 0.9" in hopeless.reason
 
 
 def test_redone_queries_are_charged():
