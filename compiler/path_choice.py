@@ -173,7 +173,8 @@ def choose_layer(candidates: Sequence, dense_ms: float | None, calls: Sequence[t
                                "the dense time)")
         return LayerChoice("dense", None, None, None, 1.0, f"no candidate budget below the {heads} heads")
     ratio, c, scale, measured = best
-    seen = "" if measured is None else f"; measured {1 / measured:.2f}x on the calibration calls"
+    seen = ("" if measured is None else f"; measured {1 / measured:.2f}x on the calibration calls" if measured < 1.0
+            else f"; measured {measured:.2f}x the dense time on the calibration calls")
     if ratio >= PAYS_BELOW:
         return LayerChoice("dense", None, None, None, 1.0,
                            f"best budget r={c.r} predicted at {ratio:.2f}x the dense time at {design_length} keys "
