@@ -190,9 +190,10 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
     the window is padding, the smallest value), then ``torch.sort`` of the kk; rows with a larger
     count the row-gated selector over the whole row (``scratch``: the caller gives up ``cand``'s
     content, which lets that selector read such a row about twice instead of 17 times). On the H200, per 4096 rows: ``torch.topk``
-    took 2.29 ms over 8 kk = 16384 wide buffers holding 1.5 kk codes and 1.02-1.13 ms over 2 kk
-    wide ones; the window form 1.25 ms over the 2 kk ones (benchmarks/results/selection_parts_h200.json
-    times both forms on both buffers). No host synchronisation."""
+    took 2.03-2.29 ms over 8 kk = 16384 wide buffers holding up to 1.5 kk codes, the window form
+    1.25-1.32 ms (benchmarks/results/selection_parts_h200.json times both); over 2 kk wide ones
+    ``torch.topk`` took 1.02-1.13 ms and the window form 1.25 (an exploration run, session 7).
+    No host synchronisation."""
     R, N = cand.shape
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
