@@ -1,0 +1,34 @@
+"""The offline refit of the cost model's H200 constants (benchmarks/fit_cost_model.py) on the
+committed H200 results: valid, loadable constants, and an offline plan replay that reproduces the
+plans the zoo's GPU run recorded."""
+import json
+from pathlib import Path
+
+from benchmarks import fit_cost_model
+from compiler.cost_model import H200_FITTED, KernelConstants
+
+RESULTS = Path(fit_cost_model.__file__).resolve().parent / "results"
+
+
+def test_the_refit_is_loadable_and_fits_the_certified_calls(tmp_path):
+    out = tmp_path / "refit.json"
+    assert fit_cost_model.main(["--out", str(out)]) == 0
+    constants = KernelConstants.from_json(out)  # what `python -m compiler.plan --constants FILE` loads
+    assert constants.screen_pow2 == H200_FITTED.screen_pow2 and constants.screen_tile == H200_FITTED.screen_tile
+    assert "max relative error" in constants.source
+    text = out.with_suffix(".md").read_text()
+    assert "| structured |" in text and "| mixture |" in text
+    zoo = json.loads((RESULTS / "indexer_zoo_h200.json").read_text())
+    roofline = json.loads((RESULTS / "dense_roofline_h200.json").read_text())
+    _, report = fit_cost_model.fit(roofline, zoo)
+    assert report["points"] >= 40 and report["rms_rel_error"] < 0.25
+
+
+def test_the_offline_replay_reproduces_the_zoos_recorded_plans():
+    """Plans decided offline from the zoo's calibration measurements with the constants its run used
+    equal the plans that run made on the GPU (path, r, crossover): the refit's plans are comparable."""
+    zoo = json.loads((RESULTS / "indexer_zoo_h200.json").read_text())
+    replay = fit_cost_model.zoo_plans(zoo, H200_FITTED)
+    for family, plan in zoo["plans"].items():
+        assert (replay[family]["path"], replay[family]["r"], replay[family]["crossover"]) == \
+            (plan["path"], plan["r"], plan["crossover"]), family
