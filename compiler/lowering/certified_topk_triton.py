@@ -84,7 +84,7 @@ so that the screen's row count is known without reading the budgets back to the 
 PLAN_CHUNK_BYTES = 1 << 30
 """Queries planned at once by ``plan_screen``: their float64 copy of q fits this (16384 queries of
 64 heads x 128; the plan's float64 passes over [queries, H, D] are each launched once per chunk:
-planning 16384 such queries took 8.6 ms in one chunk and 21.8 ms in chunks of 4096 on the H200,
+planning 16384 such queries took 7.0 ms in one chunk and 16.4 ms in chunks of 4096 on the H200,
 whose launches then outlasted the work; benchmarks/results/certified_profile_h200.json). Memory:
 the plan's float64 temporaries peak at about 5x this (4.7x measured for a chunk on the CPU), so
 about 5 GiB per call on top of the op's buffers."""
