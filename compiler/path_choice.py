@@ -11,9 +11,9 @@ Vocabulary: ``PATHS`` = ("dense", "certified") is what a call runs (defined by t
    calls. A budget that lost to dense on those calls stays a candidate only when the design length
    is longer than every calibration call (the certified advantage grows with the key count, which
    the scaled model extrapolates), and is then certified only above the longest calibration call.
-   The layer is certified only when the
-   evidence suffices (``MIN_SCREENED_KEYS``, ``MIN_CERTIFIED_QUERIES``) and that time is below
-   ``PAYS_BELOW`` of dense; otherwise dense, with the reason.
+   The layer is certified only when the evidence suffices (``MIN_SCREENED_KEYS``,
+   ``MIN_CERTIFIED_QUERIES``) and that time is below ``PAYS_BELOW`` of dense; otherwise dense,
+   with the reason.
 2. Compile time, ``layer_settings``: the op arguments of one rewritten layer (path, r, min_keys =
    the crossover length) from the plan, a forced option, or the cost model's default crossover.
 3. Call time, ``call_path``: "dense" or "certified" for one call, from the op arguments, the static

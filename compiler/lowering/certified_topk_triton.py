@@ -18,7 +18,7 @@ Pipeline (SPEC A.2-A.5), per batch row:
 4. screen (dsa_screen_triton): U >= tau survives; survivors compacted per scorer tile;
 5. refine (the scorer in compact mode): exact scores of the survivors, only ``s >= tau`` written;
    an overflowed survivor list is rescanned densely by the same kernel, on the device;
-6. selection: top-kk order codes of the written candidates.
+6. selection: top-kk order codes of the written candidates (threshold_select.top_candidates).
 Rows that cannot be answered this way (fewer than kk candidates ``s >= tau``: fewer than kk
 visible keys, or theta above the true kk-th score; or more candidates than the candidate buffer
 of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the device and answered by

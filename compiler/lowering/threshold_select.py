@@ -13,8 +13,10 @@ the row into n >= kk disjoint chunks gives the same guarantee. The kk chunks who
 disjoint and each holds a code >= tau, so at least kk codes are >= tau: tau <= the row's kk-th
 largest code, and the row's top kk are exactly the top kk of its codes >= tau. Those are compacted
 into a buffer of ``CANDIDATE_FACTOR * kk`` per row (the count goes on past the buffer) and
-selected there (``torch.topk``); a row whose candidates overflow the buffer is selected from its whole row by the
-row-gated exact selector (select_codes_triton), so nothing is ever dropped.
+selected there (``torch.topk``); a row whose candidates overflow the buffer is selected from its
+whole row by the row-gated exact selector (select_codes_triton), so nothing is ever dropped.
+``top_candidates`` is the final selection of wider candidate buffers that are mostly padding (the
+certified path's).
 
 Why interleaved chunks: large scores cluster in position (an indexer favours recent keys, so a
 row's best keys sit at its end). Contiguous chunks would put all of them in a few chunks and tau
@@ -189,11 +191,11 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
     program per row (the kk-th by bits, then the codes above it and copies of it; everything past
     the window is padding, the smallest value), then ``torch.sort`` of the kk; rows with a larger
     count the row-gated selector over the whole row (``scratch``: the caller gives up ``cand``'s
-    content, which lets that selector read such a row about twice instead of 17 times). On the H200, per 4096 rows: ``torch.topk``
-    took 2.03-2.29 ms over 8 kk = 16384 wide buffers holding up to 1.5 kk codes, the window form
-    1.25-1.32 ms (benchmarks/results/selection_parts_h200.json times both); over 2 kk wide ones
-    ``torch.topk`` took 1.02-1.13 ms and the window form 1.25 (an exploration run, session 7).
-    No host synchronisation."""
+    content, which lets that selector read such a row about twice instead of 17 times).
+    On the H200, per 4096 rows: ``torch.topk`` took 2.03-2.29 ms over 8 kk = 16384 wide buffers
+    holding up to 1.5 kk codes, the window form 1.25-1.32 ms (benchmarks/results/
+    selection_parts_h200.json times both); over 2 kk wide ones ``torch.topk`` took 1.02-1.13 ms
+    and the window form 1.25 (an exploration run, session 7). No host synchronisation."""
     R, N = cand.shape
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
