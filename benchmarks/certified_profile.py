@@ -17,13 +17,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.dense_roofline import PLAN, identical
 from benchmarks.timing import median_ms
 from compiler.lowering.certified_topk_triton import certified_topk_cuda, dense_topk_cuda, plan_screen
-from runtime.certified_topk import CertifiedTopkConfig
 from runtime.structured_indexer import structured_indexer_inputs
-
-PLAN = CertifiedTopkConfig(r=1, path="certified")
-"""The structured geometry's per-layer plan at long lengths (as benchmarks/dense_roofline.py)."""
 
 
 def kernel_table(fn, device: str, rows: int = 40) -> tuple[list, float]:
@@ -60,7 +57,7 @@ def main(argv=None) -> int:
     want, got = dense(), certified()
     doc = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)",
            "S": S, "T": T, "H": H, "D": D, "topk": topk,
-           "identical": bool(torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))),
+           "identical": identical(got, want),
            "dense_ms": ms(dense), "certified_ms": ms(certified)}
     print(json.dumps(doc), flush=True)
     for name, fn in (("certified", certified), ("dense", dense)):

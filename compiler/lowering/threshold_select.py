@@ -13,10 +13,10 @@ the row into n >= kk disjoint chunks gives the same guarantee. The kk chunks who
 disjoint and each holds a code >= tau, so at least kk codes are >= tau: tau <= the row's kk-th
 largest code, and the row's top kk are exactly the top kk of its codes >= tau. Those are compacted
 into a buffer of ``CANDIDATE_FACTOR * kk`` per row (the count goes on past the buffer) and
-selected there (``torch.topk``); a row whose candidates overflow the buffer is selected from its
-whole row by the row-gated exact selector (select_codes_triton), so nothing is ever dropped.
-``top_candidates`` is the final selection of wider candidate buffers that are mostly padding (the
-certified path's).
+selected there (``top_candidates``: ``torch.topk`` for a buffer this narrow; wider buffers that
+are mostly padding, as the certified path's, are selected in registers); a row whose candidates
+overflow the buffer is selected from its whole row by the row-gated exact selector
+(select_codes_triton), so nothing is ever dropped.
 
 Why interleaved chunks: large scores cluster in position (an indexer favours recent keys, so a
 row's best keys sit at its end). Contiguous chunks would put all of them in a few chunks and tau
@@ -265,6 +265,6 @@ def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) 
             maxima = maxima.contiguous()
     tau = kth_largest(maxima, kk)
     cand, count = compact(rows, tau, CANDIDATE_FACTOR * kk)
-    out = torch.topk(cand, kk, dim=-1, largest=True, sorted=True).values
+    out = top_candidates(cand, count, kk)
     select_top_codes(rows, count > cand.shape[1], kk, out=out)
     return out.reshape(*lead, kk)
