@@ -8,8 +8,9 @@ The order codes of S=4096 causal queries at the end of T=131072 keys (H=64, D=12
 scorer), kk=2048, then each step of ``compiler.lowering.threshold_select.top_codes`` timed alone
 (CUDA events, median of 5, its allocations included): the interleaved chunk maxima, tau (the
 kk-th largest maximum), the compaction at several step lengths and pipeline stages, the final
-top-kk of the candidates (and of the same candidates in an 8 kk wide buffer, as the certified path
-holds them: ``torch.topk`` against ``top_candidates``' window), the gated overflow selector (``select_top_codes``), and the whole call, with and
+top-kk of the candidates (``torch.topk`` against ``top_candidates``, the window kernel and its
+sort, in the 2 kk buffer of the dense path and in an 8 kk wide one, as the certified path holds
+them), the gated overflow selector (``select_top_codes``), and the whole call, with and
 without the chunk maxima given (the dense path's scorer writes them); ``read_once_floor_ms`` is one read of the codes at
 4.2 TB/s. Checked in the same run: ``top_codes`` equals ``torch.topk`` on every row, and the
 compaction's candidates and count do not depend on its step.
@@ -68,6 +69,9 @@ def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
     out["overflow_rows"] = int((count > cap).sum())
     final = torch.topk(cand, kk, dim=-1, sorted=True).values
     out["final_topk"] = time_ms(lambda: torch.topk(cand, kk, dim=-1, sorted=True).values)
+    out["final_window"] = time_ms(lambda: ts.top_candidates(cand, count, kk))
+    held = count <= cap  # an overflowed row's result is the gated selector's to give
+    out["final_window_same"] = bool(torch.equal(ts.top_candidates(cand, count, kk)[held], final[held]))
     wide = torch.full((cand.shape[0], 4 * cap), ts.INT64_MIN, dtype=torch.int64, device=cand.device)
     wide[:, :cap] = cand  # a certified-path buffer: 8 kk wide, mostly padding
     wide_count = torch.minimum(count, torch.full_like(count, cap))

@@ -156,3 +156,20 @@ def test_kth_largest_of_long_rows_and_batch_dims(monkeypatch):
     assert torch.equal(threshold_select.kth_largest(x, 17), want)
     with pytest.raises(ValueError, match="kk"):
         threshold_select.kth_largest(x, 301)
+
+
+@pytest.mark.parametrize("kind", ["shared_high_words", "high_word_boundary", "random", "duplicates", "extremes"])
+def test_kth_largest_two_word_search_on_adversarial_rows(kind):
+    """``_kth_of`` searches the high word, then the low word among codes sharing the kk-th high
+    word: rows where many codes share it (the low-word search runs), where exactly the needed ones
+    share it (it does not), low words with the top bit set, negative high words, repeats."""
+    g = torch.Generator().manual_seed(len(kind))
+    R, N = 8, 257
+    if kind == "shared_high_words":
+        x = torch.randint(-2, 2, (R, N), generator=g) * 2**32 + torch.randint(0, 2**32, (R, N), generator=g)
+    elif kind == "high_word_boundary":
+        x = torch.arange(N).repeat(R, 1) // 4 * 2**32 + (2**32 - 1 - torch.randint(0, 3, (R, N), generator=g))
+    else:
+        x = rows_of(kind, R, N, seed=5)
+    for kk in (1, 2, 31, 128, N):
+        assert torch.equal(threshold_select.kth_largest(x, kk), torch.topk(x, kk, dim=-1).values[:, -1]), kk

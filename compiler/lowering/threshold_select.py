@@ -13,8 +13,7 @@ the row into n >= kk disjoint chunks gives the same guarantee. The kk chunks who
 disjoint and each holds a code >= tau, so at least kk codes are >= tau: tau <= the row's kk-th
 largest code, and the row's top kk are exactly the top kk of its codes >= tau. Those are compacted
 into a buffer of ``CANDIDATE_FACTOR * kk`` per row (the count goes on past the buffer) and
-selected there (``top_candidates``: ``torch.topk`` for a buffer this narrow; wider buffers that
-are mostly padding, as the certified path's, are selected in registers); a row whose candidates
+selected there (``top_candidates``: the kk-th in registers, then a sort of the kk); a row whose candidates
 overflow the buffer is selected from its whole row by the row-gated exact selector
 (select_codes_triton), so nothing is ever dropped.
 
@@ -65,6 +64,10 @@ WINDOW_FACTOR = 2
 selected in registers by ``top_candidates``; longer ones by the row-gated selector."""
 KTH_REGISTER_ROW = 16384
 """``kth_largest`` holds rows of at most this many values in one program's registers."""
+KTH_WARPS = 4
+"""Warps of a program that finds a kk-th largest in registers (``kth_largest``, ``top_candidates``):
+on the H200, rows of 4096 values, 4 warps took 0.14-0.22 ms per 4096 rows against 0.16-0.27 for 8
+and 0.19-0.32 for 16 (session 8 exploration)."""
 INT64_MIN = -(2**63)
 
 
@@ -102,18 +105,37 @@ def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, cap, stride_c, s
 
 
 @triton.jit
-def _kth_of(x, kk):
-    """The kk-th largest of the int64 tile ``x`` (1 <= kk <= its size; padding must be INT64_MIN):
-    the bits of its sign-flipped (unsigned-ordered) pattern from the top, each kept set when at
-    least kk values are >= the prefix with it set."""
-    u = (x ^ -9223372036854775808).to(tl.uint64, bitcast=True)
-    ans = tl.zeros([], dtype=tl.uint64)
-    one = tl.full([], 1, dtype=tl.uint64)
-    for bit in range(63, -1, -1):
+def _kth_word(u, kk, live):
+    """The kk-th largest of the uint32 tile ``u`` among its ``live`` entries (at least kk of them),
+    as a multiset: its bits from the top, each kept set when at least kk live values are >= the
+    prefix with it set."""
+    ans = tl.zeros([], dtype=tl.uint32)
+    one = tl.full([], 1, dtype=tl.uint32)
+    for bit in range(31, -1, -1):
         cand = ans | (one << bit)
-        count = tl.sum((u >= cand).to(tl.int32), axis=0)
+        count = tl.sum((live & (u >= cand)).to(tl.int32), axis=0)
         ans = tl.where(count >= kk, cand, ans)
-    return ans.to(tl.int64, bitcast=True) ^ -9223372036854775808
+    return ans
+
+
+@triton.jit
+def _kth_of(x, kk):
+    """The kk-th largest of the int64 tile ``x`` (1 <= kk <= its size; padding must be INT64_MIN),
+    as a multiset. Two 32-bit words: the kk-th largest high word h (sign bit flipped, so that the
+    unsigned order is the signed one); the kk-th value is then the ``need``-th largest low word
+    (unsigned) among the values with high word h, ``need`` = kk - #(high words > h). That search
+    runs only when more than ``need`` values share h; otherwise it is their smallest low word.
+    (H200, 4096 rows of 4096 values: 0.14-0.18 ms against 0.34-0.39 for 64 steps on the int64
+    pattern, session 8 exploration.)"""
+    uh = ((x >> 32).to(tl.int32) ^ -2147483648).to(tl.uint32, bitcast=True)
+    h = _kth_word(uh, kk, uh == uh)
+    tie = uh == h
+    need = kk - tl.sum((uh > h).to(tl.int32), axis=0)
+    ul = (x & 0xFFFFFFFF).to(tl.uint32)
+    low = tl.min(tl.where(tie, ul, tl.full(ul.shape, 0xFFFFFFFF, tl.uint32)), axis=0)
+    if tl.sum(tie.to(tl.int32), axis=0) > need:
+        low = _kth_word(ul, need, tie)
+    return ((h.to(tl.int32, bitcast=True) ^ -2147483648).to(tl.int64) << 32) | low.to(tl.int64)
 
 
 @triton.jit
@@ -157,7 +179,8 @@ def kth_largest(x: torch.Tensor, kk: int) -> torch.Tensor:
     """[...] int64: the kk-th largest of each row of ``x [..., n]`` int64 (1 <= kk <= n), e.g. tau
     of the module docstring from the chunk maxima. Rows of at most KTH_REGISTER_ROW values: one
     Triton program per row holding it in registers (``_kth_largest_kernel``; at 4096 rows of 4096
-    maxima on the H200 0.33-0.36 ms, against 0.64 for ``torch.topk`` then the row minimum,
+    maxima on the H200 0.14-0.18 ms with ``_kth_of``'s two 32-bit words (session 8 exploration),
+    0.33-0.39 with one 64-bit search, against 0.64 for ``torch.topk`` then the row minimum,
     benchmarks/results/dense_scorer_groups_h200.json, run1); longer rows: ``torch.topk``."""
     n = x.shape[-1]
     if not 1 <= kk <= n:
@@ -170,7 +193,7 @@ def kth_largest(x: torch.Tensor, kk: int) -> torch.Tensor:
     out = torch.empty(rows.shape[0], dtype=torch.int64, device=x.device)
     if rows.shape[0]:
         _kth_largest_kernel[(rows.shape[0],)](rows, out, n, kk, rows.stride(0),
-                                              NP=triton.next_power_of_2(n), num_warps=8)
+                                              NP=triton.next_power_of_2(n), num_warps=KTH_WARPS)
     return out.view(x.shape[:-1])
 
 
@@ -186,30 +209,30 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
 
     A candidate row holds its ``count [R]`` (int32/int64) codes first, then INT64_MIN padding; a
     count above N (an overflowed buffer) leaves that row of the result unspecified, for the caller
-    to answer. A buffer no wider than ``window(N, kk)``: ``torch.topk``. A wider one (most of it
-    padding): rows with count <= the window get the window's kk largest, found in registers by one
-    program per row (the kk-th by bits, then the codes above it and copies of it; everything past
-    the window is padding, the smallest value), then ``torch.sort`` of the kk; rows with a larger
-    count the row-gated selector over the whole row (``scratch``: the caller gives up ``cand``'s
-    content, which lets that selector read such a row about twice instead of 17 times).
-    On the H200, per 4096 rows: ``torch.topk`` took 2.03-2.29 ms over 8 kk = 16384 wide buffers
-    holding up to 1.5 kk codes, the window form 1.25-1.32 ms (benchmarks/results/
-    selection_parts_h200.json times both); over 2 kk wide ones ``torch.topk`` took 1.02-1.13 ms
-    and the window form 1.25 (an exploration run, session 7). No host synchronisation."""
+    to answer. Rows with count <= the window (``window(N, kk)``) get the window's kk largest, found
+    in registers by one program per row (the kk-th by ``_kth_of``, then the codes above it and
+    copies of it; everything past the window is padding, the smallest value), then ``torch.sort``
+    of the kk; when the buffer is wider than the window, rows with a larger count take the
+    row-gated selector over the whole row (``scratch``: the caller gives up ``cand``'s content,
+    which lets that selector read such a row about twice instead of 17 times).
+    On the H200, per 4096 rows with kk = 2048: over 2 kk wide buffers (the dense path's) the
+    window kernel took 0.21 ms and the sort 0.51, against 1.04 for ``torch.topk`` (session 8
+    exploration); over 8 kk wide ones ``torch.topk`` took 2.03-2.29 ms (benchmarks/results/
+    selection_parts_h200.json times both forms). No host synchronisation."""
     R, N = cand.shape
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
-    np_ = window(N, kk)
-    if np_ >= N:
-        return torch.topk(cand, kk, dim=-1, largest=True, sorted=True).values
     out = torch.empty((R, kk), dtype=torch.int64, device=cand.device)
     if not R:
         return out
     if cand.stride(-1) != 1:
         cand = cand.contiguous()
-    _top_window_kernel[(R,)](cand, count, out, N, kk, cand.stride(0), out.stride(0), NP=np_, num_warps=8)
+    np_ = window(N, kk)
+    _top_window_kernel[(R,)](cand, count, out, N, kk, cand.stride(0), out.stride(0), NP=np_,
+                             num_warps=KTH_WARPS)
     out = torch.sort(out, dim=-1, descending=True).values
-    select_top_codes(cand, (count > np_) & (count <= N), kk, out=out, scratch=scratch)
+    if np_ < N:
+        select_top_codes(cand, (count > np_) & (count <= N), kk, out=out, scratch=scratch)
     return out
 
 
