@@ -128,20 +128,19 @@ CPU_REFERENCE = KernelConstants(
 """The plain-torch reference on CPU (what the op runs there); ``--constants measure`` re-measures it."""
 
 H200_FITTED = KernelConstants(
-    dense_macs_per_s=1.17e14,
-    screen_macs_per_s=2.6e13,
-    refine_macs_per_s=1.19e14,
-    select_keys_per_s=4.7e10,
-    plan_s_per_query=1.5e-6,
-    dense_fixed_s=1.9e-3,
-    certified_fixed_s=2.3e-3,
+    dense_macs_per_s=2.86e14,
+    screen_macs_per_s=9.05e13,
+    refine_macs_per_s=1.66e14,
+    select_keys_per_s=1.61e11,
+    plan_s_per_query=1.13e-6,
+    dense_fixed_s=0.0,
+    certified_fixed_s=4.89e-3,
     screen_tile=1,
     screen_pow2=True,
-    source="relative least-squares fit of this model to benchmarks/results/indexer_h200.json (triton_dense "
-           "and certified_forced rows, structured inputs, H=32/64, S=4096/16384, T=32K-512K, D=128, "
-           "topk=2048, bf16; select rate from its kernel breakdown): every fitted time within 25% of the "
-           "measured one. Effective rates: the screen rate includes the per-key passes around the screen "
-           "kernel, the refine rate counts per-query survivors served by shared survivor lists.",
+    source="benchmarks/fit_cost_model.py (benchmarks/results/h200_refit_constants.json): dense and "
+           "selection rates from dense_roofline_h200.json (session 8), the rest a relative least-squares "
+           "fit to 60 certified calls of the session 7 indexer_zoo_h200.json (max relative error 0.32, "
+           "rms 0.12); validated by the session 8 zoo run, whose plans it made.",
 )
 """The Triton path on one H200, fitted to the indexer benchmark; ``KernelConstants.from_json`` loads others."""
 

@@ -173,3 +173,25 @@ def test_kth_largest_two_word_search_on_adversarial_rows(kind):
         x = rows_of(kind, R, N, seed=5)
     for kk in (1, 2, 31, 128, N):
         assert torch.equal(threshold_select.kth_largest(x, kk), torch.topk(x, kk, dim=-1).values[:, -1]), kk
+
+
+def test_few_gpu_rows_take_torch_topk_and_the_rest_the_threshold_path(monkeypatch):
+    """The path rule: short rows never take the threshold path; long ones do on the CPU (the
+    interpreter) whatever their count, and on CUDA from FEW_ROWS rows on. A call that takes
+    ``torch.topk`` launches no threshold kernel."""
+    few = threshold_select.FEW_ROWS
+    assert not threshold_select.takes_threshold(10**6, 8 * 100, 100, "cuda")
+    assert threshold_select.takes_threshold(1, 8 * 100 + 1, 100, "cpu")
+    assert not threshold_select.takes_threshold(few - 1, 10**6, 100, "cuda")
+    assert threshold_select.takes_threshold(few, 10**6, 100, torch.device("cuda", 0))
+    codes = rows_of("random", 4, 1000, seed=3)
+    monkeypatch.setattr(threshold_select, "takes_threshold",  # the CUDA rule with FEW_ROWS = 5
+                        lambda rows, N, kk, device: threshold_select.long_row(N, kk) and rows >= 5)
+
+    def no_threshold_kernel(*args, **kwargs):
+        raise AssertionError("the threshold path ran")
+
+    monkeypatch.setattr(threshold_select, "compact", no_threshold_kernel)
+    assert torch.equal(top_codes(codes, 7), torch.topk(codes, 7).values)
+    with pytest.raises(AssertionError, match="threshold path ran"):
+        top_codes(rows_of("random", 5, 1000, seed=3), 7)

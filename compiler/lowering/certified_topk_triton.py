@@ -55,7 +55,8 @@ from compiler.lowering.dsa_score_triton import (
 )
 from compiler.lowering.dsa_screen_triton import screen
 from compiler.lowering.select_codes_triton import select_top_codes
-from compiler.lowering.threshold_select import chunk_count, kth_largest, long_row, top_candidates, top_codes
+from compiler.lowering.threshold_select import (chunk_count, kth_largest, long_row, takes_threshold, top_candidates,
+                                                top_codes)
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import check_indexer_inputs
@@ -141,7 +142,7 @@ def scorer_chunks(T: int, kk: int, dtype: torch.dtype) -> int | None:
 
 def dense_codes_topk(q, w, k, mask, kk):
     """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory.
-    Long rows (threshold_select) get their chunk maxima from the scorer itself."""
+    Chunks that take threshold_select's threshold path get their chunk maxima from the scorer."""
     B, S = q.shape[:2]
     T = k.shape[1]
     block_s, _ = score_tile_shape(q.shape[2])
@@ -151,7 +152,7 @@ def dense_codes_topk(q, w, k, mask, kk):
     for s0 in range(0, S, rows):
         sl = slice(s0, min(S, s0 + rows))
         m = None if mask is None else mask[:, sl]
-        maxima = (None if n is None
+        maxima = (None if n is None or not takes_threshold(B * (sl.stop - s0), T, kk, q.device)
                   else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device))
         codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima)
         out.append(top_codes(codes, kk, maxima))

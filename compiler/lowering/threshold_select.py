@@ -4,7 +4,8 @@
 returns [..., kk], each row's kk largest codes in descending order: exactly
 ``torch.topk(codes, kk).values``, with no host synchronisation and a fixed number of launches.
 
-Rows of at most ``LONG_ROW_FACTOR * kk`` codes go to ``torch.topk``. A longer row is cut into n
+Rows of at most ``LONG_ROW_FACTOR * kk`` codes go to ``torch.topk``, and so do calls of fewer than
+``FEW_ROWS`` rows on the GPU (``takes_threshold``). A longer row is cut into n
 interleaved chunks (chunk j holds positions j, j + n, j + 2n, ...), n = ``chunk_count`` (about
 CHUNKS_PER_K * kk, at most N) >= kk, and tau is the kk-th largest chunk maximum (``kth_largest``).
 The maxima are computed here, or passed in: the dense scorer writes them as it scores
@@ -33,6 +34,13 @@ from compiler.lowering.select_codes_triton import select_top_codes
 
 LONG_ROW_FACTOR = 8
 """Rows longer than LONG_ROW_FACTOR * kk take the threshold path; shorter ones torch.topk."""
+FEW_ROWS = 128
+"""CUDA calls of fewer rows than this take ``torch.topk``: the threshold path costs about 1 ms
+whatever the row count (its ~20 launches, and one warp per row compacting the row in sequence,
+whose latency grows with the row's length). H200, rows of 131072 random codes, kk = 2048 (session
+8): 1 row 1.01 ms against 0.24 for ``torch.topk``, 8 rows 1.05 / 0.22, 64 rows 1.04 / 0.40, 256 rows
+1.05 / 0.97, 1024 rows 1.18 / 3.23. ``torch.topk``'s time grows with rows x length, so the cut is
+set below the 131072-key break-even (about 256 rows) to hold for rows four times as long."""
 CHUNKS_PER_K = 2
 """Interleaved chunks per selected code (n = CHUNKS_PER_K * kk): tau is the kk-th of n maxima. On the
 H200 (4096 scorer rows of 131072 keys, kk=2048, random and structured indexers) 2 left 2797-2808
@@ -237,8 +245,14 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
 
 
 def long_row(N: int, kk: int) -> bool:
-    """Whether rows of N codes take the threshold path for kk (else ``torch.topk``)."""
+    """Whether rows of N codes are long enough for the threshold path for kk."""
     return N > LONG_ROW_FACTOR * kk
+
+
+def takes_threshold(rows: int, N: int, kk: int, device: torch.device | str) -> bool:
+    """Whether ``rows`` rows of N codes on ``device`` take the threshold path (else ``torch.topk``):
+    long rows, and on CUDA at least FEW_ROWS of them."""
+    return long_row(N, kk) and (torch.device(device).type != "cuda" or rows >= FEW_ROWS)
 
 
 def chunk_count(N: int, kk: int, multiple: int = 1) -> int:
@@ -271,9 +285,9 @@ def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) 
     N = codes.shape[-1]
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
-    if not long_row(N, kk):
-        return torch.topk(codes, kk, dim=-1, largest=True, sorted=True).values
     lead = codes.shape[:-1]
+    if not takes_threshold(codes.numel() // max(N, 1), N, kk, codes.device):
+        return torch.topk(codes, kk, dim=-1, largest=True, sorted=True).values
     rows = codes.reshape(-1, N)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
