@@ -33,7 +33,7 @@ def integer_inputs(S, T, H, D, seed):
     return q, k, w
 
 
-def structured(S=32, T=2048, H=8, D=32):
+def structured(S=32, T=1024, H=8, D=32):
     q, k, w, _ = structured_indexer_inputs(1, S, T, H, D, positive_heads=1, dtype=torch.bfloat16)
     mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None]
     return q, k, w, mask

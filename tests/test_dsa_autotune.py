@@ -63,15 +63,17 @@ def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(i
     assert_same(certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace), dense)
     tr, p = trace[0], trace[0].plan
     nk = round_up_to_float32(key_norm_up(k.float()))
-    sets = []
+    sets, tiles = [], set()
     for config in SCREEN_CONFIGS:
         ids, count = screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
                             lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries,
                             cap=tr.cap, config=config)
         assert torch.equal(count, tr.list_count), config
         sets.append(survivor_sets(ids, count))
-        out = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=config)
-        assert_same(out, dense)
+        tile = dict(config.meta)["BLOCK_T"]
+        if tile not in tiles:  # the whole op once per key tile (same survivor sets: same answer)
+            tiles.add(tile)
+            assert_same(certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=config), dense)
     assert all(s == sets[0] for s in sets[1:])
     assert max(len(s) for s in sets[0]) < k.shape[1]  # the screen pruned something
 
