@@ -99,8 +99,9 @@ def listed_codes(q, w, k, mask=None, rows=None):
 
 
 def dense_maxima(S, T, kk, dtype=torch.bfloat16):
-    """The chunk maxima buffer [1,S,n] the dense path gives its scorer, or None (short rows)."""
-    n = scorer_chunks(T, kk, dtype)
+    """The chunk maxima buffer [1,S,n] the dense path gives its scorer, or None (rows that do not
+    take the threshold path)."""
+    n = scorer_chunks(S, T, kk, dtype, DEVICE)
     return None if n is None else torch.empty((1, S, n), dtype=torch.int64, device=DEVICE)
 
 

@@ -81,7 +81,7 @@ def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
                                                     torch.topk(wide, kk, dim=-1).values))
     out["gated_select"] = time_ms(lambda: select_top_codes(codes, count > cap, kk, out=final.clone()))
     out["top_codes_total"] = time_ms(lambda: ts.top_codes(codes, kk))
-    given = ts.chunk_maxima(codes, scorer_chunks(codes.shape[1], kk, torch.bfloat16))  # as the dense scorer writes them
+    given = ts.chunk_maxima(codes, scorer_chunks(*codes.shape, kk, torch.bfloat16, codes.device))  # as the dense scorer writes them
     out["top_codes_given_maxima"] = time_ms(lambda: ts.top_codes(codes, kk, given))
     out["identical_to_torch_topk"] = bool(torch.equal(ts.top_codes(codes, kk), torch.topk(codes, kk, dim=-1).values))
     out["read_once_floor_ms"] = round(codes.numel() * 8 / 4.2e9, 3)

@@ -55,8 +55,7 @@ from compiler.lowering.dsa_score_triton import (
 )
 from compiler.lowering.dsa_screen_triton import screen
 from compiler.lowering.select_codes_triton import select_top_codes
-from compiler.lowering.threshold_select import (chunk_count, kth_largest, long_row, takes_threshold, top_candidates,
-                                                top_codes)
+from compiler.lowering.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import check_indexer_inputs
@@ -131,13 +130,14 @@ def _all_keys(B, T, device):
     return ids, torch.full((B, 1), T, dtype=torch.int32, device=device)
 
 
-def scorer_chunks(T: int, kk: int, dtype: torch.dtype) -> int | None:
-    """The chunk maxima per row the dense scorer writes for an exact top-kk of T keys
-    (threshold_select's chunk count, a multiple of the scorer's key tile), or None: rows too short
-    for the threshold path, or a count the scorer cannot write."""
+def scorer_chunks(rows: int, T: int, kk: int, dtype: torch.dtype, device) -> int | None:
+    """The chunk maxima per row the dense scorer writes for an exact top-kk of ``rows`` rows of T
+    keys on ``device`` (threshold_select's chunk count, a multiple of the scorer's key tile), or
+    None: the rows do not take threshold_select's threshold path (``takes_threshold``: short rows,
+    or few rows on CUDA), or the scorer cannot write that count."""
     multiple = chunk_multiple(dtype)
     n = chunk_count(T, kk, multiple)
-    return n if long_row(T, kk) and n % multiple == 0 else None
+    return n if takes_threshold(rows, T, kk, device) and n % multiple == 0 else None
 
 
 def dense_codes_topk(q, w, k, mask, kk):
@@ -147,13 +147,12 @@ def dense_codes_topk(q, w, k, mask, kk):
     T = k.shape[1]
     block_s, _ = score_tile_shape(q.shape[2])
     rows = max(block_s, (DENSE_CHUNK_BYTES // (8 * T * B)) // block_s * block_s)
-    n = scorer_chunks(T, kk, q.dtype)
     out = []
     for s0 in range(0, S, rows):
         sl = slice(s0, min(S, s0 + rows))
         m = None if mask is None else mask[:, sl]
-        maxima = (None if n is None or not takes_threshold(B * (sl.stop - s0), T, kk, q.device)
-                  else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device))
+        n = scorer_chunks(B * (sl.stop - s0), T, kk, q.dtype, q.device)
+        maxima = None if n is None else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device)
         codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima)
         out.append(top_codes(codes, kk, maxima))
     return torch.cat(out, dim=1)
