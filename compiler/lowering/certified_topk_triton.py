@@ -11,7 +11,8 @@ Pipeline (SPEC A.2-A.5), per batch row:
    (``runtime.seeds``); tau = max(its kk-th best witness score, its own sample estimate theta)
    (-inf when neither is finite, or when any value is not finite). The witness part is <= the
    true kk-th score; theta may exceed it, which the candidate count reveals (below);
-3. plan: runtime.certificate.plan_certificate on the queries (float64), turned into screen rows
+3. plan: runtime.certificate's plan on the queries (float64; on CUDA by the Triton form,
+   compiler.lowering.plan_triton, elsewhere by plan_certificate), turned into screen rows
    ``g`` (the retained heads and the aux row, rounded to the key dtype), coefficients and the GPU
    rounding margin (``screen_margin``); the row count is static: r from the config, else the
    per-query default_r capped at DEFAULT_R_CAP;
@@ -54,6 +55,7 @@ from compiler.lowering.dsa_score_triton import (
     tf32_scores,
 )
 from compiler.lowering.dsa_screen_triton import screen
+from compiler.lowering.plan_triton import plan_certificate_triton
 from compiler.lowering.select_codes_triton import select_top_codes
 from compiler.lowering.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
 from runtime.certificate import default_r, plan_certificate
@@ -82,12 +84,13 @@ DEFAULT_R_CAP = 7
 """Without ``config.r``, the per-query budget default_r is capped here (screen rows: r + aux = 8),
 so that the screen's row count is known without reading the budgets back to the host."""
 PLAN_CHUNK_BYTES = 1 << 30
-"""Queries planned at once by ``plan_screen``: their float64 copy of q fits this (16384 queries of
-64 heads x 128; the plan's float64 passes over [queries, H, D] are each launched once per chunk:
-planning 16384 such queries took 7.0 ms in one chunk and 16.4 ms in chunks of 4096 on the H200,
-whose launches then outlasted the work; benchmarks/results/certified_profile_h200.json). Memory:
-the plan's float64 temporaries peak at about 5x this (4.7x measured for a chunk on the CPU), so
-about 5 GiB per call on top of the op's buffers."""
+"""Queries planned at once by ``plan_screen``: a float64 [queries, H, D] tensor fits this (16384
+queries of 64 heads x 128). On CUDA the plan (compiler.lowering.plan_triton) writes one such
+tensor (u) and its [queries, H, H] Gram products and absolute values, about 2x this by
+construction. On the CPU the torch form's float64 passes over [queries, H, D] are each launched
+once per chunk and peak at about 5x this (4.7x measured); on the H200 that form took 7.0 ms for
+16384 such queries in one chunk and 16.4 ms in chunks of 4096, whose launches then outlasted the
+work (benchmarks/results/certified_profile_h200.json, session 7)."""
 REDO_BUFFER_BYTES = 1 << 30
 """Dense code buffer of one round of ``redo_dense`` ([B, slots, T] int64)."""
 
@@ -216,7 +219,7 @@ def plan_screen(q, w, k_dtype, p, r, r_max, chunk=None) -> ScreenPlan:
 
 def _plan_chunk(q, w, k_dtype, p, r, r_max, RP):
     B, S, H, D = q.shape
-    plan = plan_certificate(q, w, p, r, r_max)
+    plan = (plan_certificate_triton if q.is_cuda else plan_certificate)(q, w, p, r, r_max)
     n_rows = plan.rows.shape[-2]
     ap = plan.abs_path[..., None]
     rw = plan.row_weights
