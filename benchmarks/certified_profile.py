@@ -6,8 +6,9 @@
 The structured indexer (``runtime.structured_indexer``, H=64, D=128, bf16) with S causal queries at
 the end of T keys, topk=2048: both ops are checked equal (indices, values bitwise), timed whole
 (CUDA events, median of 3), then profiled once each with ``torch.profiler``: every kernel's name,
-launches and device milliseconds, largest first, and their sum. Then the screen plan alone
-(``plan_screen``) at several query chunks, whose float64 passes are launched once per chunk.
+launches and device milliseconds, largest first, and their sum. Then the plan alone for budgets
+r = 1 and 7: the Triton form (``plan_triton``, what CUDA calls run), the torch form
+(``runtime.certificate``) and the whole ``plan_screen``; and the activation-frequency kernel.
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ import torch
 
 from benchmarks.dense_roofline import PLAN, identical
 from benchmarks.timing import median_ms
-from compiler.lowering.certified_topk_triton import certified_topk_cuda, dense_topk_cuda, plan_screen
+from compiler.lowering.activation_triton import activation_frequency
+from compiler.lowering.certified_topk_triton import P_SAMPLE, certified_topk_cuda, dense_topk_cuda, plan_screen
+from compiler.lowering.plan_triton import plan_certificate_triton
+from runtime.certificate import plan_certificate
 from runtime.structured_indexer import structured_indexer_inputs
 
 
@@ -37,6 +41,10 @@ def kernel_table(fn, device: str, rows: int = 40) -> tuple[list, float]:
     ranked = sorted(events, key=lambda e: -total(e))
     return ([[e.key[:100], e.count, round(total(e) / 1e3, 3)] for e in ranked[:rows]],
             round(sum(total(e) for e in events) / 1e3, 2))
+
+
+ANCHOR_STRIDE = 16
+"""Queries per anchor group in the activation-frequency timing (the structured plan's stride)."""
 
 
 def main(argv=None) -> int:
@@ -63,9 +71,16 @@ def main(argv=None) -> int:
     for name, fn in (("certified", certified), ("dense", dense)):
         doc[f"{name}_kernels"], doc[f"{name}_kernels_total_ms"] = kernel_table(fn, device)
     p_act = torch.rand(1, S, H, device=device)
-    r = torch.ones(1, S, dtype=torch.long, device=device)
-    doc["plan_screen_ms"] = {str(chunk): ms(lambda: plan_screen(q, w, k.dtype, p_act, r, 1, chunk=chunk))
-                             for chunk in (None, S // 4 or 1)}
+    doc["plan_ms"] = {}
+    for r_max in sorted({1, min(7, H)}):
+        r = torch.full((1, S), r_max, dtype=torch.long, device=device)
+        doc["plan_ms"][f"r={r_max}"] = {
+            "triton": ms(lambda: plan_certificate_triton(q, w, p_act, r, r_max)),
+            "torch": ms(lambda: plan_certificate(q, w, p_act, r, r_max)),
+            "plan_screen": ms(lambda: plan_screen(q, w, k.dtype, p_act, r, r_max))}
+    groups = -(-S // ANCHOR_STRIDE)
+    seeds = torch.randint(0, T, (1, groups, topk + topk // 4 + 1), dtype=torch.int32, device=device)
+    doc["activation_ms"] = ms(lambda: activation_frequency(q, k, seeds, ANCHOR_STRIDE, P_SAMPLE))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
@@ -73,7 +88,7 @@ def main(argv=None) -> int:
         print(f"{name}: {doc[f'{name}_kernels_total_ms']} ms of kernels", flush=True)
         for row in doc[f"{name}_kernels"][:12]:
             print("  ", row, flush=True)
-    print(json.dumps(doc["plan_screen_ms"]), flush=True)
+    print(json.dumps({"plan_ms": doc["plan_ms"], "activation_ms": doc["activation_ms"]}), flush=True)
     return 0 if doc["identical"] else 1
 
 

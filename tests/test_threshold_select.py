@@ -119,6 +119,18 @@ def candidate_rows(R, N, counts, seed, distinct=True):
     return x
 
 
+def with_garbage(cand, counts, seed):
+    """``cand`` with every slot past a row's count overwritten by large values (INT64_MAX among
+    them): top_candidates must never read them as codes."""
+    g = torch.Generator().manual_seed(seed)
+    out = cand.clone()
+    for r, c in enumerate(counts):
+        tail = out[r, min(c, out.shape[1]):]
+        tail.copy_(torch.randint(2**61, 2**62, tail.shape, generator=g))
+        tail[::3] = torch.iinfo(torch.int64).max
+    return out
+
+
 @pytest.mark.parametrize("N,kk", [(64, 8), (100, 30), (40, 40), (300, 1)])
 @pytest.mark.parametrize("distinct", [True, False])
 def test_top_candidates_equals_torch_topk(N, kk, distinct):
@@ -130,7 +142,7 @@ def test_top_candidates_equals_torch_topk(N, kk, distinct):
     cand = candidate_rows(len(counts), N, counts, seed=N * kk, distinct=distinct)
     if not distinct:
         cand[0, 0] = INT64_MIN
-    got = threshold_select.top_candidates(cand, torch.tensor(counts, dtype=torch.int32), kk)
+    got = threshold_select.top_candidates(with_garbage(cand, counts, N), torch.tensor(counts, dtype=torch.int32), kk)
     assert torch.equal(got, torch.topk(cand, kk, dim=-1).values)
 
 
@@ -141,8 +153,9 @@ def test_top_candidates_window_and_its_fallback_both_run():
     counts = [5, 32, 33, 150, 200]
     cand = candidate_rows(len(counts), N, counts, seed=11)
     want = torch.topk(cand, kk, dim=-1).values
-    assert torch.equal(threshold_select.top_candidates(cand, torch.tensor(counts), kk), want)
-    assert torch.equal(threshold_select.top_candidates(cand.clone(), torch.tensor(counts), kk, scratch=True), want)
+    assert torch.equal(threshold_select.top_candidates(with_garbage(cand, counts, 1), torch.tensor(counts), kk), want)
+    assert torch.equal(threshold_select.top_candidates(with_garbage(cand, counts, 2), torch.tensor(counts), kk,
+                                                       scratch=True), want)
     with pytest.raises(ValueError, match="kk"):
         threshold_select.top_candidates(cand, torch.tensor(counts), 0)
 

@@ -54,6 +54,7 @@ from compiler.lowering.dsa_score_triton import (
     score_tile_shape,
     tf32_scores,
 )
+from compiler.lowering.activation_triton import activation_frequency
 from compiler.lowering.dsa_screen_triton import screen
 from compiler.lowering.plan_triton import plan_certificate_triton
 from compiler.lowering.select_codes_triton import select_top_codes
@@ -265,18 +266,6 @@ class CertifiedTrace:
     plan: ScreenPlan | None
 
 
-def _activation_frequency(q, k, seed_ids, A):
-    """p_h per query: fraction of the first P_SAMPLE witness keys of its anchor with q_h . k > 0."""
-    B, S, H, D = q.shape
-    nA = seed_ids.shape[1]
-    ids = seed_ids[..., :P_SAMPLE].long()
-    ks = torch.gather(k, 1, ids.reshape(B, -1, 1).expand(-1, -1, D)).view(B, nA, -1, D)
-    pad = nA * A - S
-    qq = torch.nn.functional.pad(q, (0, 0, 0, 0, 0, pad)).view(B, nA, A * H, D)
-    pos = (qq @ ks.transpose(-1, -2) > 0).sum(-1).float() / ks.shape[-2]
-    return pos.view(B, nA * A, H)[:, :S]
-
-
 def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
     """Anchors, seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, G).
     ``screen_config``: the screen's LaunchConfig, None to let ``screen`` choose it."""
@@ -289,7 +278,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
                                min(T, kk + kk // 4 + 1))
     seed_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
     tau_val = _seed_threshold(q, w, k, mask, kk, config, seed_ids, A // G)
-    p = _activation_frequency(q, k, seed_ids, A)
+    p = activation_frequency(q, k, seed_ids, A, P_SAMPLE)
     r_max = min(H, DEFAULT_R_CAP if config.r is None else config.r)
     r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
     plan = plan_screen(q, w, k.dtype, p, r.long(), r_max)
@@ -338,8 +327,7 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
     nk = key_norms(k) if nk is None else nk
     tau, ids, list_count, cap, plan, G = _screen_stage(q, w, k, mask, kk, config, nk, screen_config)
     cand_cap = min(cap, CANDIDATE_FACTOR * kk)
-    cand = torch.full((B, S, cand_cap), torch.iinfo(torch.int64).min, dtype=torch.int64,
-                      device=q.device)
+    cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
                out_count=cand_count, splits=key_splits(B * ids.shape[1], cap))

@@ -207,7 +207,7 @@ def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r
                            RP=max(2, triton.next_power_of_2(r_max)), HP=max(2, triton.next_power_of_2(H)),
                            CD=PLAN_COLUMNS, num_warps=PLAN_WARPS)
     u_square, mass_scores, weight_sum, bound_rows, projected_mass = scalars.unbind(-1)
-    gram = torch.bmm(ut.transpose(1, 2), ut).abs().sum((-1, -2))
+    gram = torch.linalg.vector_norm(torch.bmm(ut.transpose(1, 2), ut), ord=1, dim=(-1, -2))  # sum |u_h . u_l|
     abs_path = flags.bool()
     residual = torch.where(abs_path, 0.0, 0.5 * (u_square.sqrt() + gram.sqrt()))
     slope, offset = margin_coefficients(mass_scores, weight_sum, bound_rows + residual,

@@ -157,19 +157,31 @@ def _kth_largest_kernel(x_ptr, out_ptr, n, kk, stride_x, NP: tl.constexpr):
 
 @triton.jit
 def _top_window_kernel(cand_ptr, count_ptr, out_ptr, N, kk, stride_c, stride_o, NP: tl.constexpr):
-    """Rows with count[row] <= NP: out[row, :kk] = the kk largest of cand[row, :min(N, NP)] as a
-    multiset, in no particular order (those greater than the kk-th, then copies of it); other
-    rows: nothing written."""
+    """Rows with count[row] <= NP: out[row, :kk] = the kk largest of the row's first count codes
+    (INT64_MIN for missing ones) as a multiset, in no particular order (those greater than the
+    kk-th, then copies of it); other rows: nothing written."""
     row = tl.program_id(0).to(tl.int64)
-    live = tl.load(count_ptr + row) <= NP
+    count = tl.load(count_ptr + row)
+    live = count <= NP
     j = tl.arange(0, NP)
-    x = tl.load(cand_ptr + row * stride_c + j, mask=live & (j < N), other=-9223372036854775808)
+    x = tl.load(cand_ptr + row * stride_c + j, mask=live & (j < N) & (j < count), other=-9223372036854775808)
     kth = _kth_of(x, kk)
     greater = (x > kth).to(tl.int32)
     tl.store(out_ptr + row * stride_o + tl.cumsum(greater, axis=0) - 1, x, mask=live & (greater != 0))
     equal = (x == kth).to(tl.int32)
     slot = tl.sum(greater, axis=0) + tl.cumsum(equal, axis=0) - 1
     tl.store(out_ptr + row * stride_o + slot, x, mask=live & (equal != 0) & (slot < kk))
+
+
+@triton.jit
+def _pad_tail_kernel(cand_ptr, count_ptr, NP, N, stride_c, BLOCK: tl.constexpr):
+    """Rows with NP < count[row] <= N: cand[row, count:N] = INT64_MIN; other rows untouched."""
+    row = tl.program_id(0).to(tl.int64)
+    count = tl.load(count_ptr + row)
+    start = tl.where((count > NP) & (count <= N), count, N)
+    for t0 in range(start, N, BLOCK):
+        t = t0 + tl.arange(0, BLOCK)
+        tl.store(cand_ptr + row * stride_c + t, tl.full([BLOCK], -9223372036854775808, tl.int64), mask=t < N)
 
 
 def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
@@ -215,14 +227,16 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
     """[R, kk] int64: the kk largest codes of each candidate row ``cand [R, N]`` int64, descending
     (as ``torch.topk(cand, kk).values``), for rows holding at most N codes.
 
-    A candidate row holds its ``count [R]`` (int32/int64) codes first, then INT64_MIN padding; a
-    count above N (an overflowed buffer) leaves that row of the result unspecified, for the caller
-    to answer. Rows with count <= the window (``window(N, kk)``) get the window's kk largest, found
-    in registers by one program per row (the kk-th by ``_kth_of``, then the codes above it and
-    copies of it; everything past the window is padding, the smallest value), then ``torch.sort``
-    of the kk; when the buffer is wider than the window, rows with a larger count take the
-    row-gated selector over the whole row (``scratch``: the caller gives up ``cand``'s content,
-    which lets that selector read such a row about twice instead of 17 times).
+    A candidate row holds its ``count [R]`` (int32/int64) codes first; what follows them is never
+    read as a code (the buffer need not be filled: a row with fewer than kk codes gets INT64_MIN
+    for the missing ones). A count above N (an overflowed buffer) leaves that row of the result
+    unspecified, for the caller to answer. Rows with count <= the window (``window(N, kk)``) get
+    their kk largest, found in registers by one program per row (the kk-th by ``_kth_of``, then
+    the codes above it and copies of it), then ``torch.sort`` of the kk; when the buffer is wider
+    than the window, rows with a larger count get INT64_MIN written past their codes (one gated
+    program per row, ``_pad_tail_kernel``) and take the row-gated selector over the whole row
+    (``scratch``: the caller gives up ``cand``'s content, which lets that selector read such a row
+    about twice instead of 17 times).
     On the H200, per 4096 rows with kk = 2048: over 2 kk wide buffers (the dense path's) the
     window kernel took 0.21 ms and the sort 0.51, against 1.04 for ``torch.topk`` (session 8
     exploration); over 8 kk wide ones ``torch.topk`` took 2.03-2.29 ms (benchmarks/results/
@@ -240,6 +254,7 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
                              num_warps=KTH_WARPS)
     out = torch.sort(out, dim=-1, descending=True).values
     if np_ < N:
+        _pad_tail_kernel[(R,)](cand, count, np_, N, cand.stride(0), BLOCK=1024)
         select_top_codes(cand, (count > np_) & (count <= N), kk, out=out, scratch=scratch)
     return out
 
