@@ -271,13 +271,23 @@ def decode_inputs(B, T, exact):
     return random_inputs(1, T, seed=B, exact=exact, B=B)
 
 
+def stock_decode_topk(q, k, w, kk):
+    """The transformers DSA indexer's scoring as an uncompiled model runs it at decode (fp32 logits
+    ``q.float() @ k^T``, relu, the weighted head sum as a matmul, ``topk``), without its positive
+    scale factors, which change no ranking: indices [B, S, kk]. q [B,S,H,D], k [B,T,D], w [B,S,H]."""
+    scores = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)).relu_()
+    return torch.matmul(w.float().unsqueeze(-2), scores).squeeze(-2).topk(kk, dim=-1).indices
+
+
 def decode(emit, T=131072, exact=False):
     """One decode query, and a serving batch of 64 decode queries each over its own T keys
     (``decode_inputs``): ``dense_ms`` the dense kernel called directly, ``op_dense_ms`` the op told
     to score densely (path "dense"), ``op_ms`` the op as a compiled model calls it with that plan
     (path "auto", r=1, the plan's crossover): the op's path choice must send decode to dense
     scoring, so ``op_ms`` matches ``op_dense_ms``; the difference to ``dense_ms`` is the op's own
-    per-call cost (argument checks, dispatch)."""
+    per-call cost (argument checks, dispatch). ``stock_ms``: the transformers indexer's own form
+    (``stock_decode_topk``), what the user runs without this backend; ``stock_same_index_fraction``:
+    the fraction of its indices that are the op's (not exact: its sums round differently)."""
     for B in (1, 64):
         q, k, w = decode_inputs(B, T, exact)
         want = dense_topk_cuda(q, k, w, TOPK)
@@ -290,8 +300,14 @@ def decode(emit, T=131072, exact=False):
         dense_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK), reps=20)
         op_dense_ms = timed(op_dense, reps=20)
         op_ms = timed(op, reps=20)
+        kk = min(TOPK, T)
+        stock = stock_decode_topk(q, k, w, kk)
+        offset = torch.arange(B, device=stock.device)[:, None, None] * T  # per-row sets, flattened
+        stock_same = torch.isin(stock + offset, got[1] + offset).float().mean()
+        stock_ms = timed(lambda: stock_decode_topk(q, k, w, kk), reps=20)
         emit({"S": 1, "B": B, "T": T, "H": H, "D": D, "topk": TOPK, "method": "decode", "dense_ms": round(dense_ms, 3),
-              "op_dense_ms": round(op_dense_ms, 3), "op_ms": round(op_ms, 3), "identical": same})
+              "op_dense_ms": round(op_dense_ms, 3), "op_ms": round(op_ms, 3), "identical": same,
+              "stock_ms": round(stock_ms, 3), "stock_same_index_fraction": round(float(stock_same), 4)})
 
 
 def main(argv=None):

@@ -9,8 +9,9 @@ head norms; retained rows, their dots and aux; u), so of the [..., H, D] float64
 the torch form (q64, anchor rows, residual directions, u) only u reaches memory, transposed, for
 its Gram matrix: a batched float64 product (``torch.bmm``) after the kernel, which the tensor
 cores run; the residual E and the margin follow on [...] vectors. H200, 16384 queries of 64 x 128
-bf16 (session 9): 2.10 ms for r_max = 1 and 3.07 for 7, against 5.88 and 6.45 for the torch form;
-the Gram sum inside the kernel (an [H, H] register accumulator) took 4.6-4.9 ms.
+bf16: 1.89 ms for r_max = 1 and 3.01 for 7, against 5.95 and 6.46 for the torch form
+(benchmarks/results/certified_profile_h200.json, ``plan_ms``); the Gram sum inside the kernel (an
+[H, H] float64 register accumulator) took 4.6-4.9 ms at its best (session 9 exploration).
 
 Soundness: the same quantities as the torch form, summed in other orders. runtime.rounding's
 planning item bounds every computed quantity for sums in any order, with or without FMA, so the
@@ -30,7 +31,8 @@ from runtime.rounding import margin_coefficients
 __all__ = ["plan_certificate_triton"]
 
 PLAN_WARPS = 1
-"""Warps of a planning program. H200, 16384 queries, H=64, D=128, r_max = 1 (7): one warp 2.10
+"""Warps of a planning program. H200, 16384 queries, H=64, D=128, r_max = 1 (7), session 9
+exploration: one warp 2.10
 (3.07) ms, two 2.58 (3.83), four 6.72 (4.35) with PLAN_COLUMNS = 4; Triton 3.6 failed to compile
 some four-warp forms (its layout-conversion pass), so one warp is also the safe choice."""
 PLAN_COLUMNS = 4
@@ -167,10 +169,10 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     bound_rows = tl.sum(tl.abs(row_weights) * row_norm, axis=0) + tl.sqrt(aux_square)
 
     tl.store(rw_ptr + n * R_MAX + slot, row_weights, mask=sok)
-    k = tl.arange(0, 8)
-    scalars = tl.where(k == 0, u_square, tl.where(k == 1, mass_scores, tl.where(
-        k == 2, tl.sum(tl.abs(w), axis=0), tl.where(k == 3, bound_rows, projected_mass))))
-    tl.store(scalars_ptr + n * 5 + k, scalars, mask=k < 5)
+    field = tl.arange(0, 8)
+    scalars = tl.where(field == 0, u_square, tl.where(field == 1, mass_scores, tl.where(
+        field == 2, tl.sum(tl.abs(w), axis=0), tl.where(field == 3, bound_rows, projected_mass))))
+    tl.store(scalars_ptr + n * 5 + field, scalars, mask=field < 5)
     tl.store(flags_ptr + n + tl.arange(0, 1), tl.zeros([1], dtype=tl.int8) + abs_path.to(tl.int8))
     tl.store(ret_ptr + n * H + h, retained.to(tl.int8), mask=hok)
 
