@@ -225,7 +225,7 @@ def window(N: int, kk: int) -> int:
 
 def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bool = False) -> torch.Tensor:
     """[R, kk] int64: the kk largest codes of each candidate row ``cand [R, N]`` int64, descending
-    (as ``torch.topk(cand, kk).values``), for rows holding at most N codes.
+    (``torch.topk`` of the row's codes with INT64_MIN past them), for rows holding at most N codes.
 
     A candidate row holds its ``count [R]`` (int32/int64) codes first; what follows them is never
     read as a code (the buffer need not be filled: a row with fewer than kk codes gets INT64_MIN
