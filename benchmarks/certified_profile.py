@@ -43,10 +43,6 @@ def kernel_table(fn, device: str, rows: int = 40) -> tuple[list, float]:
             round(sum(total(e) for e in events) / 1e3, 2))
 
 
-ANCHOR_STRIDE = 16
-"""Queries per anchor group in the activation-frequency timing (the structured plan's stride)."""
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
@@ -78,9 +74,9 @@ def main(argv=None) -> int:
             "triton": ms(lambda: plan_certificate_triton(q, w, p_act, r, r_max)),
             "torch": ms(lambda: plan_certificate(q, w, p_act, r, r_max)),
             "plan_screen": ms(lambda: plan_screen(q, w, k.dtype, p_act, r, r_max))}
-    groups = -(-S // ANCHOR_STRIDE)
+    groups = -(-S // PLAN.anchor_stride)
     seeds = torch.randint(0, T, (1, groups, topk + topk // 4 + 1), dtype=torch.int32, device=device)
-    doc["activation_ms"] = ms(lambda: activation_frequency(q, k, seeds, ANCHOR_STRIDE, P_SAMPLE))
+    doc["activation_ms"] = ms(lambda: activation_frequency(q, k, seeds, PLAN.anchor_stride, P_SAMPLE))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
