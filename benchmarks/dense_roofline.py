@@ -279,35 +279,69 @@ def stock_decode_topk(q, k, w, kk):
     return torch.matmul(w.float().unsqueeze(-2), scores).squeeze(-2).topk(kk, dim=-1).indices
 
 
-def decode(emit, T=131072, exact=False):
-    """One decode query, and a serving batch of 64 decode queries each over its own T keys
-    (``decode_inputs``): ``dense_ms`` the dense kernel called directly, ``op_dense_ms`` the op told
-    to score densely (path "dense"), ``op_ms`` the op as a compiled model calls it with that plan
-    (path "auto", r=1, the plan's crossover): the op's path choice must send decode to dense
-    scoring, so ``op_ms`` matches ``op_dense_ms``; the difference to ``dense_ms`` is the op's own
-    per-call cost (argument checks, dispatch). ``stock_ms``: the transformers indexer's own form
-    (``stock_decode_topk``), what the user runs without this backend; ``stock_same_index_fraction``:
-    the fraction of its indices that are the op's (not exact: its sums round differently)."""
-    for B in (1, 64):
-        q, k, w = decode_inputs(B, T, exact)
-        want = dense_topk_cuda(q, k, w, TOPK)
-        op = lambda: torch.ops.pulsar_dosa.certified_topk(q, k, w, TOPK, None, layer=f"decode{B}", r=1,
-                                                          min_keys=PLAN_CROSSOVER, path="auto")
-        op_dense = lambda: torch.ops.pulsar_dosa.certified_topk(q, k, w, TOPK, None, layer=f"decode{B}",
-                                                                path="dense")
-        got = op()
-        same = identical(got, want)
-        dense_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK), reps=20)
-        op_dense_ms = timed(op_dense, reps=20)
-        op_ms = timed(op, reps=20)
-        kk = min(TOPK, T)
-        stock = stock_decode_topk(q, k, w, kk)
-        offset = torch.arange(B, device=stock.device)[:, None, None] * T  # per-row sets, flattened
-        stock_same = torch.isin(stock + offset, got[1] + offset).float().mean()
-        stock_ms = timed(lambda: stock_decode_topk(q, k, w, kk), reps=20)
-        emit({"S": 1, "B": B, "T": T, "H": H, "D": D, "topk": TOPK, "method": "decode", "dense_ms": round(dense_ms, 3),
-              "op_dense_ms": round(op_dense_ms, 3), "op_ms": round(op_ms, 3), "identical": same,
-              "stock_ms": round(stock_ms, 3), "stock_same_index_fraction": round(float(stock_same), 4)})
+def per_call_ms(fn, calls=100):
+    """Wall ms per call of ``calls`` calls back to back, one synchronisation at the end: what a
+    decode loop sees when the host, not the GPU, sets the pace."""
+    fn()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3 / calls
+
+
+def graph_ms(fn):
+    """GPU ms of one call replayed from a CUDA graph (no host time), or None off CUDA."""
+    if DEVICE != "cuda":
+        return None
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay, reps=20)
+
+
+def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False):
+    """Decode: B sequences of one query each over its own T keys (``decode_inputs``). ``op_ms``: the
+    op as a compiled model calls it with the structured plan (path "auto", r=1, the plan's
+    crossover; its path choice must send decode to dense scoring); ``dense_ms``: the dense path
+    called directly (the difference is the op's own per-call cost: dispatch, checks, statistics);
+    ``stock_ms`` / ``stock_compiled_ms``: the transformers indexer's own form
+    (``stock_decode_topk``) eager and under ``torch.compile``, what the user runs without this
+    backend; ``stock_same_index_fraction``: the fraction of its indices that are the op's (not exact:
+    its sums round differently). Each time alone (CUDA events around one call), then ``*_loop_ms``
+    (``per_call_ms``: calls back to back, the host's pace) and ``*_graph_ms`` (``graph_ms``: the GPU's
+    time, as under CUDA graphs). ``identical``: the op's output equals ``torch.topk`` of every key's
+    order code (``all_codes``), decoded."""
+    stock_compiled = torch.compile(stock_decode_topk) if DEVICE == "cuda" else None
+    for T in lengths:
+        for B in batches:
+            q, k, w = decode_inputs(B, T, exact)
+            kk = min(TOPK, T)
+            op = lambda: torch.ops.pulsar_dosa.certified_topk(q, k, w, TOPK, None, layer=f"decode{B}", r=1,
+                                                              min_keys=PLAN_CROSSOVER, path="auto")
+            got = op()
+            want = scorer.decode_codes(torch.topk(all_codes(q, w, k), kk, dim=-1).values, T)
+            stock = lambda: stock_decode_topk(q, k, w, kk)
+            offset = torch.arange(B, device=q.device)[:, None, None] * T  # per-row sets, flattened
+            stock_same = torch.isin(stock() + offset, got[1] + offset).float().mean()
+            row = {"S": 1, "B": B, "T": T, "H": H, "D": D, "topk": TOPK, "method": "decode",
+                   "identical": identical(got, want), "stock_same_index_fraction": round(float(stock_same), 4)}
+            forms = {"op": op, "dense": lambda: dense_topk_cuda(q, k, w, TOPK), "stock": stock}
+            if stock_compiled is not None:
+                forms["stock_compiled"] = lambda: stock_compiled(q, k, w, kk)
+            for name, fn in forms.items():
+                row[f"{name}_ms"] = round(timed(fn, reps=20), 3)
+                row[f"{name}_loop_ms"] = round(per_call_ms(fn), 3)
+                gpu = graph_ms(fn) if name != "stock_compiled" else None
+                if gpu is not None:
+                    row[f"{name}_graph_ms"] = round(gpu, 3)
+            emit(row)
+            del q, k, w
 
 
 def main(argv=None):
@@ -340,7 +374,7 @@ def main(argv=None):
         sweep(emit, *((64, 512) if args.smoke else ()))
         return 0
     if args.decode_only:
-        decode(emit, 256 if args.smoke else 131072, exact=args.smoke)
+        decode(emit, *(((256,), (1, 64)) if args.smoke else ()), exact=args.smoke)
         return 0
     structured_inputs = None
     if not args.no_structured:
@@ -352,7 +386,7 @@ def main(argv=None):
         structured_inputs = (q, k, w.float())
         print(f"structured inputs in {time.perf_counter() - start:.1f} s", flush=True)
     grid(emit, args.S, args.T, structured_inputs)
-    decode(emit, 256 if args.smoke else 131072, exact=args.smoke)
+    decode(emit, *(((256,), (1, 64)) if args.smoke else ()), exact=args.smoke)
     return 0
 
 

@@ -195,16 +195,23 @@ def main(argv=None) -> int:
         args.lengths = [64, 128] if args.smoke else [4096, 16384, 32768, 65536]
     if args.smoke:
         args.plan_tokens = min(args.plan_tokens, 128)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     args.workdir = tempfile.mkdtemp(prefix="e2e_plans_")  # the plans live for the run only
+    return run_document(args, run_model, render_markdown, reps=args.reps)
+
+
+def run_document(args, run_model, render_markdown, **fields) -> int:
+    """Run ``run_model(name, args, emit)`` for every model of ``args.models``; every emitted row is
+    printed and rewrites ``args.out`` (the JSON document: device, versions, layers, ``fields``,
+    rows) and the markdown table beside it (``render_markdown(doc)``)."""
     import transformers
     import triton
 
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"device": torch.cuda.get_device_name() if not args.smoke else "cpu (smoke)",
            "versions": {"torch": torch.__version__, "triton": triton.__version__,
                         "transformers": transformers.__version__},
-           "layers": args.layers, "reps": args.reps, "rows": []}
+           "layers": args.layers, **fields, "rows": []}
 
     def emit(row):
         doc["rows"].append(row)

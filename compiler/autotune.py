@@ -16,6 +16,7 @@ replaced. The choice only affects speed: every candidate computes the same resul
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -71,6 +72,14 @@ def length_bucket(length: int, minimum: int = 256) -> int:
 def interpreter_active() -> bool:
     """True when Triton kernels run in the CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def multiprocessor_count(device: torch.device | str | int | None = None) -> int:
+    """Streaming multiprocessors of a CUDA device (the current one when None), looked up once."""
+    if device is None:
+        device = torch.cuda.current_device()
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def default_cache_path() -> Path:

@@ -104,7 +104,7 @@ class CertifiedTopkConfig:
 
 
 class TopkStats:
-    """Counters of ``certified_topk`` calls, kept as device tensors (no host sync when adding).
+    """Counters of ``certified_topk`` calls: device tensors (no host sync when adding) and host ints.
 
     Counters: queries, anchors, keys_visible, keys_seeded (seed keys of certified queries),
     keys_screened (keys bounded by the certificate), survivors (screened keys with bound >= tau),
@@ -117,11 +117,17 @@ class TopkStats:
 
     def __init__(self) -> None:
         self._counts: dict[str, torch.Tensor] = {}
+        self._host: dict[str, int] = {}
 
-    def add(self, name: str, count: torch.Tensor) -> None:
-        """Add an integer count (a 0-d tensor) to counter ``name``."""
+    def add(self, name: str, count: torch.Tensor | int) -> None:
+        """Add an integer count to counter ``name``: a 0-d tensor, kept on its device, or a Python
+        int the caller knows on the host (no launch: a dense call's counts; a CUDA graph replay does
+        not add it again)."""
         if name not in self.COUNTERS and name not in FALLBACK_REASONS:
             raise ValueError(f"name: expected a counter of {self.COUNTERS + FALLBACK_REASONS}, got {name!r}")
+        if isinstance(count, int) and not isinstance(count, bool):
+            self._host[name] = self._host.get(name, 0) + count
+            return
         count = count.to(torch.int64)
         self._counts[name] = self._counts[name] + count if name in self._counts else count
 
@@ -130,16 +136,18 @@ class TopkStats:
         for name, count in other._counts.items():
             device = next(iter(self._counts.values())).device if self._counts else count.device
             self.add(name, count.to(device))
+        for name, count in other._host.items():
+            self.add(name, count)
 
     def stacked(self, names) -> torch.Tensor:
         """The counters ``names`` as one int64 device tensor (0 for a counter never added), without
-        a host synchronisation; empty accumulators give a CPU tensor of zeros."""
+        a host synchronisation; accumulators without device counters give a CPU tensor."""
         device = next(iter(self._counts.values())).device if self._counts else torch.device("cpu")
         zero = torch.zeros((), dtype=torch.int64, device=device)
-        return torch.stack([self._counts.get(name, zero) for name in names])
+        return torch.stack([self._counts.get(name, zero) + self._host.get(name, 0) for name in names])
 
     def _value(self, name: str) -> int:
-        return int(self._counts[name]) if name in self._counts else 0
+        return (int(self._counts[name]) if name in self._counts else 0) + self._host.get(name, 0)
 
     @property
     def pruned_frac(self) -> float:

@@ -18,11 +18,12 @@ keys. A visible bias of ``+inf`` or NaN is kept as it is (the score becomes ``+i
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["IndexerInputs", "check_indexer_inputs"]
+__all__ = ["IndexerInputs", "check_indexer_inputs", "checked_kk"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -137,3 +138,27 @@ def check_indexer_inputs(
         visible=visible,
         bias=bias,
     )
+
+
+def checked_kk(q: object, k: object, weights: object, topk: object, mask: object = None) -> int:
+    """``kk`` of a call that ``check_indexer_inputs`` accepts, else its error; no data is read.
+
+    The check runs on meta tensors of the same shapes and dtypes (devices compared first), once per
+    distinct signature (shapes, dtypes, topk): a call repeated at one signature, as a
+    decode loop makes it, costs a dictionary lookup (errors are never remembered)."""
+    args = (q, k, weights, mask)
+    if (type(topk) is not int or not all(isinstance(x, torch.Tensor) for x in args[:3])
+            or not (mask is None or isinstance(mask, torch.Tensor))):
+        meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in args]
+        return check_indexer_inputs(meta[0], meta[1], meta[2], topk, meta[3]).kk
+    for name, x in (("k", k), ("weights", weights), ("mask", mask)):
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
+    signature = tuple(None if x is None else (tuple(x.shape), x.dtype) for x in args)
+    return _checked_kk_of(signature, topk)
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_kk_of(signature: tuple, topk: int) -> int:
+    meta = [None if s is None else torch.empty(s[0], dtype=s[1], device="meta") for s in signature]
+    return check_indexer_inputs(meta[0], meta[1], meta[2], topk, meta[3]).kk

@@ -48,3 +48,4 @@ def test_the_grid_times_dense_the_torch_baseline_and_decode(tmp_path):
     decode = [r for r in rows if r["method"] == "decode"]
     assert [r["B"] for r in decode] == [1, 64] and all(r["identical"] for r in decode)
     assert all(0.5 <= r["stock_same_index_fraction"] <= 1.0 and r["stock_ms"] > 0 for r in decode)
+    assert all(r[f"{form}_loop_ms"] > 0 for r in decode for form in ("op", "dense", "stock"))

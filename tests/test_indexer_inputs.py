@@ -1,8 +1,9 @@
-"""check_indexer_inputs: normalisation of valid inputs and clear errors for invalid ones."""
+"""check_indexer_inputs: normalisation of valid inputs and clear errors for invalid ones; checked_kk
+(its check once per signature) answers as it does."""
 import pytest
 import torch
 
-from runtime.indexer_inputs import check_indexer_inputs
+from runtime.indexer_inputs import check_indexer_inputs, checked_kk
 
 B, S, T, H, D = 2, 3, 5, 4, 6
 
@@ -84,18 +85,28 @@ def test_additive_mask_hides_minus_inf_and_keeps_other_values_as_bias():
         ("mask", torch.zeros(B, S, T, dtype=torch.bool, device="meta"), ValueError, "mask: expected device"),
     ],
 )
-def test_malformed_argument_raises_an_error_naming_it(which, bad, error, words):
+@pytest.mark.parametrize("check", [check_indexer_inputs, checked_kk])
+def test_malformed_argument_raises_an_error_naming_it(which, bad, error, words, check):
     q, k, w = _inputs()
     args = {"q": q, "k": k, "weights": w, "topk": 2, "mask": None}
+    assert checked_kk(**args) == 2  # a good call at the same shapes first: errors are not cached away
     args[which] = bad
-    with pytest.raises(error) as info:
-        check_indexer_inputs(**args)
-    assert words in str(info.value)
+    for _ in range(2):
+        with pytest.raises(error) as info:
+            check(**args)
+        assert words in str(info.value)
 
 
 @pytest.mark.parametrize(
     "topk, error", [(0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError), ("2", TypeError)]
 )
-def test_topk_must_be_a_positive_int_and_not_a_bool(topk, error):
+@pytest.mark.parametrize("check", [check_indexer_inputs, checked_kk])
+def test_topk_must_be_a_positive_int_and_not_a_bool(topk, error, check):
     with pytest.raises(error, match="topk: expected a positive int"):
-        check_indexer_inputs(*_inputs(), topk)
+        check(*_inputs(), topk)
+
+
+def test_checked_kk_is_topk_clipped_to_the_keys_per_signature():
+    q, k, w = _inputs()
+    assert [checked_kk(q, k, w, t) for t in (2, 9, 2)] == [2, T, 2]
+    assert checked_kk(q, k[:, :3], w, 9, torch.ones(B, S, 3, dtype=torch.bool)) == 3

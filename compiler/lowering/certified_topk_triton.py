@@ -56,12 +56,13 @@ from compiler.lowering.dsa_score_triton import (
 )
 from compiler.lowering.activation_triton import activation_frequency
 from compiler.lowering.dsa_screen_triton import screen
+from compiler.lowering.few_rows_select import few_rows_topk, takes_few_rows
 from compiler.lowering.plan_triton import plan_certificate_triton
 from compiler.lowering.select_codes_triton import select_top_codes
 from compiler.lowering.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
-from runtime.indexer_inputs import check_indexer_inputs
+from runtime.indexer_inputs import checked_kk
 from runtime.rounding import U32, gamma, key_norm_up, round_up_to_float32
 from runtime.seeds import sample_keys, sample_rank, sample_size
 
@@ -94,15 +95,6 @@ once per chunk and peak at about 5x this (4.7x measured); on the H200 that form 
 work (benchmarks/results/certified_profile_h200.json, session 7)."""
 REDO_BUFFER_BYTES = 1 << 30
 """Dense code buffer of one round of ``redo_dense`` ([B, slots, T] int64)."""
-
-
-def _check(q, k, weights, topk, mask):
-    """Validate with the runtime's checks on meta tensors (no copies); returns kk."""
-    for name, x in (("k", k), ("weights", weights), ("mask", mask)):
-        if isinstance(x, torch.Tensor) and isinstance(q, torch.Tensor) and x.device != q.device:
-            raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
-    meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in (q, k, weights, mask)]
-    return check_indexer_inputs(meta[0], meta[1], meta[2], topk, meta[3]).kk
 
 
 def _operands(q, k, weights):
@@ -159,14 +151,30 @@ def dense_codes_topk(q, w, k, mask, kk):
         maxima = None if n is None else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device)
         codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima)
         out.append(top_codes(codes, kk, maxima))
-    return torch.cat(out, dim=1)
+    return out[0] if len(out) == 1 else torch.cat(out, dim=1)
+
+
+def dense_values_topk(q, w, k, mask, kk):
+    """(values [B,S,kk] fp32, indices [B,S,kk] int64) of dense scoring, in THE ORDER. A call of
+    few rows on CUDA (decode) selects and decodes in one launch after the scorer
+    (few_rows_select); any other: ``dense_codes_topk``, then ``decode_codes``."""
+    B, S = q.shape[:2]
+    T = k.shape[1]
+    multiple = chunk_multiple(q.dtype)
+    n = chunk_count(T, kk, multiple)
+    if n % multiple == 0 and takes_few_rows(B * S, T, kk, n, q.device):
+        maxima = torch.empty((B, S, n), dtype=torch.int64, device=q.device)
+        codes = dense_codes(q, w, k, mask, maxima=maxima)
+        values, idx = few_rows_topk(codes.view(B * S, T), maxima.view(B * S, n), kk, T)
+        return values.view(B, S, kk), idx.view(B, S, kk)
+    return decode_codes(dense_codes_topk(q, w, k, mask, kk), T)
 
 
 def dense_topk_cuda(q, k, weights, topk, mask=None):
     """Dense Triton top-K: (values [B,S,kk] fp32, indices [B,S,kk] int64) in THE ORDER."""
-    kk = _check(q, k, weights, topk, mask)
+    kk = checked_kk(q, k, weights, topk, mask)
     q, k, w = _operands(q, k, weights)
-    return decode_codes(dense_codes_topk(q, w, k, mask, kk), k.shape[1])
+    return dense_values_topk(q, w, k, mask, kk)
 
 
 @dataclass
@@ -396,14 +404,13 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
     of dsa_screen_triton.SCREEN_CONFIGS); None autotunes it on CUDA. Any config gives the same
     output (only the screen is tuned; the scorer's config is fixed).
     """
-    kk = _check(q, k, weights, topk, mask)
+    kk = checked_kk(q, k, weights, topk, mask)
     config = CertifiedTopkConfig() if config is None else config
     q, k, w = _operands(q, k, weights)
     T = k.shape[1]
     if config.path == "dense" or tf32_scores(q.dtype):
-        codes = dense_codes_topk(q, w, k, mask, kk)
         _record(stats, q, T, None)
-        return decode_codes(codes, T)
+        return dense_values_topk(q, w, k, mask, kk)
     codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config)
     codes = redo_dense(codes, tr.redo, q, w, k, mask, kk)
     _record(stats, q, T, tr)
@@ -413,22 +420,24 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
 
 
 def _record(stats: TopkStats | None, q, T, tr):
-    """Add the call's counters to ``stats`` as device tensors (no synchronisation; inside a CUDA
-    graph the counters hold the capture-time totals plus the last replay's counts).
+    """Add the call's counters to ``stats``: a dense call's as host ints (no launch), a certified
+    call's as device tensors (no synchronisation; inside a CUDA graph the counters hold the
+    capture-time totals plus the last replay's counts).
 
     survivors counts refined (query, key) pairs: a tile's survivor list (union over its
     list_queries queries; all T keys when it overflowed) times list_queries."""
     if stats is None:
         return
     B, S = q.shape[:2]
+    if tr is None:
+        stats.add("queries", B * S)
+        stats.add("dense_cheaper", B * S)
+        return
 
     def count(n):  # a device fill, not a host-to-device copy: capturable
         return torch.full((), n, dtype=torch.int64, device=q.device)
 
     stats.add("queries", count(B * S))
-    if tr is None:
-        stats.add("dense_cheaper", count(B * S))
-        return
     survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum() * tr.list_queries
     stats.add("keys_screened", count(B * S * T))
     stats.add("survivors", survivors)

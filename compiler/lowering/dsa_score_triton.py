@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiler.autotune import LaunchConfig, interpreter_active
+from compiler.autotune import LaunchConfig, interpreter_active, multiprocessor_count
 from compiler.lowering.tile_arith import sequential_dot, sequential_group_sum
 
 INTERPRET = interpreter_active()
@@ -123,7 +123,7 @@ def _mask_bounds_kernel(mask_ptr, rows_ptr, out_ptr, S, T, n_slots, n_blocks, ms
     mask shows, or 0) of query row j (``rows[b, j]`` with ROWS; an empty slot -1 gets (T, 0)):
     program (b, block) takes R slots, one read of their mask rows."""
     pid = tl.program_id(0)
-    b = pid // n_blocks
+    b = (pid // n_blocks).to(tl.int64)
     slot = (pid % n_blocks) * R + tl.arange(0, R)
     in_range = slot < n_slots
     if ROWS:
@@ -254,7 +254,7 @@ def _indexer_score_kernel(
 ):
     """Key lists (seeds, refine): program (query tile, split) scores its split of the tile's list."""
     pid = tl.program_id(0)
-    b = pid // n_tiles
+    b = (pid // n_tiles).to(tl.int64)  # b * (stride of a batch row) can pass 2^31
     tile = pid % n_tiles
     lst = (tile // tiles_per_list).to(tl.int64)
     qt, wt, q_off, rok, slots, rows, row_ok = _query_tile(
@@ -334,7 +334,7 @@ def _dense_score_kernel(
     """Every key 0..T-1 (dense scoring), in groups (module docstring): program (query tile, split)
     takes the split's share of the n_groups groups."""
     pid = tl.program_id(0)
-    b = pid // n_tiles
+    b = (pid // n_tiles).to(tl.int64)  # b * (stride of a batch row) can pass 2^31
     tile = pid % n_tiles
     qt, wt, q_off, rok, slots, rows, row_ok = _query_tile(
         q_ptr, w_ptr, rows_ptr, b, tile, S, H, n_slots, sqb, sqs, sqh, swb, sws, srb, BLOCK_S, HP, D,
@@ -443,7 +443,7 @@ def key_splits(programs: int, keys: int, block_t: int = 128) -> int:
     at least 4 * ``block_t`` keys (128 for every H200 measurement, whatever the launch's tile)."""
     if INTERPRET or not torch.cuda.is_available():
         return 1
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = multiprocessor_count()
     return max(1, min(triton.cdiv(2 * sms, max(programs, 1)), triton.cdiv(keys, 4 * block_t)))
 
 
@@ -563,14 +563,20 @@ def chunk_multiple(dtype: torch.dtype) -> int:
 
 
 @triton.jit
-def _decode_codes_kernel(codes_ptr, values_ptr, idx_ptr, n, T, BLOCK: tl.constexpr):
-    off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = off < n
-    c = tl.load(codes_ptr + off, mask=ok, other=0)
+def decode_code(c, T):
+    """(fp32 value, int64 key) of int64 order codes ``c`` (the inverse of ``order_code``)."""
     c32 = (c >> 32).to(tl.int32)  # arithmetic shift: the high word, floor(c / 2^32)
     key = (T - 1) - (c - (c32.to(tl.int64) << 32))
     bits = tl.where(c32 >= 0, c32, c32 ^ 0x7FFFFFFF)
     value = tl.where(c32 == -2147483648, float("-inf"), bits.to(tl.float32, bitcast=True))
+    return value, key
+
+
+@triton.jit
+def _decode_codes_kernel(codes_ptr, values_ptr, idx_ptr, n, T, BLOCK: tl.constexpr):
+    off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = off < n
+    value, key = decode_code(tl.load(codes_ptr + off, mask=ok, other=0), T)
     tl.store(values_ptr + off, value, mask=ok)
     tl.store(idx_ptr + off, key, mask=ok)
 

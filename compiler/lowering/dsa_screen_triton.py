@@ -65,7 +65,7 @@ def _screen_kernel(
     ATOMIC: tl.constexpr, SEQUENTIAL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    b = pid // n_tiles
+    b = (pid // n_tiles).to(tl.int64)  # b * (stride of a batch row) can pass 2^31
     tile = pid % n_tiles
 
     r = tl.arange(0, BLOCK_SS * RP)

@@ -115,7 +115,7 @@ def _two_interval_attention_kernel(
         DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program: BLOCK_M queries of one (batch, query head) against their two key ranges."""
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1).to(tl.int64)  # batch and head offsets can pass 2^31 elements
     batch = pid_bh // num_q_heads
     head = pid_bh % num_q_heads
     kv_head = head // group

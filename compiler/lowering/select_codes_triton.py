@@ -78,7 +78,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiler.autotune import interpreter_active
+from compiler.autotune import interpreter_active, multiprocessor_count
 
 NUM_WARPS = 8
 DEFAULT_BLOCK = 1024
@@ -162,15 +162,9 @@ def _complete_and_sort(row_out, stride_oc, live, kth, num_greater, kk, KP: tl.co
 
 
 @triton.jit
-def _select_top_codes_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr,
-                             N, kk, out_num_rows,
-                             stride_cr, stride_or, stride_oc,
-                             HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr):
-    """One program: row ``program_id(0)`` of codes -> its top kk, descending, in its out row."""
-    row = tl.program_id(0)
-    dst, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
-    row_codes = codes_ptr + row.to(tl.int64) * stride_cr
-    row_out = out_ptr + tl.where(live, dst, 0) * stride_or
+def _select_row(row_codes, N, row_out, stride_oc, live, kk, BLOCK: tl.constexpr, KP: tl.constexpr):
+    """Stages 1-3 in one program: the top kk of ``row_codes[0:N]``, descending, into ``row_out``
+    (slots 0..kk-1, stride ``stride_oc``); nothing read or written unless ``live``."""
     n_live = tl.where(live, N, 0)
     passes = tl.where(live, 16, 0)
     offs = tl.arange(0, BLOCK)
@@ -202,6 +196,18 @@ def _select_top_codes_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr,
     tl.debug_barrier()
 
     _complete_and_sort(row_out, stride_oc, live, kth, kk - rank, kk, KP)
+
+
+@triton.jit
+def _select_top_codes_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr,
+                             N, kk, out_num_rows,
+                             stride_cr, stride_or, stride_oc,
+                             HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr):
+    """One program: row ``program_id(0)`` of codes -> its top kk, descending, in its out row."""
+    row = tl.program_id(0)
+    dst, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
+    _select_row(codes_ptr + row.to(tl.int64) * stride_cr, N, out_ptr + tl.where(live, dst, 0) * stride_or,
+                stride_oc, live, kk, BLOCK, KP)
 
 
 @triton.jit
@@ -400,7 +406,7 @@ def default_splits(busy_rows: int, n: int, block: int, device: torch.device) -> 
     1 off CUDA (the interpreter). Reads device properties only, never tensor values."""
     if torch.device(device).type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = multiprocessor_count(torch.device(device))
     return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, max(busy_rows, 1)), triton.cdiv(n, block)))
 
 

@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket
+from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket, multiprocessor_count
 from runtime.sparse_attention import check_sparse_attention_inputs
 
 _LOG2_E = math.log2(math.e)
@@ -322,7 +322,7 @@ def _num_splits(programs: int, union_cap: int, block_n: int, device: torch.devic
     """Splits of each tile's union so that the grid fills the GPU (1 when it already does)."""
     if device.type != "cuda":
         return 1
-    target = TARGET_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    target = TARGET_PROGRAMS_PER_SM * multiprocessor_count(device)
     return max(1, min(triton.cdiv(target, programs), triton.cdiv(union_cap, block_n)))
 
 

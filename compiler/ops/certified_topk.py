@@ -26,6 +26,7 @@ meta kernel) supports symbolic sizes and adds no guards.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import torch
@@ -34,7 +35,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from compiler.lowering.stats import TOPK_STATS
 from compiler.path_choice import call_path, check_choice
 from runtime.certified_topk import CertifiedTopkConfig, certified_topk as reference_certified_topk
-from runtime.indexer_inputs import check_indexer_inputs
+from runtime.indexer_inputs import checked_kk
 
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
           'SymInt r=-1, SymInt min_keys=-1, str path="auto", bool record_stats=True) -> (Tensor, Tensor)')
@@ -50,9 +51,15 @@ def op_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 def topk_config(r: int, path: str) -> CertifiedTopkConfig:
-    """The runtime configuration for the op's ``r`` (-1 = the runtime's rule) and a decided path."""
+    """The runtime configuration for the op's ``r`` (-1 = the runtime's rule) and a decided path
+    (a frozen dataclass, made once per pair: a decode loop does not rebuild and revalidate it)."""
     if r < -1:
         raise ValueError(f"r: expected -1 (default) or a positive int, got {r}")
+    return _config_of(r, path)
+
+
+@functools.lru_cache(maxsize=256)
+def _config_of(r: int, path: str) -> CertifiedTopkConfig:
     return dataclasses.replace(CertifiedTopkConfig(), path=path, **({} if r == -1 else {"r": r}))
 
 
@@ -78,15 +85,14 @@ def check_call(a: dict[str, Any]) -> int:
     """Validate a concrete call (every argument, tensors on one device); returns kk.
 
     Shapes, dtypes and topk's value are checked by the runtime's ``check_indexer_inputs`` on meta
-    copies (no data is read)."""
+    tensors, once per signature (``checked_kk``; no data is read)."""
     check_devices(a)
     check_topk_type(a["topk"])
     check_choice("path", a["path"])
     for name in ("r", "min_keys"):
         if a[name] < -1:
             raise ValueError(f"{name}: expected -1 (default) or a non-negative int, got {a[name]}")
-    meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in (a["q"], a["k"], a["weights"], a["mask"])]
-    return check_indexer_inputs(meta[0], meta[1], meta[2], a["topk"], meta[3]).kk
+    return checked_kk(a["q"], a["k"], a["weights"], a["topk"], a["mask"])
 
 
 Kernel = Callable[[dict[str, Any], CertifiedTopkConfig, Any], tuple[torch.Tensor, torch.Tensor]]

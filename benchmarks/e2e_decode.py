@@ -1,0 +1,184 @@
+"""End to end, as a user meets it at decode: one generated token of a DSA transformers model over a
+KV cache of T tokens, ``torch.compile(model)`` (stock inductor) against
+``torch.compile(model, backend="pulsar_dosa")``, in the same run, on one GPU.
+
+    python3 benchmarks/e2e_decode.py --out benchmarks/results/e2e_decode_h200.json
+    python3 benchmarks/e2e_decode.py --smoke --out /tmp/e2e_decode_smoke.json   # tiny, on the CPU
+
+Models as in benchmarks/e2e.py (``build``: DeepSeek-V3.2's indexer, 64 heads x 128, topk 2048, a
+small rest, random bf16 weights). Per batch size B and context T: one prefill of T random tokens
+per sequence fills a ``DynamicCache`` (run by the pulsar_dosa-compiled model: stock inductor runs
+out of memory on long prefills, benchmarks/results/e2e_dsv32_h200.md). Then per method (compiled
+once, ``dynamic=True``) and size, on a copy of that cache: WARMUP_STEPS untimed steps (they compile
+the decode graph, S = 1), then ``--steps`` greedy decode steps of one token per sequence
+(``use_cache=True``), each timed alone by CUDA events around the call (host time included:
+default-mode torch.compile, no CUDA graphs).
+
+* ``ms``: their median; every step runs at a cache length the compiled model has not run before,
+  as generate runs it.
+* ``ms_seen_lengths``: the median of all WARMUP_STEPS + ``--steps`` steps replayed from the start on
+  a fresh copy, every length run before. The two differ where a compiled model does work per new
+  length (on the H200, stock inductor's steps took 40-60 ms at new lengths against 3-4 ms at seen
+  ones; its profile showed kernel benchmarking, CachingAutotuner, in such steps).
+* ``indexer_rewrites``: the indexer modules whose subgraph the backend replaced in the decode
+  graphs (0 for stock).
+* ``argmax_agree``: the greedy tokens of the replayed steps equal stock's; ``max_abs_diff``: the
+  largest logit difference of the first step (random weights: near-ties can flip a token).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import time
+
+import torch
+
+from benchmarks.e2e import MODELS, SIZES, SMOKE_SIZES, build, method_module, run_document, sync
+
+WARMUP_STEPS = 2
+"""Untimed steps first: the first compiles the decode graph for one cache length, the second
+recompiles it with the length dynamic."""
+
+
+def decode_steps(compiled, cache, ids, steps: int, device: str):
+    """(per-step ms, logits of each step [steps, B, V], the next ids [B, 1]) of ``steps`` greedy
+    decode steps from ``ids`` [B, 1] over ``cache`` (extended in place)."""
+    times, logits = [], []
+    for _ in range(steps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = compiled(ids, past_key_values=cache, use_cache=True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            out = compiled(ids, past_key_values=cache, use_cache=True)
+            times.append((time.perf_counter() - t0) * 1e3)
+        step = out.logits[:, -1].float()
+        logits.append(step)
+        ids = step.argmax(-1, keepdim=True)
+    return times, torch.stack(logits), ids
+
+
+def median(times) -> float:
+    return round(sorted(times)[len(times) // 2], 3)
+
+
+def fill_caches(model, config, args, device: str, emit) -> dict:
+    """{(B, T): (DynamicCache of T prompt tokens per sequence, first decode ids [B, 1])}, filled by
+    the pulsar_dosa-compiled model; a size whose prefill fails is recorded and left out."""
+    from transformers import DynamicCache
+
+    torch._dynamo.reset()
+    filler = method_module(model, "pulsar_dosa", None)
+    caches = {}
+    for B in args.batches:
+        for T in args.contexts:
+            g = torch.Generator().manual_seed(T + B)
+            prompt = torch.randint(0, config.vocab_size, (B, T), generator=g).to(device)
+            first = torch.randint(0, config.vocab_size, (B, 1), generator=g).to(device)
+            try:
+                cache = DynamicCache(config=config)
+                with torch.no_grad():
+                    filler(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                sync(device)
+                caches[B, T] = cache, first
+            except Exception as exc:  # out of memory at this size: recorded, next size
+                emit({"model": type(model).__name__, "B": B, "T": T, "method": "prefill",
+                      "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return caches
+
+
+def run_model(name: str, args, emit) -> None:
+    from compiler.report import collecting
+
+    device = "cpu" if args.smoke else "cuda"
+    sizes = SMOKE_SIZES if args.smoke else SIZES
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    model, config = build(name, args.layers, sizes, device, dtype)
+    caches = fill_caches(model, config, args, device, emit)
+    reference = {}
+    for method in args.methods:
+        torch._dynamo.reset()
+        compiled = method_module(model, method, None)
+        for (B, T), (cache, first) in caches.items():
+            row = {"model": name, "B": B, "T": T, "method": method, "ms": None, "error": None,
+                   "indexer_rewrites": None, "argmax_agree": None, "max_abs_diff": None}
+            try:
+                with torch.no_grad(), collecting() as report:
+                    running = copy.deepcopy(cache)
+                    ids = decode_steps(compiled, running, first, WARMUP_STEPS, device)[2]
+                    times = decode_steps(compiled, running, ids, args.steps, device)[0]
+                    seen, logits, _ = decode_steps(compiled, copy.deepcopy(cache), first,
+                                                   WARMUP_STEPS + args.steps, device)
+                row["indexer_rewrites"] = len({r.module for r in report.rewrites if r.kind == "dsa_indexer"})
+                row["ms"], row["ms_seen_lengths"] = median(times), median(seen)
+                row["ms_all"] = [round(t, 3) for t in times]
+                if (B, T) not in reference:
+                    reference[B, T] = logits
+                else:
+                    row["argmax_agree"] = bool(torch.equal(logits.argmax(-1), reference[B, T].argmax(-1)))
+                    row["max_abs_diff"] = float((logits[0] - reference[B, T][0]).abs().max())
+            except Exception as exc:  # any failure of this method at this size
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            emit(row)
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        del compiled
+
+
+def render_markdown(doc: dict) -> str:
+    lines = [f"# End to end: decode of a compiled DSA model ({doc['device']})", "",
+             f"versions: {doc['versions']}; layers: {doc['layers']}; bf16, random weights; one token per "
+             f"sequence over a cache of T tokens; median of {doc['steps']} steps after a warm-up, each timed "
+             "alone (host time included, default torch.compile mode).", ""]
+    rows = [r for r in doc["rows"] if r["method"] != "prefill"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        methods = list(dict.fromkeys(r["method"] for r in mine))
+        lines += [f"## {model}", "", "ms per step: new cache lengths (as generate runs) / lengths seen before", "",
+                  "| B | T | " + " | ".join(f"{m} ms" for m in methods)
+                  + " | speed-up vs stock (new / seen) | indexer rewrites | argmax agree |", "|" + "---|" * (len(methods) + 5)]
+        for key in dict.fromkeys((r["B"], r["T"]) for r in mine):
+            by = {r["method"]: r for r in mine if (r["B"], r["T"]) == key}
+            cells = [("-" if m not in by else (by[m]["error"].split(":")[0] if by[m]["error"]
+                                               else f"{by[m]['ms']:.2f} / {by[m]['ms_seen_lengths']:.2f}"))
+                     for m in methods]
+            stock, ours = by.get("stock"), by.get("pulsar_dosa")
+            speed = (f"{stock['ms'] / ours['ms']:.2f}x / {stock['ms_seen_lengths'] / ours['ms_seen_lengths']:.2f}x"
+                     if stock and ours and stock["ms"] and ours["ms"] else "-")
+            rewrites = ", ".join(str(r["indexer_rewrites"]) for r in by.values() if r["indexer_rewrites"] is not None)
+            agree = ", ".join(str(r["argmax_agree"]) for r in by.values() if r["argmax_agree"] is not None) or "-"
+            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + f" | {speed} | {rewrites} | {agree} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="JSON results path (a .md table is written beside it)")
+    p.add_argument("--models", nargs="+", default=[MODELS[0]], choices=MODELS)
+    p.add_argument("--methods", nargs="+", default=["stock", "pulsar_dosa"], choices=["stock", "pulsar_dosa"])
+    p.add_argument("--contexts", nargs="+", type=int, default=None, help="cache lengths T")
+    p.add_argument("--batches", nargs="+", type=int, default=None, help="sequences per step B")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--smoke", action="store_true", help="tiny models on the CPU (checks the script)")
+    args = p.parse_args(argv)
+    if args.contexts is None:
+        args.contexts = [200] if args.smoke else [8192, 32768, 131072]
+    if args.batches is None:
+        args.batches = [1, 2] if args.smoke else [1, 8]
+    if args.smoke:
+        args.steps = min(args.steps, 2)
+    return run_document(args, run_model, render_markdown, steps=args.steps)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())
