@@ -20,8 +20,8 @@ default-mode torch.compile, no CUDA graphs).
   a fresh copy, every length run before. The two differ where a compiled model does work per new
   length (on the H200, stock inductor's steps took 40-60 ms at new lengths against 3-4 ms at seen
   ones; its profile showed kernel benchmarking, CachingAutotuner, in such steps).
-* ``indexer_rewrites``: the indexer modules whose subgraph the backend replaced in the decode
-  graphs (0 for stock).
+* ``indexer_rewrites``: the indexer modules whose subgraph the backend replaced in the method's
+  decode graphs so far (0 for stock).
 * ``argmax_agree``: the greedy tokens of the replayed steps equal stock's; ``max_abs_diff``: the
   largest logit difference of the first step (random weights: near-ties can flip a token).
 """
@@ -106,30 +106,40 @@ def run_model(name: str, args, emit) -> None:
     for method in args.methods:
         torch._dynamo.reset()
         compiled = method_module(model, method, None)
-        for (B, T), (cache, first) in caches.items():
-            row = {"model": name, "B": B, "T": T, "method": method, "ms": None, "error": None,
-                   "indexer_rewrites": None, "argmax_agree": None, "max_abs_diff": None}
-            try:
-                with torch.no_grad(), collecting() as report:
-                    running = copy.deepcopy(cache)
-                    ids = decode_steps(compiled, running, first, WARMUP_STEPS, device)[2]
-                    times = decode_steps(compiled, running, ids, args.steps, device)[0]
-                    seen, logits, _ = decode_steps(compiled, copy.deepcopy(cache), first,
-                                                   WARMUP_STEPS + args.steps, device)
-                row["indexer_rewrites"] = len({r.module for r in report.rewrites if r.kind == "dsa_indexer"})
-                row["ms"], row["ms_seen_lengths"] = median(times), median(seen)
-                row["ms_all"] = [round(t, 3) for t in times]
-                if (B, T) not in reference:
-                    reference[B, T] = logits
-                else:
-                    row["argmax_agree"] = bool(torch.equal(logits.argmax(-1), reference[B, T].argmax(-1)))
-                    row["max_abs_diff"] = float((logits[0] - reference[B, T][0]).abs().max())
-            except Exception as exc:  # any failure of this method at this size
-                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            emit(row)
-            if device == "cuda":
-                torch.cuda.empty_cache()
+        with collecting() as report:
+            for (B, T), (cache, first) in caches.items():
+                emit(decode_row(compiled, report, name, method, B, T, cache, first, reference, args, device))
+                if device == "cuda":
+                    torch.cuda.empty_cache()
         del compiled
+
+
+def decode_row(compiled, report, name, method, B, T, cache, first, reference, args, device) -> dict:
+    """One result row (module docstring) of ``compiled`` at batch B, context T; ``report``
+    collects the method's compiles, ``reference`` the first method's logits per size."""
+    row = {"model": name, "B": B, "T": T, "method": method, "ms": None, "error": None,
+           "indexer_rewrites": None, "argmax_agree": None, "max_abs_diff": None}
+    try:
+        with torch.no_grad():
+            running = copy.deepcopy(cache)
+            ids = decode_steps(compiled, running, first, WARMUP_STEPS, device)[2]
+            times = decode_steps(compiled, running, ids, args.steps, device)[0]
+            seen, logits, _ = decode_steps(compiled, copy.deepcopy(cache), first, WARMUP_STEPS + args.steps, device)
+        row["indexer_rewrites"] = len({r.module for r in report.rewrites if r.kind == "dsa_indexer"})
+        row["ms"], row["ms_seen_lengths"] = median(times), median(seen)
+        row["ms_all"] = [round(t, 3) for t in times]
+        if (B, T) not in reference:
+            reference[B, T] = logits
+        else:
+            row["argmax_agree"] = bool(torch.equal(logits.argmax(-1), reference[B, T].argmax(-1)))
+            row["max_abs_diff"] = float((logits[0] - reference[B, T][0]).abs().max())
+    except Exception as exc:  # any failure of this method at this size
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    return row
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def render_markdown(doc: dict) -> str:
@@ -137,6 +147,8 @@ def render_markdown(doc: dict) -> str:
              f"versions: {doc['versions']}; layers: {doc['layers']}; bf16, random weights; one token per "
              f"sequence over a cache of T tokens; median of {doc['steps']} steps after a warm-up, each timed "
              "alone (host time included, default torch.compile mode).", ""]
+    if doc.get("note"):
+        lines += [doc["note"], ""]
     rows = [r for r in doc["rows"] if r["method"] != "prefill"]
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == model]
@@ -147,11 +159,13 @@ def render_markdown(doc: dict) -> str:
         for key in dict.fromkeys((r["B"], r["T"]) for r in mine):
             by = {r["method"]: r for r in mine if (r["B"], r["T"]) == key}
             cells = [("-" if m not in by else (by[m]["error"].split(":")[0] if by[m]["error"]
-                                               else f"{by[m]['ms']:.2f} / {by[m]['ms_seen_lengths']:.2f}"))
+                                               else f"{by[m]['ms']:.2f} / {_ms(by[m].get('ms_seen_lengths'))}"))
                      for m in methods]
             stock, ours = by.get("stock"), by.get("pulsar_dosa")
-            speed = (f"{stock['ms'] / ours['ms']:.2f}x / {stock['ms_seen_lengths'] / ours['ms_seen_lengths']:.2f}x"
-                     if stock and ours and stock["ms"] and ours["ms"] else "-")
+            speed = "-"
+            if stock and ours and stock["ms"] and ours["ms"]:
+                seen = (stock.get("ms_seen_lengths"), ours.get("ms_seen_lengths"))
+                speed = f"{stock['ms'] / ours['ms']:.2f}x / " + (f"{seen[0] / seen[1]:.2f}x" if all(seen) else "-")
             rewrites = ", ".join(str(r["indexer_rewrites"]) for r in by.values() if r["indexer_rewrites"] is not None)
             agree = ", ".join(str(r["argmax_agree"]) for r in by.values() if r["argmax_agree"] is not None) or "-"
             lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + f" | {speed} | {rewrites} | {agree} |")

@@ -1,7 +1,7 @@
 """Per-layer top-K statistics, keyed by the op's ``layer`` argument (a module path).
 
-The op adds into a layer's :class:`runtime.certified_topk.TopkStats` (device tensors, no host
-sync). Only :meth:`TopkStatsRegistry.summaries` synchronises, when someone asks.
+The op adds into a layer's :class:`runtime.certified_topk.TopkStats` (device tensors and host
+ints, no host sync). Only :meth:`TopkStatsRegistry.summaries` synchronises, when someone asks.
 """
 from __future__ import annotations
 
