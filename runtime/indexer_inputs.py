@@ -146,19 +146,24 @@ def checked_kk(q: object, k: object, weights: object, topk: object, mask: object
     The check runs on meta tensors of the same shapes and dtypes (devices compared first), once per
     distinct signature (shapes, dtypes, topk): a call repeated at one signature, as a
     decode loop makes it, costs a dictionary lookup (errors are never remembered)."""
-    args = (q, k, weights, mask)
-    if (type(topk) is not int or not all(isinstance(x, torch.Tensor) for x in args[:3])
-            or not (mask is None or isinstance(mask, torch.Tensor))):
-        meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in args]
+    Tensor = torch.Tensor
+    if (type(topk) is not int or not isinstance(q, Tensor) or not isinstance(k, Tensor)
+            or not isinstance(weights, Tensor) or not (mask is None or isinstance(mask, Tensor))):
+        meta = [x.to("meta") if isinstance(x, Tensor) else x for x in (q, k, weights, mask)]
         return check_indexer_inputs(meta[0], meta[1], meta[2], topk, meta[3]).kk
-    for name, x in (("k", k), ("weights", weights), ("mask", mask)):
-        if x is not None and x.device != q.device:
-            raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
-    signature = tuple(None if x is None else (tuple(x.shape), x.dtype) for x in args)
-    return _checked_kk_of(signature, topk)
+    device = q.device
+    if k.device != device or weights.device != device or (mask is not None and mask.device != device):
+        for name, x in (("k", k), ("weights", weights), ("mask", mask)):
+            if x is not None and x.device != device:
+                raise ValueError(f"{name}: expected device {device} (the device of q), got {x.device}")
+    return _checked_kk_of(q.shape, q.dtype, k.shape, k.dtype, weights.shape, weights.dtype,
+                          None if mask is None else mask.shape, None if mask is None else mask.dtype, topk)
 
 
 @functools.lru_cache(maxsize=1024)
-def _checked_kk_of(signature: tuple, topk: int) -> int:
-    meta = [None if s is None else torch.empty(s[0], dtype=s[1], device="meta") for s in signature]
-    return check_indexer_inputs(meta[0], meta[1], meta[2], topk, meta[3]).kk
+def _checked_kk_of(q_shape, q_dtype, k_shape, k_dtype, w_shape, w_dtype, mask_shape, mask_dtype, topk: int) -> int:
+    def meta(shape, dtype):
+        return None if shape is None else torch.empty(shape, dtype=dtype, device="meta")
+
+    return check_indexer_inputs(meta(q_shape, q_dtype), meta(k_shape, k_dtype), meta(w_shape, w_dtype), topk,
+                                meta(mask_shape, mask_dtype)).kk

@@ -404,7 +404,14 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
     of dsa_screen_triton.SCREEN_CONFIGS); None autotunes it on CUDA. Any config gives the same
     output (only the screen is tuned; the scorer's config is fixed).
     """
-    kk = checked_kk(q, k, weights, topk, mask)
+    return checked_certified_topk_cuda(q, k, weights, checked_kk(q, k, weights, topk, mask), mask, config=config,
+                                       stats=stats, trace=trace, screen_config=screen_config)
+
+
+def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, config=None, stats=None, trace=None,
+                                screen_config=None):
+    """``certified_topk_cuda`` of a call already checked (``checked_kk``), given its ``kk``: the
+    op's kernel, which checked the call itself."""
     config = CertifiedTopkConfig() if config is None else config
     q, k, w = _operands(q, k, weights)
     T = k.shape[1]

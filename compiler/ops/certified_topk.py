@@ -43,11 +43,17 @@ SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, 
 _ARGUMENTS = torch._C.parse_schema("pulsar_dosa::certified_topk" + SCHEMA).arguments
 
 
+_DEFAULTS = {a.name: a.default_value for a in _ARGUMENTS}
+_NAMES = tuple(_DEFAULTS)
+
+
 def op_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
     """A kernel's ``(args, kwargs)`` as {argument name: value} in schema order, defaults filled in
     (the dispatcher drops trailing arguments that equal their default)."""
-    return {a.name: args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
-            for i, a in enumerate(_ARGUMENTS)}
+    a = dict(_DEFAULTS)
+    a.update(zip(_NAMES, args))
+    a.update(kwargs)
+    return a
 
 
 def topk_config(r: int, path: str) -> CertifiedTopkConfig:
@@ -95,12 +101,12 @@ def check_call(a: dict[str, Any]) -> int:
     return checked_kk(a["q"], a["k"], a["weights"], a["topk"], a["mask"])
 
 
-Kernel = Callable[[dict[str, Any], CertifiedTopkConfig, Any], tuple[torch.Tensor, torch.Tensor]]
+Kernel = Callable[[dict[str, Any], int, CertifiedTopkConfig, Any], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Check the call, answer empty inputs with empty outputs, decide its path
-    (``compiler.path_choice.call_path``), then run ``kernel(a, config, stats)`` inside the
+    (``compiler.path_choice.call_path``), then run ``kernel(a, kk, config, stats)`` inside the
     decision's timed block (the runtime guard measures guarded calls)."""
     a = op_arguments(args, kwargs)
     kk = check_call(a)
@@ -115,17 +121,17 @@ def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch
     config = topk_config(a["r"], ticket.path)
     stats = TOPK_STATS.for_layer(a["layer"], q.device) if a["record_stats"] else None
     with ticket.timed(stats) as call_stats:
-        return kernel(a, config, call_stats)
+        return kernel(a, kk, config, call_stats)
 
 
-def _reference_kernel(a, config, stats):
+def _reference_kernel(a, kk, config, stats):
     return reference_certified_topk(a["q"], a["k"], a["weights"], a["topk"], a["mask"], config=config, stats=stats)
 
 
-def _cuda_kernel(a, config, stats):
-    from compiler.lowering.certified_topk_triton import certified_topk_cuda
+def _cuda_kernel(a, kk, config, stats):
+    from compiler.lowering.certified_topk_triton import checked_certified_topk_cuda
 
-    return certified_topk_cuda(a["q"], a["k"], a["weights"], a["topk"], a["mask"], config=config, stats=stats)
+    return checked_certified_topk_cuda(a["q"], a["k"], a["weights"], kk, a["mask"], config=config, stats=stats)
 
 
 def _default(*args, **kwargs):
