@@ -32,6 +32,16 @@ def inputs():
     return q, k, w, mask
 
 
+@pytest.fixture(scope="module")
+def traced(inputs):
+    """The dense answer, and one certified call with the first screen candidate (the interpreter's
+    choice) and its trace: shared by the tests that read the trace's plan and threshold."""
+    q, k, w, mask = inputs
+    trace = []
+    out = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace, screen_config=SCREEN_CONFIGS[0])
+    return dense_topk_cuda(q, k, w, KK, mask), out, trace[0]
+
+
 def survivor_sets(ids, count):
     return [set(ids[0, i, : count[0, i]].tolist()) for i in range(ids.shape[1])]
 
@@ -56,14 +66,13 @@ def test_screen_takes_the_first_candidate_under_the_interpreter_without_launchin
     assert choose_screen_config(launch, k, 1, 4, 8) == SCREEN_CONFIGS[0]
 
 
-def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(inputs):
+def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(inputs, traced):
     q, k, w, mask = inputs
-    trace = []
-    dense = dense_topk_cuda(q, k, w, KK, mask)
-    assert_same(certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace), dense)
-    tr, p = trace[0], trace[0].plan
+    dense, out, tr = traced
+    assert_same(out, dense)  # the whole op with the first candidate
+    p = tr.plan
     nk = round_up_to_float32(key_norm_up(k.float()))
-    sets, tiles = [], set()
+    sets, tiles = [], {dict(SCREEN_CONFIGS[0].meta)["BLOCK_T"]}
     for config in SCREEN_CONFIGS:
         ids, count = screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
                             lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries,
@@ -78,11 +87,10 @@ def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(i
     assert max(len(s) for s in sets[0]) < k.shape[1]  # the screen pruned something
 
 
-def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs):
+def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs, traced):
     q, k, w, mask = inputs
-    trace = []
-    certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace)
-    tr, p = trace[0], trace[0].plan
+    tr = traced[2]
+    p = tr.plan
     nk = round_up_to_float32(key_norm_up(k.float()))
     broken = LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=48)  # not a power of two
     launched = []
