@@ -97,7 +97,7 @@ def plan_for(name: str, config, args, device: str) -> Path:
 def method_module(model, method: str, plan: Path | None):
     if method == "stock":
         return torch.compile(model, dynamic=True)
-    options = {"plan": str(plan)} if method == "pulsar_dosa_plan" else {}
+    options = {"pulsar_dosa_plan": {"plan": str(plan)}, "pulsar_dosa_every_call": {"stock_below": 0}}.get(method, {})
     return torch.compile(model, backend="pulsar_dosa", options=options, dynamic=True)
 
 

@@ -20,6 +20,9 @@ default-mode torch.compile, no CUDA graphs).
   a fresh copy, every length run before. The two differ where a compiled model does work per new
   length (on the H200, stock inductor's steps took 40-60 ms at new lengths against 3-4 ms at seen
   ones; its profile showed kernel benchmarking, CachingAutotuner, in such steps).
+* methods: ``stock``, ``pulsar_dosa`` (default options: indexer calls too small for the op keep the
+  stock subgraph, ``compiler.path_choice.keeps_stock``) and ``pulsar_dosa_every_call`` (option
+  ``stock_below=0``: the op on every indexer call, to time what the default declines).
 * ``indexer_rewrites``: the indexer modules whose subgraph the backend replaced in the method's
   decode graphs so far (0 for stock).
 * ``argmax_agree``: the greedy tokens of the replayed steps equal stock's; ``max_abs_diff``: the
@@ -177,7 +180,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON results path (a .md table is written beside it)")
     p.add_argument("--models", nargs="+", default=[MODELS[0]], choices=MODELS)
-    p.add_argument("--methods", nargs="+", default=["stock", "pulsar_dosa"], choices=["stock", "pulsar_dosa"])
+    p.add_argument("--methods", nargs="+", default=["stock", "pulsar_dosa"], choices=["stock", "pulsar_dosa", "pulsar_dosa_every_call"],
+                   help="pulsar_dosa_every_call: the op on every indexer call (option stock_below=0)")
     p.add_argument("--contexts", nargs="+", type=int, default=None, help="cache lengths T")
     p.add_argument("--batches", nargs="+", type=int, default=None, help="sequences per step B")
     p.add_argument("--layers", type=int, default=2)

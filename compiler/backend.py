@@ -40,13 +40,28 @@ def pulsar_dosa(gm: fx.GraphModule, example_inputs: Sequence[Any],
                          nodes=len(gm.graph.nodes))
     logger.debug("compile %d: %d nodes, downstream %s, options %s", report.compile_index, len(gm.graph.nodes),
                  opts.downstream, opts.uuid()[:12])
-    run_passes(gm, opts, report)
+    run_passes(gm, opts, report, cuda_graphs=replays_cuda_graphs(opts.downstream, mode))
     plain = compile_downstream(gm, example_inputs, opts.downstream, mode)
     variant = without_attention_masks(gm) if opts.downstream != "tensorrt" and active_layout() is not None else None
     if variant is None:
         return plain
     report.compiles[-1]["layout_variant_nodes"] = len(variant.graph.nodes)
     return LayoutDispatch(plain, compile_downstream(variant, example_inputs, opts.downstream, mode))
+
+
+def _mode_patches(mode: str | None) -> dict:
+    """Inductor's config patches of torch.compile's ``mode`` (none for the default mode)."""
+    return torch._inductor.list_mode_options(mode) if mode not in (None, "default") else {}
+
+
+def replays_cuda_graphs(downstream: str, mode: str | None) -> bool:
+    """Whether the compiled graph is replayed from CUDA graphs: inductor with a mode that turns
+    them on ("reduce-overhead", "max-autotune") or with ``torch._inductor.config.triton.cudagraphs``."""
+    if downstream != "inductor":
+        return False
+    from torch._inductor import config
+
+    return bool(_mode_patches(mode).get("triton.cudagraphs", config.triton.cudagraphs))
 
 
 def compile_downstream(gm: fx.GraphModule, example_inputs: Sequence[Any], downstream: str,
@@ -57,8 +72,7 @@ def compile_downstream(gm: fx.GraphModule, example_inputs: Sequence[Any], downst
     if downstream == "inductor":
         from torch._inductor.compile_fx import compile_fx
 
-        patches = torch._inductor.list_mode_options(mode) if mode not in (None, "default") else {}
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        return compile_fx(gm, example_inputs, config_patches=_mode_patches(mode))
     if downstream == "tensorrt":
         import torch_tensorrt  # noqa: F401  (registers the "tensorrt" Dynamo backend)
 

@@ -71,6 +71,14 @@ def _check_bool(key: str, value: Any) -> bool:
     return value
 
 
+def _check_products(key: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"option {key!r}: expected None or an int >= 0 (query-key-head products), got {value!r}")
+    return value
+
+
 def _check_passes(key: str, value: Any) -> tuple[str, ...]:
     from compiler.passes import PASS_FAMILIES  # late: the pass modules pull in the ops and the plan tooling
 
@@ -111,6 +119,10 @@ class CompileOptions:
     plan: Any = option(None, _check_plan,
                        "per-layer indexer plan: a JSON plan path (loaded and validated) or a Plan; each layer's "
                        "r and crossover come from it, and its content is part of uuid()")
+    stock_below: int | None = option(None, _check_products,
+                                     "indexer calls of fewer B*S*T*H query-key-head products keep the stock "
+                                     "subgraph (0: rewrite every call); None: the device's default, 0 under CUDA "
+                                     "graphs (compiler.path_choice.stock_threshold)")
     capture: bool = option(False, _check_capture,
                            "record each rewritten indexer's inputs instead of optimising (plan calibration, "
                            "compiler.plan.capture)")

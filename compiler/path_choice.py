@@ -55,8 +55,8 @@ from compiler.cost_model import (CPU_REFERENCE, H200_FITTED, IndexerShape, Kerne
 from runtime.certified_topk import PATHS, TopkStats
 
 __all__ = ["CHOICES", "PATHS", "CallTicket", "Guard", "GUARD", "LayerChoice", "LayerSettings", "call_path",
-           "check_choice", "choose_layer", "default_crossover", "indexer_settings", "layer_settings",
-           "short_candidates"]
+           "check_choice", "choose_layer", "default_crossover", "indexer_settings", "keeps_stock", "layer_settings",
+           "short_candidates", "STOCK_BELOW", "stock_threshold"]
 
 CHOICES = ("auto",) + PATHS
 """What a user, an op argument or a plan may ask for."""
@@ -281,6 +281,44 @@ def layer_settings(layer: str, *, plan, forced_path: str, heads: int | None, hea
     if crossover is None:
         return LayerSettings("dense", None, None, None, "cost model")
     return LayerSettings("certified", None, crossover, None, "cost model")
+
+
+STOCK_BELOW = {"cuda": 1 << 25}
+"""Per device type: an indexer call of fewer query-key-head products (B*S*T*H) than this keeps the
+stock subgraph when the compiled code is not replayed from a CUDA graph (``stock_threshold``).
+Below it the stock scoring's device time is shorter than the op's per-call host cost, which sets
+the pace of such calls. On the H200 (session 11, one query over T keys, H=64, host-paced calls)
+the op took 0.36-0.40 ms per call at B=1 (its custom-op dispatch, checks and two Triton launches)
+against 0.11-0.27 ms for the stock indexer eager and 0.19-0.40 ms compiled alone; inside a
+compiled decode step the stock indexer adds a few fused launches. End to end (2-layer DSV32
+decode, session 10) the op lost 0.3-0.4 ms per layer at B=1 (8K-128K keys, 2^19-2^23 products)
+and at B=8 over 32K keys (2^24), and won at B=8 over 128K keys (2^26). Devices not listed keep no
+stock subgraph (the CPU runs the op's plain-torch reference)."""
+
+
+def stock_threshold(options, device_type: str, cuda_graphs: bool) -> int:
+    """The product count below which a rewrite keeps the stock indexer (``options``: the backend's
+    CompileOptions): its ``stock_below`` when given; else 0 when the compile asks for the op itself
+    (a forced ``certified`` path, or ``capture``, which records every call) or runs under CUDA
+    graphs (the host cost is then paid once, at capture); else ``STOCK_BELOW`` of the device type."""
+    if options.stock_below is not None:
+        return options.stock_below
+    if cuda_graphs or options.capture or options.certified != "auto":
+        return 0
+    return STOCK_BELOW.get(device_type, 0)
+
+
+def keeps_stock(threshold: int, B, S, T, H) -> str | None:
+    """Why a call of q [B,S,H,D] over T keys keeps the stock subgraph, or None. Sizes may be
+    symbolic: deciding then adds a guard on them (Dynamo recompiles the graph when a later call
+    falls on the other side, e.g. once when a decode loop's cache crosses the threshold)."""
+    if threshold <= 0:
+        return None
+    products = B * S * T * H
+    if bool(products < threshold):
+        return (f"kept stock: B*S*T*H = {products} query-key-head products, below the {threshold} at which "
+                "the op's per-call host cost pays (option stock_below; 0 under CUDA graphs)")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

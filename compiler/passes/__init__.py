@@ -26,9 +26,11 @@ PASS_FAMILIES: dict[str, PatternPass] = {
 }
 
 
-def run_passes(gm: fx.GraphModule, options: CompileOptions, report: Report) -> fx.GraphModule:
-    """Run the enabled families in list order on ``gm`` (in place), time each one, lint and recompile."""
-    ctx = PassContext(gm, options, report)
+def run_passes(gm: fx.GraphModule, options: CompileOptions, report: Report,
+               cuda_graphs: bool = False) -> fx.GraphModule:
+    """Run the enabled families in list order on ``gm`` (in place), time each one, lint and recompile;
+    ``cuda_graphs``: the downstream compiler will replay the graph from CUDA graphs."""
+    ctx = PassContext(gm, options, report, cuda_graphs)
     for name in options.enabled_passes(tuple(PASS_FAMILIES)):
         start = time.perf_counter()
         run_pattern_pass(ctx, PASS_FAMILIES[name])

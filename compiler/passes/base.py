@@ -14,7 +14,9 @@ graph in two phases:
    options (a plan, a forced path); ``rewrite(ctx, match, settings)`` inserts the replacement
    before the anchor and returns the node that replaces it, without touching existing nodes;
    the runner then reroutes the anchor's users to it, erases the region's dead nodes and records
-   the rewrite with the fields of ``describe(match, settings, node)``.
+   the rewrite with the fields of ``describe(match, settings, node)``. ``settings`` may instead
+   raise :class:`Declined` (the stock form is faster there): the match stays untouched and is
+   reported as a near miss with the reason.
 
 Error policy (the same for every family): an unexpected exception while matching a candidate
 becomes a near miss ``"unsupported form: <type>: <message>"``; one raised by ``rewrite`` a near
@@ -25,7 +27,7 @@ case the candidate is left untouched and compilation goes on: a pass never crash
 
 Counters (``report.counters``, like Inductor's ``counters``), per family kind: ``anchors``,
 ``not_candidate``, ``near_miss``, ``unsupported`` (near misses from unexpected exceptions),
-``rewritten`` and ``variant.<name>``.
+``declined``, ``rewritten`` and ``variant.<name>``.
 """
 from __future__ import annotations
 
@@ -52,6 +54,11 @@ class NotCandidate(Exception):
     """The anchor does not compute this family's pattern at all (counted, not reported)."""
 
 
+class Declined(Exception):
+    """A safe match the family leaves as it is on purpose (its ``settings`` found that the stock
+    form is faster there): reported as a near miss with the reason, counted as ``declined``."""
+
+
 @dataclasses.dataclass
 class PassContext:
     """What a pass sees: the graph module it edits, the validated options, the report it records into."""
@@ -59,6 +66,8 @@ class PassContext:
     gm: fx.GraphModule
     options: CompileOptions
     report: Report
+    cuda_graphs: bool = False
+    """The compiled graph will be replayed from CUDA graphs (per-call host costs are paid once)."""
 
 
 class Match(Protocol):
@@ -156,7 +165,12 @@ def run_pattern_pass(ctx: PassContext, family: PatternPass) -> None:
         except Exception as error:  # the error policy: never crash compilation
             _unsupported(ctx, family, anchor, "unsupported form", error)
     for match in matches:
-        settings = family.settings(ctx, match)
+        try:
+            settings = family.settings(ctx, match)
+        except Declined as why:
+            counters[f"{family.kind}.declined"] += 1
+            near_miss(ctx, family.kind, match.anchor, str(why))
+            continue
         before = set(graph.nodes)
         try:
             node = family.rewrite(ctx, match, settings)

@@ -24,7 +24,10 @@ keys then rank after every visible key whose score is finite, as in the original
 of -inf (only from non-finite inputs) would rank below such a masked key there but above it here.
 
 A topk whose head-weighting position holds no contraction is not a candidate (e.g. an MoE router)
-and is only counted. A candidate that fails a later check is a near miss, recorded with its
+and is only counted. A safe match too small for the op to pay (``path_choice.keeps_stock``: fewer
+query-key-head products than the op's per-call host cost is worth, e.g. decode at one sequence on
+a GPU without CUDA graphs) is declined: left untouched and reported as a near miss with the reason;
+with symbolic sizes that decision is a guard, so Dynamo recompiles once a call crosses it. A candidate that fails a later check is a near miss, recorded with its
 reason, and left untouched (so is one whose graph the matcher cannot read: "unsupported form").
 Before any rewrite the region is proved closed: every interior node is post-dominated by the
 anchor (``matcher.escaping_nodes``); and the operands are [B,S,H,D], [B,T,D], [B,S,H], [B,S,T] on
@@ -41,8 +44,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from compiler.path_choice import indexer_settings
-from compiler.passes.base import NearMiss, NotCandidate, PatternPass
+from compiler.path_choice import indexer_settings, keeps_stock, stock_threshold
+from compiler.passes.base import Declined, NearMiss, NotCandidate, PatternPass
 from compiler.passes.matcher import (arg, escaping_nodes, insert_call, is_scalar,
                                      is_unit, module_path, normalize_dim, op_kind, post_dominators,
                                      same_shape, same_size, skip_layout_preserving, tensor_meta,
@@ -560,8 +563,13 @@ class IndexerPass(PatternPass):
         return match_indexer(anchor, pdom)
 
     def settings(self, ctx, match):
-        return indexer_settings(ctx.options, match.module, _fixed_shape(match.q), value(match.topk),
-                                value(match.q.node).device.type)
+        q_shape, device_type = _fixed_shape(match.q), value(match.q.node).device.type
+        settings = indexer_settings(ctx.options, match.module, q_shape, value(match.topk), device_type)
+        threshold = stock_threshold(ctx.options, device_type, ctx.cuda_graphs)
+        why = keeps_stock(threshold, q_shape[0], q_shape[1], _fixed_shape(match.k)[1], q_shape[2])
+        if why is not None:
+            raise Declined(why)
+        return settings
 
     def rewrite(self, ctx, match, settings):
         return rewrite(ctx.gm.graph, match, ctx.options, settings)

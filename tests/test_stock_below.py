@@ -1,0 +1,81 @@
+"""Indexer calls too small for the op keep the stock subgraph: the threshold, its guard on symbolic
+sizes (one recompile when a growing cache crosses it), the report, and the CUDA-graph exception."""
+import pytest
+import torch
+
+from compiler.backend import pulsar_dosa, replays_cuda_graphs
+from compiler.options import CompileOptions
+from compiler.path_choice import STOCK_BELOW, keeps_stock, stock_threshold
+from compiler.report import collecting
+
+H, D, TOPK = 4, 8, 3
+
+
+class Indexer(torch.nn.Module):
+    def forward(self, q, k, w):
+        x = torch.relu(torch.einsum("bshd,btd->bsht", q, k))
+        return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).topk(TOPK, dim=-1).indices
+
+
+def _inputs(S, T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, S, H, D, generator=g), torch.randn(1, T, D, generator=g), torch.rand(1, S, H, generator=g)
+
+
+def test_threshold_comes_from_the_option_else_the_device_unless_cuda_graphs_or_a_forced_op():
+    default = CompileOptions()
+    assert stock_threshold(default, "cuda", cuda_graphs=False) == STOCK_BELOW["cuda"] > 0
+    assert stock_threshold(default, "cpu", cuda_graphs=False) == 0
+    assert stock_threshold(default, "cuda", cuda_graphs=True) == 0
+    assert stock_threshold(CompileOptions(certified="dense"), "cuda", cuda_graphs=False) == 0
+    assert stock_threshold(CompileOptions(stock_below=7), "cuda", cuda_graphs=True) == 7
+    assert stock_threshold(CompileOptions(stock_below=7), "cpu", cuda_graphs=False) == 7
+
+
+def test_keeps_stock_below_the_threshold_only():
+    assert "B*S*T*H = 63" in keeps_stock(64, 1, 1, 63, 1)
+    assert keeps_stock(64, 1, 1, 64, 1) is None
+    assert keeps_stock(0, 1, 1, 1, 1) is None
+
+
+@pytest.mark.parametrize("value", [-1, True, 2.5, "big"])
+def test_bad_stock_below_names_the_option(value):
+    with pytest.raises(TypeError, match="'stock_below': expected None or an int >= 0"):
+        CompileOptions.from_user({"stock_below": value})
+
+
+def test_cuda_graph_modes_are_recognised():
+    assert replays_cuda_graphs("inductor", "reduce-overhead")
+    assert replays_cuda_graphs("inductor", "max-autotune")
+    assert not replays_cuda_graphs("inductor", "max-autotune-no-cudagraphs")
+    assert not replays_cuda_graphs("inductor", None)
+    assert not replays_cuda_graphs("eager", "reduce-overhead")
+
+
+def _ops(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_a_growing_cache_runs_stock_then_the_op_after_one_guarded_recompile():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        compiled = pulsar_dosa(gm, example_inputs, options={"downstream": "eager", "stock_below": S * H * 40})
+        graphs.append(gm)
+        return compiled
+
+    S = 2
+    torch._dynamo.reset()
+    compiled = torch.compile(Indexer(), backend=backend, dynamic=True)
+    with collecting() as report:
+        for T in (16, 24, 39, 40, 64):  # products S*T*H: below 160*S*H up to T = 39
+            q, k, w = _inputs(S, T, seed=T)
+            got = compiled(q, k, w)
+            want = Indexer()(q, k, w)
+            assert torch.equal(got.sort(-1).values, want.sort(-1).values), T
+    op = torch.ops.pulsar_dosa.certified_topk.default
+    assert len(graphs) == 2, "one graph below the threshold, one above"
+    assert op not in _ops(graphs[0]) and op in _ops(graphs[1])
+    assert report.counters["dsa_indexer.declined"] == 1 and len(report.rewrites) == 1
+    (miss,) = report.near_misses
+    assert miss.reason.startswith("kept stock: B*S*T*H") and "stock_below" in miss.reason
