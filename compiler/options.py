@@ -120,9 +120,9 @@ class CompileOptions:
                        "per-layer indexer plan: a JSON plan path (loaded and validated) or a Plan; each layer's "
                        "r and crossover come from it, and its content is part of uuid()")
     stock_below: int | None = option(None, _check_products,
-                                     "indexer calls of fewer B*S*T*H query-key-head products keep the stock "
-                                     "subgraph (0: rewrite every call); None: the device's default, 0 under CUDA "
-                                     "graphs (compiler.path_choice.stock_threshold)")
+                                     "indexer and sparse-attention calls of fewer B*S*T*H query-key-head products "
+                                     "keep their stock subgraph (0: rewrite every call); None: each family's "
+                                     "device default, 0 under CUDA graphs (compiler.path_choice.stock_threshold)")
     capture: bool = option(False, _check_capture,
                            "record each rewritten indexer's inputs instead of optimising (plan calibration, "
                            "compiler.plan.capture)")

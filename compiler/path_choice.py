@@ -283,38 +283,42 @@ def layer_settings(layer: str, *, plan, forced_path: str, heads: int | None, hea
     return LayerSettings("certified", None, crossover, None, "cost model")
 
 
-STOCK_BELOW = {"cuda": 1 << 25}
-"""Per device type: an indexer call of fewer query-key-head products (B*S*T*H) than this keeps the
-stock subgraph when the compiled code is not replayed from a CUDA graph (``stock_threshold``).
-Below it the stock scoring's device time is shorter than the op's per-call host cost, which sets
-the pace of such calls. On the H200 (session 11, one query over T keys, H=64, host-paced calls)
-the op took 0.36-0.40 ms per call at B=1 (its custom-op dispatch, checks and two Triton launches)
-against 0.11-0.27 ms for the stock indexer eager and 0.19-0.40 ms compiled alone; inside a
-compiled decode step the stock indexer adds a few fused launches. End to end (2-layer DSV32
-decode, session 10) the op lost 0.3-0.4 ms per layer at B=1 (8K-128K keys, 2^19-2^23 products)
-and at B=8 over 32K keys (2^24), and won at B=8 over 128K keys (2^26). Devices not listed keep no
-stock subgraph (the CPU runs the op's plain-torch reference)."""
+STOCK_BELOW = {"dsa_indexer": {"cuda": 1 << 25}, "sparse_attention": {"cuda": 1 << 21}}
+"""Per pass family and device type: a call of fewer query-key-head products (B*S*T*H; H the query
+heads) than this keeps its stock subgraph when the compiled code is not replayed from a CUDA graph
+(``stock_threshold``). Below it the stock form's device time is shorter than the op's per-call
+host cost (custom-op dispatch, checks, Triton launches), which sets the pace of such calls.
+Devices not listed keep no stock subgraph (the CPU runs the ops' plain-torch references).
+
+H200, session 11. The indexer op took 0.36-0.40 ms per host-paced call at one query (H=64,
+8K-128K keys) against 0.11-0.27 ms for the stock indexer eager. End to end (2-layer DSV32 decode,
+benchmarks/results/e2e_decode_h200.md) the op on every call added 2.8-3.2 ms per step at B=1
+(2^19-2^23 products per call) and 0.8-1.6 ms at B=8 up to 32K keys (2^22-2^24) to the step that
+kept the stock indexer; at B=8 over 128K keys (2^26) the step with the op took 10.9 ms against
+stock's 11.9. The sparse-attention op takes 0.33-0.55 ms per host-paced decode call (0.11 ms
+of GPU time; results/sparse_attention_h200.md), the stock masked SDPA reads K and V of every key,
+about 0.25 ms per 2^20 products at 320 bytes of K and V per key and head (4.2 ms at 128 heads x
+131072 keys): the op pays from about 2^21."""
 
 
-def stock_threshold(options, device_type: str, cuda_graphs: bool) -> int:
-    """The product count below which a rewrite keeps the stock indexer (``options``: the backend's
-    CompileOptions): its ``stock_below`` when given; else 0 when the compile asks for the op itself
-    (a forced ``certified`` path, or ``capture``, which records every call) or runs under CUDA
-    graphs (the host cost is then paid once, at capture); else ``STOCK_BELOW`` of the device type."""
+def stock_threshold(options, kind: str, device_type: str, cuda_graphs: bool) -> int:
+    """The product count below which pass family ``kind`` keeps the stock subgraph (``options``:
+    the backend's CompileOptions): its ``stock_below`` when given; else 0 when the compile asks for
+    the indexer op itself (a forced ``certified`` path, or ``capture``, which records every call)
+    or runs under CUDA graphs (the host cost is then paid once, at capture); else ``STOCK_BELOW``."""
     if options.stock_below is not None:
         return options.stock_below
-    if cuda_graphs or options.capture or options.certified != "auto":
+    if cuda_graphs or (kind == "dsa_indexer" and (options.capture or options.certified != "auto")):
         return 0
-    return STOCK_BELOW.get(device_type, 0)
+    return STOCK_BELOW.get(kind, {}).get(device_type, 0)
 
 
-def keeps_stock(threshold: int, B, S, T, H) -> str | None:
-    """Why a call of q [B,S,H,D] over T keys keeps the stock subgraph, or None. Sizes may be
-    symbolic: deciding then adds a guard on them (Dynamo recompiles the graph when a later call
-    falls on the other side, e.g. once when a decode loop's cache crosses the threshold)."""
+def keeps_stock(threshold: int, products) -> str | None:
+    """Why a call of ``products`` = B*S*T*H query-key-head products keeps the stock subgraph, or
+    None. Sizes may be symbolic: deciding then adds a guard on them (Dynamo recompiles the graph
+    when a later call falls on the other side, e.g. once when a decode loop's cache crosses it)."""
     if threshold <= 0:
         return None
-    products = B * S * T * H
     if bool(products < threshold):
         return (f"kept stock: B*S*T*H = {products} query-key-head products, below the {threshold} at which "
                 "the op's per-call host cost pays (option stock_below; 0 under CUDA graphs)")

@@ -24,18 +24,21 @@ def _inputs(S, T, seed=0):
 
 def test_threshold_comes_from_the_option_else_the_device_unless_cuda_graphs_or_a_forced_op():
     default = CompileOptions()
-    assert stock_threshold(default, "cuda", cuda_graphs=False) == STOCK_BELOW["cuda"] > 0
-    assert stock_threshold(default, "cpu", cuda_graphs=False) == 0
-    assert stock_threshold(default, "cuda", cuda_graphs=True) == 0
-    assert stock_threshold(CompileOptions(certified="dense"), "cuda", cuda_graphs=False) == 0
-    assert stock_threshold(CompileOptions(stock_below=7), "cuda", cuda_graphs=True) == 7
-    assert stock_threshold(CompileOptions(stock_below=7), "cpu", cuda_graphs=False) == 7
+    for kind in ("dsa_indexer", "sparse_attention"):
+        assert stock_threshold(default, kind, "cuda", cuda_graphs=False) == STOCK_BELOW[kind]["cuda"] > 0
+        assert stock_threshold(default, kind, "cpu", cuda_graphs=False) == 0
+        assert stock_threshold(default, kind, "cuda", cuda_graphs=True) == 0
+        assert stock_threshold(CompileOptions(stock_below=7), kind, "cuda", cuda_graphs=True) == 7
+        assert stock_threshold(CompileOptions(stock_below=7), kind, "cpu", cuda_graphs=False) == 7
+    forced = CompileOptions(certified="dense")
+    assert stock_threshold(forced, "dsa_indexer", "cuda", cuda_graphs=False) == 0
+    assert stock_threshold(forced, "sparse_attention", "cuda", cuda_graphs=False) > 0
 
 
 def test_keeps_stock_below_the_threshold_only():
-    assert "B*S*T*H = 63" in keeps_stock(64, 1, 1, 63, 1)
-    assert keeps_stock(64, 1, 1, 64, 1) is None
-    assert keeps_stock(0, 1, 1, 1, 1) is None
+    assert "B*S*T*H = 63" in keeps_stock(64, 63)
+    assert keeps_stock(64, 64) is None
+    assert keeps_stock(0, 1) is None
 
 
 @pytest.mark.parametrize("value", [-1, True, 2.5, "big"])
@@ -79,3 +82,27 @@ def test_a_growing_cache_runs_stock_then_the_op_after_one_guarded_recompile():
     assert report.counters["dsa_indexer.declined"] == 1 and len(report.rewrites) == 1
     (miss,) = report.near_misses
     assert miss.reason.startswith("kept stock: B*S*T*H") and "stock_below" in miss.reason
+
+
+def test_a_dsa_model_keeps_stock_at_decode_and_rewrites_its_prefill():
+    """Prefill of 40 tokens (1*40*41*H products and more) is rewritten, decode (1*1*41*H) stays
+    stock in both families; the logits follow the uncompiled model throughout."""
+    from transformers import DynamicCache
+
+    from compiler.demo import build_model, tiny_config
+
+    model = build_model(tiny_config(layers=1, dense_layers=1), torch.float32)
+    ids = torch.randint(0, 128, (1, 42), generator=torch.Generator().manual_seed(3))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="pulsar_dosa", options={"downstream": "eager", "stock_below": 1000})
+    ours, theirs = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    with collecting() as report, torch.no_grad():
+        for start, stop in ((0, 40), (40, 41), (41, 42)):
+            want = model(ids[:, start:stop], cache=theirs, use_cache=True).logits
+            got = compiled(ids[:, start:stop], cache=ours, use_cache=True).logits
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    prefill = [r.kind for r in report.rewrites if r.compile_index == 0]
+    assert sorted(prefill) == ["dsa_indexer", "sparse_attention"]
+    decode = [m for m in report.near_misses if m.reason.startswith("kept stock")]
+    assert {m.kind for m in decode} == {"dsa_indexer", "sparse_attention"}
+    assert not [r for r in report.rewrites if r.compile_index > 0]

@@ -25,6 +25,9 @@ the mean of v over all keys for an additive ``finfo.min`` mask (every logit equa
 ``masked_rows``. Scores are computed in fp32, the original in the model dtype: the outputs agree
 to floating-point rounding.
 
+A safe match too small for the op to pay (``path_choice.keeps_stock``: e.g. decode over a short
+cache on a GPU without CUDA graphs) is declined: left untouched, reported as a near miss.
+
 An attention whose mask is not built from indices is not a candidate (left to the ``attention``
 family, which runs after this one). Near misses (left untouched, reported with the reason):
 active dropout, ``is_causal=True``, a tensor scale (numbers and symbolic floats are taken), an additive mask whose values are not
@@ -44,8 +47,9 @@ import torch
 import torch.fx as fx
 
 import compiler.ops.sparse_attention  # noqa: F401  (registers pulsar_dosa::sparse_attention)
+from compiler.path_choice import keeps_stock, stock_threshold
 from compiler.passes import attention
-from compiler.passes.base import NearMiss, NotCandidate, PatternPass
+from compiler.passes.base import Declined, NearMiss, NotCandidate, PatternPass
 from compiler.passes.matcher import (arg, insert_call, is_unit, normalize_dim,
                                      op_kind, same_size, tensor_meta, value)
 
@@ -368,6 +372,16 @@ class SparseAttentionPass(PatternPass):
 
     def match(self, anchor, analysis):
         return match_sparse(anchor)
+
+    def settings(self, ctx, match):
+        """Declined (``path_choice.keeps_stock``) when the masked attention over all keys is too
+        small for the op's per-call host cost: B*Hq*S*T query-key-head products."""
+        q, k = value(match.q), value(match.k)
+        threshold = stock_threshold(ctx.options, KIND, q.device.type, ctx.cuda_graphs)
+        why = keeps_stock(threshold, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
+        if why is not None:
+            raise Declined(why)
+        return None
 
     def rewrite(self, ctx, match, settings):
         return rewrite(ctx.gm.graph, match)
