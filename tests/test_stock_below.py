@@ -106,3 +106,20 @@ def test_a_dsa_model_keeps_stock_at_decode_and_rewrites_its_prefill():
     decode = [m for m in report.near_misses if m.reason.startswith("kept stock")]
     assert {m.kind for m in decode} == {"dsa_indexer", "sparse_attention"}
     assert not [r for r in report.rewrites if r.compile_index > 0]
+
+
+def test_reduce_overhead_mode_reaches_the_pass_and_rewrites_what_the_default_mode_keeps(monkeypatch):
+    """With a device threshold above the call's size, the default mode keeps stock and
+    mode="reduce-overhead" (CUDA graphs: the host cost is paid once) rewrites."""
+    import compiler.path_choice as path_choice
+
+    monkeypatch.setitem(path_choice.STOCK_BELOW, "dsa_indexer", {"cpu": 1 << 30})
+    q, k, w = _inputs(2, 16)
+    rewritten = {}
+    for mode in (None, "reduce-overhead"):
+        torch._dynamo.reset()
+        with collecting() as report:
+            got = torch.compile(Indexer(), backend="pulsar_dosa", mode=mode)(q, k, w)
+        assert torch.equal(got.sort(-1).values, Indexer()(q, k, w).sort(-1).values)
+        rewritten[mode] = (len(report.rewrites), report.counters["dsa_indexer.declined"])
+    assert rewritten == {None: (0, 1), "reduce-overhead": (1, 0)}
