@@ -121,8 +121,10 @@ class CompileOptions:
                        "r and crossover come from it, and its content is part of uuid()")
     stock_below: int | None = option(None, _check_products,
                                      "indexer and sparse-attention calls of fewer B*S*T*H query-key-head products "
-                                     "keep their stock subgraph (0: rewrite every call); None: each family's "
-                                     "device default, 0 under CUDA graphs (compiler.path_choice.stock_threshold)")
+                                     "keep their stock subgraph (0: rewrite every call); None: 2^25 (indexer) and "
+                                     "2^21 (sparse attention) on CUDA, 0 there under CUDA graphs, every call on "
+                                     "devices where the ops run their plain-torch references, such as the CPU "
+                                     "(compiler.path_choice.stock_threshold)")
     capture: bool = option(False, _check_capture,
                            "record each rewritten indexer's inputs instead of optimising (plan calibration, "
                            "compiler.plan.capture)")

@@ -18,7 +18,7 @@ from compiler.demo import (DEMO_INDEXER, build_model, eager_run, indexers, per_l
                            tiny_config, topic_run_ids)
 
 SEQ = 64
-INDEXER_ONLY = {"downstream": "eager", "passes": ["dsa_indexer"]}
+INDEXER_ONLY = {"downstream": "eager", "stock_below": 0, "passes": ["dsa_indexer"]}
 
 MATRIX = [  # (attention, dtype, use_cache, dynamic): each value of each axis appears twice
     ("sdpa", torch.float32, False, False),
@@ -53,7 +53,7 @@ def test_each_indexer_rewritten_once_and_logits_equal_eager(attn, dtype, use_cac
 def test_selection_equals_eager_per_layer():
     model = build_model(tiny_config(layers=2), torch.float32)
     run = eager_run(model, _ids(SEQ))
-    selection = per_layer_selection(model, run, {"downstream": "eager"})
+    selection = per_layer_selection(model, run, {"downstream": "eager", "stock_below": 0})
     assert set(selection) == set(indexers(model))
     for counts in selection.values():
         assert counts == {"equal": SEQ, "tie": 0, "differ": 0}
@@ -64,7 +64,7 @@ def test_inductor_downstream_logits_match_eager():
     ids = _ids(SEQ)
     with torch.no_grad():
         want = model(ids, use_cache=False).logits
-    report = compiler.explain(model, ids, use_cache=False)
+    report = compiler.explain(model, ids, use_cache=False, options={"stock_below": 0})
     assert sorted(r.kind for r in report.rewrites) == ["dsa_indexer"] * 2 + ["sparse_attention"] * 2
     torch.testing.assert_close(report.output.logits, want, rtol=1e-4, atol=1e-4)
     assert set(report.stats) == set(indexers(model))
@@ -78,7 +78,7 @@ def test_with_a_trained_geometry_the_certificate_prunes_inside_the_model():
     ids = topic_run_ids(840, model.config.vocab_size)
     with torch.no_grad():
         want = model(ids, use_cache=False).logits
-    report = compiler.explain(model, ids, options={"downstream": "eager", "passes": ["dsa_indexer"]}, use_cache=False)
+    report = compiler.explain(model, ids, options={"downstream": "eager", "stock_below": 0, "passes": ["dsa_indexer"]}, use_cache=False)
     (stats,) = report.stats.values()
     crossover = default_crossover(DEMO_INDEXER["heads"], DEMO_INDEXER["head_dim"], DEMO_INDEXER["topk"], None, "cpu")
     assert [r.details["min_keys"] for r in report.rewrites if r.kind == "dsa_indexer"] == [crossover]

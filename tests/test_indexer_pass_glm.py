@@ -20,7 +20,7 @@ def test_glm_dsa_indexers_are_rewritten_and_logits_equal_eager():
     ids = torch.randint(0, 128, (1, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = model(ids, use_cache=False).logits
-    report = compiler.explain(model, ids, options={"downstream": "eager", "passes": ["dsa_indexer"]}, use_cache=False)
+    report = compiler.explain(model, ids, options={"downstream": "eager", "stock_below": 0, "passes": ["dsa_indexer"]}, use_cache=False)
     assert sorted(r.module for r in report.rewrites if r.kind == "dsa_indexer") == [
         "model.layers.0.self_attn.indexer", "model.layers.1.self_attn.indexer"]
     assert torch.equal(report.output.logits, want)

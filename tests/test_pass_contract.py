@@ -117,7 +117,7 @@ def test_counters_of_both_families_in_one_compile():
     g = torch.Generator().manual_seed(0)
     args = (torch.randn(1, 4, 2, 8, generator=g), torch.randn(1, 6, 8, generator=g),
             torch.randn(1, 4, 2, generator=g), torch.randn(1, 2, 5, 8, generator=g))
-    report = compiler.explain(_Layer(), *args, options={"downstream": "eager"})
+    report = compiler.explain(_Layer(), *args, options={"downstream": "eager", "stock_below": 0})
     c = report.counters
     assert (c["dsa_indexer.anchors"], c["dsa_indexer.rewritten"], c["dsa_indexer.not_candidate"]) == (2, 1, 1)
     assert (c["attention.anchors"], c["attention.rewritten"], c["attention.not_candidate"]) == (2, 1, 1)

@@ -261,7 +261,7 @@ def test_explain_reports_the_guard_of_every_guarded_layer():
     plan = Plan(model={}, inputs={}, design_length=64, queries=None, constants=CPU_REFERENCE, layers=(entry,))
     g = torch.Generator().manual_seed(0)
     args = torch.randn(1, 40, 8, 16, generator=g), torch.randn(1, 64, 16, generator=g), torch.randn(1, 40, 8, generator=g)
-    report = compiler.explain(_Indexer(), *args, options={"downstream": "eager", "plan": plan})
+    report = compiler.explain(_Indexer(), *args, options={"downstream": "eager", "stock_below": 0, "plan": plan})
     (rewrite,) = report.rewrites
     assert (rewrite.path, rewrite.r, rewrite.details["min_keys"]) == ("certified", 3, 8)
     (state,) = report.guard[""]

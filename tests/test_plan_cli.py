@@ -72,7 +72,7 @@ def test_generated_plan_is_applied_and_reported_per_layer(generated):
     torch._dynamo.reset()
     with collecting() as report, torch.no_grad():
         compiled = torch.compile(model, backend="pulsar_dosa",
-                                 options={"plan": str(generated / "plan.json"), "downstream": "eager"})
+                                 options={"plan": str(generated / "plan.json"), "downstream": "eager", "stock_below": 0})
         compiled(torch.randint(0, 128, (1, 24)))
     torch._dynamo.reset()
     assert sorted((rw.module, rw.path, rw.r) for rw in report.rewrites if rw.kind == "dsa_indexer") == \

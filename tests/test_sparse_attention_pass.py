@@ -15,7 +15,7 @@ from compiler.demo import build_model, tiny_config
 from compiler.report import collecting
 
 ATOL = 1e-4
-EAGER = {"downstream": "eager"}
+EAGER = {"downstream": "eager", "stock_below": 0}
 
 
 def _ids(b, n, seed=0):

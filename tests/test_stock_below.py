@@ -5,7 +5,7 @@ import torch
 
 from compiler.backend import pulsar_dosa, replays_cuda_graphs
 from compiler.options import CompileOptions
-from compiler.path_choice import STOCK_BELOW, keeps_stock, stock_threshold
+from compiler.path_choice import ALWAYS_STOCK, STOCK_BELOW, keeps_stock, stock_threshold
 from compiler.report import collecting
 
 H, D, TOPK = 4, 8, 3
@@ -26,8 +26,9 @@ def test_threshold_comes_from_the_option_else_the_device_unless_cuda_graphs_or_a
     default = CompileOptions()
     for kind in ("dsa_indexer", "sparse_attention"):
         assert stock_threshold(default, kind, "cuda", cuda_graphs=False) == STOCK_BELOW[kind]["cuda"] > 0
-        assert stock_threshold(default, kind, "cpu", cuda_graphs=False) == 0
         assert stock_threshold(default, kind, "cuda", cuda_graphs=True) == 0
+        for cuda_graphs in (False, True):  # no native kernels: the plain-torch reference never pays
+            assert stock_threshold(default, kind, "cpu", cuda_graphs) == ALWAYS_STOCK
         assert stock_threshold(CompileOptions(stock_below=7), kind, "cuda", cuda_graphs=True) == 7
         assert stock_threshold(CompileOptions(stock_below=7), kind, "cpu", cuda_graphs=False) == 7
     forced = CompileOptions(certified="dense")
@@ -39,6 +40,7 @@ def test_keeps_stock_below_the_threshold_only():
     assert "B*S*T*H = 63" in keeps_stock(64, 63)
     assert keeps_stock(64, 64) is None
     assert keeps_stock(0, 1) is None
+    assert "plain-torch reference" in keeps_stock(ALWAYS_STOCK, 1 << 60)
 
 
 @pytest.mark.parametrize("value", [-1, True, 2.5, "big"])
