@@ -304,8 +304,9 @@ def main(argv=None):
         path_choice.MIN_SCREENED_KEYS, path_choice.MIN_CERTIFIED_QUERIES = 1000, 8
     doc = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
            "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0],
-           "sizes": sizes, "families": args.families, "plans": {}, "rows": [], "graph_checks": [],
-           "skipped": []}
+           "sizes": sizes, "families": args.families,
+           "constants": (H200_FITTED if device.type == "cuda" else CPU_REFERENCE).to_dict(),
+           "plans": {}, "rows": [], "graph_checks": [], "skipped": []}
     md_path = args.out.rsplit(".", 1)[0] + ".md"
 
     def write():

@@ -26,9 +26,10 @@ def test_the_refit_is_loadable_and_fits_the_certified_calls(tmp_path):
 
 def test_the_offline_replay_reproduces_the_zoos_recorded_plans():
     """Plans decided offline from the zoo's calibration measurements with the constants its run used
-    equal the plans that run made on the GPU (path, r, crossover): the refit's plans are comparable."""
+    (recorded in its results) equal the plans that run made on the GPU (path, r, crossover): the
+    refit's plans are comparable."""
     zoo = json.loads((RESULTS / "indexer_zoo_h200.json").read_text())
-    replay = fit_cost_model.zoo_plans(zoo, H200_FITTED)
+    replay = fit_cost_model.zoo_plans(zoo, KernelConstants.from_dict(zoo["constants"]))
     for family, plan in zoo["plans"].items():
         assert (replay[family]["path"], replay[family]["r"], replay[family]["crossover"]) == \
             (plan["path"], plan["r"], plan["crossover"]), family
