@@ -1,6 +1,8 @@
 """Launch configs of the DSA indexer kernels (interpreter, tiny sizes): the screen may use any of its
 candidates without changing the survivor sets or the pipeline's output; the scorer always runs with
 its one fixed config; a candidate that cannot launch is skipped."""
+import contextlib
+
 import pytest
 import torch
 from triton.runtime.errors import InterpreterError
@@ -32,14 +34,34 @@ def inputs():
     return q, k, w, mask
 
 
+@contextlib.contextmanager
+def scorer_launch_configs(seen):
+    """Inside: the key-list scorer (seeds, refine, redo) is a spy that adds the (BLOCK_T, warps,
+    stages) of every launch to ``seen``."""
+    kernel = score_mod._indexer_score_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.add((kwargs["BLOCK_T"], kwargs["num_warps"], kwargs["num_stages"]))
+                return kernel[grid](*args, **kwargs)
+            return run
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(score_mod, "_indexer_score_kernel", Spy())
+        yield
+
+
 @pytest.fixture(scope="module")
 def traced(inputs):
-    """The dense answer, and one certified call with the first screen candidate (the interpreter's
-    choice) and its trace: shared by the tests that read the trace's plan and threshold."""
+    """The dense answer, one certified call with the first screen candidate (the interpreter's
+    choice) and its trace, and the scorer launch configs that call used: shared by the tests that
+    read the trace's plan and threshold and by the scorer config test."""
     q, k, w, mask = inputs
-    trace = []
-    out = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace, screen_config=SCREEN_CONFIGS[0])
-    return dense_topk_cuda(q, k, w, KK, mask), out, trace[0]
+    trace, seen = [], set()
+    with scorer_launch_configs(seen):
+        out = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace, screen_config=SCREEN_CONFIGS[0])
+    return dense_topk_cuda(q, k, w, KK, mask), out, trace[0], seen
 
 
 def survivor_sets(ids, count):
@@ -68,7 +90,7 @@ def test_screen_takes_the_first_candidate_under_the_interpreter_without_launchin
 
 def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(inputs, traced):
     q, k, w, mask = inputs
-    dense, out, tr = traced
+    dense, out, tr, _ = traced
     assert_same(out, dense)  # the whole op with the first candidate
     p = tr.plan
     nk = round_up_to_float32(key_norm_up(k.float()))
@@ -107,22 +129,15 @@ def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs, traced):
         launchable_configs([broken], launch)
 
 
-def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, monkeypatch):
+def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, traced):
+    """The certified calls with the first two screen candidates (the first in ``traced``) launch
+    the key-list scorer with its one config and give the dense answer."""
     q, k, w, mask = inputs
-    kernel = score_mod._indexer_score_kernel
-    seen = set()
-
-    class Spy:
-        def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                seen.add((kwargs["BLOCK_T"], kwargs["num_warps"], kwargs["num_stages"]))
-                return kernel[grid](*args, **kwargs)
-            return run
-
-    monkeypatch.setattr(score_mod, "_indexer_score_kernel", Spy())
-    dense = dense_topk_cuda(q, k, w, KK, mask)
-    for config in SCREEN_CONFIGS[:2]:
-        assert_same(certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=config),
-                    dense)
+    dense, out, _, seen = traced
+    seen = set(seen)
+    with scorer_launch_configs(seen):
+        second = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=SCREEN_CONFIGS[1])
+    for got in (out, second):
+        assert_same(got, dense)
     fixed = score_mod.scorer_config(q.dtype).kwargs()
     assert seen == {(fixed["BLOCK_T"], fixed["num_warps"], fixed["num_stages"])}
