@@ -371,7 +371,7 @@ def main(argv=None):
         out.write_text(json.dumps(doc, indent=1))
 
     if args.sweep:
-        sweep(emit, *((64, 512) if args.smoke else ()))
+        sweep(emit, *((16, 512) if args.smoke else ()))
         return 0
     if args.decode_only:
         decode(emit, *(((256,), (1, 3), True, 1) if args.smoke else ()))
