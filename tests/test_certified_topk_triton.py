@@ -121,7 +121,8 @@ def test_certified_equals_runtime_reference_on_integer_inputs():
 
 
 def test_certified_equals_dense_triton_and_prunes_on_structured_bf16():
-    q, k, w, mask = structured(T=512)  # prunes more of its keys than at T=1024 (lists ~20% of T, not ~30%)
+    # 16 queries (4 query tiles of H=8); T=512 prunes more of its keys than T=1024 (lists ~20% of T, not ~30%)
+    q, k, w, mask = structured(S=16, T=512)
     trace = []
     out = certified_topk_cuda(q, k, w, 64, mask, config=CERTIFIED, trace=trace)
     assert_same(out, dense_topk_cuda(q, k, w, 64, mask))
