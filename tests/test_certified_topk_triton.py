@@ -131,9 +131,10 @@ def test_certified_equals_dense_triton_and_prunes_on_structured_bf16():
 
 @pytest.fixture(scope="module")
 def misaligned_runs():
-    """The zoo's misaligned_runs inputs (S=16, T=1024, H=8, D=32) and their dense Triton top-32,
-    computed once for both thresholds."""
-    S, T = 16, 1024
+    """The zoo's misaligned_runs inputs (S=8, T=1024, H=8, D=32) and their dense Triton top-32,
+    computed once for both thresholds. (At 8 queries as at 16, sigmas=4 prunes ~90% / 82% of the
+    keys, some rows writing more than 4 kk candidates, and sigmas=-4 misses in every row.)"""
+    S, T = 8, 1024
     q, k, w, _ = zoo_inputs("misaligned_runs", 1, S, T, 8, 32, seed=0, dtype=torch.bfloat16)
     mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None]
     return q, k, w, mask, dense_topk_cuda(q, k, w, 32, mask)
