@@ -64,6 +64,24 @@ def traced(inputs):
     return dense_topk_cuda(q, k, w, KK, mask), out, trace[0], seen
 
 
+@pytest.fixture(scope="module")
+def per_tile(inputs, traced):
+    """The whole certified op once with the first screen candidate of each other key tile
+    (BLOCK_T 64: SCREEN_CONFIGS[1], 256: SCREEN_CONFIGS[3]), under the scorer spy: BLOCK_T ->
+    (screen config, output, the scorer launch configs seen). Shared by the every-config test (the
+    answers) and the scorer config test (the launches)."""
+    q, k, w, mask = inputs
+    calls, tiles = {}, {dict(SCREEN_CONFIGS[0].meta)["BLOCK_T"]}
+    for config in SCREEN_CONFIGS:
+        tile = dict(config.meta)["BLOCK_T"]
+        if tile not in tiles:
+            tiles.add(tile)
+            seen = set()
+            with scorer_launch_configs(seen):
+                calls[tile] = config, certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=config), seen
+    return calls
+
+
 def survivor_sets(ids, count):
     return [set(ids[0, i, : count[0, i]].tolist()) for i in range(ids.shape[1])]
 
@@ -88,24 +106,25 @@ def test_screen_takes_the_first_candidate_under_the_interpreter_without_launchin
     assert choose_screen_config(launch, k, 1, 4, 8) == SCREEN_CONFIGS[0]
 
 
-def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(inputs, traced):
-    q, k, w, mask = inputs
+def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(inputs, traced, per_tile):
+    _, k, _, mask = inputs
     dense, out, tr, _ = traced
     assert_same(out, dense)  # the whole op with the first candidate
     p = tr.plan
     nk = round_up_to_float32(key_norm_up(k.float()))
-    sets, tiles = [], {dict(SCREEN_CONFIGS[0].meta)["BLOCK_T"]}
+    sets = []
     for config in SCREEN_CONFIGS:
         ids, count = screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
                             lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries,
                             cap=tr.cap, config=config)
         assert torch.equal(count, tr.list_count), config
         sets.append(survivor_sets(ids, count))
-        tile = dict(config.meta)["BLOCK_T"]
-        if tile not in tiles:  # the whole op once per key tile (same survivor sets: same answer)
-            tiles.add(tile)
-            assert_same(certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=config), dense)
     assert all(s == sets[0] for s in sets[1:])
+    # the whole op once per key tile (same survivor sets: same answer)
+    first_tile = dict(SCREEN_CONFIGS[0].meta)["BLOCK_T"]
+    assert sorted(per_tile) == sorted({dict(c.meta)["BLOCK_T"] for c in SCREEN_CONFIGS} - {first_tile})
+    for _, got, _ in per_tile.values():
+        assert_same(got, dense)
     assert max(len(s) for s in sets[0]) < k.shape[1]  # the screen pruned something
 
 
@@ -129,15 +148,17 @@ def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs, traced):
         launchable_configs([broken], launch)
 
 
-def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, traced):
-    """The certified calls with the first two screen candidates (the first in ``traced``) launch
-    the key-list scorer with its one config and give the dense answer."""
-    q, k, w, mask = inputs
+def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, traced, per_tile):
+    """The certified calls with the first screen candidate (``traced``) and with the first of each
+    other key tile (``per_tile``, SCREEN_CONFIGS[1] among them) launch the key-list scorer with its
+    one config and give the dense answer."""
+    q = inputs[0]
     dense, out, _, seen = traced
     seen = set(seen)
-    with scorer_launch_configs(seen):
-        second = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=SCREEN_CONFIGS[1])
-    for got in (out, second):
+    assert SCREEN_CONFIGS[1] in [config for config, _, _ in per_tile.values()]
+    assert_same(out, dense)
+    for _, got, launched in per_tile.values():
         assert_same(got, dense)
+        seen |= launched
     fixed = score_mod.scorer_config(q.dtype).kwargs()
     assert seen == {(fixed["BLOCK_T"], fixed["num_warps"], fixed["num_stages"])}
