@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     sizes, reps = ((16384, 131072), (4096, 524288)), 5
     if args.smoke:
         roofline.H, roofline.D, roofline.DEVICE, roofline.TOPK = 4, 16, "cpu", 8
-        sizes, reps = ((16, 256),), 1
+        sizes, reps = ((8, 256),), 1
     rows = []
     for S, T in sizes:
         rows.append(measure(S, T, reps))

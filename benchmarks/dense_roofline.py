@@ -305,7 +305,7 @@ def graph_ms(fn):
     return timed(graph.replay, reps=20)
 
 
-def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=20):
+def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=20, loop_calls=None):
     """Decode: B sequences of one query each over its own T keys (``decode_inputs``). ``op_ms``: the
     op as a compiled model calls it with the structured plan (path "auto", r=1, the plan's
     crossover; its path choice must send decode to dense scoring); ``dense_ms``: the dense path
@@ -316,7 +316,7 @@ def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=
     its sums round differently). Each time alone (CUDA events around one call), then ``*_loop_ms``
     (``per_call_ms``: calls back to back, the host's pace) and ``*_graph_ms`` (``graph_ms``: the GPU's
     time, as under CUDA graphs). ``identical``: the op's output equals ``torch.topk`` of every key's
-    order code (``all_codes``), decoded."""
+    order code (``all_codes``), decoded. ``loop_calls``: the calls behind ``*_loop_ms`` (None: 5 reps)."""
     stock_compiled = torch.compile(stock_decode_topk) if DEVICE == "cuda" else None
     for T in lengths:
         for B in batches:
@@ -336,7 +336,7 @@ def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=
                 forms["stock_compiled"] = lambda: stock_compiled(q, k, w, kk)
             for name, fn in forms.items():
                 row[f"{name}_ms"] = round(timed(fn, reps=reps), 3)
-                row[f"{name}_loop_ms"] = round(per_call_ms(fn, calls=5 * reps), 3)
+                row[f"{name}_loop_ms"] = round(per_call_ms(fn, calls=5 * reps if loop_calls is None else loop_calls), 3)
                 gpu = graph_ms(fn) if name != "stock_compiled" else None
                 if gpu is not None:
                     row[f"{name}_graph_ms"] = round(gpu, 3)
@@ -371,10 +371,10 @@ def main(argv=None):
         out.write_text(json.dumps(doc, indent=1))
 
     if args.sweep:
-        sweep(emit, *((64, 512) if args.smoke else ()))
+        sweep(emit, *((16, 512) if args.smoke else ()))
         return 0
     if args.decode_only:
-        decode(emit, *(((256,), (1, 3), True, 1) if args.smoke else ()))
+        decode(emit, *(((256,), (1, 3), True, 1, 1) if args.smoke else ()))
         return 0
     structured_inputs = None
     if not args.no_structured:
@@ -386,7 +386,7 @@ def main(argv=None):
         structured_inputs = (q, k, w.float())
         print(f"structured inputs in {time.perf_counter() - start:.1f} s", flush=True)
     grid(emit, args.S, args.T, structured_inputs)
-    decode(emit, *(((256,), (1, 3), True, 1) if args.smoke else ()))
+    decode(emit, *(((256,), (1, 3), True, 1, 1) if args.smoke else ()))
     return 0
 
 

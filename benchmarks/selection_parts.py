@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     S, T, kk, device = 4096, 131072, 2048, "cuda"
     if args.smoke:
-        S, T, kk, device = 4, 512, 16, "cpu"
+        S, T, kk, device = 2, 512, 16, "cpu"
         roofline.H, roofline.D, roofline.DEVICE = 4, 16, "cpu"
         roofline.scorer.SEQUENTIAL = False
     mask = roofline.causal_chunk_mask(S, T)

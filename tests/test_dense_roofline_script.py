@@ -40,7 +40,7 @@ def test_the_grid_times_dense_the_torch_baseline_and_decode(tmp_path):
     """The grid's rows, then the decode rows (one query, and 3), scored densely and identical, and
     the transformers indexer's own decode beside them."""
     out = tmp_path / "grid.json"
-    assert dense_roofline.main(["--smoke", "--no-structured", "--S", "16", "--T", "512", "--out", str(out)]) == 0
+    assert dense_roofline.main(["--smoke", "--no-structured", "--S", "8", "--T", "512", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     by_method = {r["method"]: r for r in rows if r["method"] != "decode"}
     assert by_method["dense"]["identical"] and "error" not in by_method["torch_gemm_topk"]

@@ -29,10 +29,13 @@ def rows_of(kind, R, N, seed):
 
 
 @pytest.mark.parametrize("kind", ["random", "increasing", "decreasing", "periodic", "duplicates", "extremes"])
-@pytest.mark.parametrize("N,kk", [(1000, 7), (333, 41), (97, 1)])
-@pytest.mark.parametrize("step", [64, threshold_select.COMPACT_BLOCK])
+@pytest.mark.parametrize("N,kk,step", [(1000, 7, threshold_select.COMPACT_BLOCK), (333, 41, threshold_select.COMPACT_BLOCK),
+                                       (97, 1, threshold_select.COMPACT_BLOCK), (97, 1, 64)])
 def test_equals_torch_topk(kind, N, kk, step, monkeypatch):
-    """Compaction steps shorter than a row (several steps) and the default."""
+    """Compaction steps shorter than a row (several steps) and the default. At the default step
+    (COMPACT_BLOCK) rows of 333 and 1000 codes take several steps and rows of 97 one; rows of 97
+    also run at steps of 64 (two steps, the second partial)."""
+    assert 97 <= threshold_select.COMPACT_BLOCK < 333 / 2  # the one-step and several-step cases above
     monkeypatch.setattr(threshold_select, "COMPACT_BLOCK", step)
     codes = rows_of(kind, 5, N, seed=N + kk)
     assert N > threshold_select.LONG_ROW_FACTOR * kk  # the threshold path, not the torch.topk shortcut
