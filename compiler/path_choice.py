@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from compiler.autotune import length_bucket
 from compiler.cost_model import (CPU_REFERENCE, H200_FITTED, IndexerShape, KernelConstants, T as LENGTH,
@@ -327,13 +328,14 @@ def stock_threshold(options, kind: str, device_type: str, cuda_graphs: bool) -> 
 def keeps_stock(threshold: int, products) -> str | None:
     """Why a call of ``products`` = B*S*T*H query-key-head products keeps the stock subgraph, or
     None. Sizes may be symbolic: deciding then adds a guard on them (Dynamo recompiles the graph
-    when a later call falls on the other side, e.g. once when a decode loop's cache crosses it)."""
+    when a later call falls on the other side, e.g. once when a decode loop's cache crosses it);
+    a size that depends on data (unbacked) is not guarded on and the call is rewritten."""
     if threshold <= 0:
         return None
     if threshold == ALWAYS_STOCK:
         return ("kept stock: on this device the op runs its plain-torch reference, slower than the stock "
                 "subgraph (option stock_below=0 rewrites every call)")
-    if bool(products < threshold):
+    if guard_or_false(products < threshold):  # a data-dependent size: rewrite, as without the rule
         return (f"kept stock: B*S*T*H = {products} query-key-head products, below the {threshold} at which "
                 "the op's per-call host cost pays (option stock_below; 0 under CUDA graphs)")
     return None

@@ -43,6 +43,14 @@ def test_keeps_stock_below_the_threshold_only():
     assert "plain-torch reference" in keeps_stock(ALWAYS_STOCK, 1 << 60)
 
 
+def test_a_data_dependent_size_is_rewritten_without_a_guard():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    unbacked = env.create_unbacked_symint()
+    assert keeps_stock(64, 4 * unbacked) is None and not env.guards
+
+
 @pytest.mark.parametrize("value", [-1, True, 2.5, "big"])
 def test_bad_stock_below_names_the_option(value):
     with pytest.raises(TypeError, match="'stock_below': expected None or an int >= 0"):
