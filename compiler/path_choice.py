@@ -298,9 +298,9 @@ over 4096 keys, 6843 against 280 for 256 and 8103 against 1773 for 1024.
 
 H200, session 11. The indexer op took 0.36-0.40 ms per host-paced call at one query (H=64,
 8K-128K keys) against 0.11-0.27 ms for the stock indexer eager. End to end (2-layer DSV32 decode,
-benchmarks/results/e2e_decode_h200.md) the op on every call added 2.8-3.2 ms per step at B=1
-(2^19-2^23 products per call) and 0.8-1.6 ms at B=8 up to 32K keys (2^22-2^24) to the step that
-kept the stock indexer; at B=8 over 128K keys (2^26) the step with the op took 10.9 ms against
+the session's first run, before the sparse-attention threshold) the indexer op on every call
+added 2.8-3.2 ms per step at B=1 (2^19-2^23 products per call) and 0.8-1.6 ms at B=8 up to 32K
+keys (2^22-2^24) to the step that kept the stock indexer; at B=8 over 128K keys (2^26) the step with the op took 10.9 ms against
 stock's 11.9. The sparse-attention op takes 0.33-0.55 ms per host-paced decode call (0.11 ms
 of GPU time; results/sparse_attention_h200.md), the stock masked SDPA reads K and V of every key,
 about 0.25 ms per 2^20 products at 320 bytes of K and V per key and head (4.2 ms at 128 heads x
@@ -325,7 +325,7 @@ def stock_threshold(options, kind: str, device_type: str, cuda_graphs: bool) -> 
     return 0 if cuda_graphs and threshold != ALWAYS_STOCK else threshold
 
 
-def keeps_stock(threshold: int, products) -> str | None:
+def keeps_stock(threshold: float, products) -> str | None:
     """Why a call of ``products`` = B*S*T*H query-key-head products keeps the stock subgraph, or
     None. Sizes may be symbolic: deciding then adds a guard on them (Dynamo recompiles the graph
     when a later call falls on the other side, e.g. once when a decode loop's cache crosses it);
