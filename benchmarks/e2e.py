@@ -94,10 +94,14 @@ def plan_for(name: str, config, args, device: str) -> Path:
     return plan
 
 
-def method_module(model, method: str, plan: Path | None):
+def method_module(model, method: str, plan: Path | None, smoke: bool = False):
+    """``model`` compiled as ``method`` runs it. A smoke run (the CPU) passes ``stock_below=0`` to
+    every pulsar_dosa method: there the backend would otherwise keep every stock subgraph
+    (compiler.path_choice.STOCK_BELOW), and the smoke exists to run the ops."""
     if method == "stock":
         return torch.compile(model, dynamic=True)
     options = {"pulsar_dosa_plan": {"plan": str(plan)}, "pulsar_dosa_every_call": {"stock_below": 0}}.get(method, {})
+    options = {**options, "stock_below": 0} if smoke else options
     return torch.compile(model, backend="pulsar_dosa", options=options, dynamic=True)
 
 
@@ -118,7 +122,7 @@ def run_model(name: str, args, emit) -> None:
                 detail = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines() or [""]
                 plan_error = f"plan: {type(exc).__name__}: {detail[-1][:300]}"
         torch._dynamo.reset()
-        compiled = method_module(model, method, plan)
+        compiled = method_module(model, method, plan, smoke=args.smoke)
         for S in lengths:
             row = {"model": name, "S": S, "method": method, "ms": None, "peak_gib": None, "error": None,
                    "argmax_agree": None, "max_abs_diff": None}

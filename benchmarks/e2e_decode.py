@@ -76,7 +76,7 @@ def fill_caches(model, config, args, device: str, emit) -> dict:
     from transformers import DynamicCache
 
     torch._dynamo.reset()
-    filler = method_module(model, "pulsar_dosa", None)
+    filler = method_module(model, "pulsar_dosa", None, smoke=args.smoke)
     caches = {}
     for B in args.batches:
         for T in args.contexts:
@@ -108,7 +108,7 @@ def run_model(name: str, args, emit) -> None:
     reference = {}
     for method in args.methods:
         torch._dynamo.reset()
-        compiled = method_module(model, method, None)
+        compiled = method_module(model, method, None, smoke=args.smoke)
         with collecting() as report:
             for (B, T), (cache, first) in caches.items():
                 emit(decode_row(compiled, report, name, method, B, T, cache, first, reference, args, device))
