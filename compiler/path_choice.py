@@ -294,7 +294,8 @@ Device types not listed (the CPU, any device without the ops' Triton kernels) ke
 subgraph (``ALWAYS_STOCK``): there the ops run their plain-torch references, written to be exact,
 not fast. On a 2-core x86 CPU (session 11; H=64, D=128, bf16, one compiled indexer, best of 3) the
 op took 94.5 against 10.6 ms stock for one query over 32768 keys, 124.7 against 13.8 for 16 queries
-over 4096 keys, 6843 against 280 for 256 and 8103 against 1773 for 1024.
+over 4096 keys, 6843 against 280 for 256 and 8103 against 1773 for 1024; for one query over 4096
+keys 13.3-18.4 against 1.3-2.1 in two reruns (a first run's 35.7 ms for stock was an outlier).
 
 H200, session 11. The indexer op took 0.36-0.40 ms per host-paced call at one query (H=64,
 8K-128K keys) against 0.11-0.27 ms for the stock indexer eager. End to end (2-layer DSV32 decode,
