@@ -24,10 +24,12 @@ keys then rank after every visible key whose score is finite, as in the original
 of -inf (only from non-finite inputs) would rank below such a masked key there but above it here.
 
 A topk whose head-weighting position holds no contraction is not a candidate (e.g. an MoE router)
-and is only counted. A safe match too small for the op to pay (``path_choice.keeps_stock``: fewer
-query-key-head products than the op's per-call host cost is worth, e.g. decode at one sequence on
-a GPU without CUDA graphs) is declined: left untouched and reported as a near miss with the reason;
-with symbolic sizes that decision is a guard, so Dynamo recompiles once a call crosses it. A candidate that fails a later check is a near miss, recorded with its
+and is only counted. A safe match where the stock form is faster (``path_choice.keeps_stock``: too
+few query-key-head products for the op's per-call host cost, e.g. decode at one sequence on a GPU
+without CUDA graphs, or any call on the CPU, where the op runs its plain-torch reference) is
+declined: left untouched and reported as a near miss with the reason; with symbolic sizes that
+decision is a guard, so Dynamo recompiles once a call crosses it. A candidate that fails a later
+check is a near miss, recorded with its
 reason, and left untouched (so is one whose graph the matcher cannot read: "unsupported form").
 Before any rewrite the region is proved closed: every interior node is post-dominated by the
 anchor (``matcher.escaping_nodes``); and the operands are [B,S,H,D], [B,T,D], [B,S,H], [B,S,T] on

@@ -25,8 +25,9 @@ the mean of v over all keys for an additive ``finfo.min`` mask (every logit equa
 ``masked_rows``. Scores are computed in fp32, the original in the model dtype: the outputs agree
 to floating-point rounding.
 
-A safe match too small for the op to pay (``path_choice.keeps_stock``: e.g. decode over a short
-cache on a GPU without CUDA graphs) is declined: left untouched, reported as a near miss.
+A safe match where the stock form is faster (``path_choice.keeps_stock``: e.g. decode over a
+short cache on a GPU without CUDA graphs, or any call on the CPU, where the op runs its plain-torch
+reference) is declined: left untouched, reported as a near miss.
 
 An attention whose mask is not built from indices is not a candidate (left to the ``attention``
 family, which runs after this one). Near misses (left untouched, reported with the reason):
