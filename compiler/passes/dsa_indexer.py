@@ -29,8 +29,8 @@ few query-key-head products for the op's per-call host cost, e.g. decode at one 
 without CUDA graphs, or any call on the CPU, where the op runs its plain-torch reference) is
 declined: left untouched and reported as a near miss with the reason; with symbolic sizes that
 decision is a guard, so Dynamo recompiles once a call crosses it. A candidate that fails a later
-check is a near miss, recorded with its
-reason, and left untouched (so is one whose graph the matcher cannot read: "unsupported form").
+check is a near miss, recorded with its reason, and left untouched (so is one whose graph the
+matcher cannot read: "unsupported form").
 Before any rewrite the region is proved closed: every interior node is post-dominated by the
 anchor (``matcher.escaping_nodes``); and the operands are [B,S,H,D], [B,T,D], [B,S,H], [B,S,T] on
 ``node.meta`` (``statically_known_true``, no guards).
