@@ -4,6 +4,9 @@ import torch
 import compiler
 from compiler.report import Report, collecting, current_report, format_table
 
+EAGER_OPS = {"downstream": "eager", "stock_below": 0}
+"""Eager downstream, the ops on every call (on the CPU the backend otherwise keeps every stock subgraph)."""
+
 
 class Indexer(torch.nn.Module):
     def forward(self, q, k, w):
@@ -23,7 +26,7 @@ def _args():
 
 
 def test_explain_returns_rewrites_stats_and_a_printable_table():
-    report = compiler.explain(Indexer(), *_args(), options={"downstream": "eager", "stock_below": 0})
+    report = compiler.explain(Indexer(), *_args(), options=EAGER_OPS)
     (rw,) = report.rewrites
     assert (rw.kind, rw.compile_index) == ("dsa_indexer", 0) and rw.path in ("auto", "dense", "certified")
     assert report.stats[rw.module]["queries"] == 4
@@ -33,13 +36,13 @@ def test_explain_returns_rewrites_stats_and_a_printable_table():
 
 
 def test_near_miss_appears_in_the_printed_table():
-    report = compiler.explain(Smallest(), *_args(), options={"downstream": "eager", "stock_below": 0})
+    report = compiler.explain(Smallest(), *_args(), options=EAGER_OPS)
     assert report.rewrites == []
     assert "largest=False" in str(report)
 
 
 def test_record_stats_false_leaves_no_statistics():
-    report = compiler.explain(Indexer(), *_args(), options={"downstream": "eager", "stock_below": 0, "record_stats": False})
+    report = compiler.explain(Indexer(), *_args(), options={**EAGER_OPS, "record_stats": False})
     assert len(report.rewrites) == 1 and report.stats == {}
 
 
@@ -58,7 +61,7 @@ def test_format_table_aligns_columns():
 
 
 def test_static_recompilation_rewrites_again_and_is_recorded_per_compile():
-    report = compiler.explain(Indexer(), *_args(), options={"downstream": "eager", "stock_below": 0}, dynamic=False)
+    report = compiler.explain(Indexer(), *_args(), options=EAGER_OPS, dynamic=False)
     q, k, w = _args()
     longer = torch.cat([k, torch.randn(1, 7, 8, generator=torch.Generator().manual_seed(1))], dim=1)
     with collecting(report):

@@ -14,6 +14,9 @@ import torch.nn.functional as F
 import compiler
 from compiler.passes.dsa_indexer import PATTERN_VARIANTS
 
+EAGER_OPS = {"downstream": "eager", "stock_below": 0}
+"""Eager downstream, the ops on every call (on the CPU the backend otherwise keeps every stock subgraph)."""
+
 B, S, T, H, D, KK = 2, 6, 24, 4, 8, 5
 SCALE = D ** -0.5
 
@@ -109,7 +112,7 @@ def test_variant_is_rewritten_once_and_matches_eager(name):
     cls, mask_kind, variant = REWRITTEN[name]
     assert variant in PATTERN_VARIANTS
     args = _args(mask_kind)
-    report = compiler.explain(cls(), *args, options={"downstream": "eager", "stock_below": 0})
+    report = compiler.explain(cls(), *args, options=EAGER_OPS)
     assert [r.variant for r in report.rewrites] == [variant]
     assert report.near_misses == []
     assert report.counters[f"dsa_indexer.variant.{variant}"] == 1
@@ -118,7 +121,7 @@ def test_variant_is_rewritten_once_and_matches_eager(name):
 
 def test_rewrite_records_operand_shapes_and_path():
     report = compiler.explain(TransformersStyle(), *_args("additive"),
-                              options={"downstream": "eager", "stock_below": 0, "certified": "dense"})
+                              options={**EAGER_OPS, "certified": "dense"})
     (rw,) = report.rewrites
     assert rw.kind == "dsa_indexer" and rw.path == "dense" and rw.r is None
     assert rw.shapes == {"q": (str(B), str(S), str(H), str(D)), "k": (str(B), str(T), str(D)),
@@ -128,14 +131,14 @@ def test_rewrite_records_operand_shapes_and_path():
 def test_cache_cat_on_keys_is_an_input():
     q, k, w, _, _ = make_inputs(1)
     args = (q, k[:, :10], k[:, 10:], w)
-    report = compiler.explain(CacheCat(), *args, options={"downstream": "eager", "stock_below": 0})
+    report = compiler.explain(CacheCat(), *args, options=EAGER_OPS)
     assert [r.variant for r in report.rewrites] == ["qk_matmul+no_scale+heads_matmul+no_mask"]
     assert torch.equal(report.output, CacheCat()(*args))
 
 
 def test_dynamic_shapes_rewrite_once_and_serve_new_lengths():
     model = EinsumMulSumBoolMask()
-    report = compiler.explain(model, *_args("bool"), options={"downstream": "eager", "stock_below": 0}, dynamic=True)
+    report = compiler.explain(model, *_args("bool"), options=EAGER_OPS, dynamic=True)
     assert len(report.rewrites) == 1
     for seed, t in ((3, 40), (4, 17)):
         q, k, w, visible, _ = make_inputs(seed, T=t)
@@ -200,7 +203,7 @@ NEAR_MISSES = {
 def test_near_miss_is_left_untouched_with_its_reason(name):
     cls, reason = NEAR_MISSES[name]
     args = _args(None, seed=2)
-    report = compiler.explain(cls(), *args, options={"downstream": "eager", "stock_below": 0})
+    report = compiler.explain(cls(), *args, options=EAGER_OPS)
     assert report.rewrites == []
     assert len(report.near_misses) == 1 and reason in report.near_misses[0].reason
     assert report.counters["dsa_indexer.near_miss"] == 1
@@ -219,13 +222,13 @@ class RouterLike(torch.nn.Module):
 
 
 def test_unrelated_topk_is_neither_rewritten_nor_a_near_miss():
-    report = compiler.explain(RouterLike(), torch.randn(3, D), options={"downstream": "eager", "stock_below": 0})
+    report = compiler.explain(RouterLike(), torch.randn(3, D), options=EAGER_OPS)
     assert report.rewrites == [] and report.near_misses == []
     assert report.counters["dsa_indexer.not_candidate"] == 1
 
 
 def test_disabled_pass_family_rewrites_nothing():
-    report = compiler.explain(TransformersStyle(), *_args("additive"), options={"downstream": "eager", "stock_below": 0, "passes": []})
+    report = compiler.explain(TransformersStyle(), *_args("additive"), options={**EAGER_OPS, "passes": []})
     assert report.rewrites == [] and report.pass_times == []
 
 
@@ -247,7 +250,7 @@ class BroadcastCausalMask(torch.nn.Module):
 
 def test_narrowing_cast_is_a_near_miss():
     q, k, w, _, _ = make_inputs(6)
-    report = compiler.explain(NarrowedScores(), q, k, w, options={"downstream": "eager", "stock_below": 0})
+    report = compiler.explain(NarrowedScores(), q, k, w, options=EAGER_OPS)
     assert report.rewrites == []
     assert "cast of the scores from torch.float32 to torch.float16" in report.near_misses[0].reason
     assert torch.equal(report.output, NarrowedScores()(q, k, w))
@@ -257,7 +260,7 @@ def test_narrowing_cast_is_a_near_miss():
 def test_broadcast_mask_is_expanded_for_the_op(dynamic):
     q, k, w, _, _ = make_inputs(8)
     position_ids = torch.arange(T - S, T)[None]
-    report = compiler.explain(BroadcastCausalMask(), q, k, w, position_ids, options={"downstream": "eager", "stock_below": 0},
+    report = compiler.explain(BroadcastCausalMask(), q, k, w, position_ids, options=EAGER_OPS,
                               dynamic=dynamic)
     assert [r.variant for r in report.rewrites] == ["qk_einsum+no_scale+heads_matmul+mask_fill"]
     assert report.rewrites[0].shapes["mask"] == report.rewrites[0].shapes["k"][:1] + (
@@ -276,7 +279,7 @@ class HiddenMaskNotInverted(torch.nn.Module):
 def test_masked_fill_with_a_hidden_mask_is_inverted_for_the_op():
     q, k, w, visible, _ = make_inputs(7)
     args = (q, k, w, ~visible)
-    report = compiler.explain(HiddenMaskNotInverted(), *args, options={"downstream": "eager", "stock_below": 0})
+    report = compiler.explain(HiddenMaskNotInverted(), *args, options=EAGER_OPS)
     assert [r.variant for r in report.rewrites] == ["qk_einsum+no_scale+heads_matmul+mask_fill"]
     _assert_same_selection(tuple(report.output), tuple(HiddenMaskNotInverted()(*args)))
 
@@ -297,10 +300,10 @@ class LowestFill(torch.nn.Module):
 
 def test_lowest_finite_fill_is_rewritten_only_when_values_are_unused():
     q, k, w, visible, _ = make_inputs(9)
-    report = compiler.explain(LowestFill(), q, k, w, visible, options={"downstream": "eager", "stock_below": 0})
+    report = compiler.explain(LowestFill(), q, k, w, visible, options=EAGER_OPS)
     assert [r.variant for r in report.rewrites] == ["qk_einsum+no_scale+heads_matmul+mask_fill"]
     assert torch.equal(report.output, LowestFill()(q, k, w, visible))
-    report = compiler.explain(LowestFill(values_too=True), q, k, w, visible, options={"downstream": "eager", "stock_below": 0})
+    report = compiler.explain(LowestFill(values_too=True), q, k, w, visible, options=EAGER_OPS)
     assert report.rewrites == [] and "values used" in report.near_misses[0].reason
 
 
@@ -312,7 +315,7 @@ def rewritten_graph(model, *args):
     graphs = []
 
     def backend(gm, example_inputs):
-        compiled = pulsar_dosa(gm, example_inputs, options={"downstream": "eager", "stock_below": 0})
+        compiled = pulsar_dosa(gm, example_inputs, options=EAGER_OPS)
         graphs.append(gm.graph)
         return compiled
 
