@@ -6,8 +6,10 @@
 
 Measured in the same run: the bf16 matmul rate (8192^3, random data) and the copy bandwidth, then
 per (S, T) with H=64, D=128, topk=2048, bf16, causal chunk of S queries at the end of T keys:
-``score_ms`` (the dense Triton scorer writing every order code and, for long rows, the chunk
-maxima), ``select_ms`` (the exact selection of the top-kk codes from them), ``ms`` (the whole ``dense_topk_cuda`` call) and ``score_tflops`` = 2 S T H D /
+``score_ms`` (the dense Triton scorer writing every order code, and for long rows, as the dense
+path does, the chunk maxima and each code's int32 high word instead of the code), ``select_ms``
+(the exact selection of the top-kk codes from them; both timed on the dense path's first chunk of
+query rows and scaled to S), ``ms`` (the whole ``dense_topk_cuda`` call) and ``score_tflops`` = 2 S T H D /
 score time; ``torch_gemm_topk`` = the plain-torch baseline (cuBLAS GEMMs for the logits and the
 head sum, ``torch.topk``; not exact: ``same_index_fraction`` = the fraction of its selected keys
 that the dense op also selects); ``certified_plan`` = the certified pipeline with the structured
@@ -37,8 +39,8 @@ from benchmarks.timing import median_ms
 from compiler.autotune import LaunchConfig
 from compiler.lowering import dsa_score_triton as scorer
 from compiler.lowering.certified_topk_triton import (_all_keys, certified_topk_cuda, dense_codes,
-                                                     dense_topk_cuda, scorer_chunks)
-from compiler.lowering.threshold_select import top_codes
+                                                     dense_chunk_rows, dense_topk_cuda, scorer_chunks)
+from compiler.lowering.threshold_select import codes_of_words, top_codes
 from runtime.certified_topk import CertifiedTopkConfig
 
 H, D, TOPK = 64, 128, 2048
@@ -86,9 +88,10 @@ def causal_chunk_mask(S, T):
     return torch.ones(S, T, dtype=torch.bool, device=DEVICE).tril(T - S)[None]
 
 
-def all_codes(q, w, k, mask=None, maxima=None):
-    """The dense path's scorer: every key's order code [1,S,T] (and the chunk ``maxima``)."""
-    return dense_codes(q, w, k, mask, maxima=maxima)
+def all_codes(q, w, k, mask=None, maxima=None, words=False):
+    """The dense path's scorer: every key's order code [1,S,T] (int32 high words with ``words``)
+    (and the chunk ``maxima``)."""
+    return dense_codes(q, w, k, mask, maxima=maxima, words=words)
 
 
 def listed_codes(q, w, k, mask=None, rows=None):
@@ -225,15 +228,19 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
             q, k, w = random_inputs(S, T, seed=S + T)
             mask = causal_chunk_mask(S, T)
             kk = min(TOPK, T)
-            rows = min(S, max(1, (4 << 30) // (8 * T)))  # the dense path's chunk of rows (4 GiB of codes)
+            rows = min(S, dense_chunk_rows(1, S, H, T, kk, q.dtype, q.device))  # the dense path's chunk
             part = (q[:, :rows], w[:, :rows], k, mask[:, :rows])
             maxima = dense_maxima(rows, T, kk)
-            score_ms = timed(lambda: all_codes(*part, maxima=maxima), reps=3) * S / rows
-            codes = all_codes(*part, maxima=maxima)
+            words = maxima is not None  # as the dense path: the scorer writes words for the threshold path
+            score_ms = timed(lambda: all_codes(*part, maxima=maxima, words=words), reps=3) * S / rows
+            codes = all_codes(*part, maxima=maxima, words=words)
             select_ms = timed(lambda: top_codes(codes, kk, maxima), reps=3) * S / rows
+            got = top_codes(codes, kk, maxima)
+            if words:
+                codes = codes_of_words(codes)
             topk_ms = timed(lambda: torch.topk(codes, kk, dim=-1), reps=3) * S / rows
-            same_selection = bool(torch.equal(top_codes(codes, kk, maxima), torch.topk(codes, kk, dim=-1).values))
-            del codes
+            same_selection = bool(torch.equal(got, torch.topk(codes, kk, dim=-1).values))
+            del codes, got
             ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
             emit({"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "dense", "ms": round(ms, 2),
                   "score_ms": round(score_ms, 2), "select_ms": round(select_ms, 2),

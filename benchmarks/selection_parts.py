@@ -4,22 +4,24 @@
     python3 benchmarks/selection_parts.py --sweep --out benchmarks/results/selection_constants_h200.json
     python3 benchmarks/selection_parts.py --smoke --out /tmp/selection_parts.json   # CPU, interpreter
 
-The order codes of S=4096 causal queries at the end of T=131072 keys (H=64, D=128, bf16, the dense
-scorer), kk=2048, then each step of ``compiler.lowering.threshold_select.top_codes`` timed alone
-(CUDA events, median of 5, its allocations included): the interleaved chunk maxima, tau (the
-kk-th largest maximum), the compaction at several step lengths and pipeline stages, the final
-top-kk of the candidates (``torch.topk`` against ``top_candidates``, the window kernel and its
-sort, in the 2 kk buffer of the dense path and in an 8 kk wide one, as the certified path holds
-them), the gated overflow selector (``select_top_codes``), and the whole call, with and
-without the chunk maxima given (the dense path's scorer writes them); ``read_once_floor_ms`` is one read of the codes at
-4.2 TB/s. Checked in the same run: ``top_codes`` equals ``torch.topk`` on every row, and the
-compaction's candidates and count do not depend on its step.
+The dense scorer's int32 words (the high words of the order codes, as the dense path writes and
+selects them) of S=4096 causal queries at the end of T=131072 keys (H=64, D=128, bf16), kk=2048,
+then each step of ``compiler.lowering.threshold_select.top_codes`` timed alone (CUDA events,
+median of 5, its allocations included): the interleaved chunk maxima, tau (the kk-th largest
+maximum), the compaction at several step lengths, programs per row and pipeline stages (and over
+the same rows as int64 codes), the final top-kk of the 2 kk candidate buffer (``top_candidates``:
+the window kernel and its sort), the gated overflow selector (``select_top_codes`` over the
+words), and the whole call, without and with the chunk maxima given (the dense path's scorer
+writes them), over words and over codes; ``read_once_floor_ms`` is one read of the words at 4.2
+TB/s. Checked in the same run: ``top_codes`` equals ``torch.topk`` of the codes on every row, and
+every compaction form finds the same count and candidate set.
 
-``--sweep`` chooses the selection's constants instead, on the codes of a random and of a structured
-indexer (``runtime.structured_indexer``, the same query and key counts): per chunks-per-kk (1, 2, 4)
-tau's time and how many codes per row pass it (mean, 99th percentile, maximum), the compaction
-over (warps, step) pairs (``COMPACT_FORMS``) and the final top-kk with buffers of 2, 3 and 4 kk (overflowing rows counted);
-then the whole ``top_codes`` for every choice of (chunks per kk, buffer, warps and step), checked against
+``--sweep`` chooses the selection's constants instead, on the words of a random and of a
+structured indexer (``runtime.structured_indexer``, the same query and key counts): per
+chunks-per-kk (1, 2, 4) tau's time and how many codes per row pass it (mean, 99th percentile,
+maximum), the compaction over (warps, step, programs per row) forms (``COMPACT_FORMS``) and the
+final top-kk with buffers of 2, 3 and 4 kk (overflowing rows counted); then the whole
+``top_codes`` for every choice of (chunks per kk, buffer, compaction form), checked against
 ``torch.topk``. The module constants restored after.
 """
 from __future__ import annotations
@@ -39,86 +41,107 @@ from compiler.lowering.certified_topk_triton import scorer_chunks
 from compiler.lowering.select_codes_triton import select_top_codes
 from runtime.structured_indexer import structured_indexer_inputs
 
-STEPS = (64, 128, 256, 512)
-"""Compaction step lengths timed (at COMPACT_WARPS warps)."""
-COMPACT_FORMS = ((1, 64), (1, 128), (1, 256), (2, 64), (2, 128), (4, 128), (4, 512), (4, 1024))
-"""(warps, step) pairs of the compaction timed by the sweep."""
-TOTAL_FORMS = ((1, 128), (4, 512))
-"""(warps, step) pairs of the compaction in the sweep's whole-selection rows (the kept one, the
-previous one)."""
+STEPS = (256, 1024, 4096)
+"""Compaction step lengths timed (at COMPACT_WARPS warps, COMPACT_SPLITS programs per row)."""
+SPLITS = (1, 4, 16)
+"""Compaction programs per row timed (at COMPACT_BLOCK, COMPACT_WARPS)."""
+COMPACT_FORMS = ((1, 256, 4), (4, 256, 4), (4, 1024, 1), (4, 1024, 4), (8, 1024, 4), (4, 2048, 4))
+"""(warps, step, programs per row) of the compaction timed by the sweep."""
+TOTAL_FORMS = ((4, 1024, 4), (4, 256, 4))
+"""(warps, step, programs per row) of the compaction in the sweep's whole-selection rows (the kept
+one first)."""
 
 
-def parts(codes: torch.Tensor, kk: int, device: str) -> dict:
-    """Times (ms) and checks of every part of ``top_codes(codes, kk)`` for codes [R, N]."""
+def same_candidates(found, want) -> bool:
+    """Two compactions ``(cand, count)`` agree: equal counts, and equal candidate sets in every row
+    that did not overflow (the atomics order a buffer differently from call to call)."""
+    (cand, count), (cand0, count0) = found, want
+    held = count0 <= cand0.shape[1]
+    return bool(torch.equal(count, count0)) and bool(torch.equal(held_codes(cand, count)[held].sort(-1).values,
+                                                                 held_codes(cand0, count0)[held].sort(-1).values))
+
+
+def held_codes(cand, count):
+    """A candidate buffer with its unspecified slots (past each row's count) set to INT64_MIN."""
+    return torch.where(torch.arange(cand.shape[1], device=cand.device) < count[:, None], cand, ts.INT64_MIN)
+
+
+def parts(words: torch.Tensor, kk: int, device: str) -> dict:
+    """Times (ms) and checks of every part of ``top_codes(words, kk)`` for the scorer's words [R, N]
+    (int32, as the dense path selects), and of the whole call over the same rows as int64 codes."""
+    codes = ts.codes_of_words(words)
     n = ts.CHUNKS_PER_K * kk
     time_ms = lambda fn: round(median_ms(fn, 5, device), 3)  # noqa: E731
-    maxima = ts.chunk_maxima(codes, n)
-    out = {"chunk_max": time_ms(lambda: ts.chunk_maxima(codes, n))}
+    maxima = ts.chunk_maxima(words, n)
+    out = {"chunk_max": time_ms(lambda: ts.chunk_maxima(words, n))}
     tau = ts.kth_largest(maxima, kk)
     out["tau"] = time_ms(lambda: ts.kth_largest(maxima, kk))
     cap = ts.CANDIDATE_FACTOR * kk
-    found = {}
+    kept = ts.compact(words, tau, cap)
+    same = []
     for step in STEPS:
-        found[step] = ts.compact(codes, tau, cap, step)
-        out[f"compact_{step}"] = time_ms(lambda: ts.compact(codes, tau, cap, step))
-    for stages in (1, 2, 3):
-        out[f"compact_stages_{stages}"] = time_ms(lambda: ts.compact(codes, tau, cap, stages=stages))
-    cand, count = found[ts.COMPACT_BLOCK]
-    out["compaction_same_for_every_step"] = all(torch.equal(c, cand) and torch.equal(k, count)
-                                                for c, k in found.values())
+        same.append(same_candidates(ts.compact(words, tau, cap, step), kept))
+        out[f"compact_{step}"] = time_ms(lambda: ts.compact(words, tau, cap, step))
+    for splits in SPLITS:
+        same.append(same_candidates(ts.compact(words, tau, cap, splits=splits), kept))
+        out[f"compact_splits_{splits}"] = time_ms(lambda: ts.compact(words, tau, cap, splits=splits))
+    for stages in (1, 3):
+        out[f"compact_stages_{stages}"] = time_ms(lambda: ts.compact(words, tau, cap, stages=stages))
+    same.append(same_candidates(ts.compact(codes, tau, cap), kept))
+    out["compact_int64_codes"] = time_ms(lambda: ts.compact(codes, tau, cap))
+    out["compaction_same_for_every_form"] = all(same)
+    cand, count = kept
     out["overflow_rows"] = int((count > cap).sum())
-    final = torch.topk(cand, kk, dim=-1, sorted=True).values
-    out["final_topk"] = time_ms(lambda: torch.topk(cand, kk, dim=-1, sorted=True).values)
-    out["final_window"] = time_ms(lambda: ts.top_candidates(cand, count, kk))
     held = count <= cap  # an overflowed row's result is the gated selector's to give
+    final = torch.topk(held_codes(cand, count), kk, dim=-1, sorted=True).values
+    out["final_window"] = time_ms(lambda: ts.top_candidates(cand, count, kk))
     out["final_window_same"] = bool(torch.equal(ts.top_candidates(cand, count, kk)[held], final[held]))
-    wide = torch.full((cand.shape[0], 4 * cap), ts.INT64_MIN, dtype=torch.int64, device=cand.device)
-    wide[:, :cap] = cand  # a certified-path buffer: 8 kk wide, mostly padding
-    wide_count = torch.minimum(count, torch.full_like(count, cap))
-    out["final_8kk_torch_topk"] = time_ms(lambda: torch.topk(wide, kk, dim=-1).values)
-    out["final_8kk_window"] = time_ms(lambda: ts.top_candidates(wide, wide_count, kk))
-    out["final_8kk_window_same"] = bool(torch.equal(ts.top_candidates(wide, wide_count, kk),
-                                                    torch.topk(wide, kk, dim=-1).values))
-    out["gated_select"] = time_ms(lambda: select_top_codes(codes, count > cap, kk, out=final.clone()))
-    out["top_codes_total"] = time_ms(lambda: ts.top_codes(codes, kk))
-    given = ts.chunk_maxima(codes, scorer_chunks(*codes.shape, kk, torch.bfloat16, codes.device))  # as the dense scorer writes them
-    out["top_codes_given_maxima"] = time_ms(lambda: ts.top_codes(codes, kk, given))
-    out["identical_to_torch_topk"] = bool(torch.equal(ts.top_codes(codes, kk), torch.topk(codes, kk, dim=-1).values))
-    out["read_once_floor_ms"] = round(codes.numel() * 8 / 4.2e9, 3)
+    out["gated_select"] = time_ms(lambda: select_top_codes(words, count > cap, kk, out=final.clone()))
+    out["top_codes_total"] = time_ms(lambda: ts.top_codes(words, kk))
+    given = ts.chunk_maxima(words, scorer_chunks(*words.shape, kk, torch.bfloat16, words.device))  # as the dense scorer writes them
+    out["top_codes_given_maxima"] = time_ms(lambda: ts.top_codes(words, kk, given))
+    out["top_codes_int64_codes_given_maxima"] = time_ms(lambda: ts.top_codes(codes, kk, given))
+    want = torch.topk(codes, kk, dim=-1).values
+    out["identical_to_torch_topk"] = (bool(torch.equal(ts.top_codes(words, kk), want))
+                                      and bool(torch.equal(ts.top_codes(words, kk, given), want))
+                                      and bool(torch.equal(ts.top_codes(codes, kk, given), want)))
+    out["read_once_floor_ms"] = round(words.numel() * 4 / 4.2e9, 3)
     return out
 
 
 def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps: int = 5,
                     forms=COMPACT_FORMS, total_forms=TOTAL_FORMS) -> list[dict]:
-    """Rows of the ``--sweep`` (module docstring) for codes [R, N] of one kind of ``inputs``; times
-    are medians of ``reps`` calls; ``forms`` / ``total_forms``: the compaction's (warps, step)
-    pairs timed alone / in the whole selection."""
+    """Rows of the ``--sweep`` (module docstring) for the scorer's words [R, N] of one kind of
+    ``inputs``; times are medians of ``reps`` calls; ``forms`` / ``total_forms``: the compaction's
+    (warps, step, programs per row) timed alone / in the whole selection."""
     time_ms = lambda fn: round(median_ms(fn, reps, device), 3)  # noqa: E731
     rows = []
     for per_k in (1, 2, 4):
         maxima = ts.chunk_maxima(codes, per_k * kk)
         tau = ts.kth_largest(maxima, kk)
-        passing = (codes >= tau[:, None]).sum(-1).float()
+        passing = (ts.codes_of_words(codes) >= tau[:, None]).sum(-1).float()
         row = {"inputs": inputs, "chunks_per_k": per_k, "chunk_max": time_ms(lambda: ts.chunk_maxima(codes, per_k * kk)),
                "tau": time_ms(lambda: ts.kth_largest(maxima, kk)), "passing_mean": round(float(passing.mean()), 1),
                "passing_q99": round(float(passing.quantile(0.99)), 1), "passing_max": int(passing.max())}
-        for warps, step in forms:
-            row[f"compact_w{warps}_{step}"] = time_ms(lambda: ts.compact(codes, tau, 4 * kk, step, warps))
+        for warps, step, splits in forms:
+            row[f"compact_w{warps}_{step}_p{splits}"] = time_ms(
+                lambda: ts.compact(codes, tau, 4 * kk, step, warps, splits=splits))
         for factor in (2, 3, 4):
             cand, count = ts.compact(codes, tau, factor * kk)
             row[f"overflow_rows_{factor}kk"] = int((count > factor * kk).sum())
-            row[f"final_topk_{factor}kk"] = time_ms(lambda: torch.topk(cand, kk, dim=-1, sorted=True).values)
+            row[f"final_window_{factor}kk"] = time_ms(lambda: ts.top_candidates(cand, count, kk))
         rows.append(row)
-    want = torch.topk(codes, kk, dim=-1).values
-    saved = ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS
+    want = torch.topk(ts.codes_of_words(codes), kk, dim=-1).values
+    saved = ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS, ts.COMPACT_SPLITS
     try:
-        for per_k, factor, (warps, step) in itertools.product((1, 2), (2, 3, 4), total_forms):
-            ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS = per_k, factor, step, warps
+        for per_k, factor, (warps, step, splits) in itertools.product((1, 2), (2, 3, 4), total_forms):
+            ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR = per_k, factor
+            ts.COMPACT_BLOCK, ts.COMPACT_WARPS, ts.COMPACT_SPLITS = step, warps, splits
             rows.append({"inputs": inputs, "chunks_per_k": per_k, "candidate_factor": factor, "warps": warps,
-                         "step": step, "top_codes": time_ms(lambda: ts.top_codes(codes, kk)),
+                         "step": step, "splits": splits, "top_codes": time_ms(lambda: ts.top_codes(codes, kk)),
                          "identical_to_torch_topk": bool(torch.equal(ts.top_codes(codes, kk), want))})
     finally:
-        ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS = saved
+        ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS, ts.COMPACT_SPLITS = saved
     return rows
 
 
@@ -135,7 +158,7 @@ def main(argv=None) -> int:
         roofline.scorer.SEQUENTIAL = False
     mask = roofline.causal_chunk_mask(S, T)
     q, k, w = roofline.random_inputs(S, T)
-    codes = roofline.all_codes(q, w, k, mask)[0]
+    codes = roofline.all_codes(q, w, k, mask, words=True)[0]  # the scorer's int32 words, as the dense path selects
     del q, k, w
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)",
               "versions": {"torch": torch.__version__, "triton": triton.__version__}, "S": S, "T": T, "kk": kk}
@@ -146,7 +169,7 @@ def main(argv=None) -> int:
         rows = constants_sweep(codes, kk, device, "random", reps, *forms)
         del codes
         q, k, w, _ = structured_indexer_inputs(1, S, T, roofline.H, roofline.D, dtype=torch.bfloat16)
-        codes = roofline.all_codes(q.to(device), w.float().to(device), k.to(device), mask)[0]
+        codes = roofline.all_codes(q.to(device), w.float().to(device), k.to(device), mask, words=True)[0]
         result["rows"] = rows + constants_sweep(codes, kk, device, "structured", reps, *forms)
     else:
         result.update(parts(codes, kk, device))

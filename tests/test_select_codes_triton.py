@@ -282,13 +282,27 @@ def test_property_valid_rows_equal_torch_topk_and_invalid_rows_stay_for_any_layo
     assert torch.equal(source[~written], codes[~written])
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_int32_words_select_as_their_codes(splits):
+    """Rows of int32 words stand for the codes (word << 32) + N - 1 - position: random words and
+    repeated extreme words (ties broken by position), one program per row and two."""
+    gen = torch.Generator().manual_seed(splits)
+    words = torch.randint(-(2**31), 2**31, (4, 90), generator=gen).to(torch.int32)
+    words[2:] = torch.tensor([-(2**31), 2**31 - 1, 3], dtype=torch.int32)[torch.randint(0, 3, (2, 90), generator=gen)]
+    codes = (words.to(torch.int64) << 32) + torch.arange(89, -1, -1)
+    valid = torch.tensor([True, False, True, True])
+    out = select_top_codes(words, valid, 11, block=16, splits=splits)
+    assert torch.equal(out[valid], expected_top(codes, 11)[valid])
+
+
 def good_arguments():
     return dict(codes=torch.zeros(2, 8, dtype=torch.int64), valid=all_valid(2), kk=3)
 
 
 @pytest.mark.parametrize("change, error, name", [
     (dict(codes=[[1, 2]]), TypeError, "codes"),
-    (dict(codes=torch.zeros(2, 8, dtype=torch.int32)), TypeError, "codes"),
+    (dict(codes=torch.zeros(2, 8, dtype=torch.int16)), TypeError, "codes"),
+    (dict(codes=torch.zeros(2, 8, dtype=torch.int32), scratch=True), ValueError, "scratch"),
     (dict(codes=torch.zeros(2, 8, 1, dtype=torch.int64)), ValueError, "codes"),
     (dict(codes=torch.zeros(8, 2, dtype=torch.int64).t()), ValueError, "codes"),
     (dict(valid=torch.ones(2, dtype=torch.int64)), TypeError, "valid"),

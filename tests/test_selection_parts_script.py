@@ -11,9 +11,10 @@ def test_selection_parts_smoke(tmp_path, monkeypatch):
     out = tmp_path / "parts.json"
     assert selection_parts.main(["--smoke", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["identical_to_torch_topk"] and result["compaction_same_for_every_step"]
-    assert result["overflow_rows"] == 0
+    assert result["identical_to_torch_topk"] and result["compaction_same_for_every_form"]
+    assert result["final_window_same"] and result["overflow_rows"] == 0
     assert {f"compact_{step}" for step in selection_parts.STEPS} <= set(result)
+    assert {f"compact_splits_{p}" for p in selection_parts.SPLITS} <= set(result)
 
 
 def test_selection_constants_sweep_smoke(tmp_path, monkeypatch):

@@ -29,13 +29,12 @@ def rows_of(kind, R, N, seed):
 
 
 @pytest.mark.parametrize("kind", ["random", "increasing", "decreasing", "periodic", "duplicates", "extremes"])
-@pytest.mark.parametrize("N,kk,step", [(1000, 7, threshold_select.COMPACT_BLOCK), (333, 41, threshold_select.COMPACT_BLOCK),
-                                       (97, 1, threshold_select.COMPACT_BLOCK), (97, 1, 64)])
+@pytest.mark.parametrize("N,kk,step", [(1000, 7, threshold_select.COMPACT_BLOCK), (1000, 7, 64), (333, 41, 64),
+                                       (97, 1, 16)])
 def test_equals_torch_topk(kind, N, kk, step, monkeypatch):
-    """Compaction steps shorter than a row (several steps) and the default. At the default step
-    (COMPACT_BLOCK) rows of 333 and 1000 codes take several steps and rows of 97 one; rows of 97
-    also run at steps of 64 (two steps, the second partial)."""
-    assert 97 <= threshold_select.COMPACT_BLOCK < 333 / 2  # the one-step and several-step cases above
+    """At the default compaction step (COMPACT_BLOCK) a row of 1000 codes is one partial step;
+    at steps of 64 and 16 rows take several steps, shared out over COMPACT_SPLITS programs."""
+    assert threshold_select.COMPACT_BLOCK >= 1000 and threshold_select.COMPACT_SPLITS > 1
     monkeypatch.setattr(threshold_select, "COMPACT_BLOCK", step)
     codes = rows_of(kind, 5, N, seed=N + kk)
     assert N > threshold_select.LONG_ROW_FACTOR * kk  # the threshold path, not the torch.topk shortcut
@@ -70,22 +69,26 @@ def thresholds_keeping(codes, kept):
     return torch.stack([top[r, k - 1] if k else top[r, 0] + 1 for r, k in enumerate(kept)])
 
 
-@pytest.mark.parametrize("R, N, step", [(1, 500, 16), (6, 600, 16), (4, 333, 64), (3, 1000, 1024)])
-def test_compaction_keeps_the_codes_above_tau_in_position_order(R, N, step):
+@pytest.mark.parametrize("R, N, step, splits", [(1, 500, 16, 1), (6, 600, 16, 3), (4, 333, 64, 2), (3, 1000, 1024, 4)])
+def test_compaction_keeps_the_codes_above_tau(R, N, step, splits):
     """Rows keeping all their codes, none, a few, exactly cap, cap + 1 and far more than cap
-    (overflowing: the first cap of them, the count goes on), with a buffer of 40 and of the row."""
+    (overflowing: cap of them, the count goes on), with a buffer of 40 and of the row; one program
+    per row and several (their atomics interleave the slots)."""
     codes = distinct_rows(R, N, seed=R * N + step)
     for cap in (40, N):
         kinds = [k for k in (N, 0, 10, cap, cap + 1, 2 * cap + 1) if k <= N]
         for shift in range(0, len(kinds), R):
             tau = thresholds_keeping(codes, [kinds[(r + shift) % len(kinds)] for r in range(R)])
-            cand, count = threshold_select.compact(codes, tau, cap, step)
+            cand, count = threshold_select.compact(codes, tau, cap, step, splits=splits)
             kept = codes >= tau[:, None]
             assert torch.equal(count, kept.sum(-1).to(torch.int32))
             for r in range(R):
                 n = min(int(count[r]), cap)
-                assert torch.equal(cand[r, :n], codes[r][kept[r]][:n]), r
-                assert (cand[r, n:] == INT64_MIN).all(), r
+                got = cand[r, :n].sort().values
+                if n == int(count[r]):
+                    assert torch.equal(got, codes[r][kept[r]].sort().values), r
+                else:  # overflowed: cap distinct codes of the row, all >= tau
+                    assert got.unique().numel() == n and torch.isin(got, codes[r][kept[r]]).all(), r
 
 
 def adversarial_rows(kind, R, N, seed):
@@ -111,6 +114,32 @@ def test_top_codes_equals_torch_topk_on_adversarial_rows(kind, factor, monkeypat
     codes = adversarial_rows(kind, 4, 600, seed=len(kind) + factor)
     assert all(row.unique().numel() == 600 for row in codes)
     assert torch.equal(top_codes(codes, 20), torch.topk(codes, 20).values)
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "extremes"])
+@pytest.mark.parametrize("factor", [threshold_select.CANDIDATE_FACTOR, 1])
+def test_int32_words_select_as_their_codes(kind, factor, monkeypatch):
+    """Rows of int32 words (the dense scorer's ``words`` output) give the top kk of the codes
+    ``(word << 32) + N - 1 - position``: random words, three repeated words (ties broken by
+    position only), the extreme words; buffers of 2 kk and of kk (rows overflowing, answered from
+    the words by the gated selector); the chunk maxima computed from the words."""
+    monkeypatch.setattr(threshold_select, "CANDIDATE_FACTOR", factor)
+    g = torch.Generator().manual_seed(len(kind) + factor)
+    R, N, kk = 4, 700, 9
+    if kind == "random":
+        words = torch.randint(-(2**31), 2**31, (R, N), generator=g, dtype=torch.int64).to(torch.int32)
+    elif kind == "ties":
+        words = torch.tensor([5, 6, 7], dtype=torch.int32)[torch.randint(0, 3, (R, N), generator=g)]
+    else:
+        words = torch.tensor([-(2**31), 2**31 - 1, 0], dtype=torch.int32)[torch.randint(0, 3, (R, N), generator=g)]
+    codes = threshold_select.codes_of_words(words)
+    assert torch.equal(threshold_select.chunk_maxima(words, 64), threshold_select.chunk_maxima(codes, 64))
+    want = torch.topk(codes, kk).values
+    assert torch.equal(top_codes(words, kk), want)
+    assert torch.equal(top_codes(words.view(2, 2, N), kk), want.view(2, 2, kk))
+    assert torch.equal(top_codes(words, 100), torch.topk(codes, 100).values)  # short rows: torch.topk
+    with pytest.raises(TypeError, match="codes"):
+        top_codes(words.to(torch.int16), kk)
 
 
 def candidate_rows(R, N, counts, seed, distinct=True):

@@ -72,7 +72,8 @@ D-term dot is bounded by MMA_FACTOR * gamma_D(u32) * sum_d |a_d b_d| (4x the cla
 FTZ_UNIT = 2.0**-126
 """Absolute error allowed per rounded operation for flushed subnormals (tensor cores may flush)."""
 DENSE_CHUNK_BYTES = 4 << 30
-"""Largest order-code buffer [rows, T] int64 the dense path allocates at once."""
+"""Largest buffer of scorer output [rows, T] (int64 codes, or int32 words on the threshold path)
+the dense path allocates at once."""
 P_SAMPLE = 256
 """Witness keys used to estimate the activation frequencies p_h (they steer choices only)."""
 CANDIDATE_FACTOR = 8
@@ -112,12 +113,13 @@ def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list):
                       splits=splits)
 
 
-def dense_codes(q, w, k, mask, rows=None, maxima=None):
-    """``score_dense`` (codes [B,R,T] of every key), with key splits for the call's tile count."""
+def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False):
+    """``score_dense`` (codes [B,R,T] of every key, or their int32 high words with ``words``), with
+    key splits for the call's tile count."""
     block_s, _ = score_tile_shape(q.shape[2])
     n_slots = q.shape[1] if rows is None else rows.shape[1]
     splits = key_splits(q.shape[0] * triton.cdiv(n_slots, block_s), k.shape[1])
-    return score_dense(q, w, k, mask=mask, splits=splits, rows=rows, maxima=maxima)
+    return score_dense(q, w, k, mask=mask, splits=splits, rows=rows, maxima=maxima, words=words)
 
 
 def _all_keys(B, T, device):
@@ -136,20 +138,30 @@ def scorer_chunks(rows: int, T: int, kk: int, dtype: torch.dtype, device) -> int
     return n if takes_threshold(rows, T, kk, device) and n % multiple == 0 else None
 
 
+def dense_chunk_rows(B: int, S: int, H: int, T: int, kk: int, dtype: torch.dtype, device) -> int:
+    """Query rows per chunk of the dense path (``dense_codes_topk``): its scorer output, int32 words
+    when the call takes the threshold path (else int64 codes), at most DENSE_CHUNK_BYTES, in
+    whole query tiles."""
+    block_s, _ = score_tile_shape(H)
+    width = 4 if scorer_chunks(B * S, T, kk, dtype, device) is not None else 8
+    return max(block_s, (DENSE_CHUNK_BYTES // (width * T * B)) // block_s * block_s)
+
+
 def dense_codes_topk(q, w, k, mask, kk):
-    """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory.
-    Chunks that take threshold_select's threshold path get their chunk maxima from the scorer."""
+    """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory
+    (``dense_chunk_rows``). Chunks that take threshold_select's threshold path get their chunk
+    maxima from the scorer, which writes them int32 words instead of codes (half the bytes to
+    write and to read)."""
     B, S = q.shape[:2]
     T = k.shape[1]
-    block_s, _ = score_tile_shape(q.shape[2])
-    rows = max(block_s, (DENSE_CHUNK_BYTES // (8 * T * B)) // block_s * block_s)
+    rows = dense_chunk_rows(B, S, q.shape[2], T, kk, q.dtype, q.device)
     out = []
     for s0 in range(0, S, rows):
         sl = slice(s0, min(S, s0 + rows))
         m = None if mask is None else mask[:, sl]
         n = scorer_chunks(B * (sl.stop - s0), T, kk, q.dtype, q.device)
         maxima = None if n is None else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device)
-        codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima)
+        codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima, words=n is not None)
         out.append(top_codes(codes, kk, maxima))
     return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 

@@ -226,17 +226,28 @@ def _hidden_tile(key, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, T):
 
 
 @triton.jit
+def _store_codes(ptr, code, mask, WORDS: tl.constexpr):
+    """Dense scoring's store of int64 order codes: the codes, or with WORDS their high words
+    (int32; the low word is ``T - 1 - key``, implied by the position)."""
+    if WORDS:
+        tl.store(ptr, (code >> 32).to(tl.int32), mask=mask)
+    else:
+        tl.store(ptr, code, mask=mask)
+
+
+@triton.jit
 def _dense_tile(key, best, out_rows, qt, wt, q_ptr, q_off, rok, k_ptr, mask_ptr, b, rows, row_ok, T, H,
                 skb, skt, msb, mss, mst, BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr,
                 BLOCK_T: tl.constexpr, MASK_KIND: tl.constexpr, TO_FP32: tl.constexpr,
                 SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, MAXIMA: tl.constexpr,
-                MASK_READ: tl.constexpr):
-    """Dense scoring of the key tile ``key`` [BLOCK_T]: codes stored at ``out_rows + key``; returns
-    the running chunk maxima ``best`` [BLOCK_S, BLOCK_T] updated lane by lane (with MAXIMA)."""
+                MASK_READ: tl.constexpr, WORDS: tl.constexpr):
+    """Dense scoring of the key tile ``key`` [BLOCK_T]: codes (their high words with WORDS) stored
+    at ``out_rows + key``; returns the running chunk maxima ``best`` [BLOCK_S, BLOCK_T] updated
+    lane by lane (with MAXIMA)."""
     ok, score, visible, code = _key_tile(
         key, key < T, 0, 0, qt, wt, q_ptr, q_off, rok, k_ptr, mask_ptr, b, rows, row_ok, T, H, skb, skt,
         msb, mss, mst, BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, MASK_READ)
-    tl.store(out_rows + key[None, :], code, mask=ok)
+    _store_codes(out_rows + key[None, :], code, ok, WORDS)
     if MAXIMA:
         best = tl.maximum(best, tl.where(ok, code, -9223372036854775808))
     return best
@@ -329,7 +340,7 @@ def _dense_score_kernel(
     sqb, sqs, sqh, swb, sws, skb, skt, msb, mss, mst, sob, sos, srb, smb, sms,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, TO_FP32: tl.constexpr, ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr,
-    TF32: tl.constexpr, MAXIMA: tl.constexpr,
+    TF32: tl.constexpr, MAXIMA: tl.constexpr, WORDS: tl.constexpr,
 ):
     """Every key 0..T-1 (dense scoring), in groups (module docstring): program (query tile, split)
     takes the split's share of the n_groups groups."""
@@ -365,11 +376,11 @@ def _dense_score_kernel(
         for i in range(0, n_clear):
             best = _dense_tile((g + i * n_groups) * BLOCK_T + lanes, best, out_rows, qt, wt, q_ptr, q_off,
                                rok, k_ptr, mask_ptr, b, rows, row_ok, T, H, skb, skt, msb, mss, mst,
-                               BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, MAXIMA, 0)
+                               BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, MAXIMA, 0, WORDS)
         for i in range(n_clear, n_scored):
             best = _dense_tile((g + i * n_groups) * BLOCK_T + lanes, best, out_rows, qt, wt, q_ptr, q_off,
                                rok, k_ptr, mask_ptr, b, rows, row_ok, T, H, skb, skt, msb, mss, mst,
-                               BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, MAXIMA, 2)
+                               BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, MAXIMA, 2, WORDS)
         if MAXIMA:
             # Per lane, the group's first hidden-only tile holds its largest hidden code.
             key = (g + n_scored * n_groups) * BLOCK_T + lanes
@@ -379,8 +390,8 @@ def _dense_score_kernel(
                      mask=row_ok[:, None])
         for i in range(n_scored, tl.cdiv(tl.maximum(n_key_tiles - g, 0), n_groups)):
             key = (g + i * n_groups) * BLOCK_T + lanes
-            tl.store(out_rows + key[None, :], _hidden_tile(key, BLOCK_S, BLOCK_T, T),
-                     mask=row_ok[:, None] & (key < T)[None, :])
+            _store_codes(out_rows + key[None, :], _hidden_tile(key, BLOCK_S, BLOCK_T, T),
+                         row_ok[:, None] & (key < T)[None, :], WORDS)
 
 
 SEQUENTIAL = INTERPRET
@@ -511,10 +522,12 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     return out
 
 
-def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None):
+def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=False):
     """Dense scoring: codes [B,R,T] int64, ``codes[b, j, t]`` the order code of key t for query row
     j (R = S), or for row ``rows[b, j]`` (``rows`` [B,R] int64, -1 an empty slot: nothing written);
-    bitwise the codes ``score_keys`` gives the same keys (module docstring).
+    bitwise the codes ``score_keys`` gives the same keys (module docstring). ``words``: int32
+    [B,R,T] instead, each code's high word (``code >> 32``; the code is ``(word << 32) + T - 1 -
+    t``, half the bytes to write and to read back).
 
     q, w, k, mask as for ``score_keys``. ``splits``: programs per query tile (at most one per key
     group). ``maxima`` [B,R,n] int64 (n a multiple of ``chunk_multiple(q.dtype)``): also written,
@@ -534,7 +547,7 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None):
                              f"multiple of {multiple}, got {maxima.dtype} {tuple(maxima.shape)}")
         n_groups = maxima.shape[-1] // multiple
     splits = max(1, min(splits, n_groups))
-    out = torch.empty((B, n_slots, T), dtype=torch.int64, device=q.device)
+    out = torch.empty((B, n_slots, T), dtype=torch.int32 if words else torch.int64, device=q.device)
     bounds = None
     if kind != MASK_NONE:
         bounds = torch.empty((B, n_slots, 2), dtype=torch.int32, device=q.device)
@@ -551,7 +564,7 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None):
         msb, mss, mst, out.stride(0), out.stride(1), 0 if rows is None else rows.stride(0),
         0 if maxima is None else maxima.stride(0), 0 if maxima is None else maxima.stride(1),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, TO_FP32=INTERPRET, ROWS=rows is not None,
-        SEQUENTIAL=SEQUENTIAL, TF32=tf32_scores(q.dtype), MAXIMA=maxima is not None,
+        SEQUENTIAL=SEQUENTIAL, TF32=tf32_scores(q.dtype), MAXIMA=maxima is not None, WORDS=words,
         **scorer_config(q.dtype).kwargs(),
     )
     return out

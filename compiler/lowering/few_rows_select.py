@@ -80,7 +80,7 @@ def _few_rows_kernel(codes_ptr, maxima_ptr, cand_ptr, counters_ptr, values_ptr, 
             tl.debug_barrier()
             _complete_and_sort(row_codes, 1, live, kth, tl.sum(greater, axis=0), kk, KP)
         else:
-            _select_row(row_cand, count, row_codes, 1, live, kk, BLOCK, KP)
+            _select_row(row_cand, count, row_codes, 1, live, kk, BLOCK, KP, False)
         tl.debug_barrier()
         s = tl.arange(0, KP)
         value, key = decode_code(tl.load(row_codes + s, mask=s < kk, other=0, cache_modifier=".cg"), T)

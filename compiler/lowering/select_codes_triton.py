@@ -1,6 +1,8 @@
 """Row-gated exact top-K of int64 order codes, in Triton, without host synchronisation.
 
-Contract of ``select_top_codes(codes [R, N] int64, valid [R] bool, kk, out=None, out_rows=None)``:
+Contract of ``select_top_codes(codes [R, N] int64, valid [R] bool, kk, out=None, out_rows=None)``
+(codes may also be given as int32 words, each standing for the code ``(word << 32) + N - 1 -
+position``, as the dense scorer writes them with ``words``; every load goes through ``row_codes_at``):
 for every row i with ``valid[i]``, the kk largest values of ``codes[i]`` as a multiset (a repeated
 kk-th value fills the tail with copies of itself), in descending order, are written to
 ``out[out_rows[i]]`` (``out[i]`` when out_rows is None). A row with ``valid[i]`` False does no work
@@ -92,6 +94,19 @@ PROGRAMS_PER_SM = 2
 
 
 @triton.jit
+def row_codes_at(row_codes, idx, inside, N, WORDS: tl.constexpr):
+    """The int64 codes at positions ``idx`` of a row of N (INT64_MIN where not ``inside``): the
+    row's codes, or with WORDS its int32 words, the code at position t being (word << 32) + N - 1 - t."""
+    if WORDS:
+        word = tl.load(row_codes + idx, mask=inside, other=0)
+        code = tl.where(inside, word.to(tl.int64) * 4294967296 + (N - 1 - idx).to(tl.int64),
+                        -9223372036854775808)
+    else:
+        code = tl.load(row_codes + idx, mask=inside, other=-9223372036854775808)
+    return code
+
+
+@triton.jit
 def _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS: tl.constexpr):
     """(destination in out of codes row ``row``, whether the row is valid and that destination
     lies in out)."""
@@ -104,16 +119,17 @@ def _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS: tl.co
 
 
 @triton.jit
-def _count_digits(row_codes, lo, hi, prefix, prefix_mask, shift, BLOCK: tl.constexpr):
+def _count_digits(row_codes, N, lo, hi, prefix, prefix_mask, shift, BLOCK: tl.constexpr,
+                  WORDS: tl.constexpr):
     """[16] int32: per value of the 4-bit digit of u at ``shift``, the elements of codes[lo:hi]
-    whose u matches ``prefix`` on the bits of ``prefix_mask``."""
+    whose u matches ``prefix`` on the bits of ``prefix_mask`` (a row of N codes or words)."""
     offs = tl.arange(0, BLOCK)
     digits = tl.arange(0, 16)
     counts = tl.zeros([16], dtype=tl.int32)
     for start in range(lo, hi, BLOCK):
         idx = start + offs
         inside = idx < hi
-        u = tl.load(row_codes + idx, mask=inside, other=0) ^ -9223372036854775808
+        u = row_codes_at(row_codes, idx, inside, N, WORDS) ^ -9223372036854775808
         match = inside & ((u & prefix_mask) == prefix)
         digit = ((u >> shift) & 15).to(tl.int32)
         hit = match[:, None] & (digit[:, None] == digits[None, :])
@@ -162,9 +178,10 @@ def _complete_and_sort(row_out, stride_oc, live, kth, num_greater, kk, KP: tl.co
 
 
 @triton.jit
-def _select_row(row_codes, N, row_out, stride_oc, live, kk, BLOCK: tl.constexpr, KP: tl.constexpr):
-    """Stages 1-3 in one program: the top kk of ``row_codes[0:N]``, descending, into ``row_out``
-    (slots 0..kk-1, stride ``stride_oc``); nothing read or written unless ``live``."""
+def _select_row(row_codes, N, row_out, stride_oc, live, kk, BLOCK: tl.constexpr, KP: tl.constexpr,
+                WORDS: tl.constexpr):
+    """Stages 1-3 in one program: the top kk of the row's N codes (or words, WORDS), descending,
+    into ``row_out`` (slots 0..kk-1, stride ``stride_oc``); nothing read or written unless ``live``."""
     n_live = tl.where(live, N, 0)
     passes = tl.where(live, 16, 0)
     offs = tl.arange(0, BLOCK)
@@ -175,7 +192,7 @@ def _select_row(row_codes, N, row_out, stride_oc, live, kk, BLOCK: tl.constexpr,
     rank = tl.zeros([], dtype=tl.int32) + kk    # rank of the kk-th largest among matching elements
     for p in range(0, passes):
         shift = 60 - 4 * p
-        counts = _count_digits(row_codes, 0, n_live, prefix, prefix_mask, shift, BLOCK)
+        counts = _count_digits(row_codes, N, 0, n_live, prefix, prefix_mask, shift, BLOCK, WORDS)
         chosen, rank = _choose_digit(counts, rank)
         prefix = prefix | (chosen.to(tl.int64) << shift)
         prefix_mask = prefix_mask | (tl.full([], 15, tl.int64) << shift)
@@ -186,7 +203,7 @@ def _select_row(row_codes, N, row_out, stride_oc, live, kk, BLOCK: tl.constexpr,
     for start in range(0, n_live, BLOCK):
         idx = start + offs
         inside = idx < N
-        c = tl.load(row_codes + idx, mask=inside, other=0)
+        c = row_codes_at(row_codes, idx, inside, N, WORDS)
         greater = inside & (c > kth)
         pos = written + tl.cumsum(greater.to(tl.int32), axis=0) - 1
         tl.store(row_out + pos.to(tl.int64) * stride_oc, c, mask=greater)
@@ -202,12 +219,13 @@ def _select_row(row_codes, N, row_out, stride_oc, live, kk, BLOCK: tl.constexpr,
 def _select_top_codes_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr,
                              N, kk, out_num_rows,
                              stride_cr, stride_or, stride_oc,
-                             HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr):
+                             HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr,
+                             WORDS: tl.constexpr):
     """One program: row ``program_id(0)`` of codes -> its top kk, descending, in its out row."""
     row = tl.program_id(0)
     dst, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
     _select_row(codes_ptr + row.to(tl.int64) * stride_cr, N, out_ptr + tl.where(live, dst, 0) * stride_or,
-                stride_oc, live, kk, BLOCK, KP)
+                stride_oc, live, kk, BLOCK, KP, WORDS)
 
 
 @triton.jit
@@ -259,7 +277,7 @@ def _select_top_codes_compacting_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_
     passes = tl.where(live, 16, 0)
     digits = tl.arange(0, 16)
 
-    counts = _count_digits(row_codes, 0, m, 0, 0, 60, BLOCK)
+    counts = _count_digits(row_codes, N, 0, m, 0, 0, 60, BLOCK, False)
     prefix = tl.zeros([], dtype=tl.int64)
     rank = tl.zeros([], dtype=tl.int32) + kk
     written = tl.zeros([], dtype=tl.int32)  # candidates dropped as above the prefix range
@@ -285,7 +303,7 @@ values written by the collect launch (at 16 * 16) and 15 unused entries."""
 @triton.jit(do_not_specialize=["pass_index"])
 def _count_chunk_kernel(codes_ptr, valid_ptr, out_rows_ptr, tally_ptr, state_ptr,
                         N, kk, out_num_rows, stride_cr, stride_tr, chunk, pass_index,
-                        HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr, WORDS: tl.constexpr):
     """Program (row, part): add the digit counts of pass ``pass_index`` over chunk ``part`` of the
     row to ``tally[row, pass_index]``; part 0 also stores the state after pass pass_index - 1."""
     row = tl.program_id(0)
@@ -302,15 +320,15 @@ def _count_chunk_kernel(codes_ptr, valid_ptr, out_rows_ptr, tally_ptr, state_ptr
         tl.store(state_row + 2 * (pass_index - 1) + 1, rank.to(tl.int64), mask=keeper)
     lo = part * chunk
     hi = tl.where(live, tl.minimum(lo + chunk, N), lo)
-    counts = _count_digits(codes_ptr + row.to(tl.int64) * stride_cr, lo, hi, prefix, prefix_mask,
-                           60 - 4 * pass_index, BLOCK)
+    counts = _count_digits(codes_ptr + row.to(tl.int64) * stride_cr, N, lo, hi, prefix, prefix_mask,
+                           60 - 4 * pass_index, BLOCK, WORDS)
     tl.atomic_add(tally_row + pass_index * 16 + tl.arange(0, 16), counts, mask=counts > 0)
 
 
 @triton.jit
 def _collect_chunk_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr, tally_ptr, state_ptr,
                           N, kk, out_num_rows, stride_cr, stride_tr, stride_or, stride_oc, chunk,
-                          HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                          HAS_OUT_ROWS: tl.constexpr, BLOCK: tl.constexpr, WORDS: tl.constexpr):
     """Program (row, part): the values of chunk ``part`` greater than the row's kk-th largest, into
     out row slots reserved on the row's counter ``tally[row, 16, 0]``."""
     row = tl.program_id(0)
@@ -327,7 +345,7 @@ def _collect_chunk_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr, tally_ptr
     for start in range(lo, hi, BLOCK):
         idx = start + offs
         inside = idx < hi
-        c = tl.load(row_codes + idx, mask=inside, other=0)
+        c = row_codes_at(row_codes, idx, inside, N, WORDS)
         greater = inside & (c > kth)
         num = tl.sum(greater.to(tl.int32), axis=0)
         base = tl.atomic_add(tally_row + 16 * 16, num, mask=num > 0)
@@ -359,7 +377,10 @@ def _check_tensor(name: str, value, dtype: torch.dtype, dim: int) -> None:
 
 def _check_arguments(codes, valid, kk, out, out_rows, block, splits) -> None:
     """TypeError/ValueError naming the argument for anything outside the module contract."""
-    _check_tensor("codes", codes, torch.int64, 2)
+    if isinstance(codes, torch.Tensor) and codes.dtype == torch.int32:
+        _check_tensor("codes", codes, torch.int32, 2)
+    else:
+        _check_tensor("codes", codes, torch.int64, 2)
     rows, n = codes.shape
     if n > 1 and codes.stride(1) != 1:
         raise ValueError(f"codes must be contiguous in its last dim, got strides {codes.stride()}")
@@ -415,6 +436,8 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
                      *, block: int = DEFAULT_BLOCK, splits: int | None = None,
                      scratch: bool = False) -> torch.Tensor:
     """Top kk of each valid row of ``codes [R, N]`` int64, descending, into ``out``; returns out.
+    ``codes`` may be int32 *words* instead: row i's codes are then ``(codes[i, t] << 32) + N - 1 -
+    t`` (the dense scorer's ``words`` output; ``scratch`` must be False).
 
     ``valid [R]`` bool gates the rows; ``out [R', kk]`` int64 (allocated as ``[R, kk]`` when None,
     its invalid rows then left uninitialised); ``out_rows [R]`` int64 maps row i to
@@ -435,6 +458,9 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
     _check_arguments(codes, valid, kk, out, out_rows, block, splits)
     if not isinstance(scratch, bool):
         raise TypeError(f"scratch must be a bool, got {type(scratch).__name__}")
+    words = codes.dtype == torch.int32
+    if scratch and words:
+        raise ValueError("scratch must be False for int32 words (their rows cannot hold codes)")
     rows, n = codes.shape
     if out is None:
         out = torch.empty((rows, kk), dtype=torch.int64, device=codes.device)
@@ -451,7 +477,8 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
         kernel[(rows,)](
             codes, valid, out, rows_arg, n, kk, out.shape[0],
             codes.stride(0), out.stride(0), out.stride(1),
-            HAS_OUT_ROWS=has_out_rows, BLOCK=block, KP=kp, num_warps=NUM_WARPS)
+            HAS_OUT_ROWS=has_out_rows, BLOCK=block, KP=kp, num_warps=NUM_WARPS,
+            **({} if scratch else {"WORDS": words}))
         return out
     chunk = triton.cdiv(triton.cdiv(n, block), splits) * block
     tally = torch.zeros((rows, TALLY_ROW), dtype=torch.int32, device=codes.device)
@@ -460,11 +487,11 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
         _count_chunk_kernel[(rows, splits)](
             codes, valid, rows_arg, tally, state, n, kk, out.shape[0],
             codes.stride(0), tally.stride(0), chunk, pass_index,
-            HAS_OUT_ROWS=has_out_rows, BLOCK=block, num_warps=NUM_WARPS)
+            HAS_OUT_ROWS=has_out_rows, BLOCK=block, WORDS=words, num_warps=NUM_WARPS)
     _collect_chunk_kernel[(rows, splits)](
         codes, valid, out, rows_arg, tally, state, n, kk, out.shape[0],
         codes.stride(0), tally.stride(0), out.stride(0), out.stride(1), chunk,
-        HAS_OUT_ROWS=has_out_rows, BLOCK=block, num_warps=NUM_WARPS)
+        HAS_OUT_ROWS=has_out_rows, BLOCK=block, WORDS=words, num_warps=NUM_WARPS)
     _finish_row_kernel[(rows,)](
         valid, out, rows_arg, tally, state, kk, out.shape[0],
         tally.stride(0), out.stride(0), out.stride(1),

@@ -3,6 +3,9 @@
 ``top_codes(codes, kk)``: codes [..., N] int64, distinct within a row (order codes are), 1 <= kk <= N;
 returns [..., kk], each row's kk largest codes in descending order: exactly
 ``torch.topk(codes, kk).values``, with no host synchronisation and a fixed number of launches.
+The rows may also be int32 *words*, the high words of order codes as the dense scorer writes them
+(``score_dense(words=True)``): the code at position t of a row of N is ``(word << 32) + N - 1 - t``,
+rebuilt wherever a kernel reads it (select_codes_triton ``row_codes_at``); half the bytes to read.
 
 Rows of at most ``LONG_ROW_FACTOR * kk`` codes go to ``torch.topk``, and so do calls of fewer than
 ``FEW_ROWS`` rows on the GPU (``takes_threshold``). A longer row is cut into n
@@ -13,8 +16,9 @@ The maxima are computed here, or passed in: the dense scorer writes them as it s
 the row into n >= kk disjoint chunks gives the same guarantee. The kk chunks whose maxima are >= tau are
 disjoint and each holds a code >= tau, so at least kk codes are >= tau: tau <= the row's kk-th
 largest code, and the row's top kk are exactly the top kk of its codes >= tau. Those are compacted
-into a buffer of ``CANDIDATE_FACTOR * kk`` per row (the count goes on past the buffer) and
-selected there (``top_candidates``: the kk-th in registers, then a sort of the kk); a row whose candidates
+into a buffer of ``CANDIDATE_FACTOR * kk`` per row, each code into a slot it draws by an atomic
+add on the row's count (the count goes on past the buffer; the buffer's order varies, its content
+as a set does not, and the selection's result depends on that set only), and selected there (``top_candidates``: the kk-th in registers, then a sort of the kk); a row whose candidates
 overflow the buffer is selected from its whole row by the row-gated exact selector
 (select_codes_triton), so nothing is ever dropped.
 
@@ -30,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiler.lowering.select_codes_triton import select_top_codes
+from compiler.lowering.select_codes_triton import row_codes_at, select_top_codes
 
 LONG_ROW_FACTOR = 8
 """Rows longer than LONG_ROW_FACTOR * kk take the threshold path; shorter ones torch.topk."""
@@ -52,21 +56,22 @@ CANDIDATE_FACTOR = 2
 exactly but slower). 2 kk holds every row of the sweep above (at most 1.43 kk codes >= tau) and its
 final top-kk takes 1.01-1.03 ms against 1.35-1.39 ms for 4 kk (whole selection 4.03-4.15 ms
 against 4.40-4.49)."""
-COMPACT_BLOCK = 128
-"""Codes per step of the compaction (one program per row, COMPACT_WARPS warps): at 4096 rows of
-131072 codes on the H200 one warp at steps of 128 took 1.67-1.70 ms, against 1.84-2.18 ms for one
-or two warps at 64 or 256 and 1.91-2.47 ms for four warps at 128-1024 (the previous form, four
-warps at 512: 2.30-2.37; benchmarks/results/selection_constants_h200.json). One read of the codes
-takes 1.02 ms there. Splitting a row over 1-16 programs that reserve their slots by one atomic add
-per step was slower (2.7-2.9 ms at steps of 1024): each step then waits on its atomic."""
-COMPACT_WARPS = 1
-"""Warps per compaction program (see COMPACT_BLOCK): the in-step prefix sum stays in one warp."""
+COMPACT_BLOCK = 1024
+"""Codes per step of a compaction program (COMPACT_WARPS warps, COMPACT_STAGES stages,
+COMPACT_SPLITS programs per row). Each kept code takes its slot by its own atomic add on the row's
+count: no scan, nothing carried from one step to the next. H200, 4096 dense-scorer rows of 131072
+keys, kk = 2048 (session 12, gpu call 2): over int32 words 0.90-1.13 ms at steps of 1024, 4 warps,
+4 programs per row, 3 stages (0.97-1.12 at 256; 2.2-3.1 with 1 warp at 1024), against 1.32-1.39
+for session 8's scan in position order over int64 codes and 1.58-1.62 for that scan over words.
+Over int64 codes the atomics took 1.28-1.64 ms."""
+COMPACT_WARPS = 4
+"""Warps per compaction program (see COMPACT_BLOCK)."""
 COMPACT_STAGES = 3
-"""Pipeline stages of the compaction's loop (``tl.range(num_stages=...)``: the next steps' codes
-load while a step is compacted). At 4096 dense-scorer rows of 131072 codes on the H200, one warp at
-steps of 128: 1.31 ms with 3 stages, 1.49 with 2, 1.66 without; steps of 64 or 256, 2 or 4 warps,
-or a hand-prefetched next step were slower (1.43-2.71 ms; selection_parts_h200.json times the
-stages again)."""
+"""Pipeline stages of the compaction's loop (``tl.range(num_stages=...)``; see COMPACT_BLOCK:
+1 stage took 1.03-1.39 ms)."""
+COMPACT_SPLITS = 4
+"""Compaction programs per row (each takes the row's steps s, s + 4, s + 8, ...; see COMPACT_BLOCK:
+1 program per row took 0.98-1.14 ms)."""
 WINDOW_FACTOR = 2
 """A candidate row of at most ``window(N, kk)`` codes (the power of two >= WINDOW_FACTOR * kk) is
 selected in registers by ``top_candidates``; longer ones by the row-gated selector."""
@@ -80,7 +85,8 @@ INT64_MIN = -(2**63)
 
 
 @triton.jit
-def _chunk_max_kernel(codes_ptr, out_ptr, N, n, stride_c, stride_o, BLOCK_J: tl.constexpr):
+def _chunk_max_kernel(codes_ptr, out_ptr, N, n, stride_c, stride_o, BLOCK_J: tl.constexpr,
+                      WORDS: tl.constexpr):
     """out[row, j] = max of codes[row, j + i n] over i (interleaved chunk j), for j < n <= N."""
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -88,28 +94,28 @@ def _chunk_max_kernel(codes_ptr, out_ptr, N, n, stride_c, stride_o, BLOCK_J: tl.
     m = tl.full([BLOCK_J], -9223372036854775808, tl.int64)
     for t0 in range(0, N, n):
         t = t0 + j
-        m = tl.maximum(m, tl.load(codes_ptr + row * stride_c + t, mask=jok & (t < N),
-                                  other=-9223372036854775808))
+        m = tl.maximum(m, row_codes_at(codes_ptr + row * stride_c, t, jok & (t < N), N, WORDS))
     tl.store(out_ptr + row * stride_o + j, m, mask=jok)
 
 
 @triton.jit
 def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, cap, stride_c, stride_d,
-                    BLOCK: tl.constexpr, STAGES: tl.constexpr):
-    """The codes >= tau[row] of a row, in position order, into cand[row, :cap]; count[row] = how many.
-    STAGES: loads in flight (software pipelining of the row's reads; speed only)."""
+                    BLOCK: tl.constexpr, STAGES: tl.constexpr, WORDS: tl.constexpr):
+    """Program (row, s) of a grid (R, P): the codes >= tau[row] among the row's steps s, s + P, ...
+    (BLOCK positions each), each into the slot cand[row, slot] it draws by an atomic add on
+    count[row] (zeroed by the caller), if slot < cap. Afterwards count[row] is how many codes of the
+    row are >= tau, and cand[row, :min(count, cap)] holds that many of them, in no particular order
+    (all of them when count <= cap). STAGES: loads in flight (speed only)."""
     row = tl.program_id(0).to(tl.int64)
     tau = tl.load(tau_ptr + row)
-    running = tl.zeros([1], dtype=tl.int32)
-    for t0 in tl.range(0, N, BLOCK, num_stages=STAGES):
+    count = count_ptr + row + tl.zeros([BLOCK], tl.int64)
+    ones = tl.full([BLOCK], 1, tl.int32)
+    for t0 in tl.range(tl.program_id(1) * BLOCK, N, tl.num_programs(1) * BLOCK, num_stages=STAGES):
         t = t0 + tl.arange(0, BLOCK)
-        c = tl.load(codes_ptr + row * stride_c + t, mask=t < N, other=-9223372036854775808)
+        c = row_codes_at(codes_ptr + row * stride_c, t, t < N, N, WORDS)
         keep = (c >= tau) & (t < N)
-        keep_i = keep.to(tl.int32)
-        slot = running + tl.cumsum(keep_i, axis=0) - 1
+        slot = tl.atomic_add(count, ones, mask=keep, sem="relaxed")
         tl.store(cand_ptr + row * stride_d + slot, c, mask=keep & (slot < cap))
-        running += tl.sum(keep_i, axis=0)
-    tl.store(count_ptr + row + tl.arange(0, 1), running)
 
 
 @triton.jit
@@ -185,13 +191,13 @@ def _pad_tail_kernel(cand_ptr, count_ptr, NP, N, stride_c, BLOCK: tl.constexpr):
 
 
 def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
-    """[R, n] int64: the maximum of each of the n interleaved chunks of ``rows [R, N]`` (n <= N,
-    last dim contiguous)."""
+    """[R, n] int64: the largest code of each of the n interleaved chunks of ``rows [R, N]`` (codes
+    or words, n <= N, last dim contiguous)."""
     R, N = rows.shape
     maxima = torch.empty((R, n), dtype=torch.int64, device=rows.device)
     block_j = min(1024, triton.next_power_of_2(n))
     _chunk_max_kernel[(R, triton.cdiv(n, block_j))](rows, maxima, N, n, rows.stride(0), maxima.stride(0),
-                                                   BLOCK_J=block_j)
+                                                   BLOCK_J=block_j, WORDS=rows.dtype == torch.int32)
     return maxima
 
 
@@ -277,31 +283,48 @@ def chunk_count(N: int, kk: int, multiple: int = 1) -> int:
 
 
 def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, step: int | None = None,
-            warps: int | None = None, stages: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cand [R, cap] int64, count [R] int32): each row's codes >= tau[row] in position order, padded
-    with INT64_MIN; count goes on past ``cap`` (the row overflowed). ``step``: codes per pass,
-    ``warps``: warps per row, ``stages``: loads in flight (COMPACT_BLOCK, COMPACT_WARPS,
-    COMPACT_STAGES when None; speed only)."""
+            warps: int | None = None, stages: int | None = None,
+            splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cand [R, cap] int64, count [R] int32) for ``rows [R, N]`` (codes or words): count[r] is how
+    many codes of row r are >= tau[r] and cand[r, :min(count[r], cap)] holds that many of them, in
+    an order that varies from call to call (all of them when count[r] <= cap; count > cap: the row
+    overflowed); slots past that are unspecified. ``step``: codes per step, ``warps``, ``stages``:
+    loads in flight, ``splits``: programs per row (COMPACT_BLOCK, COMPACT_WARPS, COMPACT_STAGES,
+    COMPACT_SPLITS when None; speed only)."""
     R, N = rows.shape
-    cand = torch.full((R, cap), INT64_MIN, dtype=torch.int64, device=rows.device)
-    count = torch.empty(R, dtype=torch.int32, device=rows.device)
-    _compact_kernel[(R,)](rows, tau, cand, count, N, cap, rows.stride(0), cand.stride(0),
-                          BLOCK=COMPACT_BLOCK if step is None else step,
-                          STAGES=COMPACT_STAGES if stages is None else stages,
-                          num_warps=COMPACT_WARPS if warps is None else warps)
+    step = COMPACT_BLOCK if step is None else step
+    cand = torch.empty((R, cap), dtype=torch.int64, device=rows.device)
+    count = torch.zeros(R, dtype=torch.int32, device=rows.device)
+    programs = min(COMPACT_SPLITS if splits is None else splits, triton.cdiv(N, step))
+    _compact_kernel[(R, programs)](rows, tau, cand, count, N, cap, rows.stride(0), cand.stride(0),
+                                   BLOCK=step, STAGES=COMPACT_STAGES if stages is None else stages,
+                                   WORDS=rows.dtype == torch.int32,
+                                   num_warps=COMPACT_WARPS if warps is None else warps)
     return cand, count
+
+
+def codes_of_words(words: torch.Tensor) -> torch.Tensor:
+    """int64 codes of int32 words ``[..., N]``: ``(word << 32) + N - 1 - position``."""
+    N = words.shape[-1]
+    return (words.to(torch.int64) << 32) + torch.arange(N - 1, -1, -1, device=words.device)
 
 
 def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) -> torch.Tensor:
     """The kk largest codes of each row of ``codes [..., N]``, descending (module docstring).
 
-    ``maxima [..., n]`` int64 (kk <= n, same leading dims): the maxima of n disjoint chunks of each
-    row, e.g. written by the scorer (dsa_score_triton ``maxima``); computed here when None."""
+    ``codes``: int64 codes, or int32 words standing for the codes ``(word << 32) + N - 1 -
+    position`` (the dense scorer's ``words`` output, half the bytes to read). ``maxima [..., n]``
+    int64 (kk <= n, same leading dims): the maxima of n disjoint chunks of each row, e.g. written
+    by the scorer (dsa_score_triton ``maxima``); computed here when None."""
     N = codes.shape[-1]
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
+    if codes.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"codes: expected int64 codes or int32 words, got {codes.dtype}")
     lead = codes.shape[:-1]
     if not takes_threshold(codes.numel() // max(N, 1), N, kk, codes.device):
+        if codes.dtype == torch.int32:
+            codes = codes_of_words(codes)
         return torch.topk(codes, kk, dim=-1, largest=True, sorted=True).values
     rows = codes.reshape(-1, N)
     if rows.stride(-1) != 1:
