@@ -39,10 +39,11 @@ from compiler.lowering.select_codes_triton import row_codes_at, select_top_codes
 LONG_ROW_FACTOR = 8
 """Rows longer than LONG_ROW_FACTOR * kk take the threshold path; shorter ones torch.topk."""
 FEW_ROWS = 128
-"""CUDA calls of fewer rows than this take ``torch.topk``: the threshold path costs about 1 ms
-whatever the row count (its ~20 launches, and one warp per row compacting the row in sequence,
-whose latency grows with the row's length). H200, rows of 131072 random codes, kk = 2048 (session
-8): 1 row 1.01 ms against 0.24 for ``torch.topk``, 8 rows 1.05 / 0.22, 64 rows 1.04 / 0.40, 256 rows
+"""CUDA calls of fewer rows than this take ``torch.topk``: the threshold path cost about 1 ms
+whatever the row count when this was measured (its ~20 launches, and session 8's compaction, one
+warp per row scanning the row in sequence, whose latency grows with the row's length; the
+atomic compaction shares a row over COMPACT_SPLITS programs, and the cut was not re-measured
+with it). H200, rows of 131072 random codes, kk = 2048 (session 8): 1 row 1.01 ms against 0.24 for ``torch.topk``, 8 rows 1.05 / 0.22, 64 rows 1.04 / 0.40, 256 rows
 1.05 / 0.97, 1024 rows 1.18 / 3.23. ``torch.topk``'s time grows with rows x length, so the cut is
 set below the 131072-key break-even (about 256 rows) to hold for rows four times as long."""
 CHUNKS_PER_K = 2
