@@ -1,6 +1,7 @@
 """Dense scoring in key groups (dsa_score_triton.score_dense) under TRITON_INTERPRET=1: the same
 codes as the key-list kernel for every key, mask kind, split and row list; interleaved chunk maxima
-equal to those of the codes; per-row mask bounds; and the exact selection that starts from them."""
+equal to those of the codes; per-row mask bounds; the exact selection that starts from them; and
+the int32 words the dense path's long rows are written as."""
 import pytest
 import torch
 
@@ -133,3 +134,35 @@ def test_top_codes_from_given_maxima_is_exact_and_checks_them():
         top_codes(codes, 40, maxima[..., :32])  # fewer chunks than kk
     with pytest.raises(ValueError, match="maxima"):
         top_codes(codes, 8, maxima[:, :3])
+
+
+@pytest.mark.parametrize("mask_name", ["bool", "additive"])
+def test_words_are_the_codes_high_words_and_select_as_the_codes(mask_name):
+    """``score_dense(words=True)``: int32 [B,S,T], each code's high word, the same chunk maxima;
+    ``top_codes`` of the words equals ``torch.topk`` of the codes."""
+    q, k, w = inputs(3)
+    mask = masks()[mask_name]
+    maxima, word_maxima = (torch.empty(B, S, 64, dtype=torch.int64) for _ in range(2))
+    codes = score_dense(q, w, k, mask=mask, maxima=maxima)
+    words = score_dense(q, w, k, mask=mask, maxima=word_maxima, words=True)
+    assert words.dtype == torch.int32 and torch.equal(words, (codes >> 32).to(torch.int32))
+    assert torch.equal(word_maxima, maxima)
+    assert torch.equal(top_codes(words, 8, word_maxima), torch.topk(codes, 8, dim=-1).values)
+
+
+def test_the_dense_path_selects_long_rows_from_words(monkeypatch):
+    """``dense_codes_topk`` has the scorer write words (and maxima) for rows that take the threshold
+    path, codes for short ones; its result is the codes' top-kk either way."""
+    from compiler.lowering import certified_topk_triton
+    q, k, w = inputs(4)
+    mask = masks()["bool"]
+    calls = []
+    real = certified_topk_triton.score_dense
+    monkeypatch.setattr(certified_topk_triton, "score_dense",
+                        lambda *a, **kw: calls.append((kw.get("words"), kw.get("maxima") is not None)) or real(*a, **kw))
+    codes = score_dense(q, w, k, mask=mask)
+    for kk, form in ((8, (True, True)), (100, (False, False))):  # 450 > 8 x 8 keys: threshold; 450 < 8 x 100: not
+        calls.clear()
+        got = certified_topk_triton.dense_codes_topk(q, w.float(), k, mask, kk)
+        assert calls == [form]
+        assert torch.equal(got, torch.topk(codes, kk, dim=-1).values)
