@@ -366,21 +366,19 @@ def _finish_row_kernel(valid_ptr, out_ptr, out_rows_ptr, tally_ptr, state_ptr,
                        prefix ^ -9223372036854775808, kk - rank, kk, KP)
 
 
-def _check_tensor(name: str, value, dtype: torch.dtype, dim: int) -> None:
+def _check_tensor(name: str, value, dtype: torch.dtype | tuple[torch.dtype, ...], dim: int) -> None:
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype}, got {value.dtype}")
+    if value.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {value.dtype}")
     if value.dim() != dim:
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(value.shape)}")
 
 
 def _check_arguments(codes, valid, kk, out, out_rows, block, splits) -> None:
     """TypeError/ValueError naming the argument for anything outside the module contract."""
-    if isinstance(codes, torch.Tensor) and codes.dtype == torch.int32:
-        _check_tensor("codes", codes, torch.int32, 2)
-    else:
-        _check_tensor("codes", codes, torch.int64, 2)
+    _check_tensor("codes", codes, (torch.int64, torch.int32), 2)
     rows, n = codes.shape
     if n > 1 and codes.stride(1) != 1:
         raise ValueError(f"codes must be contiguous in its last dim, got strides {codes.stride()}")
