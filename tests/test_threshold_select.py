@@ -91,6 +91,26 @@ def test_compaction_keeps_the_codes_above_tau(R, N, step, splits):
                     assert got.unique().numel() == n and torch.isin(got, codes[r][kept[r]]).all(), r
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_compaction_of_words_keeps_the_codes_above_any_tau(splits):
+    """Words compare with tau in 32-bit halves (select_codes_triton ``row_codes_at_least``): rows
+    of few repeated words, the extreme ones among them, against thresholds whose high word is a
+    row's word (INT32_MIN included) and whose low word cuts inside the row, at its ends, past it
+    (>= N, >= 2^31) or is zero; what is kept is exactly the codes >= tau."""
+    R, N = 8, 700
+    g = torch.Generator().manual_seed(splits)
+    words = torch.tensor([-(2**31), -1, 0, 7, 2**31 - 1], dtype=torch.int32)[torch.randint(0, 5, (R, N), generator=g)]
+    codes = threshold_select.codes_of_words(words)
+    lows = [0, 1, 350, N - 1, N, 2**31 - 1, 2**31, 2**32 - 1]
+    for high in (-(2**31), -1, 7, 2**31 - 1):
+        tau = torch.tensor([high * 2**32 + low for low in lows])
+        cand, count = threshold_select.compact(words, tau, N, 64, splits=splits)
+        kept = codes >= tau[:, None]
+        assert torch.equal(count, kept.sum(-1).to(torch.int32)), high
+        for r in range(R):
+            assert torch.equal(cand[r, :int(count[r])].sort().values, codes[r][kept[r]].sort().values), (high, r)
+
+
 def adversarial_rows(kind, R, N, seed):
     """Distinct codes: the 60 largest shuffled at the row's end, the rest shuffled before them
     (recency), or scores of three values whose codes differ only in the key index of their low

@@ -107,6 +107,24 @@ def row_codes_at(row_codes, idx, inside, N, WORDS: tl.constexpr):
 
 
 @triton.jit
+def row_codes_at_least(row_codes, idx, inside, N, tau, WORDS: tl.constexpr):
+    """(codes, keep) at positions ``idx`` of a row of N codes (or words, WORDS): ``keep`` is
+    ``inside & (code >= tau)`` (tau int64); ``codes`` equals ``row_codes_at``'s where ``inside``.
+    With WORDS the comparison takes no int64 arithmetic per code: with tau = (h << 32) + l
+    (0 <= l < 2^32), code >= tau iff word > h, or word == h and N - 1 - idx >= l, i.e. idx < N - l."""
+    if WORDS:
+        word = tl.load(row_codes + idx, mask=inside, other=-2147483648)
+        high = (tau >> 32).to(tl.int32)
+        cut = tl.maximum(N - (tau & 0xFFFFFFFF), 0).to(tl.int32)
+        keep = inside & ((word > high) | ((word == high) & (idx < cut)))
+        code = (word.to(tl.int64) << 32) | (N - 1 - idx).to(tl.int64)
+    else:
+        code = tl.load(row_codes + idx, mask=inside, other=-9223372036854775808)
+        keep = inside & (code >= tau)
+    return code, keep
+
+
+@triton.jit
 def _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS: tl.constexpr):
     """(destination in out of codes row ``row``, whether the row is valid and that destination
     lies in out)."""

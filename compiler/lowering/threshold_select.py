@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiler.lowering.select_codes_triton import row_codes_at, select_top_codes
+from compiler.lowering.select_codes_triton import row_codes_at, row_codes_at_least, select_top_codes
 
 LONG_ROW_FACTOR = 8
 """Rows longer than LONG_ROW_FACTOR * kk take the threshold path; shorter ones torch.topk."""
@@ -113,8 +113,7 @@ def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, cap, stride_c, s
     ones = tl.full([BLOCK], 1, tl.int32)
     for t0 in tl.range(tl.program_id(1) * BLOCK, N, tl.num_programs(1) * BLOCK, num_stages=STAGES):
         t = t0 + tl.arange(0, BLOCK)
-        c = row_codes_at(codes_ptr + row * stride_c, t, t < N, N, WORDS)
-        keep = (c >= tau) & (t < N)
+        c, keep = row_codes_at_least(codes_ptr + row * stride_c, t, t < N, N, tau, WORDS)
         slot = tl.atomic_add(count, ones, mask=keep, sem="relaxed")
         tl.store(cand_ptr + row * stride_d + slot, c, mask=keep & (slot < cap))
 
@@ -286,13 +285,14 @@ def chunk_count(N: int, kk: int, multiple: int = 1) -> int:
 def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, step: int | None = None,
             warps: int | None = None, stages: int | None = None,
             splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cand [R, cap] int64, count [R] int32) for ``rows [R, N]`` (codes or words): count[r] is how
-    many codes of row r are >= tau[r] and cand[r, :min(count[r], cap)] holds that many of them, in
-    an order that varies from call to call (all of them when count[r] <= cap; count > cap: the row
-    overflowed); slots past that are unspecified. ``step``: codes per step, ``warps``, ``stages``:
+    """(cand [R, cap] int64, count [R] int32) for ``rows [R, N]`` (codes or words) and ``tau [R]``
+    int64: count[r] is how many codes of row r are >= tau[r] and cand[r, :min(count[r], cap)]
+    holds that many of them, in an order that varies from call to call (all of them when count[r]
+    <= cap; count > cap: the row overflowed); slots past that are unspecified. ``step``: codes per step, ``warps``, ``stages``:
     loads in flight, ``splits``: programs per row (COMPACT_BLOCK, COMPACT_WARPS, COMPACT_STAGES,
     COMPACT_SPLITS when None; speed only)."""
     R, N = rows.shape
+    tau = tau.contiguous()
     step = COMPACT_BLOCK if step is None else step
     cand = torch.empty((R, cap), dtype=torch.int64, device=rows.device)
     count = torch.zeros(R, dtype=torch.int32, device=rows.device)
