@@ -79,8 +79,8 @@ def test_compaction_keeps_the_codes_above_tau(R, N, step, splits):
         kinds = [k for k in (N, 0, 10, cap, cap + 1, 2 * cap + 1) if k <= N]
         for shift in range(0, len(kinds), R):
             tau = thresholds_keeping(codes, [kinds[(r + shift) % len(kinds)] for r in range(R)])
-            cand, count = threshold_select.compact(codes, tau, cap, step, splits=splits)
-            kept = codes >= tau[:, None]
+            cand, count = threshold_select.compact(codes, tau.repeat_interleave(2)[::2], cap, step, splits=splits)
+            kept = codes >= tau[:, None]  # tau given at stride 2: read at its stride
             assert torch.equal(count, kept.sum(-1).to(torch.int32))
             for r in range(R):
                 n = min(int(count[r]), cap)
@@ -195,6 +195,9 @@ def test_top_candidates_equals_torch_topk(N, kk, distinct):
     if not distinct:
         cand[0, 0] = INT64_MIN
     got = threshold_select.top_candidates(with_garbage(cand, counts, N), torch.tensor(counts, dtype=torch.int32), kk)
+    assert torch.equal(got, torch.topk(cand, kk, dim=-1).values)
+    strided = torch.tensor(counts, dtype=torch.int64).repeat_interleave(2)[::2]  # counts at stride 2
+    got = threshold_select.top_candidates(with_garbage(cand, counts, N), strided, kk)
     assert torch.equal(got, torch.topk(cand, kk, dim=-1).values)
 
 

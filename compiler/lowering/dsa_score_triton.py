@@ -107,12 +107,9 @@ def load_mask_tile(mask_ptr, b, rows, keys, ok, msb, mss, mst, MASK_KIND: tl.con
 
 
 @triton.jit
-def mask_extent_lanes(visible, bias, ok, pos, none):
-    """Per entry of a mask tile (positions ``pos``, entries in range ``ok``): (its position + 1 if
-    visible, else 0; its position if it is not clear, i.e. not visible with bias 0, else ``none``).
-    A row's maximum and minimum of these over any tiles are ``mask_extent``'s pair."""
-    return (tl.where(visible, pos[None, :] + 1, 0),
-            tl.where(ok & ~(visible & (bias == 0.0)), pos[None, :], none))
+def mask_unclear(visible, bias, ok):
+    """Entries of a mask tile in range (``ok``) that are not clear, i.e. not visible with bias 0."""
+    return ok & ~(visible & (bias == 0.0))
 
 
 @triton.jit
@@ -120,8 +117,9 @@ def mask_extent(visible, bias, ok, pos, none):
     """Per row of a mask tile (positions ``pos``, entries in range ``ok``): (one past the last
     visible position, or 0; the first position whose entry is not clear, i.e. visible with bias 0,
     or ``none``)."""
-    end, first = mask_extent_lanes(visible, bias, ok, pos, none)
-    return tl.max(end, axis=1), tl.min(first, axis=1)
+    end = tl.max(tl.where(visible, pos[None, :] + 1, 0), axis=1)
+    first = tl.min(tl.where(mask_unclear(visible, bias, ok), pos[None, :], none), axis=1)
+    return end, first
 
 
 @triton.jit
@@ -129,8 +127,10 @@ def _mask_bounds_kernel(mask_ptr, rows_ptr, out_ptr, S, T, n_slots, n_blocks, ms
                         MASK_KIND: tl.constexpr, ROWS: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
     """out[b, j] = (the first key whose mask entry is not clear, or T; one past the last key the
     mask shows, or 0) of query row j (``rows[b, j]`` with ROWS; an empty slot -1 gets (T, 0)):
-    program (b, block) takes R slots, one read of their mask rows, kept entry by entry
-    (``mask_extent_lanes``) and reduced once at the end."""
+    program (b, block) takes R slots, one read of their mask rows in steps of BLOCK positions. Per
+    lane (offset within a step) it keeps the start of the last step where the lane's entry is
+    visible and of the first where it is not clear (``mask_unclear``); the positions (start + lane)
+    and the row's extremes are formed once, at the end."""
     pid = tl.program_id(0)
     b = (pid // n_blocks).to(tl.int64)
     slot = (pid % n_blocks) * R + tl.arange(0, R)
@@ -140,18 +140,18 @@ def _mask_bounds_kernel(mask_ptr, rows_ptr, out_ptr, S, T, n_slots, n_blocks, ms
     else:
         row = slot.to(tl.int64)
     live = in_range & (row >= 0) & (row < S)
-    first = tl.full([R, BLOCK], 0, tl.int32) + T
-    end = tl.zeros([R, BLOCK], dtype=tl.int32)
+    lane = tl.arange(0, BLOCK)
+    last = tl.full([R, BLOCK], -1, tl.int32)  # start of the lane's last step showing it, or -1
+    first = tl.full([R, BLOCK], 0, tl.int32) + T  # start of its first step not clear, or T
     for p0 in range(0, tl.where(tl.max(live.to(tl.int32), axis=0) > 0, T, 0), BLOCK):
-        pos = p0 + tl.arange(0, BLOCK)
+        pos = p0 + lane
         ok = live[:, None] & (pos < T)[None, :]
         visible, bias = load_mask_tile(mask_ptr, b, row, pos, ok, msb, mss, mst, MASK_KIND)
-        lane_end, lane_first = mask_extent_lanes(visible, bias, ok, pos, T)
-        end = tl.maximum(end, lane_end)
-        first = tl.minimum(first, lane_first)
+        last = tl.where(visible, p0, last)
+        first = tl.minimum(first, tl.where(mask_unclear(visible, bias, ok), p0, T))
     out = out_ptr + (b * n_slots + slot.to(tl.int64)) * 2
-    tl.store(out, tl.min(first, axis=1), mask=in_range)
-    tl.store(out + 1, tl.max(end, axis=1), mask=in_range)
+    tl.store(out, tl.min(tl.where(first < T, first + lane[None, :], T), axis=1), mask=in_range)
+    tl.store(out + 1, tl.max(tl.where(last >= 0, last + lane[None, :] + 1, 0), axis=1), mask=in_range)
 
 
 @triton.jit
@@ -407,11 +407,11 @@ SEQUENTIAL = INTERPRET
 BOUNDS_BLOCK = 2048
 BOUNDS_ROWS = 16 if INTERPRET else 1
 """``_mask_bounds_kernel``: mask entries per step and query rows per program. One row of 2048
-entries a step, 4 warps, on the H200 (session 13, gpu_checks exploration, causal chunk bool mask
-of 16384 x 131072): 1.20 ms with every entry's extent kept and reduced once, against 1.44 reduced
-every step (session 9's form); steps of 1024, 4096, 8192 or 16384, 8 warps, or 2-3 loads in
-flight were slower (1.27-2.73). An additive bf16 mask of 4096 rows: 0.35 against 0.43 ms. The
-read floor of the bool mask is 0.51 ms. 16 rows in the interpreter, where every program costs host time."""
+entries a step, 4 warps, on the H200 (session 13, exploration runs, the causal chunk bool mask of
+16384 x 131072, read floor 0.51 ms): 0.97 ms keeping each lane's step starts, against 1.16-1.20
+keeping each entry's extent and 1.44 reducing every step (session 9's form); steps of 1024 or 4096
+(4-8 warps) 0.94-1.12, no faster in both kinds; an additive bf16 mask of 4096 rows 0.33 against
+0.37-0.43. 16 rows in the interpreter, where every program costs host time."""
 """Scores by tile_arith's sequential form (the CPU interpreter's arithmetic) instead of tl.dot."""
 TRIM_BLOCK = 4096
 """Positions per step of the key-list scorer's mask scan for its last visible key and its clear run

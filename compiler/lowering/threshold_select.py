@@ -252,6 +252,7 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
     R, N = cand.shape
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
+    count = count.contiguous()
     out = torch.empty((R, kk), dtype=torch.int64, device=cand.device)
     if not R:
         return out
