@@ -154,6 +154,8 @@ def test_int32_words_select_as_their_codes(kind, factor, monkeypatch):
         words = torch.tensor([-(2**31), 2**31 - 1, 0], dtype=torch.int32)[torch.randint(0, 3, (R, N), generator=g)]
     codes = threshold_select.codes_of_words(words)
     assert torch.equal(threshold_select.chunk_maxima(words, 64), threshold_select.chunk_maxima(codes, 64))
+    assert torch.equal(threshold_select.chunk_maxima(words.T.contiguous().T, 64),  # a column-major view
+                       threshold_select.chunk_maxima(codes, 64))
     want = torch.topk(codes, kk).values
     assert torch.equal(top_codes(words, kk), want)
     assert torch.equal(top_codes(words.view(2, 2, N), kk), want.view(2, 2, kk))

@@ -194,8 +194,10 @@ def _pad_tail_kernel(cand_ptr, count_ptr, NP, N, stride_c, BLOCK: tl.constexpr):
 
 def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
     """[R, n] int64: the largest code of each of the n interleaved chunks of ``rows [R, N]`` (codes
-    or words, n <= N, last dim contiguous)."""
+    or words, n <= N)."""
     R, N = rows.shape
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
     maxima = torch.empty((R, n), dtype=torch.int64, device=rows.device)
     block_j = min(1024, triton.next_power_of_2(n))
     _chunk_max_kernel[(R, triton.cdiv(n, block_j))](rows, maxima, N, n, rows.stride(0), maxima.stride(0),
