@@ -104,7 +104,7 @@ def test_compaction_of_words_keeps_the_codes_above_any_tau(splits):
     lows = [0, 1, 350, N - 1, N, 2**31 - 1, 2**31, 2**32 - 1]
     for high in (-(2**31), -1, 7, 2**31 - 1):
         tau = torch.tensor([high * 2**32 + low for low in lows])
-        cand, count = threshold_select.compact(words, tau, N, 64, splits=splits)
+        cand, count = threshold_select.compact(words.T.contiguous().T, tau, N, 64, splits=splits)  # column-major
         kept = codes >= tau[:, None]
         assert torch.equal(count, kept.sum(-1).to(torch.int32)), high
         for r in range(R):

@@ -293,10 +293,12 @@ def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, step: int | None = 
     """(cand [R, cap] int64, count [R] int32) for ``rows [R, N]`` (codes or words) and ``tau [R]``
     int64: count[r] is how many codes of row r are >= tau[r] and cand[r, :min(count[r], cap)]
     holds that many of them, in an order that varies from call to call (all of them when count[r]
-    <= cap; count > cap: the row overflowed); slots past that are unspecified. ``step``: codes per step, ``warps``, ``stages``:
-    loads in flight, ``splits``: programs per row (COMPACT_BLOCK, COMPACT_WARPS, COMPACT_STAGES,
-    COMPACT_SPLITS when None; speed only)."""
+    <= cap; count > cap: the row overflowed); slots past that are unspecified. ``step``: codes per
+    step, ``warps``, ``stages``: loads in flight, ``splits``: programs per row (COMPACT_BLOCK,
+    COMPACT_WARPS, COMPACT_STAGES, COMPACT_SPLITS when None; speed only)."""
     R, N = rows.shape
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
     tau = tau.contiguous()
     step = COMPACT_BLOCK if step is None else step
     cand = torch.empty((R, cap), dtype=torch.int64, device=rows.device)
