@@ -12,7 +12,7 @@ def test_fused_bounds_smoke(tmp_path):
     result = json.loads(out.read_text())
     assert result["every_bound_below_the_kth"]
     assert {(r["inputs"], r["bound"]) for r in result["rows"]} == {
-        (f, b) for f in ("gaussian", "misaligned_runs") for b in ("chunks_2kk", "chunks_8kk", "exact_half_kth")}
+        (f, b) for f in ("gaussian", "misaligned_runs") for b in ("chunks_2kk", "chunks_4kk", "chunks_8kk", "exact_half_kth")}
     assert all(r["total"]["min"] >= 1 and r["emitted"]["max"] <= r["total"]["max"] for r in result["rows"])
 
 
