@@ -1,6 +1,6 @@
 """How many keys a fused selection would emit, for three bounds on a row's kk-th score.
 
-    python3 benchmarks/fused_bounds.py --out benchmarks/results/fused_bounds_cpu.json   # ~10 min, 2 CPU cores
+    python3 benchmarks/fused_bounds.py --out benchmarks/results/fused_bounds_cpu.json   # ~5 min, 2 CPU cores
     python3 benchmarks/fused_bounds.py --smoke --out /tmp/fused_bounds.json
 
 A design measurement for fusing the dense path's selection into its scorer (benchmarks/README.md,
