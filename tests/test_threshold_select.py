@@ -96,7 +96,8 @@ def test_compaction_of_words_keeps_the_codes_above_any_tau(splits):
     """Words compare with tau in 32-bit halves (select_codes_triton ``row_codes_at_least``): rows
     of few repeated words, the extreme ones among them, against thresholds whose high word is a
     row's word (INT32_MIN included) and whose low word cuts inside the row, at its ends, past it
-    (>= N, >= 2^31) or is zero; what is kept is exactly the codes >= tau."""
+    (>= N, >= 2^31) or is zero; what is kept is exactly the codes >= tau. The words are given as a
+    column-major view, which compact reads at its stride."""
     R, N = 8, 700
     g = torch.Generator().manual_seed(splits)
     words = torch.tensor([-(2**31), -1, 0, 7, 2**31 - 1], dtype=torch.int32)[torch.randint(0, 5, (R, N), generator=g)]
@@ -104,7 +105,7 @@ def test_compaction_of_words_keeps_the_codes_above_any_tau(splits):
     lows = [0, 1, 350, N - 1, N, 2**31 - 1, 2**31, 2**32 - 1]
     for high in (-(2**31), -1, 7, 2**31 - 1):
         tau = torch.tensor([high * 2**32 + low for low in lows])
-        cand, count = threshold_select.compact(words.T.contiguous().T, tau, N, 64, splits=splits)  # column-major
+        cand, count = threshold_select.compact(words.T.contiguous().T, tau, N, 64, splits=splits)
         kept = codes >= tau[:, None]
         assert torch.equal(count, kept.sum(-1).to(torch.int32)), high
         for r in range(R):
