@@ -8,8 +8,8 @@ The dense scorer's int32 words (the high words of the order codes, as the dense 
 selects them) of S=4096 causal queries at the end of T=131072 keys (H=64, D=128, bf16), kk=2048,
 then each step of ``compiler.lowering.threshold_select.top_codes`` timed alone (CUDA events,
 median of 5, its allocations included): the interleaved chunk maxima, tau (the kk-th largest
-maximum), the compaction at several step lengths, programs per row and pipeline stages (and over
-the same rows as int64 codes), the final top-kk of the 2 kk candidate buffer (``top_candidates``:
+maximum), the compaction at several tile sizes, segment counts and pipeline stages (and over the
+same rows as int64 codes), the final top-kk of the 2 kk candidate buffer (``top_candidates``:
 the window kernel and its sort), the gated overflow selector (``select_top_codes`` over the
 words), and the whole call, without and with the chunk maxima given (the dense path's scorer
 writes them), over words and over codes; ``read_once_floor_ms`` is one read of the words at 4.2
@@ -19,7 +19,7 @@ every compaction form finds the same count and candidate set.
 ``--sweep`` chooses the selection's constants instead, on the words of a random and of a
 structured indexer (``runtime.structured_indexer``, the same query and key counts): per
 chunks-per-kk (1, 2, 4) tau's time and how many codes per row pass it (mean, 99th percentile,
-maximum), the compaction over (warps, step, programs per row) forms (``COMPACT_FORMS``) and the
+maximum), the compaction over (tile, segments) forms (``COMPACT_FORMS``) and the
 final top-kk with buffers of 2, 3 and 4 kk (overflowing rows counted); then the whole
 ``top_codes`` for every choice of (chunks per kk, buffer, compaction form), checked against
 ``torch.topk``. The module constants restored after.
@@ -41,29 +41,31 @@ from compiler.lowering.certified_topk_triton import scorer_chunks
 from compiler.lowering.select_codes_triton import select_top_codes
 from runtime.structured_indexer import structured_indexer_inputs
 
-STEPS = (256, 1024, 4096)
-"""Compaction step lengths timed (at COMPACT_WARPS warps, COMPACT_SPLITS programs per row)."""
-SPLITS = (1, 4, 16)
-"""Compaction programs per row timed (at COMPACT_BLOCK, COMPACT_WARPS)."""
-COMPACT_FORMS = ((1, 256, 4), (4, 256, 4), (4, 1024, 1), (4, 1024, 4), (8, 1024, 4), (4, 2048, 4))
-"""(warps, step, programs per row) of the compaction timed by the sweep."""
-TOTAL_FORMS = ((4, 1024, 4), (4, 256, 4))
-"""(warps, step, programs per row) of the compaction in the sweep's whole-selection rows (the kept
-one first)."""
+TILES = (2, 4, 8, 16)
+"""Compaction tile sizes (codes per lane) timed (in the buffer's default segments)."""
+SEGMENTS = (1, 2, 4, 8)
+"""Compaction segments (single-warp programs per row) timed (at COMPACT_TILE)."""
+COMPACT_FORMS = ((4, 1), (4, 2), (4, 4), (4, 8), (8, 4), (16, 4))
+"""(tile, segments) of the compaction timed by the sweep."""
+TOTAL_FORMS = ((4, 4), (4, 2))
+"""(tile, segments) of the compaction in the sweep's whole-selection rows (the kept one first)."""
 
 
 def same_candidates(found, want) -> bool:
-    """Two compactions ``(cand, count)`` agree: equal counts, and equal candidate sets in every row
-    that did not overflow (the atomics order a buffer differently from call to call)."""
+    """Two compactions ``(cand, count)`` agree: equal counts per row, and equal candidate sets in
+    every row that overflowed in neither (segments of other sizes hold the codes elsewhere)."""
     (cand, count), (cand0, count0) = found, want
-    held = count0 <= cand0.shape[1]
-    return bool(torch.equal(count, count0)) and bool(torch.equal(held_codes(cand, count)[held].sort(-1).values,
-                                                                 held_codes(cand0, count0)[held].sort(-1).values))
+    held = ~ts.overflowed(count, cand.shape[1]) & ~ts.overflowed(count0, cand0.shape[1])
+    return bool(torch.equal(count.sum(-1), count0.sum(-1))) and bool(
+        torch.equal(held_codes(cand, count)[held].sort(-1).values, held_codes(cand0, count0)[held].sort(-1).values))
 
 
 def held_codes(cand, count):
-    """A candidate buffer with its unspecified slots (past each row's count) set to INT64_MIN."""
-    return torch.where(torch.arange(cand.shape[1], device=cand.device) < count[:, None], cand, ts.INT64_MIN)
+    """A candidate buffer (its segments' counts ``count [R, G]``) with its unspecified slots (past
+    each segment's codes) set to INT64_MIN."""
+    seg = cand.shape[1] // count.shape[1]
+    j = torch.arange(cand.shape[1], device=cand.device)
+    return torch.where(j % seg < count[:, j // seg], cand, ts.INT64_MIN)
 
 
 def parts(words: torch.Tensor, kk: int, device: str) -> dict:
@@ -79,24 +81,24 @@ def parts(words: torch.Tensor, kk: int, device: str) -> dict:
     cap = ts.CANDIDATE_FACTOR * kk
     kept = ts.compact(words, tau, cap)
     same = []
-    for step in STEPS:
-        same.append(same_candidates(ts.compact(words, tau, cap, step), kept))
-        out[f"compact_{step}"] = time_ms(lambda: ts.compact(words, tau, cap, step))
-    for splits in SPLITS:
-        same.append(same_candidates(ts.compact(words, tau, cap, splits=splits), kept))
-        out[f"compact_splits_{splits}"] = time_ms(lambda: ts.compact(words, tau, cap, splits=splits))
+    for tile in TILES:
+        same.append(same_candidates(ts.compact(words, tau, cap, tile=tile), kept))
+        out[f"compact_tile_{tile}"] = time_ms(lambda: ts.compact(words, tau, cap, tile=tile))
+    for segments in SEGMENTS:
+        same.append(same_candidates(ts.compact(words, tau, cap, segments), kept))
+        out[f"compact_segments_{segments}"] = time_ms(lambda: ts.compact(words, tau, cap, segments))
     for stages in (1, 3):
         out[f"compact_stages_{stages}"] = time_ms(lambda: ts.compact(words, tau, cap, stages=stages))
     same.append(same_candidates(ts.compact(codes, tau, cap), kept))
     out["compact_int64_codes"] = time_ms(lambda: ts.compact(codes, tau, cap))
     out["compaction_same_for_every_form"] = all(same)
     cand, count = kept
-    out["overflow_rows"] = int((count > cap).sum())
-    held = count <= cap  # an overflowed row's result is the gated selector's to give
+    out["overflow_rows"] = int(ts.overflowed(count, cap).sum())
+    held = ~ts.overflowed(count, cap)  # an overflowed row's result is the gated selector's to give
     final = torch.topk(held_codes(cand, count), kk, dim=-1, sorted=True).values
     out["final_window"] = time_ms(lambda: ts.top_candidates(cand, count, kk))
     out["final_window_same"] = bool(torch.equal(ts.top_candidates(cand, count, kk)[held], final[held]))
-    out["gated_select"] = time_ms(lambda: select_top_codes(words, count > cap, kk, out=final.clone()))
+    out["gated_select"] = time_ms(lambda: select_top_codes(words, ts.overflowed(count, cap), kk, out=final.clone()))
     out["top_codes_total"] = time_ms(lambda: ts.top_codes(words, kk))
     given = ts.chunk_maxima(words, scorer_chunks(*words.shape, kk, torch.bfloat16, words.device))  # as the dense scorer writes them
     out["top_codes_given_maxima"] = time_ms(lambda: ts.top_codes(words, kk, given))
@@ -113,7 +115,7 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
                     forms=COMPACT_FORMS, total_forms=TOTAL_FORMS) -> list[dict]:
     """Rows of the ``--sweep`` (module docstring) for the scorer's words [R, N] of one kind of
     ``inputs``; times are medians of ``reps`` calls; ``forms`` / ``total_forms``: the compaction's
-    (warps, step, programs per row) timed alone / in the whole selection."""
+    (tile, segments) timed alone / in the whole selection."""
     time_ms = lambda fn: round(median_ms(fn, reps, device), 3)  # noqa: E731
     rows = []
     for per_k in (1, 2, 4):
@@ -123,25 +125,23 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
         row = {"inputs": inputs, "chunks_per_k": per_k, "chunk_max": time_ms(lambda: ts.chunk_maxima(codes, per_k * kk)),
                "tau": time_ms(lambda: ts.kth_largest(maxima, kk)), "passing_mean": round(float(passing.mean()), 1),
                "passing_q99": round(float(passing.quantile(0.99)), 1), "passing_max": int(passing.max())}
-        for warps, step, splits in forms:
-            row[f"compact_w{warps}_{step}_p{splits}"] = time_ms(
-                lambda: ts.compact(codes, tau, 4 * kk, step, warps, splits=splits))
+        for tile, segments in forms:
+            row[f"compact_t{tile}_g{segments}"] = time_ms(lambda: ts.compact(codes, tau, 4 * kk, segments, tile))
         for factor in (2, 3, 4):
             cand, count = ts.compact(codes, tau, factor * kk)
-            row[f"overflow_rows_{factor}kk"] = int((count > factor * kk).sum())
+            row[f"overflow_rows_{factor}kk"] = int(ts.overflowed(count, factor * kk).sum())
             row[f"final_window_{factor}kk"] = time_ms(lambda: ts.top_candidates(cand, count, kk))
         rows.append(row)
     want = torch.topk(ts.codes_of_words(codes), kk, dim=-1).values
-    saved = ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS, ts.COMPACT_SPLITS
+    saved = ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_TILE, ts.COMPACT_SEGMENTS
     try:
-        for per_k, factor, (warps, step, splits) in itertools.product((1, 2), (2, 3, 4), total_forms):
-            ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR = per_k, factor
-            ts.COMPACT_BLOCK, ts.COMPACT_WARPS, ts.COMPACT_SPLITS = step, warps, splits
-            rows.append({"inputs": inputs, "chunks_per_k": per_k, "candidate_factor": factor, "warps": warps,
-                         "step": step, "splits": splits, "top_codes": time_ms(lambda: ts.top_codes(codes, kk)),
+        for per_k, factor, (tile, segments) in itertools.product((1, 2), (2, 3, 4), total_forms):
+            ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_TILE, ts.COMPACT_SEGMENTS = per_k, factor, tile, segments
+            rows.append({"inputs": inputs, "chunks_per_k": per_k, "candidate_factor": factor, "tile": tile,
+                         "segments": segments, "top_codes": time_ms(lambda: ts.top_codes(codes, kk)),
                          "identical_to_torch_topk": bool(torch.equal(ts.top_codes(codes, kk), want))})
     finally:
-        ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_BLOCK, ts.COMPACT_WARPS, ts.COMPACT_SPLITS = saved
+        ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_TILE, ts.COMPACT_SEGMENTS = saved
     return rows
 
 

@@ -13,8 +13,8 @@ def test_selection_parts_smoke(tmp_path, monkeypatch):
     result = json.loads(out.read_text())
     assert result["identical_to_torch_topk"] and result["compaction_same_for_every_form"]
     assert result["final_window_same"] and result["overflow_rows"] == 0
-    assert {f"compact_{step}" for step in selection_parts.STEPS} <= set(result)
-    assert {f"compact_splits_{p}" for p in selection_parts.SPLITS} <= set(result)
+    assert {f"compact_tile_{t}" for t in selection_parts.TILES} <= set(result)
+    assert {f"compact_segments_{g}" for g in selection_parts.SEGMENTS} <= set(result)
 
 
 def test_selection_constants_sweep_smoke(tmp_path, monkeypatch):

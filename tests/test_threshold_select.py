@@ -29,13 +29,17 @@ def rows_of(kind, R, N, seed):
 
 
 @pytest.mark.parametrize("kind", ["random", "increasing", "decreasing", "periodic", "duplicates", "extremes"])
-@pytest.mark.parametrize("N,kk,step", [(1000, 7, threshold_select.COMPACT_BLOCK), (1000, 7, 64), (333, 41, 64),
-                                       (97, 1, 16)])
-def test_equals_torch_topk(kind, N, kk, step, monkeypatch):
-    """At the default compaction step (COMPACT_BLOCK) a row of 1000 codes is one partial step;
-    at steps of 64 and 16 rows take several steps, shared out over COMPACT_SPLITS programs."""
-    assert threshold_select.COMPACT_BLOCK >= 1000 and threshold_select.COMPACT_SPLITS > 1
-    monkeypatch.setattr(threshold_select, "COMPACT_BLOCK", step)
+@pytest.mark.parametrize("N,kk,tile,min_segment", [(1000, 7, None, None), (1000, 8, 2, 1), (333, 41, 2, 1),
+                                                   (97, 1, 1, 1)])
+def test_equals_torch_topk(kind, N, kk, tile, min_segment, monkeypatch):
+    """At the default tile and segment sizes a buffer of 2 kk = 14 is one segment and a row of 1000
+    codes two rounds of tiles; with tiles of 32 or 64 positions and segments of any size the
+    buffer is cut into 2 or 4 segments (of 1 to 41 slots: many rows overflow one, the gated
+    selector answers them)."""
+    if tile is not None:
+        monkeypatch.setattr(threshold_select, "COMPACT_TILE", tile)
+        monkeypatch.setattr(threshold_select, "MIN_SEGMENT", min_segment)
+        assert threshold_select.compact_segments(threshold_select.CANDIDATE_FACTOR * kk) > 1
     codes = rows_of(kind, 5, N, seed=N + kk)
     assert N > threshold_select.LONG_ROW_FACTOR * kk  # the threshold path, not the torch.topk shortcut
     got = top_codes(codes, kk)
@@ -69,47 +73,72 @@ def thresholds_keeping(codes, kept):
     return torch.stack([top[r, k - 1] if k else top[r, 0] + 1 for r, k in enumerate(kept)])
 
 
-@pytest.mark.parametrize("R, N, step, splits", [(1, 500, 16, 1), (6, 600, 16, 3), (4, 333, 64, 2), (3, 1000, 1024, 4)])
-def test_compaction_keeps_the_codes_above_tau(R, N, step, splits):
+def check_compaction(cand, count, codes, tau, cap):
+    """``compact``'s contract for rows of distinct codes: the counts add up to the codes >= tau;
+    each segment holds min(count, its slots) distinct codes >= tau in position order; a row whose
+    segments all held their codes holds exactly the row's codes >= tau."""
+    R, N = codes.shape
+    G = count.shape[1]
+    seg = cap // G
+    kept = codes >= tau[:, None]
+    assert torch.equal(count.sum(-1), kept.sum(-1).to(count.dtype))
+    ordered, order = codes.sort(dim=-1)
+    for r in range(R):
+        held = []
+        for g in range(G):
+            got = cand[r, g * seg:g * seg + min(int(count[r, g]), seg)]
+            where = order[r, torch.searchsorted(ordered[r], got).clamp(max=N - 1)]
+            assert torch.equal(codes[r, where], got), (r, g)  # codes of the row
+            assert bool((where.diff() > 0).all()), (r, g)  # distinct, in position order
+            assert bool(kept[r, where].all()), (r, g)
+            held.append(where)
+        if not threshold_select.overflowed(count[r:r + 1], cap):
+            assert torch.equal(torch.cat(held).sort().values, kept[r].nonzero().flatten()), r
+
+
+@pytest.mark.parametrize("R, N, tile, segments", [(1, 500, 1, 1), (6, 600, 1, 3), (4, 333, 2, 2), (3, 1000, 4, 4),
+                                                  (2, 4096, 4, 4)])
+def test_compaction_keeps_the_codes_above_tau(R, N, tile, segments):
     """Rows keeping all their codes, none, a few, exactly cap, cap + 1 and far more than cap
-    (overflowing: cap of them, the count goes on), with a buffer of 40 and of the row; one program
-    per row and several (their atomics interleave the slots)."""
-    codes = distinct_rows(R, N, seed=R * N + step)
-    for cap in (40, N):
+    (overflowing), with a buffer of 48 and of the row cut into 1 to 4 segments, rows of several
+    rounds of tiles, partial ones and whole ones (4096 = 8 rounds of 4 tiles of 128)."""
+    codes = distinct_rows(R, N, seed=R * N + tile)
+    for cap in (48, N - N % segments):
         kinds = [k for k in (N, 0, 10, cap, cap + 1, 2 * cap + 1) if k <= N]
         for shift in range(0, len(kinds), R):
             tau = thresholds_keeping(codes, [kinds[(r + shift) % len(kinds)] for r in range(R)])
-            cand, count = threshold_select.compact(codes, tau.repeat_interleave(2)[::2], cap, step, splits=splits)
-            kept = codes >= tau[:, None]  # tau given at stride 2: read at its stride
-            assert torch.equal(count, kept.sum(-1).to(torch.int32))
-            for r in range(R):
-                n = min(int(count[r]), cap)
-                got = cand[r, :n].sort().values
-                if n == int(count[r]):
-                    assert torch.equal(got, codes[r][kept[r]].sort().values), r
-                else:  # overflowed: cap distinct codes of the row, all >= tau
-                    assert got.unique().numel() == n and torch.isin(got, codes[r][kept[r]]).all(), r
+            tau = tau.repeat_interleave(2)[::2]  # tau given at stride 2: read at its stride
+            cand, count = threshold_select.compact(codes, tau, cap, segments, tile)
+            assert count.shape == (R, segments)
+            check_compaction(cand, count, codes, tau, cap)
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-def test_compaction_of_words_keeps_the_codes_above_any_tau(splits):
+def test_compaction_segments_and_their_errors():
+    """Buffers of 2 kk take COMPACT_SEGMENTS segments when large enough, fewer or one when small;
+    a segment count that does not divide the buffer is refused before any launch."""
+    assert threshold_select.compact_segments(4096) == threshold_select.COMPACT_SEGMENTS == 4
+    assert threshold_select.compact_segments(2 * threshold_select.MIN_SEGMENT) == 2
+    assert threshold_select.compact_segments(14) == 1
+    with pytest.raises(ValueError, match="segments"):
+        threshold_select.compact(distinct_rows(2, 100, seed=0), torch.zeros(2, dtype=torch.int64), 10, segments=3)
+
+
+@pytest.mark.parametrize("segments", [1, 4])
+def test_compaction_of_words_keeps_the_codes_above_any_tau(segments):
     """Words compare with tau in 32-bit halves (select_codes_triton ``row_codes_at_least``): rows
     of few repeated words, the extreme ones among them, against thresholds whose high word is a
     row's word (INT32_MIN included) and whose low word cuts inside the row, at its ends, past it
-    (>= N, >= 2^31) or is zero; what is kept is exactly the codes >= tau. The words are given as a
-    column-major view, which compact reads at its stride."""
+    (>= N, >= 2^31) or is zero; what is kept is exactly the codes >= tau, in position order. The
+    words are given as a column-major view, which compact reads at its stride."""
     R, N = 8, 700
-    g = torch.Generator().manual_seed(splits)
+    g = torch.Generator().manual_seed(segments)
     words = torch.tensor([-(2**31), -1, 0, 7, 2**31 - 1], dtype=torch.int32)[torch.randint(0, 5, (R, N), generator=g)]
     codes = threshold_select.codes_of_words(words)
     lows = [0, 1, 350, N - 1, N, 2**31 - 1, 2**31, 2**32 - 1]
     for high in (-(2**31), -1, 7, 2**31 - 1):
         tau = torch.tensor([high * 2**32 + low for low in lows])
-        cand, count = threshold_select.compact(words.T.contiguous().T, tau, N, 64, splits=splits)
-        kept = codes >= tau[:, None]
-        assert torch.equal(count, kept.sum(-1).to(torch.int32)), high
-        for r in range(R):
-            assert torch.equal(cand[r, :int(count[r])].sort().values, codes[r][kept[r]].sort().values), (high, r)
+        cand, count = threshold_select.compact(words.T.contiguous().T, tau, 4 * N, segments, tile=2)
+        check_compaction(cand, count, codes, tau, 4 * N)
 
 
 def adversarial_rows(kind, R, N, seed):
@@ -128,9 +157,10 @@ def adversarial_rows(kind, R, N, seed):
 @pytest.mark.parametrize("kind", ["clustered_at_end", "tied_scores"])
 @pytest.mark.parametrize("factor", [threshold_select.CANDIDATE_FACTOR, 1])
 def test_top_codes_equals_torch_topk_on_adversarial_rows(kind, factor, monkeypatch):
-    """4 rows of 600 codes in compaction steps of 16 (the 60 clustered codes span several);
-    buffers of 4 kk and of kk (rows overflowing)."""
-    monkeypatch.setattr(threshold_select, "COMPACT_BLOCK", 16)
+    """4 rows of 600 codes in compaction tiles of 32 (the 60 clustered codes span two), the buffer
+    in segments of any size; buffers of 2 kk and of kk (rows overflowing)."""
+    monkeypatch.setattr(threshold_select, "COMPACT_TILE", 1)
+    monkeypatch.setattr(threshold_select, "MIN_SEGMENT", 1)
     monkeypatch.setattr(threshold_select, "CANDIDATE_FACTOR", factor)
     codes = adversarial_rows(kind, 4, 600, seed=len(kind) + factor)
     assert all(row.unique().numel() == 600 for row in codes)
@@ -202,6 +232,25 @@ def test_top_candidates_equals_torch_topk(N, kk, distinct):
     strided = torch.tensor(counts, dtype=torch.int64).repeat_interleave(2)[::2]  # counts at stride 2
     got = threshold_select.top_candidates(with_garbage(cand, counts, N), strided, kk)
     assert torch.equal(got, torch.topk(cand, kk, dim=-1).values)
+
+
+def test_top_candidates_over_segments():
+    """A buffer of 4 segments of 8 slots (``compact``'s layout): each segment's codes first,
+    garbage after them, segments empty, full and overflowed (that row is flagged by
+    ``overflowed`` and left to the caller); a buffer wider than the window cannot be segmented."""
+    N, kk, G = 32, 16, 4
+    assert threshold_select.window(N, kk) == N
+    counts = torch.tensor([[0, 0, 0, 0], [8, 8, 8, 8], [1, 7, 0, 5], [3, 8, 2, 9], [8, 0, 0, 1]], dtype=torch.int32)
+    cand = distinct_rows(len(counts), N, seed=7)
+    held = torch.arange(N) % 8 < counts.repeat_interleave(8, dim=1)
+    garbage = torch.where(held, cand, torch.iinfo(torch.int64).max)
+    want = torch.topk(torch.where(held, cand, INT64_MIN), kk, dim=-1).values
+    got = threshold_select.top_candidates(garbage, counts, kk)
+    fine = ~threshold_select.overflowed(counts, N)
+    assert fine.tolist() == [True, True, True, False, True]
+    assert torch.equal(got[fine], want[fine])
+    with pytest.raises(ValueError, match="count"):
+        threshold_select.top_candidates(distinct_rows(2, 64, seed=1), torch.zeros(2, 4, dtype=torch.int32), 8)
 
 
 def test_top_candidates_window_and_its_fallback_both_run():

@@ -16,11 +16,12 @@ The maxima are computed here, or passed in: the dense scorer writes them as it s
 the row into n >= kk disjoint chunks gives the same guarantee. The kk chunks whose maxima are >= tau are
 disjoint and each holds a code >= tau, so at least kk codes are >= tau: tau <= the row's kk-th
 largest code, and the row's top kk are exactly the top kk of its codes >= tau. Those are compacted
-into a buffer of ``CANDIDATE_FACTOR * kk`` per row, each code into a slot it draws by an atomic
-add on the row's count (the count goes on past the buffer; the buffer's order varies, its content
-as a set does not, and the selection's result depends on that set only), and selected there (``top_candidates``: the kk-th in registers, then a sort of the kk); a row whose candidates
-overflow the buffer is selected from its whole row by the row-gated exact selector
-(select_codes_triton), so nothing is ever dropped.
+into a buffer of ``CANDIDATE_FACTOR * kk`` per row, cut into G segments (``compact_segments``):
+segment s belongs to one single-warp program, which scans the tiles of the row it owns and writes
+their codes >= tau in position order, each code's slot found by a scan within the warp (no
+atomics); its count goes on past the segment. They are selected there (``top_candidates``: the
+kk-th in registers, then a sort of the kk); a row with an overflowing segment is selected from its
+whole row by the row-gated exact selector (select_codes_triton), so nothing is ever dropped.
 
 Why interleaved chunks: large scores cluster in position (an indexer favours recent keys, so a
 row's best keys sit at its end). Contiguous chunks would put all of them in a few chunks and tau
@@ -41,9 +42,9 @@ LONG_ROW_FACTOR = 8
 FEW_ROWS = 128
 """CUDA calls of fewer rows than this take ``torch.topk``: the threshold path cost about 1 ms
 whatever the row count when this was measured (its ~20 launches, and session 8's compaction, one
-warp per row scanning the row in sequence, whose latency grows with the row's length; the
-atomic compaction shares a row over COMPACT_SPLITS programs, and the cut was not re-measured
-with it). H200, rows of 131072 random codes, kk = 2048 (session 8): 1 row 1.01 ms against 0.24 for ``torch.topk``, 8 rows 1.05 / 0.22, 64 rows 1.04 / 0.40, 256 rows
+warp per row scanning the row in sequence, whose latency grows with the row's length; today's
+compaction shares a row over COMPACT_SEGMENTS programs, and the cut was not re-measured with
+it). H200, rows of 131072 random codes, kk = 2048 (session 8): 1 row 1.01 ms against 0.24 for ``torch.topk``, 8 rows 1.05 / 0.22, 64 rows 1.04 / 0.40, 256 rows
 1.05 / 0.97, 1024 rows 1.18 / 3.23. ``torch.topk``'s time grows with rows x length, so the cut is
 set below the 131072-key break-even (about 256 rows) to hold for rows four times as long."""
 CHUNKS_PER_K = 2
@@ -57,24 +58,25 @@ CANDIDATE_FACTOR = 2
 exactly but slower). 2 kk holds every row of the sweep above (at most 1.43 kk codes >= tau) and its
 final top-kk takes 1.01-1.03 ms against 1.35-1.39 ms for 4 kk (whole selection 4.03-4.15 ms
 against 4.40-4.49)."""
-COMPACT_BLOCK = 1024
-"""Codes per step of a compaction program (COMPACT_WARPS warps, COMPACT_STAGES stages,
-COMPACT_SPLITS programs per row). Each kept code takes its slot by its own atomic add on the row's
-count: no scan, nothing carried from one step to the next. H200, 4096 dense-scorer rows of 131072
-keys, kk = 2048 (session 12, gpu call 2): over int32 words 0.90-1.13 ms at steps of 1024, 4 warps,
-4 programs per row, 3 stages (0.97-1.12 at 256; 2.2-3.1 with 1 warp at 1024), against 1.32-1.39
-for session 8's scan in position order over int64 codes and 1.58-1.62 for that scan over words.
-Over int64 codes the atomics took 1.28-1.64 ms. Session 13 (exploration): one atomic per step
-(the step's kept codes ranked by a cumulative sum) 1.47-2.76 ms, one per thread (its codes counted
-in registers) 0.96-2.77, against 0.80-1.02 for this form in the same runs."""
-COMPACT_WARPS = 4
-"""Warps per compaction program (see COMPACT_BLOCK)."""
+COMPACT_TILE = 4
+"""Codes per lane in a tile of the compaction (a tile: 32 lanes x COMPACT_TILE consecutive
+positions, one 16-byte load per lane over words). H200, 4096 dense-scorer rows of 131072 keys,
+kk = 2048 (session 14, exploration, random / structured indexer): one warp per segment, 4
+segments, tiles of 4 per lane, 3 stages 0.70 / 0.66 ms, against 1.01-1.11 / 0.73-0.79 for the
+atomic compaction it replaced (each kept code drew its slot by an atomic add on the row's count:
+4 programs of 4 warps per row, steps of 1024, 3 stages). Tiles of 8 and 16 per lane: 0.75-0.78 /
+0.73-0.76. Without the pipeline (1 stage) 0.83-0.85. 2, 4 or 8 warps per program, each with its own
+segment, 0.79-1.57. The read floor is 0.51 ms. The atomic form waits on an atomic's round trip for
+about every 64 codes; this one waits on nothing but its loads."""
 COMPACT_STAGES = 3
-"""Pipeline stages of the compaction's loop (``tl.range(num_stages=...)``; see COMPACT_BLOCK:
-1 stage took 1.03-1.39 ms)."""
-COMPACT_SPLITS = 4
-"""Compaction programs per row (each takes the row's steps s, s + 4, s + 8, ...; see COMPACT_BLOCK:
-1 program per row took 0.98-1.14 ms)."""
+"""Pipeline stages of the compaction's loop (``tl.range(num_stages=...)``; see COMPACT_TILE)."""
+COMPACT_SEGMENTS = 4
+"""Segments of a candidate buffer, hence single-warp compaction programs per row (see
+COMPACT_TILE; ``compact_segments``). In the session-14 exploration 8 segments took 0.66 / 0.65 ms
+but 7 of 4096 structured rows overflowed a segment; 4 overflowed none (at most 2925 codes >= tau
+in a buffer of 4096)."""
+MIN_SEGMENT = 256
+"""Fewest slots in a segment: smaller buffers take fewer segments (``compact_segments``)."""
 WINDOW_FACTOR = 2
 """A candidate row of at most ``window(N, kk)`` codes (the power of two >= WINDOW_FACTOR * kk) is
 selected in registers by ``top_candidates``; longer ones by the row-gated selector."""
@@ -102,22 +104,33 @@ def _chunk_max_kernel(codes_ptr, out_ptr, N, n, stride_c, stride_o, BLOCK_J: tl.
 
 
 @triton.jit
-def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, cap, stride_c, stride_d,
-                    BLOCK: tl.constexpr, STAGES: tl.constexpr, WORDS: tl.constexpr):
-    """Program (row, s) of a grid (R, P): the codes >= tau[row] among the row's steps s, s + P, ...
-    (BLOCK positions each), each into the slot cand[row, slot] it draws by an atomic add on
-    count[row] (zeroed by the caller), if slot < cap. Afterwards count[row] is how many codes of the
-    row are >= tau, and cand[row, :min(count, cap)] holds that many of them, in no particular order
-    (all of them when count <= cap). STAGES: loads in flight (speed only)."""
+def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, seg, stride_c, stride_t, stride_d,
+                    stride_n, TILE: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
+                    WORDS: tl.constexpr):
+    """Program (row, s) of a grid (R, G), one warp: the codes >= tau[row] of the tiles it owns (of
+    32 TILE positions; in round b of G tiles, tile (s + b) % G), in position order, into segment s
+    of the row's buffer, cand[row, s seg : s seg + seg] (the first seg of them if more); count[row,
+    s] = how many (more than seg: the segment overflowed). EVEN: N is a multiple of G 32 TILE."""
     row = tl.program_id(0).to(tl.int64)
-    tau = tl.load(tau_ptr + row)
-    count = count_ptr + row + tl.zeros([BLOCK], tl.int64)
-    ones = tl.full([BLOCK], 1, tl.int32)
-    for t0 in tl.range(tl.program_id(1) * BLOCK, N, tl.num_programs(1) * BLOCK, num_stages=STAGES):
-        t = t0 + tl.arange(0, BLOCK)
-        c, keep = row_codes_at_least(codes_ptr + row * stride_c, t, t < N, N, tau, WORDS)
-        slot = tl.atomic_add(count, ones, mask=keep, sem="relaxed")
-        tl.store(cand_ptr + row * stride_d + slot, c, mask=keep & (slot < cap))
+    s = tl.program_id(1)
+    G = tl.num_programs(1)
+    tau = tl.load(tau_ptr + row * stride_t)
+    codes = codes_ptr + row * stride_c
+    out = cand_ptr + row * stride_d + s * seg
+    lane_first = (tl.arange(0, 32) * TILE)[:, None] + tl.arange(0, TILE)[None, :]
+    n = tl.zeros([], tl.int32)
+    owned = s  # (s + b) % G, kept by increments
+    for b in tl.range(0, tl.cdiv(N, G * 32 * TILE), num_stages=STAGES):
+        t = (b * G + owned) * (32 * TILE) + lane_first
+        owned = tl.where(owned + 1 == G, 0, owned + 1)
+        inside = (t == t) if EVEN else (t < N)
+        code, keep = row_codes_at_least(codes, t, inside, N, tau, WORDS)
+        k = keep.to(tl.int32)
+        lane_n = tl.sum(k, 1)
+        slot = n + (tl.cumsum(lane_n, 0) - lane_n)[:, None] + tl.cumsum(k, 1) - k
+        tl.store(out + slot, code, mask=keep & (slot < seg))
+        n += tl.sum(lane_n, 0)
+    tl.store(count_ptr + row * stride_n + s, n)
 
 
 @triton.jit
@@ -164,15 +177,17 @@ def _kth_largest_kernel(x_ptr, out_ptr, n, kk, stride_x, NP: tl.constexpr):
 
 
 @triton.jit
-def _top_window_kernel(cand_ptr, count_ptr, out_ptr, N, kk, stride_c, stride_o, NP: tl.constexpr):
-    """Rows with count[row] <= NP: out[row, :kk] = the kk largest of the row's first count codes
+def _top_window_kernel(cand_ptr, count_ptr, out_ptr, N, seg, kk, stride_c, stride_n, stride_o,
+                       NP: tl.constexpr):
+    """Rows whose every segment (seg slots; its count at count[row, j // seg]) holds its codes, all
+    within the window (count <= min(seg, NP)): out[row, :kk] = the kk largest of those codes
     (INT64_MIN for missing ones) as a multiset, in no particular order (those greater than the
     kk-th, then copies of it); other rows: nothing written."""
     row = tl.program_id(0).to(tl.int64)
-    count = tl.load(count_ptr + row)
-    live = count <= NP
     j = tl.arange(0, NP)
-    x = tl.load(cand_ptr + row * stride_c + j, mask=live & (j < N) & (j < count), other=-9223372036854775808)
+    count = tl.load(count_ptr + row * stride_n + j // seg, mask=j < N, other=0)
+    live = tl.max(count, axis=0) <= tl.minimum(seg, NP)
+    x = tl.load(cand_ptr + row * stride_c + j, mask=live & (j % seg < count), other=-9223372036854775808)
     kth = _kth_of(x, kk)
     greater = (x > kth).to(tl.int32)
     tl.store(out_ptr + row * stride_o + tl.cumsum(greater, axis=0) - 1, x, mask=live & (greater != 0))
@@ -235,18 +250,20 @@ def window(N: int, kk: int) -> int:
 
 def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bool = False) -> torch.Tensor:
     """[R, kk] int64: the kk largest codes of each candidate row ``cand [R, N]`` int64, descending
-    (``torch.topk`` of the row's codes with INT64_MIN past them), for rows holding at most N codes.
+    (``torch.topk`` of the row's codes with INT64_MIN past them), for rows that hold all their codes.
 
-    A candidate row holds its ``count [R]`` (int32/int64) codes first; what follows them is never
-    read as a code (the buffer need not be filled: a row with fewer than kk codes gets INT64_MIN
-    for the missing ones). A count above N (an overflowed buffer) leaves that row of the result
-    unspecified, for the caller to answer. Rows with count <= the window (``window(N, kk)``) get
-    their kk largest, found in registers by one program per row (the kk-th by ``_kth_of``, then
-    the codes above it and copies of it), then ``torch.sort`` of the kk; when the buffer is wider
+    ``count``: [R] (int32/int64), a candidate row holding its count codes first; or [R, G], the row
+    cut into G segments of N // G slots (``compact``'s buffers), segment g holding count[r, g]
+    codes first. What follows a segment's codes is never read as a code (the buffer need not be
+    filled: a row with fewer than kk codes gets INT64_MIN for the missing ones). A count above its
+    segment (an overflowed buffer) leaves that row of the result unspecified, for the caller to
+    answer (``overflowed``). Rows whose codes lie within the window (``window(N, kk)``) get their
+    kk largest, found in registers by one program per row (the kk-th by ``_kth_of``, then the codes
+    above it and copies of it), then ``torch.sort`` of the kk. When an unsegmented buffer is wider
     than the window, rows with a larger count get INT64_MIN written past their codes (one gated
     program per row, ``_pad_tail_kernel``) and take the row-gated selector over the whole row
     (``scratch``: the caller gives up ``cand``'s content, which lets that selector read such a row
-    about twice instead of 17 times).
+    about twice instead of 17 times); a segmented buffer must fit the window.
     On the H200, per 4096 rows with kk = 2048: over 2 kk wide buffers (the dense path's) the
     window kernel took 0.21 ms and the sort 0.51, against 1.04 for ``torch.topk`` (session 8
     exploration); over 8 kk wide ones ``torch.topk`` took 2.03-2.29 ms (benchmarks/results/
@@ -254,20 +271,31 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
     R, N = cand.shape
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
-    count = count.contiguous()
+    counts = count.reshape(R, -1)
+    G = counts.shape[1]
+    np_ = window(N, kk)
+    if N % G or (G > 1 and np_ < N):
+        raise ValueError(f"count: expected [R] or [R, G] with G dividing N = {N} and, for G > 1, a buffer "
+                         f"within the window {np_}; got {tuple(count.shape)}")
     out = torch.empty((R, kk), dtype=torch.int64, device=cand.device)
     if not R:
         return out
     if cand.stride(-1) != 1:
         cand = cand.contiguous()
-    np_ = window(N, kk)
-    _top_window_kernel[(R,)](cand, count, out, N, kk, cand.stride(0), out.stride(0), NP=np_,
-                             num_warps=KTH_WARPS)
+    _top_window_kernel[(R,)](cand, counts, out, N, N // G, kk, cand.stride(0), counts.stride(0), out.stride(0),
+                             NP=np_, num_warps=KTH_WARPS)
     out = torch.sort(out, dim=-1, descending=True).values
     if np_ < N:
-        _pad_tail_kernel[(R,)](cand, count, np_, N, cand.stride(0), BLOCK=1024)
-        select_top_codes(cand, (count > np_) & (count <= N), kk, out=out, scratch=scratch)
+        counts = counts.view(R).contiguous()
+        _pad_tail_kernel[(R,)](cand, counts, np_, N, cand.stride(0), BLOCK=1024)
+        select_top_codes(cand, (counts > np_) & (counts <= N), kk, out=out, scratch=scratch)
     return out
+
+
+def overflowed(count: torch.Tensor, cap: int) -> torch.Tensor:
+    """[R] bool: the rows of a buffer of ``cap`` slots per row cut into the segments of ``count [R,
+    G]`` (``compact``) with a segment that did not hold its codes."""
+    return (count > cap // count.shape[-1]).any(-1)
 
 
 def long_row(N: int, kk: int) -> bool:
@@ -287,27 +315,39 @@ def chunk_count(N: int, kk: int, multiple: int = 1) -> int:
     return min(N, -(-CHUNKS_PER_K * kk // multiple) * multiple)
 
 
-def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, step: int | None = None,
-            warps: int | None = None, stages: int | None = None,
-            splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cand [R, cap] int64, count [R] int32) for ``rows [R, N]`` (codes or words) and ``tau [R]``
-    int64: count[r] is how many codes of row r are >= tau[r] and cand[r, :min(count[r], cap)]
-    holds that many of them, in an order that varies from call to call (all of them when count[r]
-    <= cap; count > cap: the row overflowed); slots past that are unspecified. ``step``: codes per
-    step, ``warps``, ``stages``: loads in flight, ``splits``: programs per row (COMPACT_BLOCK,
-    COMPACT_WARPS, COMPACT_STAGES, COMPACT_SPLITS when None; speed only)."""
+def compact_segments(cap: int) -> int:
+    """Segments of a candidate buffer of ``cap`` slots per row: the most of COMPACT_SEGMENTS, its
+    halves, ..., 1 that divides cap into segments of at least MIN_SEGMENT slots (1 if none)."""
+    G = COMPACT_SEGMENTS
+    while G > 1 and (cap % G or cap // G < MIN_SEGMENT):
+        G //= 2
+    return G
+
+
+def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, segments: int | None = None,
+            tile: int | None = None, stages: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cand [R, cap] int64, count [R, G] int32) for ``rows [R, N]`` (codes or words) and ``tau
+    [R]`` int64: the buffer's G segments (``segments``, ``compact_segments(cap)`` when None; G must
+    divide cap) of cap // G slots each; sum(count[r]) is how many codes of row r are >= tau[r], and
+    segment g of row r holds min(count[r, g], cap // G) of them first, in position order, a
+    partition of the row's positions deciding which segment takes which (count[r, g] > cap // G:
+    the segment, and the row, overflowed; ``overflowed``); slots past them are unspecified.
+    ``tile``: codes per lane of a tile, ``stages``: loads in flight (COMPACT_TILE, COMPACT_STAGES
+    when None; speed only)."""
     R, N = rows.shape
+    G = compact_segments(cap) if segments is None else segments
+    if cap % G:
+        raise ValueError(f"segments: expected a divisor of cap = {cap}, got {G}")
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    tau = tau.contiguous()
-    step = COMPACT_BLOCK if step is None else step
+    tile = COMPACT_TILE if tile is None else tile
     cand = torch.empty((R, cap), dtype=torch.int64, device=rows.device)
-    count = torch.zeros(R, dtype=torch.int32, device=rows.device)
-    programs = min(COMPACT_SPLITS if splits is None else splits, triton.cdiv(N, step))
-    _compact_kernel[(R, programs)](rows, tau, cand, count, N, cap, rows.stride(0), cand.stride(0),
-                                   BLOCK=step, STAGES=COMPACT_STAGES if stages is None else stages,
-                                   WORDS=rows.dtype == torch.int32,
-                                   num_warps=COMPACT_WARPS if warps is None else warps)
+    count = torch.empty((R, G), dtype=torch.int32, device=rows.device)
+    if R:
+        _compact_kernel[(R, G)](rows, tau, cand, count, N, cap // G, rows.stride(0), tau.stride(0),
+                                cand.stride(0), count.stride(0), TILE=tile,
+                                STAGES=COMPACT_STAGES if stages is None else stages,
+                                EVEN=N % (G * 32 * tile) == 0, WORDS=rows.dtype == torch.int32, num_warps=1)
     return cand, count
 
 
@@ -349,5 +389,5 @@ def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) 
     tau = kth_largest(maxima, kk)
     cand, count = compact(rows, tau, CANDIDATE_FACTOR * kk)
     out = top_candidates(cand, count, kk)
-    select_top_codes(rows, count > cand.shape[1], kk, out=out)
+    select_top_codes(rows, overflowed(count, cand.shape[1]), kk, out=out)
     return out.reshape(*lead, kk)
