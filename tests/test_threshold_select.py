@@ -234,6 +234,16 @@ def test_top_candidates_equals_torch_topk(N, kk, distinct):
     assert torch.equal(got, torch.topk(cand, kk, dim=-1).values)
 
 
+def test_top_candidates_of_a_window_past_2_15():
+    """A window of 2^16 codes: the window kernel's ranks are counted in int64 (``SHIFT`` 32)."""
+    N, kk = 2**16, 2**14 + 1
+    assert threshold_select.window(N, kk) == N
+    counts = [N, kk + 5]
+    cand = candidate_rows(2, N, counts, seed=3, distinct=False)
+    got = threshold_select.top_candidates(with_garbage(cand, counts, 4), torch.tensor(counts), kk)
+    assert torch.equal(got, torch.topk(cand, kk, dim=-1).values)
+
+
 def test_top_candidates_over_segments():
     """A buffer of 4 segments of 8 slots (``compact``'s layout): each segment's codes first,
     garbage after them, segments empty, full and overflowed (that row is flagged by

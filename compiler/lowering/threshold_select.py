@@ -189,11 +189,16 @@ def _top_window_kernel(cand_ptr, count_ptr, out_ptr, N, seg, kk, stride_c, strid
     live = tl.max(count, axis=0) <= tl.minimum(seg, NP)
     x = tl.load(cand_ptr + row * stride_c + j, mask=live & (j % seg < count), other=-9223372036854775808)
     kth = _kth_of(x, kk)
-    greater = (x > kth).to(tl.int32)
-    tl.store(out_ptr + row * stride_o + tl.cumsum(greater, axis=0) - 1, x, mask=live & (greater != 0))
-    equal = (x == kth).to(tl.int32)
-    slot = tl.sum(greater, axis=0) + tl.cumsum(equal, axis=0) - 1
-    tl.store(out_ptr + row * stride_o + slot, x, mask=live & (equal != 0) & (slot < kk))
+    greater = x > kth
+    equal = x == kth
+    # One scan for both ranks: the greater ones counted from bit SHIFT, the equal ones below it
+    # (fewer than kk <= NP greater ones: no int32 overflow for NP <= 2^15).
+    SHIFT: tl.constexpr = 16 if NP <= 32768 else 32
+    RANK: tl.constexpr = tl.int32 if NP <= 32768 else tl.int64
+    ranks = tl.cumsum(tl.where(greater, 1 << SHIFT, 0).to(RANK) + equal.to(RANK), axis=0)
+    slot = tl.where(greater, (ranks >> SHIFT) - 1,
+                    tl.sum(greater.to(RANK), axis=0) + (ranks & ((1 << SHIFT) - 1)) - 1)
+    tl.store(out_ptr + row * stride_o + slot, x, mask=live & (greater | equal) & (slot < kk))
 
 
 @triton.jit
