@@ -119,6 +119,10 @@ def test_compaction_segments_and_their_errors():
     assert threshold_select.compact_segments(4096) == threshold_select.COMPACT_SEGMENTS == 4
     assert threshold_select.compact_segments(2 * threshold_select.MIN_SEGMENT) == 2
     assert threshold_select.compact_segments(14) == 1
+    # Tiles: COMPACT_TILE on CUDA; larger under the interpreter while 4 rounds per segment remain.
+    assert threshold_select.compact_tile(10**6, 4, "cuda") == threshold_select.COMPACT_TILE == 4
+    assert threshold_select.compact_tile(20000, 1, "cpu") == threshold_select.INTERPRETER_TILE
+    assert threshold_select.compact_tile(4096, 1, "cpu") == 32 and threshold_select.compact_tile(1000, 4, "cpu") == 4
     with pytest.raises(ValueError, match="segments"):
         threshold_select.compact(distinct_rows(2, 100, seed=0), torch.zeros(2, dtype=torch.int64), 10, segments=3)
 
