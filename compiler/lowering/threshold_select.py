@@ -64,23 +64,25 @@ positions, one 16-byte load per lane over words). H200, 4096 dense-scorer rows o
 kk = 2048 (session 14, exploration, random / structured indexer): one warp per segment, 4
 segments, tiles of 4 per lane, 3 stages 0.70 / 0.66 ms, against 1.01-1.11 / 0.73-0.79 for the
 atomic compaction it replaced (each kept code drew its slot by an atomic add on the row's count:
-4 programs of 4 warps per row, steps of 1024, 3 stages). Tiles of 8 and 16 per lane: 0.75-0.78 /
-0.73-0.76. Without the pipeline (1 stage) 0.83-0.85. 2, 4 or 8 warps per program, each with its own
-segment, 0.79-1.57. The read floor is 0.51 ms. The atomic form waits on an atomic's round trip for
+4 programs of 4 warps per row, steps of 1024, 3 stages); 0.68-0.75 in the benchmark runs
+(``selection_parts_h200.json``). Tiles of 8 and 16 per lane: 0.75-0.83 / 0.73-0.76. Without the
+pipeline (1 stage) 0.83-0.95. 2, 4 or 8 warps per program, each with its own segment, 0.79-1.57. The read floor is 0.51 ms. The atomic form waits on an atomic's round trip for
 about every 64 codes; this one waits on nothing but its loads."""
 COMPACT_STAGES = 3
 """Pipeline stages of the compaction's loop (``tl.range(num_stages=...)``; see COMPACT_TILE)."""
 COMPACT_SEGMENTS = 4
 """Segments of a candidate buffer, hence single-warp compaction programs per row (see
-COMPACT_TILE; ``compact_segments``). In the session-14 exploration 8 segments took 0.66 / 0.65 ms
-but 7 of 4096 structured rows overflowed a segment; 4 overflowed none (at most 2925 codes >= tau
-in a buffer of 4096)."""
+COMPACT_TILE; ``compact_segments``). In the session-14 exploration 8 segments took 0.66 / 0.65 ms,
+but structured rows overflowed a segment (7 of 4096 with tiles dealt round-robin, 1 with the
+rotating deal of ``_compact_kernel``), each then selected by the gated selector; 4 segments
+overflowed none (at most 2925 codes >= tau in a buffer of 4096)."""
 MIN_SEGMENT = 256
 """Fewest slots in a segment: smaller buffers take fewer segments (``compact_segments``)."""
 INTERPRETER_TILE = 64
 """Most codes per lane in a compaction tile under the CPU interpreter (``compact_tile``), whose
-cost is per tile rather than per code: on a 2-core x86 CPU, top_codes of 16 rows of 20000 words
-(kk 64) took 9.7 s in tiles of 64 against 37 s in tiles of 4, 11.0 s for the atomic form."""
+cost is per tile rather than per code: on a 2-core x86 CPU, top_codes of rows of 20000 words
+(kk 64) took 2.2 s per row in tiles of 4 (64 rows), and per 16 rows 15.8 s in tiles of 32, 9.7 s
+in tiles of 64, 9.6 s in tiles of 128, against 11.0 s for the atomic form."""
 WINDOW_FACTOR = 2
 """A candidate row of at most ``window(N, kk)`` codes (the power of two >= WINDOW_FACTOR * kk) is
 selected in registers by ``top_candidates``; longer ones by the row-gated selector."""
