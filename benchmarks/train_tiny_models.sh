@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Train the measuring models on one GPU in two calls of about 9 minutes, results under $OUT.
+#   part 1: dense pretraining of the DSA model and of the Llama model, side by side;
+#   part 2 (ckpt/ from part 1 present): the DSA model's indexer warm-up and sparse stage, then
+#           the evidence (benchmarks/tiny_eval.py) and Pulsar's accuracy (benchmarks/pulsar_accuracy.py).
+# Checkpoints go to ckpt/ and come back as ckpt.tar.* (15 MB pieces: cat ckpt.tar.* | tar x).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/tiny_out}
+mkdir -p "$OUT" ckpt
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/pip.log" 2>&1
+case "${1:?part 1 or 2}" in
+  1)
+    timeout 200 python3 benchmarks/first_call_probe.py 40 > "$OUT/first_call_probe.log" 2>&1 &
+    python3 benchmarks/train_tiny_dsa.py --stage dense --model llama --out ckpt/llama --budget-s 250 130 \
+      > "$OUT/llama_dense.log" 2>&1 &
+    python3 benchmarks/train_tiny_dsa.py --stage dense --model dsa --out ckpt/dsa-dense --budget-s 280 150 \
+      2>&1 | tee "$OUT/dsa_dense.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*00,|Error|error'
+    wait
+    tar cf - ckpt | split -b 15M - "$OUT/ckpt.tar."
+    ;;
+  2)
+    python3 benchmarks/pulsar_accuracy.py --model ckpt/llama --out "$OUT/pulsar_accuracy_h200.json" \
+      > "$OUT/pulsar_accuracy.log" 2>&1 &
+    python3 benchmarks/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \
+      --budget-s 110 130 2>&1 | tee "$OUT/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
+    python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama --out "$OUT/tiny_models_h200.json" \
+      2>&1 | tee "$OUT/tiny_eval.log"
+    wait
+    tar cf - ckpt/dsa | split -b 15M - "$OUT/ckpt.tar."
+    ;;
+esac
