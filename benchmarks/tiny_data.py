@@ -37,11 +37,12 @@ class Fact:
 @dataclass
 class Planted:
     """A sequence with planted facts: ``ids`` int64 [L]; ``answers`` [Q, 1 + VALUE_DIGITS] the
-    positions of each question's answer tokens; ``depths`` the relative position of each asked
-    fact in the sequence."""
+    positions of each question's answer tokens; ``questions`` the position where each question
+    starts; ``depths`` the relative position of each asked fact in the sequence."""
 
     ids: torch.Tensor
     answers: torch.Tensor
+    questions: list[int]
     depths: list[float]
 
 
@@ -106,14 +107,15 @@ def planted_sequence(rng: np.random.Generator, tokens: np.ndarray, length: int, 
         pieces.append(np.asarray(fact_ids[i], dtype=np.int64))
         at = cuts[i]
     pieces.append(haystack[at:])
-    answers = []
+    answers, starts = [], []
     for query, answer in questions:
-        pos = sum(p.size for p in pieces) + len(query)
+        starts.append(sum(p.size for p in pieces))
+        pos = starts[-1] + len(query)
         answers.append(list(range(pos, pos + len(answer))))
         pieces += [np.asarray(query, dtype=np.int64), np.asarray(answer, dtype=np.int64)]
     ids = np.concatenate(pieces)
     assert ids.size == length
-    return Planted(torch.from_numpy(ids), torch.tensor(answers, dtype=torch.int64),
+    return Planted(torch.from_numpy(ids), torch.tensor(answers, dtype=torch.int64), starts,
                    [where[i] / length for i in asked])
 
 

@@ -21,13 +21,15 @@ case "${1:?part 1 or 2}" in
     tar cf - ckpt | split -b 15M - "$OUT/ckpt.tar."
     ;;
   2)
-    python3 benchmarks/pulsar_accuracy.py --model ckpt/llama --out "$OUT/pulsar_accuracy_h200.json" \
-      > "$OUT/pulsar_accuracy.log" 2>&1 &
+    R="$OUT/results"; mkdir -p "$R"
+    python3 benchmarks/pulsar_accuracy.py --model ckpt/llama --out "$R/pulsar_accuracy_h200.json" --budget-s 300 \
+      > "$R/pulsar_accuracy.log" 2>&1 &
     python3 benchmarks/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \
-      --budget-s 110 130 2>&1 | tee "$OUT/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
-    python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama --out "$OUT/tiny_models_h200.json" \
-      2>&1 | tee "$OUT/tiny_eval.log"
+      --budget-s 120 150 2>&1 | tee "$R/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
+    timeout 200 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama --out "$R/tiny_models_h200.json" \
+      2>&1 | grep -v "Loading weights" | tee "$R/tiny_eval.log"
     wait
+    tar cf "$OUT/results.tar" -C "$OUT" results
     tar cf - ckpt/dsa | split -b 15M - "$OUT/ckpt.tar."
     ;;
 esac
