@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Train the measuring models on one GPU in two calls of about 9 minutes, results under $OUT.
 #   part 1: dense pretraining of the DSA model and of the Llama model, side by side;
-#   part 2 (ckpt/ from part 1 present): the DSA model's indexer warm-up and sparse stage, then
+#   part 2 (ckpt/ from part 1 present): the DSA model's indexer warm-up and sparse stage beside more
+#           dense training of the Llama model (both phases again, from its part-1 checkpoint), then
 #           the evidence (benchmarks/tiny_eval.py) and Pulsar's accuracy (benchmarks/pulsar_accuracy.py).
 # Checkpoints go to ckpt/ and come back as ckpt.tar.* (15 MB pieces: cat ckpt.tar.* | tar x).
 set -uo pipefail
@@ -22,14 +23,18 @@ case "${1:?part 1 or 2}" in
     ;;
   2)
     R="$OUT/results"; mkdir -p "$R"
-    python3 benchmarks/pulsar_accuracy.py --model ckpt/llama --out "$R/pulsar_accuracy_h200.json" --budget-s 300 \
-      > "$R/pulsar_accuracy.log" 2>&1 &
+    python3 benchmarks/train_tiny_dsa.py --stage dense --model llama --init ckpt/llama --out ckpt/llama-final \
+      --budget-s 60 150 > "$R/llama_dense_more.log" 2>&1 &
+    LLAMA=$!
     python3 benchmarks/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \
       --budget-s 120 150 2>&1 | tee "$R/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
-    timeout 200 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama --out "$R/tiny_models_h200.json" \
+    wait $LLAMA
+    python3 benchmarks/pulsar_accuracy.py --model ckpt/llama-final --out "$R/pulsar_accuracy_h200.json" --budget-s 170 \
+      > "$R/pulsar_accuracy.log" 2>&1 &
+    timeout 220 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama-final --out "$R/tiny_models_h200.json" \
       2>&1 | grep -v "Loading weights" | tee "$R/tiny_eval.log"
     wait
     tar cf "$OUT/results.tar" -C "$OUT" results
-    tar cf - ckpt/dsa | split -b 15M - "$OUT/ckpt.tar."
+    tar cf - ckpt/dsa ckpt/llama-final | split -b 15M - "$OUT/ckpt.tar."
     ;;
 esac
