@@ -77,6 +77,9 @@ def make_inputs(family, S, T, sizes, seed, device):
     if family == CONTROL:
         q, k, w, params = structured_indexer_inputs(1, S, T, H, D, seed=seed, device=device, dtype=torch.bfloat16)
         w = w.float()
+    elif family.startswith("trained/L"):  # one layer of the trained measuring model
+        q, k, w, params = zoo_inputs("trained", 1, S, T, H, D, seed=seed, device=device, dtype=torch.bfloat16,
+                                     layer=int(family.removeprefix("trained/L")))
     else:
         q, k, w, params = zoo_inputs(family, 1, S, T, H, D, seed=seed, device=device, dtype=torch.bfloat16)
     mask = torch.ones(S, T, dtype=torch.bool, device=device).tril(T - S)[None]
@@ -291,7 +294,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="results JSON (the markdown table is written beside it, .md)")
     ap.add_argument("--smoke", action="store_true", help="CPU run at interpreter sizes (set TRITON_INTERPRET=1)")
-    ap.add_argument("--families", nargs="+", default=[CONTROL, *FAMILIES], help="families to run")
+    ap.add_argument("--families", nargs="+", default=[CONTROL, *(f for f in FAMILIES if f != "trained")],
+                    help="families to run; trained/L<n> is layer n of the trained measuring model")
+    ap.add_argument("--trained-layers", nargs="+", type=int, default=[],
+                    help="add trained/L<n> for these layers (sizes: --S, --T at most the held-out tokens)")
+    ap.add_argument("--cal-T", type=int, help="calibration key count instead of the default sizes'")
     ap.add_argument("--budget-s", type=float, default=400, help="no new cell is started after this many seconds")
     ap.add_argument("--S", nargs="+", type=int, help="query counts to run instead of the default sizes'")
     ap.add_argument("--T", nargs="+", type=int, help="key counts to run instead of the default sizes'")
@@ -299,6 +306,9 @@ def main(argv=None):
     t0 = time.perf_counter()
     sizes = dict(SMOKE if args.smoke else FULL)
     sizes.update({name: values for name, values in (("S", args.S), ("T", args.T)) if values})
+    if args.cal_T:
+        sizes["cal_T"] = args.cal_T
+    args.families = [*args.families, *(f"trained/L{n}" for n in args.trained_layers)]
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:  # the plan's evidence thresholds, lowered to the smoke sizes so that plans can certify
         path_choice.MIN_SCREENED_KEYS, path_choice.MIN_CERTIFIED_QUERIES = 1000, 8

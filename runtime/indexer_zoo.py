@@ -16,6 +16,7 @@ family is aligned to the anchor stride 16: query runs are 1, 3, 5 or 11 long, or
 | ``heavy_norms`` | structured topics in runs of 11, log-normal key norms with sigma 1.25 (a few keys 100x the median) | query_run=11, topic_run=40, norm_sigma=1.25 |
 | ``random_indexer`` | a random-init transformers ``DeepseekV32Indexer`` (rotary positions, LayerNorm keys) on Gaussian hidden states: no structure at all | hidden_size=1024, q_lora_rank=512, rope_dim=min(64, D/2) |
 | ``mixture`` | per run of 3 queries one of three modes: a topic (45%), the positional latent (45%), random heads (10%); keys carry a topic and the latent | query_run=3, topics=8, corr_length=256, mix=(0.45, 0.45, 0.10) |
+| ``trained`` | the trained DSA measuring model's indexer (``benchmarks/models/tiny-dsa``, H=64, D=128) on held-out text: q, k, weights of one layer captured at T tokens | layer=2 |
 
 The structured families are ``runtime.structured_indexer`` with other parameters. Positive heads
 get weights in [0.5, 1.5], the others weights in -0.3 x [0.5, 1.5] and point along a common key
@@ -25,8 +26,10 @@ device; no Python loop over queries or keys).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
@@ -160,6 +163,50 @@ def _random_indexer(B, S, T, H, D, *, seed, device, hidden_size=1024, q_lora_ran
     return q, k, w
 
 
+TRAINED_MODEL = Path(__file__).resolve().parents[1] / "benchmarks" / "models" / "tiny-dsa"
+HELD_OUT_TOKENS = Path(__file__).resolve().parents[1] / "benchmarks" / "models" / "heldout_tokens.npy"
+
+
+@functools.lru_cache(maxsize=2)
+def _trained_model(path: str, device: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+
+
+def _trained(B, S, T, H, D, *, seed, device, layer=2, model=None):
+    """One layer's indexer inputs of the trained DSA model on B held-out windows of T tokens (the
+    window start drawn from ``seed``): the last S queries, all T keys."""
+    import numpy as np
+
+    from runtime.dsa_forward import dsa_forward, indexer_qkw
+
+    path = Path(model) if model is not None else TRAINED_MODEL
+    if not (path / "config.json").is_file() or not HELD_OUT_TOKENS.is_file():
+        raise ValueError(f"model: the trained family needs the checkpoint {path} and {HELD_OUT_TOKENS} "
+                         "(a source checkout of the repository)")
+    net = _trained_model(str(path), str(device))
+    if (H, D) != (net.config.index_n_heads, net.config.index_head_dim) or not 0 <= layer < net.config.num_hidden_layers:
+        raise ValueError(f"H, D, layer: the trained model's indexer has H={net.config.index_n_heads}, "
+                         f"D={net.config.index_head_dim} and {net.config.num_hidden_layers} layers; got H={H}, D={D}, "
+                         f"layer={layer}")
+    tokens = np.load(HELD_OUT_TOKENS)
+    if T > tokens.size:
+        raise ValueError(f"T: at most {tokens.size} held-out tokens, got {T}")
+    starts = np.random.default_rng(seed).integers(0, tokens.size - T + 1, B)
+    ids = torch.from_numpy(np.stack([tokens[s:s + T] for s in starts]).astype(np.int64)).to(device)
+    captured = []
+
+    def capture(c):
+        if c.index == layer:
+            captured.append(indexer_qkw(c.attention.indexer, c.x, c.q_resid, c.cos, c.sin, slice(T - S, T)))
+
+    with torch.no_grad():
+        dsa_forward(net, ids, on_layer=capture, hidden_only=True)
+    qkw = captured[0]
+    return qkw.q, qkw.k, qkw.weights
+
+
 FAMILIES: dict[str, ZooFamily] = {f.name: f for f in (
     ZooFamily("misaligned_runs", "structured topics in runs of 5 queries (anchor groups span ~4 topics)",
               dict(query_run=5, topic_run=48, topics=8, positive_heads=3),
@@ -178,6 +225,8 @@ FAMILIES: dict[str, ZooFamily] = {f.name: f for f in (
               dict(hidden_size=1024, q_lora_rank=512), _random_indexer),
     ZooFamily("mixture", "per run of 3 queries: a topic, the positional latent, or random heads",
               dict(query_run=3, topics=8, corr_length=256, mix=(0.45, 0.45, 0.10)), _mixture),
+    ZooFamily("trained", "the trained DSA measuring model's indexer on held-out text (one layer)",
+              dict(layer=2), _trained),
 )}
 
 
