@@ -294,7 +294,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="results JSON (the markdown table is written beside it, .md)")
     ap.add_argument("--smoke", action="store_true", help="CPU run at interpreter sizes (set TRITON_INTERPRET=1)")
-    ap.add_argument("--families", nargs="+", default=[CONTROL, *(f for f in FAMILIES if f != "trained")],
+    ap.add_argument("--families", nargs="*", default=[CONTROL, *(f for f in FAMILIES if f != "trained")],
                     help="families to run; trained/L<n> is layer n of the trained measuring model")
     ap.add_argument("--trained-layers", nargs="+", type=int, default=[],
                     help="add trained/L<n> for these layers (sizes: --S, --T at most the held-out tokens)")
@@ -308,6 +308,8 @@ def main(argv=None):
     sizes.update({name: values for name, values in (("S", args.S), ("T", args.T)) if values})
     if args.cal_T:
         sizes["cal_T"] = args.cal_T
+    if args.T:
+        sizes["design_length"] = max(args.T)  # plans serve the longest key count of the run
     args.families = [*args.families, *(f"trained/L{n}" for n in args.trained_layers)]
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:  # the plan's evidence thresholds, lowered to the smoke sizes so that plans can certify

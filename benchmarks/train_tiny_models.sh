@@ -24,16 +24,20 @@ case "${1:?part 1 or 2}" in
   2)
     R="$OUT/results"; mkdir -p "$R"
     python3 benchmarks/train_tiny_dsa.py --stage dense --model llama --init ckpt/llama --out ckpt/llama-final \
-      --budget-s 60 150 > "$R/llama_dense_more.log" 2>&1 &
+      --budget-s 60 140 > "$R/llama_dense_more.log" 2>&1 &
     LLAMA=$!
     python3 benchmarks/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \
-      --budget-s 120 150 2>&1 | tee "$R/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
+      --budget-s 110 140 2>&1 | tee "$R/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
     wait $LLAMA
-    python3 benchmarks/pulsar_accuracy.py --model ckpt/llama-final --out "$R/pulsar_accuracy_h200.json" --budget-s 170 \
+    python3 benchmarks/pulsar_accuracy.py --model ckpt/llama-final --out "$R/pulsar_accuracy_h200.json" --budget-s 120 \
       > "$R/pulsar_accuracy.log" 2>&1 &
-    timeout 220 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama-final --out "$R/tiny_models_h200.json" \
-      2>&1 | grep -v "Loading weights" | tee "$R/tiny_eval.log"
+    timeout 170 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama-final --out "$R/tiny_models_h200.json" \
+      --trials 60 --sparse-trials 24 --mass-windows 1 2>&1 | grep -v "Loading weights" | tee "$R/tiny_eval.log"
     wait
+    rm -rf benchmarks/models/tiny-dsa && cp -r ckpt/dsa benchmarks/models/tiny-dsa
+    PYTHONPATH=. timeout 150 python3 benchmarks/indexer_zoo.py --out "$R/indexer_zoo_trained_h200.json" --families \
+      --trained-layers 0 2 4 --S 4096 --T 16384 32768 65536 --cal-T 32768 --budget-s 75 2>&1 | grep -v "Loading weights" \
+      | tail -30
     tar cf "$OUT/results.tar" -C "$OUT" results
     tar cf - ckpt/dsa ckpt/llama-final | split -b 15M - "$OUT/ckpt.tar."
     ;;
