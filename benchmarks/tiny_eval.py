@@ -151,7 +151,7 @@ def attention_mass(models: Models, tokens: np.ndarray, args) -> list[dict]:
                 qkw = indexer_qkw(cap.attention.indexer, cap.x, cap.q_resid, cap.cos, cap.sin)
                 for start in range(0, length, args.mass_chunk):
                     rows_ = slice(start, min(start + args.mass_chunk, length))
-                    logits = torch.matmul(cap.query[:, :, rows_], cap.key.transpose(-1, -2)).float() * cap.scaling
+                    logits = torch.matmul(cap.query[:, :, rows_].float(), cap.key.float().transpose(-1, -2)) * cap.scaling
                     pos = torch.arange(rows_.start, rows_.stop, device=logits.device)
                     future = torch.arange(length, device=logits.device)[None, :] > pos[:, None]
                     p = torch.softmax(logits.masked_fill(future, float("-inf")), -1).mean(1)[0]  # [c, T]

@@ -124,7 +124,7 @@ def main_attention_probs(cap: LayerCapture, rows: slice, select: torch.Tensor | 
     (``select`` None) or over the selected keys [B,c,K]; and the visible mask of the same shape."""
     with torch.no_grad():
         q, k = cap.query[:, :, rows], cap.key
-        logits = torch.matmul(q, k.transpose(-1, -2)).float() * cap.scaling
+        logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * cap.scaling
         T = k.shape[2]
         pos = torch.arange(rows.start, rows.stop, device=q.device)
         causal = torch.arange(T, device=q.device)[None, :] <= pos[:, None]
@@ -158,7 +158,7 @@ def indexer_kl_backward(captures: list[LayerCapture], selects: list[torch.Tensor
             rows = slice(start, min(start + chunk, S))
             select = None if selects is None else selects[layer]
             p, visible = main_attention_probs(cap, rows, select)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cap.x.is_cuda):
+            with torch.autocast(cap.x.device.type, dtype=torch.bfloat16):
                 qkw = indexer_qkw(cap.attention.indexer, cap.x.detach(), cap.q_resid.detach(), cap.cos, cap.sin, rows)
                 if select is None:
                     scores = causal_index_scores(qkw, None, torch.bfloat16)
@@ -205,7 +205,7 @@ class Trainer:
         return dsa_forward(self.model, ids)
 
     def step(self, phase: Phase, ids: torch.Tensor, answers: torch.Tensor) -> dict:
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16)
         chunk = max(1, min(phase.length, self.args.kl_chunk))
         if phase.kind == "lm":
             with autocast:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Train the measuring models on one GPU in two calls of about 9 minutes, results under $OUT.
+# Train the measuring models on one GPU in three calls of at most 9 minutes, results under $OUT.
 #   part 1: dense pretraining of the DSA model and of the Llama model, side by side;
-#   part 2 (ckpt/ from part 1 present): the DSA model's indexer warm-up and sparse stage beside more
-#           dense training of the Llama model (both phases again, from its part-1 checkpoint), then
-#           the evidence (benchmarks/tiny_eval.py) and Pulsar's accuracy (benchmarks/pulsar_accuracy.py).
+#   part 2 (ckpt/llama from part 1): more dense training of the Llama model (both phases again),
+#           then Pulsar's accuracy with it (benchmarks/pulsar_accuracy.py);
+#   part 3 (ckpt/dsa-dense from part 1, ckpt/llama-final from part 2): the DSA model's indexer
+#           warm-up and sparse stage, the evidence (benchmarks/tiny_eval.py), the trained zoo cells.
 # Checkpoints go to ckpt/ and come back as ckpt.tar.* (15 MB pieces: cat ckpt.tar.* | tar x).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,21 +25,23 @@ case "${1:?part 1 or 2}" in
   2)
     R="$OUT/results"; mkdir -p "$R"
     python3 benchmarks/train_tiny_dsa.py --stage dense --model llama --init ckpt/llama --out ckpt/llama-final \
-      --budget-s 60 140 > "$R/llama_dense_more.log" 2>&1 &
-    LLAMA=$!
-    python3 benchmarks/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \
-      --budget-s 110 140 2>&1 | tee "$R/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
-    wait $LLAMA
+      --budget-s 60 140 > "$R/llama_dense_more.log" 2>&1
     python3 benchmarks/pulsar_accuracy.py --model ckpt/llama-final --out "$R/pulsar_accuracy_h200.json" --budget-s 120 \
-      > "$R/pulsar_accuracy.log" 2>&1 &
-    timeout 170 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama-final --out "$R/tiny_models_h200.json" \
-      --trials 60 --sparse-trials 24 --mass-windows 1 2>&1 | grep -v "Loading weights" | tee "$R/tiny_eval.log"
-    wait
-    rm -rf benchmarks/models/tiny-dsa && cp -r ckpt/dsa benchmarks/models/tiny-dsa
-    PYTHONPATH=. timeout 150 python3 benchmarks/indexer_zoo.py --out "$R/indexer_zoo_trained_h200.json" --families \
-      --trained-layers 0 2 4 --S 4096 --T 16384 32768 65536 --cal-T 32768 --budget-s 75 2>&1 | grep -v "Loading weights" \
-      | tail -30
+      > "$R/pulsar_accuracy.log" 2>&1
     tar cf "$OUT/results.tar" -C "$OUT" results
-    tar cf - ckpt/dsa ckpt/llama-final | split -b 15M - "$OUT/ckpt.tar."
+    tar cf - ckpt/llama-final | split -b 15M - "$OUT/ckpt.tar."
+    ;;
+  3)
+    R="$OUT/results"; mkdir -p "$R"
+    python3 benchmarks/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \
+      --budget-s 90 120 2>&1 | tee "$R/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
+    timeout 170 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama-final --out "$R/tiny_models_h200.json" \
+      --trials 60 --sparse-trials 20 --mass-windows 1 2>&1 | grep -v "Loading weights" | tee "$R/tiny_eval.log"
+    rm -rf benchmarks/models/tiny-dsa && cp -r ckpt/dsa benchmarks/models/tiny-dsa
+    PYTHONPATH=. timeout 140 python3 benchmarks/indexer_zoo.py --out "$R/indexer_zoo_trained_h200.json" --families \
+      --trained-layers 0 2 4 --S 4096 --T 16384 32768 65536 --cal-T 32768 --budget-s 80 2>&1 | grep -v "Loading weights" \
+      | tail -25
+    tar cf "$OUT/results.tar" -C "$OUT" results
+    tar cf - ckpt/dsa | split -b 15M - "$OUT/ckpt.tar."
     ;;
 esac
