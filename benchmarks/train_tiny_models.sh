@@ -3,7 +3,7 @@
 #   part 1: dense pretraining of the DSA model and of the Llama model, side by side;
 #   part 2 (ckpt/llama from part 1): more dense training of the Llama model (both phases again),
 #           then Pulsar's accuracy with it (benchmarks/pulsar_accuracy.py);
-#   part 3 (ckpt/dsa-dense from part 1, ckpt/llama-final from part 2): the DSA model's indexer
+#   part 3 (ckpt/dsa-dense from part 1; the Llama model of part 2 saved as benchmarks/models/tiny-llama): the DSA indexer
 #           warm-up and sparse stage, the evidence (benchmarks/tiny_eval.py), the trained zoo cells.
 # Checkpoints go to ckpt/ and come back as ckpt.tar.* (15 MB pieces: cat ckpt.tar.* | tar x).
 set -uo pipefail
@@ -35,7 +35,7 @@ case "${1:?part 1 or 2}" in
     R="$OUT/results"; mkdir -p "$R"
     python3 benchmarks/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \
       --budget-s 70 100 2>&1 | tee "$R/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
-    timeout 125 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama-final --out "$R/tiny_models_h200.json" \
+    timeout 125 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama benchmarks/models/tiny-llama --out "$R/tiny_models_h200.json" \
       --trials 40 --sparse-trials 12 --mass-windows 1 2>&1 | grep -v "Loading weights" | tee "$R/tiny_eval.log"
     rm -rf benchmarks/models/tiny-dsa && cp -r ckpt/dsa benchmarks/models/tiny-dsa
     PYTHONPATH=. timeout 95 python3 benchmarks/indexer_zoo.py --out "$R/indexer_zoo_trained_h200.json" --families \
