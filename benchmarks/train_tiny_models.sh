@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tiny_out}
 mkdir -p "$OUT" ckpt
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/pip.log" 2>&1
+python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
 case "${1:?part 1 or 2}" in
   1)
     timeout 200 python3 benchmarks/first_call_probe.py 40 > "$OUT/first_call_probe.log" 2>&1 &
@@ -35,13 +35,13 @@ case "${1:?part 1 or 2}" in
     R="$OUT/results"; mkdir -p "$R"
     python3 benchmarks/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \
       --budget-s 70 100 2>&1 | tee "$R/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
-    timeout 125 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama benchmarks/models/tiny-llama --out "$R/tiny_models_h200.json" \
-      --trials 40 --sparse-trials 12 --mass-windows 1 2>&1 | grep -v "Loading weights" | tee "$R/tiny_eval.log"
+    tar cf - ckpt/dsa | split -b 15M - "$OUT/ckpt.tar."
+    timeout 125 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama benchmarks/models/tiny-llama \
+      --out "$R/tiny_models_h200.json" --trials 40 --sparse-trials 12 --mass-windows 1 2>&1 | grep -v "Loading weights" \
+      | tee "$R/tiny_eval.log"
     rm -rf benchmarks/models/tiny-dsa && cp -r ckpt/dsa benchmarks/models/tiny-dsa
     PYTHONPATH=. timeout 95 python3 benchmarks/indexer_zoo.py --out "$R/indexer_zoo_trained_h200.json" --families \
       --trained-layers 0 2 4 --S 4096 --T 32768 65536 --cal-T 32768 --budget-s 55 2>&1 | grep -v "Loading weights" \
       | tail -25
-    tar cf "$OUT/results.tar" -C "$OUT" results
-    tar cf - ckpt/dsa | split -b 15M - "$OUT/ckpt.tar."
     ;;
 esac
