@@ -80,17 +80,17 @@ def rank_share(q, k, w, mask, keys: slice, sizes: dict, warmup_hook, hook) -> tu
     shared bound after a warm-up call with ``warmup_hook``, which also takes the counters (pruned
     fraction; on CUDA the short and redone rows)."""
     device = torch.device(sizes["device"])
-    traces = []
-    kernel = shard_kernel(device)
-    if device.type == "cuda":
-        kernel = functools.partial(kernel, trace=traces)
+    traces = [] if device.type == "cuda" else None  # the Triton kernel's CertifiedTrace
     stats = TopkStats()
 
-    def run(shared_bound, stats=None):
+    def run(shared_bound, stats=None, traces=None):
+        kernel = shard_kernel(device)
+        if traces is not None:
+            kernel = functools.partial(kernel, trace=traces)
         return shard_candidates(q, k[:, keys], w, sizes["topk"], mask[..., keys], keys.start, kernel=kernel,
                                 config=sizes["config"], stats=stats, shared_bound=shared_bound)
 
-    run(warmup_hook, stats)
+    run(warmup_hook, stats, traces)
     ms = median_ms(lambda: run(hook), sizes["reps"], device)
     row = {"ms": round(ms, 3), "pruned": round(stats.pruned_frac, 4)}
     if traces:
