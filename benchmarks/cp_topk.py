@@ -10,12 +10,12 @@ Inputs: ``structured`` (``runtime.structured_indexer``: a trained indexer's geom
 S=16384 queries at the end of T=524288 keys under a causal chunk mask, H=64, D=128, topk=2048, q
 and k bf16. The keys are sharded contiguously over R in {2, 4, 8} ranks. The ranks run one after
 another, each its share exactly as ``certified_topk_cp`` runs it (``shard_candidates``: the
-shard's certified top-K on the device's kernel, ``compiler.certified_topk_cp.shard_kernel``,
-with the structured plan's config ``PLAN``, then the order codes it sends), twice: with its own
-thresholds, and with the shared bound (the max over the ranks of their seed thresholds, recorded
-by the first run's warm-up call: what the all-reduce returns). Then the merge that every rank
-runs (``merge_candidates``), and both merged results are checked against the one-GPU dense op
-(indices equal, values bitwise).
+shard's certified top-K on the device's kernel, ``compiler.certified_topk_cp.shard_kernel``, with
+the structured plan's config, ``dense_roofline.PLAN``, for both inputs; then the order codes it
+sends), twice: with its own thresholds, and with the shared bound (the max over the ranks of
+their seed thresholds, recorded by the first run's warm-up calls: what the all-reduce returns).
+Then the merge that every rank runs (``merge_candidates``), and both merged results are checked
+against the one-GPU dense op (indices equal, values bitwise).
 
 Reported per (input, R): ``one_gpu_ms`` (the one-GPU certified op) and ``dense_ms``; per rank
 the time of its share, the fraction of its screened (query, key) pairs it pruned (``TopkStats``;
@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.dense_roofline import PLAN, identical
 from benchmarks.timing import median_ms
 from compiler.certified_topk_cp import shard_kernel
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
@@ -47,8 +48,6 @@ from runtime.dense_scorer import dense_topk
 from runtime.indexer_zoo import zoo_inputs
 from runtime.structured_indexer import structured_indexer_inputs
 
-PLAN = CertifiedTopkConfig(r=1, path="certified")
-"""The structured geometry's per-layer plan (benchmarks/dense_roofline.py ``PLAN``), for both inputs."""
 FULL = dict(S=16384, T=524288, H=64, D=128, topk=2048, ranks=(2, 4, 8), reps=3, device="cuda", config=PLAN,
             random_params={})
 SMOKE = dict(S=16, T=256, H=4, D=8, topk=8, ranks=(2, 4), reps=1, device="cpu",
@@ -68,11 +67,6 @@ def make_inputs(name: str, sizes: dict):
                                 **sizes["random_params"])
     mask = torch.ones(S, T, dtype=torch.bool, device=device).tril(T - S)[None]
     return q, k, w.float(), mask
-
-
-def identical(got, want) -> bool:
-    """Indices equal, values bitwise."""
-    return bool(torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32)))
 
 
 def rank_share(q, k, w, mask, keys: slice, sizes: dict, warmup_hook, hook) -> tuple[dict, torch.Tensor]:
