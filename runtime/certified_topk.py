@@ -25,6 +25,15 @@ Exactness: every key outside seeds U C has score < tau. When at least kk keys of
 in seeds U C; THE ORDER restricted to a subset that contains them gives the same kk keys in the
 same order, and their values come from the same scorer, hence identical output.
 
+Shared bound (``shared_bound``, keys sharded over ranks: ``runtime.certified_topk_cp``): before the
+screen, the certified queries' seed thresholds (the seeds' kk-th scores; -inf for the other
+queries) go to ``shared_bound``, which returns b >= them such that, where b is finite, at least kk
+keys of the whole sharded key set score >= b. Step 3 then takes tau = max(b, theta). A query with
+fewer than kk keys of seeds U C scoring >= tau is a threshold miss only when theta > b; when tau = b
+its row is *short*: its keys scoring >= b (all in seeds U C) in THE ORDER, then padding (value
+-inf, index -1). Every key of the call scoring >= b is then listed, and the keys held elsewhere
+fill the global top-kk. Without the hook b is the seed threshold and no row is short.
+
 Workspace: a query whose survivors exceed ``floor(workspace_frac * T) + kk`` is "overflow": its
 survivors are discarded as a whole and the query is answered by dense scoring over ALL its
 visible keys, so no key is dropped: either every survivor is refined, or every visible key is.
@@ -32,6 +41,7 @@ visible keys, so no key is dropped: either every survivor is refined, or every v
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -56,6 +66,10 @@ FALLBACK_REASONS = ROUTED_REASONS + ("overflow", "threshold_miss")
 PATHS = ("dense", "certified")
 """What a call runs: dense scoring of every query, or the certified path (fallbacks per query)."""
 _SCREEN_ELEMENTS = 1 << 22  # bound on the per-chunk screening intermediates
+
+SharedBound = Callable[[torch.Tensor], torch.Tensor]
+"""The ``shared_bound`` hook: seed thresholds [B,S] float32 (finite or -inf) -> b [B,S] float32
+(module docstring, "Shared bound")."""
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:
@@ -244,11 +258,14 @@ def certified_topk(
     *,
     config: CertifiedTopkConfig | None = None,
     stats: TopkStats | None = None,
+    shared_bound: SharedBound | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-K of the DSA indexer scores, identical to ``dense_topk`` (module docstring).
 
     Inputs as in ``check_indexer_inputs``. Returns (values [B,S,kk] float32, indices [B,S,kk]
     int64), kk = min(topk, T). ``stats`` (optional) accumulates counters without host sync.
+    ``shared_bound`` (optional) is called at most once (not when no query is certified); with it,
+    rows may be short (module docstring, "Shared bound").
     """
     inputs = check_indexer_inputs(q, k, weights, topk, mask)
     if config is None:
@@ -272,14 +289,15 @@ def certified_topk(
     counts["queries"] = torch.tensor(B * S, device=inputs.q.device)
     counts["keys_visible"] = inputs.visible.sum()
     if bool(routes["certified"].any()):
-        counts.update(_certified_rows(inputs, config, routes["certified"], key_norm, values, indices))
+        counts.update(_certified_rows(inputs, config, routes["certified"], key_norm, values, indices,
+                                      shared_bound))
     if stats is not None:
         for name, count in counts.items():
             stats.add(name, count)
     return values, indices
 
 
-def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dict[str, torch.Tensor]:
+def _certified_rows(inputs, config, certified, key_norm, values, indices, shared_bound) -> dict[str, torch.Tensor]:
     """Answer the certified rows in place (steps 3-7); returns their counters."""
     B, S, T, H, D = inputs.shape
     kk = inputs.kk
@@ -296,8 +314,12 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dic
     seed_dots = head_dots(q, inputs.k[cb[:, None], seed_keys])
     seed_scores = _with_bias(inputs, weighted_relu_sum(w, seed_dots), cb, cs, seed_keys)
     seed_scores = torch.where(seed_valid, seed_scores, float("-inf"))
-    tau = torch.maximum(seed_scores.topk(kk, dim=-1).values[:, -1],
-                        _own_threshold(inputs, config, cb, cs, visible, q, w))
+    proven = seed_scores.topk(kk, dim=-1).values[:, -1]  # <= tau_K: b of the module docstring
+    if shared_bound is not None:
+        per_query = torch.full((B, S), float("-inf"), device=q.device)
+        per_query[cb, cs] = proven
+        proven = shared_bound(per_query)[cb, cs]
+    tau = torch.maximum(proven, _own_threshold(inputs, config, cb, cs, visible, q, w))
     active = ((seed_dots > 0) & seed_valid[:, None, :]).sum(-1).to(torch.float64)
     p = active / seed_valid.sum(-1, keepdim=True)
 
@@ -331,7 +353,8 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dic
     if not bool(ok.any()):
         return counts
 
-    # Refine, second sieve; a query with fewer than kk keys >= tau is answered densely.
+    # Refine, second sieve; a query with fewer than kk keys >= tau is answered densely unless
+    # tau is the shared bound (a short row).
     ob, os_, tau_ok = cb[ok], cs[ok], tau[ok]
     surv_idx, surv_valid = _compact(survive[ok])
     surv_keys = surv_idx.clamp_max(T - 1)
@@ -339,7 +362,7 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dic
     surv_scores = _with_bias(inputs, surv_scores, ob, os_, surv_keys)
     written = surv_valid & (surv_scores >= tau_ok[:, None])
     reached = written.sum(-1) + (seed_scores[ok] >= tau_ok[:, None]).sum(-1)
-    missed = reached < kk
+    missed = (reached < kk) & (tau_ok > proven[ok])
     miss_rows = torch.zeros_like(certified)
     miss_rows[ob[missed], os_[missed]] = True
     _dense_rows(inputs, miss_rows, values, indices)
@@ -349,7 +372,7 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dic
 
     # Final selection over seeds U C.
     hit = ~missed
-    ob, os_, tau_ok, ok = ob[hit], os_[hit], tau_ok[hit], ok.nonzero().flatten()[hit]
+    ob, os_, reached, ok = ob[hit], os_[hit], reached[hit], ok.nonzero().flatten()[hit]
     surv_idx, surv_keys, surv_scores, written = surv_idx[hit], surv_keys[hit], surv_scores[hit], written[hit]
     n_ok = ob.numel()
     cand_scores = torch.full((n_ok, T + 1), float("-inf"), device=q.device)
@@ -360,8 +383,9 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dic
     cand_idx, cand_valid = _compact(cand)
     cand_values = torch.where(cand_valid, cand_scores.gather(1, cand_idx), float("-inf"))
     top_values, top_pos = select_topk(cand_values, cand_valid, kk)
-    values[ob, os_] = top_values
-    indices[ob, os_] = cand_idx.gather(1, top_pos)
+    padding = torch.arange(kk, device=q.device) >= reached[:, None]  # short rows only
+    values[ob, os_] = torch.where(padding, float("-inf"), top_values)
+    indices[ob, os_] = torch.where(padding, -1, cand_idx.gather(1, top_pos))
     counts["written"] = written.sum()
     return counts
 

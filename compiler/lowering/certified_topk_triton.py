@@ -26,6 +26,10 @@ of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the device and 
 ``redo_dense``: dense scoring of the flagged rows and an exact selection
 (select_codes_triton), both gated on the device. Nothing is dropped: every flagged row is answered
 densely.
+Shared bound (``shared_bound``, as in runtime.certified_topk): the witness part of step 2 (finite,
+else -inf) goes to the hook, whose b replaces it; a row whose tau is a finite b and that wrote
+fewer than kk candidates is *short* instead of redone: its candidates in THE ORDER, then padding
+(value -inf, index -1).
 
 Host synchronisation: none; a call is capturable in a CUDA graph after one call outside the
 capture (which tunes the screen's launch config). The path (config.path, "dense" or "certified")
@@ -280,15 +284,17 @@ class CertifiedTrace:
     list_count: torch.Tensor   # [B,L] int32 screen survivors per scorer tile (> cap: overflow)
     cand_count: torch.Tensor   # [B,S] int32 keys with s >= tau written (> cap: dense redo)
     redo: torch.Tensor         # [B,S] bool rows recomputed densely
+    short: torch.Tensor        # [B,S] bool short rows (only with a shared bound)
     kk: int
     cap: int
     list_queries: int
     plan: ScreenPlan | None
 
 
-def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
-    """Anchors, seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, G).
-    ``screen_config``: the screen's LaunchConfig, None to let ``screen`` choose it."""
+def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None):
+    """Anchors, seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, G, b), b the
+    shared bound [B,S] (None without ``shared_bound``). ``screen_config``: the screen's
+    LaunchConfig, None to let ``screen`` choose it."""
     B, S, H, D = q.shape
     T = k.shape[1]
     dev = q.device
@@ -297,7 +303,12 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
     anchors = dense_codes_topk(q[:, ::A], w[:, ::A], k, None if mask is None else mask[:, ::A],
                                min(T, kk + kk // 4 + 1))
     seed_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
-    tau_val = _seed_threshold(q, w, k, mask, kk, config, seed_ids, A // G)
+    witness_tau, theta = _seed_thresholds(q, w, k, mask, kk, config, seed_ids, A // G)
+    shared = None
+    if shared_bound is not None:
+        shared = shared_bound(torch.where(torch.isfinite(witness_tau), witness_tau, float("-inf")))
+        witness_tau = shared
+    tau_val = torch.maximum(witness_tau, theta)
     p = activation_frequency(q, k, seed_ids, A, P_SAMPLE)
     r_max = min(H, DEFAULT_R_CAP if config.r is None else config.r)
     r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
@@ -309,14 +320,14 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
                              lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap,
                              config=screen_config)
-    return tau, ids, list_count, cap, plan, G
+    return tau, ids, list_count, cap, plan, G, shared
 
 
-def _seed_threshold(q, w, k, mask, kk, config, seed_ids, tiles_per_group):
-    """tau [B,S] fp32 before the validity checks: max(the kk-th best score over the anchor's
-    witnesses ``seed_ids`` [B,groups,W], theta), theta the own threshold of ``runtime.seeds``
-    over the group's strided sample (-inf when off or not finite). One scorer call scores both
-    key lists; the row choice between them is the max, on the device."""
+def _seed_thresholds(q, w, k, mask, kk, config, seed_ids, tiles_per_group):
+    """(witness_tau, theta) [B,S] fp32, whose max is tau before the validity checks: the kk-th
+    best score over the anchor's witnesses ``seed_ids`` [B,groups,W], and theta, the own threshold
+    of ``runtime.seeds`` over the group's strided sample (-inf when off or not finite). One scorer
+    call scores both key lists."""
     B, groups, n_seed = seed_ids.shape
     T = k.shape[1]
     M = sample_size(T, config.sample_keys)
@@ -328,11 +339,11 @@ def _seed_threshold(q, w, k, mask, kk, config, seed_ids, tiles_per_group):
     counts = torch.full((B, groups), n, dtype=torch.int32, device=q.device)
     codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group)
     tau, _ = decode_codes(kth_largest(codes[..., :n_seed], kk), T)
-    if M:
-        rank = sample_rank(kk, M, T, config.sample_sigmas)
-        theta, _ = decode_codes(kth_largest(codes[..., n_seed:], rank), T)
-        tau = torch.maximum(tau, torch.where(torch.isfinite(theta), theta, float("-inf")))
-    return tau
+    if not M:
+        return tau, torch.full_like(tau, float("-inf"))
+    rank = sample_rank(kk, M, T, config.sample_sigmas)
+    theta, _ = decode_codes(kth_largest(codes[..., n_seed:], rank), T)
+    return tau, torch.where(torch.isfinite(theta), theta, float("-inf"))
 
 
 def key_norms(k):
@@ -340,12 +351,14 @@ def key_norms(k):
     return round_up_to_float32(key_norm_up(k.float()))
 
 
-def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
+def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None):
     """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (module docstring).
-    ``screen_config``: the screen's LaunchConfig (None: autotuned, dsa_screen_triton.screen)."""
+    ``screen_config``: the screen's LaunchConfig (None: autotuned, dsa_screen_triton.screen).
+    ``shared_bound``: the hook of the module docstring (short rows are not redone)."""
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
-    tau, ids, list_count, cap, plan, G = _screen_stage(q, w, k, mask, kk, config, nk, screen_config)
+    tau, ids, list_count, cap, plan, G, shared = _screen_stage(q, w, k, mask, kk, config, nk, screen_config,
+                                                               shared_bound)
     cand_cap = min(cap, CANDIDATE_FACTOR * kk)
     cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
@@ -353,9 +366,13 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
                out_count=cand_count, splits=key_splits(B * ids.shape[1], cap))
     codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True).view(B, S, kk)
     # Every key with s >= tau was written (pruned keys have s < tau); with at least kk of them
-    # the row's top-kk is among them. Fewer: fewer than kk visible keys, or theta > the kk-th score.
-    redo = (cand_count > cand_cap) | (cand_count < kk)
-    return codes, CertifiedTrace(tau, list_count, cand_count, redo, kk, cap, G, plan)
+    # the row's top-kk is among them. Fewer: fewer than kk visible keys, or theta > the kk-th score,
+    # or (short rows) a shared bound above this call's kk-th score.
+    short = torch.zeros_like(cand_count, dtype=torch.bool)
+    if shared is not None:  # tau is the finite shared bound: kk keys held elsewhere reach it
+        short = (cand_count < kk) & (tau == shared) & torch.isfinite(tau)
+    redo = (cand_count > cand_cap) | ((cand_count < kk) & ~short)
+    return codes, CertifiedTrace(tau, list_count, cand_count, redo, short, kk, cap, G, plan)
 
 
 def redo_slots(B: int, S: int, T: int, H: int) -> int:
@@ -406,7 +423,7 @@ def _redo_row_lists(redo, slots):
 
 
 def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=None, trace=None,
-                        screen_config=None):
+                        screen_config=None, shared_bound=None):
     """Certified top-K on CUDA: (values [B,S,kk] fp32, indices [B,S,kk] int64).
 
     Same arguments and contract as runtime.certified_topk.certified_topk; output identical to
@@ -414,14 +431,16 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
     "certified" runs the pipeline, "dense" the dense path. ``trace``, a list, receives the
     CertifiedTrace of a certified call. ``screen_config``: the screen kernel's LaunchConfig (one
     of dsa_screen_triton.SCREEN_CONFIGS); None autotunes it on CUDA. Any config gives the same
-    output (only the screen is tuned; the scorer's config is fixed).
+    output (only the screen is tuned; the scorer's config is fixed). ``shared_bound``: as in
+    runtime.certified_topk (called at most once; rows may be short).
     """
     return checked_certified_topk_cuda(q, k, weights, checked_kk(q, k, weights, topk, mask), mask, config=config,
-                                       stats=stats, trace=trace, screen_config=screen_config)
+                                       stats=stats, trace=trace, screen_config=screen_config,
+                                       shared_bound=shared_bound)
 
 
 def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, config=None, stats=None, trace=None,
-                                screen_config=None):
+                                screen_config=None, shared_bound=None):
     """``certified_topk_cuda`` of a call already checked (``checked_kk``), given its ``kk``: the
     op's kernel, which checked the call itself."""
     config = CertifiedTopkConfig() if config is None else config
@@ -430,12 +449,16 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, config=None, st
     if config.path == "dense" or tf32_scores(q.dtype):
         _record(stats, q, T, None)
         return dense_values_topk(q, w, k, mask, kk)
-    codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config)
+    codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config, shared_bound)
     codes = redo_dense(codes, tr.redo, q, w, k, mask, kk)
     _record(stats, q, T, tr)
     if trace is not None:
         trace.append(tr)
-    return decode_codes(codes, T)
+    values, indices = decode_codes(codes, T)
+    if shared_bound is not None:  # a short row's missing codes decode as hidden key T - 1
+        padding = tr.short[..., None] & (torch.arange(kk, device=q.device) >= tr.cand_count[..., None])
+        indices = torch.where(padding, -1, indices)
+    return values, indices
 
 
 def _record(stats: TopkStats | None, q, T, tr):
@@ -463,5 +486,5 @@ def _record(stats: TopkStats | None, q, T, tr):
     stats.add("written", tr.cand_count.sum())
     cand_cap = min(tr.cap, CANDIDATE_FACTOR * tr.kk)
     stats.add("overflow", (tr.cand_count > cand_cap).sum())
-    stats.add("threshold_miss", (tr.cand_count < tr.kk).sum())
+    stats.add("threshold_miss", ((tr.cand_count < tr.kk) & ~tr.short).sum())
 
