@@ -1,0 +1,313 @@
+"""DSA sparse attention of MLA in its absorbed form, in Triton: every query's heads on the MMA's
+rows, its selected latent rows gathered in tiles.
+
+Contract: ``runtime.absorbed_attention.absorbed_sparse_attention`` (q ``[B, H, S, Dn+Dr]``,
+latent ``[B, T, Dc]``, rope_key ``[B, T, Dr]``, kv_b_weight ``[H·(Dn+Dv), Dc]``, indices
+``[B, S, K]``, mask None or bool broadcastable to ``[B, 1, S, T]``; o ``[B, H, S, Dv]`` in q's
+dtype). bf16, fp16 or fp32, one dtype.
+
+Why this form (FlashMLA's sparse prefill and decode). transformers expands the latent into per-head
+keys and values (192 + 128 dims per head at DeepSeek-V3.2), so a query's 2048 selected keys cost
+H·2048·320·2 bytes to read, once per head. Here a key is one latent row of Dc + Dr = 576 values
+shared by all heads: the query's nope part is moved into the latent space, q_lat = q_nope W_UK
+(Dc = 512), and one program takes BLOCK_H heads of one query as the rows of the matrix products:
+
+    S = q_lat · cᵀ + q_rope · krᵀ     [BLOCK_H, BLOCK_N]     (gathered c [BLOCK_N, Dc], kr [BLOCK_N, Dr])
+    o_lat += softmax-weights · c      [BLOCK_H, Dc]          (online softmax in base 2, fp32)
+
+then out = o_lat W_UVᵀ per head. 2·H·K·(Dc + Dr + Dc) FLOPs per query whatever the selection: the
+tile walks only the query's own K indices, so how the queries' selections overlap does not matter.
+The two weight products are torch matmuls around the kernel, on the weight the graph holds, at
+every call (nothing is cached). Queries are processed in chunks so that q_lat and o_lat
+(``[B, H, chunk, Dc]``) stay below ``CHUNK_ELEMENTS``.
+
+Masking: an index outside ``[0, T)``, a repeat (when ``distinct`` is False the indices are sorted
+per row first and a key equal to its predecessor is a repeat) and a key the mask hides get score
+-inf and their latent row is not loaded (0 in its place), so a value such a key holds (inf, NaN)
+never reaches the output. Rows without a visible key get o_lat = 0 or the mean latent row
+(``masked_rows="mean"``, the mean of v over all keys once multiplied by W_UV).
+
+Decode. When ``B·S·ceil(H/BLOCK_H)`` programs are too few to fill the GPU, each query's indices
+are split over several programs writing fp32 partials (o_lat, lse), merged by log-sum-exp in
+``_merge_splits_kernel``. No host synchronisation anywhere: a call can be captured in a CUDA
+graph.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from compiler.autotune import LaunchConfig, interpreter_active, multiprocessor_count
+from compiler.lowering.sparse_attention_triton import TARGET_PROGRAMS_PER_SM
+from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs, head_weights
+
+_LOG2_E = math.log2(math.e)
+_INTERPRETED = interpreter_active()
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+CHUNK_ELEMENTS = 1 << 28
+"""Most elements of q_lat (and of o_lat) held at once: B·H·chunk·Dc."""
+MAX_CHUNK = 32768
+"""Most queries per launch (the grid's second axis)."""
+
+CONFIGS = {
+    "h64_n64_w8_s2": LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_H=64, BLOCK_N=64),
+    "h64_n32_w8_s3": LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_H=64, BLOCK_N=32),
+    "h64_n64_w8_s1": LaunchConfig.of(num_warps=8, num_stages=1, BLOCK_H=64, BLOCK_N=64),
+    "h128_n32_w16_s2": LaunchConfig.of(num_warps=16, num_stages=2, BLOCK_H=128, BLOCK_N=32),
+}
+"""Launch configurations on a GPU, by name (heads per program, indices per tile, warps, stages).
+At Dc = 512 a program's fp32 accumulator is BLOCK_H·512·4 bytes (128 KB at 64 heads: 128
+registers a thread over 8 warps) and its shared memory holds q_lat (BLOCK_H·512·2 bytes) and
+``num_stages`` gathered tiles of BLOCK_N·576·2 bytes."""
+DEFAULT_CONFIG = "h64_n64_w8_s2"
+"""The configuration the op runs."""
+INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOCK_N=16)
+"""The configuration under the CPU interpreter (every name maps to it there)."""
+
+
+@triton.jit
+def _absorbed_attention_kernel(
+        qlat_ptr, qrope_ptr, lat_ptr, rope_ptr, idx_ptr, mask_ptr, mean_ptr, o_ptr, part_o_ptr, part_lse_ptr,
+        stride_qb, stride_qh, stride_qs, stride_qc,
+        stride_rb, stride_rh, stride_rs, stride_rd,
+        stride_lb, stride_lt, stride_lc,
+        stride_kb, stride_kt, stride_kd,
+        stride_ib, stride_is, stride_ik,
+        stride_mb, stride_ms, stride_mt,
+        stride_ob, stride_oh, stride_os, stride_oc,
+        heads, seq_q, seq_k, width, num_splits, split_len, qk_scale_log2,
+        lat_dim: tl.constexpr, rope_dim: tl.constexpr,
+        HAS_MASK: tl.constexpr, MEAN_ROWS: tl.constexpr, SPLIT: tl.constexpr, DEDUP: tl.constexpr,
+        UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    """One program: BLOCK_H heads of one query against its share of the query's indices."""
+    head_block = tl.program_id(0) // num_splits
+    split = tl.program_id(0) % num_splits
+    row = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs_h < heads
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < lat_dim
+    offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < rope_dim
+
+    q = tl.load(qlat_ptr + batch * stride_qb + offs_h[:, None] * stride_qh + row * stride_qs
+                + offs_c[None, :] * stride_qc, mask=h_ok[:, None] & c_ok[None, :], other=0.0)
+    qr = tl.load(qrope_ptr + batch * stride_rb + offs_h[:, None] * stride_rh + row * stride_rs
+                 + offs_r[None, :] * stride_rd, mask=h_ok[:, None] & r_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        qr = qr.to(tl.float32)
+    idx_row = idx_ptr + batch * stride_ib + row * stride_is
+    lat_rows = lat_ptr + batch * stride_lb
+    rope_rows = rope_ptr + batch * stride_kb
+    mask_row = mask_ptr + batch * stride_mb + row * stride_ms
+
+    acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    start = split * split_len
+    stop = tl.minimum(width, start + split_len)
+    for k0 in range(start, stop, BLOCK_N):
+        offs_n = k0 + tl.arange(0, BLOCK_N)
+        live = offs_n < stop
+        key = tl.load(idx_row + offs_n * stride_ik, mask=live, other=-1).to(tl.int64)
+        ok = live & (key >= 0) & (key < seq_k)
+        if DEDUP:  # indices sorted per row: a repeat equals its predecessor
+            prev = tl.load(idx_row + (offs_n - 1) * stride_ik, mask=live & (offs_n > 0), other=-1).to(tl.int64)
+            ok = ok & (key != prev)
+        key = tl.where(ok, key, 0)
+        if HAS_MASK:
+            seen = tl.load(mask_row + key * stride_mt, mask=ok, other=0)
+            ok = ok & (seen != 0)
+        c = tl.load(lat_rows + key[:, None] * stride_lt + offs_c[None, :] * stride_lc,
+                    mask=ok[:, None] & c_ok[None, :], other=0.0)
+        kr = tl.load(rope_rows + key[:, None] * stride_kt + offs_r[None, :] * stride_kd,
+                     mask=ok[:, None] & r_ok[None, :], other=0.0)
+        if UPCAST:
+            c = c.to(tl.float32)
+            kr = kr.to(tl.float32)
+        scores = tl.dot(q, tl.trans(c), input_precision=DOT_PRECISION)
+        scores += tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
+        scores = tl.where(ok[None, :], scores * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        # Rows that have seen no visible key yet keep m = -inf; shifting them by 0 keeps exp2 at 0.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_shift)
+        p = tl.exp2(scores - m_shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if SPLIT:
+        part = ((split * tl.num_programs(2) + batch) * heads + offs_h) * seq_q + row
+        tl.store(part_o_ptr + part[:, None] * BLOCK_C + offs_c[None, :], o, mask=h_ok[:, None])
+        tl.store(part_lse_ptr + part, tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i))),
+                 mask=h_ok)
+    else:
+        _write_latent_rows(o, empty, batch, row, offs_h, h_ok, offs_c, c_ok, mean_ptr, o_ptr,
+                           stride_ob, stride_oh, stride_os, stride_oc, lat_dim, MEAN_ROWS)
+
+
+@triton.jit
+def _write_latent_rows(o, empty, batch, row, offs_h, h_ok, offs_c, c_ok, mean_ptr, o_ptr,
+                       stride_ob, stride_oh, stride_os, stride_oc, lat_dim: tl.constexpr, MEAN_ROWS: tl.constexpr):
+    """Store o_lat of one query's heads; rows without a visible key take the mean latent row under MEAN_ROWS."""
+    if MEAN_ROWS:
+        mean = tl.load(mean_ptr + batch * lat_dim + offs_c, mask=c_ok, other=0.0)
+        o = tl.where(empty[:, None], mean[None, :], o)
+    tl.store(o_ptr + batch * stride_ob + offs_h[:, None] * stride_oh + row * stride_os + offs_c[None, :] * stride_oc,
+             o.to(o_ptr.dtype.element_ty), mask=h_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(part_o_ptr, part_lse_ptr, mean_ptr, o_ptr,
+                         stride_ob, stride_oh, stride_os, stride_oc,
+                         num_batch, heads, seq_q, num_splits, lat_dim: tl.constexpr,
+                         MEAN_ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One program: BLOCK_H heads of one query, merged over the splits by log-sum-exp (base 2)."""
+    row = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs_h < heads
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < lat_dim
+    top = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for split in range(0, num_splits):
+        part = ((split * num_batch + batch) * heads + offs_h) * seq_q + row
+        top = tl.maximum(top, tl.load(part_lse_ptr + part, mask=h_ok, other=float("-inf")))
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
+    for split in range(0, num_splits):
+        part = ((split * num_batch + batch) * heads + offs_h) * seq_q + row
+        weight = tl.exp2(tl.load(part_lse_ptr + part, mask=h_ok, other=float("-inf")) - shift)
+        # An empty split has weight exactly 0 and its o is 0: it adds nothing.
+        acc += weight[:, None] * tl.load(part_o_ptr + part[:, None] * BLOCK_C + offs_c[None, :],
+                                         mask=h_ok[:, None], other=0.0)
+        total += weight
+    empty = total == 0.0
+    o = acc / tl.where(empty, 1.0, total)[:, None]
+    _write_latent_rows(o, empty, batch, row, offs_h, h_ok, offs_c, c_ok, mean_ptr, o_ptr,
+                       stride_ob, stride_oh, stride_os, stride_oc, lat_dim, MEAN_ROWS)
+
+
+def launch_config(name: str) -> LaunchConfig:
+    """The configuration ``name`` of CONFIGS (INTERPRETER_CONFIG under the interpreter); ValueError
+    naming the known ones otherwise."""
+    if name not in CONFIGS:
+        raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {name!r}")
+    return INTERPRETER_CONFIG if _INTERPRETED else CONFIGS[name]
+
+
+def _num_splits(programs: int, width: int, block_n: int, device: torch.device) -> int:
+    """Splits of each query's indices so that the grid fills the GPU (1 when it already does)."""
+    if device.type != "cuda":
+        return 1
+    target = TARGET_PROGRAMS_PER_SM * multiprocessor_count(device)
+    return max(1, min(triton.cdiv(target, programs), triton.cdiv(width, block_n)))
+
+
+def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mask, mean, o_lat, scale: float, dedup: bool,
+                   config: LaunchConfig, splits: Optional[int]) -> None:
+    """o_lat ``[B, H, n, Dc]`` of n queries: the attention kernel (and the merge when split)."""
+    b, heads, n, lat_dim = q_lat.shape
+    seq_k, rope_dim, width = latent.shape[1], rope_key.shape[2], indices.shape[2]
+    meta = dict(config.meta)
+    block_h = min(meta["BLOCK_H"], max(16, triton.next_power_of_2(heads)))
+    block_n = meta["BLOCK_N"]
+    block_c = max(16, triton.next_power_of_2(lat_dim))
+    head_blocks = triton.cdiv(heads, block_h)
+    n_split = splits if splits is not None else _num_splits(head_blocks * n * b, width, block_n, q_lat.device)
+    split_len = triton.cdiv(triton.cdiv(width, n_split), block_n) * block_n
+    n_split = triton.cdiv(width, split_len)
+    if n_split > 1:
+        part_o = torch.empty((n_split, b, heads, n, block_c), dtype=torch.float32, device=q_lat.device)
+        part_lse = torch.empty((n_split, b, heads, n), dtype=torch.float32, device=q_lat.device)
+    else:
+        part_o = part_lse = o_lat
+    if mask is None:
+        mask_arg, mask_strides = indices, (0, 0, 0)
+    else:
+        expanded = mask.expand(b, 1, n, seq_k)
+        mask_arg, mask_strides = expanded, (expanded.stride(0), expanded.stride(2), expanded.stride(3))
+    common = dict(lat_dim=lat_dim, MEAN_ROWS=mean is not None, BLOCK_H=block_h, BLOCK_C=block_c)
+    mean_arg = mean if mean is not None else o_lat
+    _absorbed_attention_kernel[(head_blocks * n_split, n, b)](
+        q_lat, q_rope, latent, rope_key, indices, mask_arg, mean_arg, o_lat, part_o, part_lse,
+        *q_lat.stride(), *q_rope.stride(), *latent.stride(), *rope_key.stride(), *indices.stride(), *mask_strides,
+        *o_lat.stride(), heads, n, seq_k, width, n_split, split_len, scale * _LOG2_E,
+        rope_dim=rope_dim, HAS_MASK=mask is not None, SPLIT=n_split > 1, DEDUP=dedup, UPCAST=_INTERPRETED,
+        DOT_PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", BLOCK_N=block_n,
+        BLOCK_R=max(16, triton.next_power_of_2(rope_dim)), num_warps=config.num_warps,
+        num_stages=config.num_stages, **common)
+    if n_split > 1:
+        _merge_splits_kernel[(head_blocks, n, b)](
+            part_o, part_lse, mean_arg, o_lat, *o_lat.stride(), b, heads, n, n_split,
+            num_warps=4, **common)
+
+
+def _check_kernel_inputs(q: torch.Tensor, latent: torch.Tensor) -> None:
+    """Raise TypeError/ValueError for inputs the kernels cannot take (dtype, length, grid)."""
+    if q.dtype not in _KERNEL_DTYPES:
+        raise TypeError(f"q must be bfloat16, float16 or float32, got {q.dtype}")
+    if latent.shape[1] >= 2 ** 31 or q.shape[2] >= 2 ** 31:
+        raise ValueError(f"q and latent must have fewer than 2^31 tokens, got {q.shape[2]} and {latent.shape[1]}")
+    if q.shape[0] > 65535:
+        raise ValueError(f"q must have a batch of at most 65535 (a grid axis), got {q.shape[0]}")
+
+
+def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
+                                     kv_b_weight: torch.Tensor, indices: torch.Tensor,
+                                     mask: Optional[torch.Tensor] = None, *, scale: float, masked_rows: str = "zero",
+                                     distinct: bool = False, config: str = DEFAULT_CONFIG,
+                                     splits: Optional[int] = None) -> torch.Tensor:
+    """Sparse attention o ``[B, H, S, Dv]`` in the absorbed form (contract in the module doc).
+
+    ``distinct``: the caller guarantees that no row repeats an in-range index (indices from a
+    top-K), so the per-row sort that removes repeats is skipped; with repeats the result would
+    count a repeated key more than once. ``config`` names a CONFIGS entry; ``splits`` forces the
+    number of programs each query's indices are split over (default: enough to fill the GPU).
+    Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``. Raises
+    TypeError/ValueError naming the argument for a bad shape, dtype, device or scalar.
+    """
+    check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
+    _check_kernel_inputs(q, latent)
+    if not isinstance(distinct, bool):
+        raise TypeError(f"distinct must be a bool, got {type(distinct).__name__}")
+    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
+        raise ValueError(f"splits must be None or an int >= 1, got {splits!r}")
+    launch = launch_config(config)
+    b, heads, s, _ = q.shape
+    t_len, lat_dim = latent.shape[1], latent.shape[2]
+    nope_dim, _, v_dim = absorbed_dims(q, rope_key, kv_b_weight)
+    w_uk, w_uv = head_weights(kv_b_weight, heads, nope_dim)
+    out = torch.empty((b, heads, s, v_dim), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    mean = latent.float().mean(dim=1).contiguous() if masked_rows == "mean" and t_len else None
+    if t_len == 0 or indices.shape[2] == 0:
+        o_lat = mean[:, None, None, :].expand(b, heads, s, lat_dim) if mean is not None else \
+            q.new_zeros((b, heads, s, lat_dim), dtype=torch.float32)
+        return torch.matmul(o_lat, w_uv.float().transpose(1, 2)).to(q.dtype)
+    if not distinct:
+        indices = torch.sort(indices, dim=-1).values
+    chunk = max(1, min(MAX_CHUNK, CHUNK_ELEMENTS // (b * heads * lat_dim)))
+    w_uv_t = w_uv.transpose(1, 2)
+    for start in range(0, s, chunk):
+        stop = min(start + chunk, s)
+        q_lat = torch.matmul(q[:, :, start:stop, :nope_dim], w_uk)
+        o_lat = torch.empty_like(q_lat)
+        rows_mask = mask if mask is None or mask.shape[2] == 1 else mask[:, :, start:stop]
+        _attend_latent(q_lat, q[:, :, start:stop, nope_dim:], latent, rope_key, indices[:, start:stop], rows_mask,
+                       mean, o_lat, float(scale), not distinct, launch, splits)
+        out[:, :, start:stop] = torch.matmul(o_lat, w_uv_t)
+    return out
