@@ -116,4 +116,4 @@ def absorbed_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: t
         mean = latent.float().mean(dim=1)[:, None, None, :]  # W_UV[h] is linear: mean of v = W_UV[h] mean(c)
         o_lat = torch.where((lse == float("-inf")).unsqueeze(-1), mean, o_lat)
     out = torch.einsum("bhsc,hvc->bhsv", o_lat, w_uv)
-    return out.to(q.dtype), lse
+    return out.to(q.dtype).contiguous(), lse

@@ -17,14 +17,16 @@ shared by all heads: the query's nope part is moved into the latent space, q_lat
 
 then out = o_lat W_UVᵀ per head. 2·H·K·(Dc + Dr + Dc) FLOPs per query whatever the selection: the
 tile walks only the query's own K indices, so how the queries' selections overlap does not matter.
-The two weight products are torch matmuls around the kernel, on the weight the graph holds, at
-every call (nothing is cached). Queries are processed in chunks so that q_lat and o_lat
-(``[B, H, chunk, Dc]``) stay below ``CHUNK_ELEMENTS``.
+The two weight products are batched matmuls over the heads around the kernel (q_lat and o_lat are
+kept head-major, ``[H, B, chunk, Dc]``), on the weight the graph holds, at every call (nothing is
+cached). Queries are processed in chunks so that q_lat and o_lat stay below ``CHUNK_ELEMENTS``.
 
-Masking: an index outside ``[0, T)``, a repeat (when ``distinct`` is False the indices are sorted
-per row first and a key equal to its predecessor is a repeat) and a key the mask hides get score
--inf and their latent row is not loaded (0 in its place), so a value such a key holds (inf, NaN)
-never reaches the output. Rows without a visible key get o_lat = 0 or the mean latent row
+Masking: an index outside ``[0, T)``, a repeat and a key the mask hides get score -inf and their
+latent row is not loaded (0 in its place), so a value such a key holds (inf, NaN) never reaches the
+output. Where there is a mask or repeats may occur (``distinct`` False: the indices are sorted per
+row first and a key equal to its predecessor is a repeat), ``_visible_indices_kernel`` first
+writes each row's index list with -1 for every such key, so that the attention loop gathers
+through one level of indirection. Rows without a visible key get o_lat = 0 or the mean latent row
 (``masked_rows="mean"``, the mean of v over all keys once multiplied by W_UV).
 
 Decode. When ``B·S·ceil(H/BLOCK_H)`` programs are too few to fill the GPU, each query's indices
@@ -57,13 +59,14 @@ MAX_CHUNK = 32768
 CONFIGS = {
     "h64_n64_w8_s2": LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_H=64, BLOCK_N=64),
     "h64_n32_w8_s3": LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_H=64, BLOCK_N=32),
-    "h64_n64_w8_s1": LaunchConfig.of(num_warps=8, num_stages=1, BLOCK_H=64, BLOCK_N=64),
+    "h32_n32_w8_s4": LaunchConfig.of(num_warps=8, num_stages=4, BLOCK_H=32, BLOCK_N=32),
     "h128_n32_w16_s2": LaunchConfig.of(num_warps=16, num_stages=2, BLOCK_H=128, BLOCK_N=32),
 }
 """Launch configurations on a GPU, by name (heads per program, indices per tile, warps, stages).
 At Dc = 512 a program's fp32 accumulator is BLOCK_H·512·4 bytes (128 KB at 64 heads: 128
-registers a thread over 8 warps) and its shared memory holds q_lat (BLOCK_H·512·2 bytes) and
-``num_stages`` gathered tiles of BLOCK_N·576·2 bytes."""
+registers a thread over 8 warps; 64 at 32 heads) and its shared memory holds q_lat
+(BLOCK_H·512·2 bytes) and ``num_stages`` gathered tiles of BLOCK_N·576·2 bytes. 64 and 128 heads
+fill Hopper's 64-row warpgroup products; 32 heads take the older MMA with half the registers."""
 DEFAULT_CONFIG = "h64_n64_w8_s2"
 """The configuration the op runs."""
 INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOCK_N=16)
@@ -71,21 +74,44 @@ INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOC
 
 
 @triton.jit
+def _visible_indices_kernel(idx_ptr, mask_ptr, out_ptr,
+                            stride_ib, stride_is, stride_ik, stride_mb, stride_ms, stride_mt,
+                            seq_k, width, HAS_MASK: tl.constexpr, DEDUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program: BLOCK_K indices of one query row -> the index where its key counts, else -1
+    (out of range, a repeat of its predecessor in a sorted row under DEDUP, hidden by the mask)."""
+    row = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    offs = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    live = offs < width
+    idx_row = idx_ptr + batch * stride_ib + row * stride_is
+    key = tl.load(idx_row + offs * stride_ik, mask=live, other=-1).to(tl.int64)
+    ok = live & (key >= 0) & (key < seq_k)
+    if DEDUP:
+        prev = tl.load(idx_row + (offs - 1) * stride_ik, mask=live & (offs > 0), other=-1).to(tl.int64)
+        ok = ok & (key != prev)
+    if HAS_MASK:
+        seen = tl.load(mask_ptr + batch * stride_mb + row * stride_ms + tl.where(ok, key, 0) * stride_mt,
+                       mask=ok, other=0)
+        ok = ok & (seen != 0)
+    tl.store(out_ptr + (batch * tl.num_programs(1) + row) * width + offs, tl.where(ok, key, -1).to(tl.int32),
+             mask=live)
+
+
+@triton.jit
 def _absorbed_attention_kernel(
-        qlat_ptr, qrope_ptr, lat_ptr, rope_ptr, idx_ptr, mask_ptr, mean_ptr, o_ptr, part_o_ptr, part_lse_ptr,
+        qlat_ptr, qrope_ptr, lat_ptr, rope_ptr, idx_ptr, mean_ptr, o_ptr, part_o_ptr, part_lse_ptr,
         stride_qb, stride_qh, stride_qs, stride_qc,
         stride_rb, stride_rh, stride_rs, stride_rd,
         stride_lb, stride_lt, stride_lc,
         stride_kb, stride_kt, stride_kd,
         stride_ib, stride_is, stride_ik,
-        stride_mb, stride_ms, stride_mt,
         stride_ob, stride_oh, stride_os, stride_oc,
         heads, seq_q, seq_k, width, num_splits, split_len, qk_scale_log2,
         lat_dim: tl.constexpr, rope_dim: tl.constexpr,
-        HAS_MASK: tl.constexpr, MEAN_ROWS: tl.constexpr, SPLIT: tl.constexpr, DEDUP: tl.constexpr,
-        UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        MEAN_ROWS: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
-    """One program: BLOCK_H heads of one query against its share of the query's indices."""
+    """One program: BLOCK_H heads of one query against its share of the query's indices (an index
+    counts when it lies in [0, T): the index list is the visible one where a mask or repeats apply)."""
     head_block = tl.program_id(0) // num_splits
     split = tl.program_id(0) % num_splits
     row = tl.program_id(1).to(tl.int64)
@@ -107,7 +133,6 @@ def _absorbed_attention_kernel(
     idx_row = idx_ptr + batch * stride_ib + row * stride_is
     lat_rows = lat_ptr + batch * stride_lb
     rope_rows = rope_ptr + batch * stride_kb
-    mask_row = mask_ptr + batch * stride_mb + row * stride_ms
 
     acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
@@ -116,16 +141,9 @@ def _absorbed_attention_kernel(
     stop = tl.minimum(width, start + split_len)
     for k0 in range(start, stop, BLOCK_N):
         offs_n = k0 + tl.arange(0, BLOCK_N)
-        live = offs_n < stop
-        key = tl.load(idx_row + offs_n * stride_ik, mask=live, other=-1).to(tl.int64)
-        ok = live & (key >= 0) & (key < seq_k)
-        if DEDUP:  # indices sorted per row: a repeat equals its predecessor
-            prev = tl.load(idx_row + (offs_n - 1) * stride_ik, mask=live & (offs_n > 0), other=-1).to(tl.int64)
-            ok = ok & (key != prev)
+        key = tl.load(idx_row + offs_n * stride_ik, mask=offs_n < stop, other=-1).to(tl.int64)
+        ok = (key >= 0) & (key < seq_k)
         key = tl.where(ok, key, 0)
-        if HAS_MASK:
-            seen = tl.load(mask_row + key * stride_mt, mask=ok, other=0)
-            ok = ok & (seen != 0)
         c = tl.load(lat_rows + key[:, None] * stride_lt + offs_c[None, :] * stride_lc,
                     mask=ok[:, None] & c_ok[None, :], other=0.0)
         kr = tl.load(rope_rows + key[:, None] * stride_kt + offs_r[None, :] * stride_kd,
@@ -216,8 +234,24 @@ def _num_splits(programs: int, width: int, block_n: int, device: torch.device) -
     return max(1, min(triton.cdiv(target, programs), triton.cdiv(width, block_n)))
 
 
-def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mask, mean, o_lat, scale: float, dedup: bool,
-                   config: LaunchConfig, splits: Optional[int]) -> None:
+def _visible_indices(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k: int, dedup: bool) -> torch.Tensor:
+    """``[B, n, K]`` int32: each index where its key counts, else -1 (``_visible_indices_kernel``)."""
+    b, n, width = indices.shape
+    out = torch.empty((b, n, width), dtype=torch.int32, device=indices.device)
+    if mask is None:
+        mask_arg, mask_strides = indices, (0, 0, 0)
+    else:
+        expanded = mask.expand(b, 1, n, seq_k)
+        mask_arg, mask_strides = expanded, (expanded.stride(0), expanded.stride(2), expanded.stride(3))
+    block_k = max(16, min(1024, triton.next_power_of_2(width)))
+    _visible_indices_kernel[(triton.cdiv(width, block_k), n, b)](
+        indices, mask_arg, out, *indices.stride(), *mask_strides, seq_k, width,
+        HAS_MASK=mask is not None, DEDUP=dedup, BLOCK_K=block_k, num_warps=4)
+    return out
+
+
+def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, config: LaunchConfig,
+                   splits: Optional[int]) -> None:
     """o_lat ``[B, H, n, Dc]`` of n queries: the attention kernel (and the merge when split)."""
     b, heads, n, lat_dim = q_lat.shape
     seq_k, rope_dim, width = latent.shape[1], rope_key.shape[2], indices.shape[2]
@@ -234,18 +268,13 @@ def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mask, mean, o_lat, 
         part_lse = torch.empty((n_split, b, heads, n), dtype=torch.float32, device=q_lat.device)
     else:
         part_o = part_lse = o_lat
-    if mask is None:
-        mask_arg, mask_strides = indices, (0, 0, 0)
-    else:
-        expanded = mask.expand(b, 1, n, seq_k)
-        mask_arg, mask_strides = expanded, (expanded.stride(0), expanded.stride(2), expanded.stride(3))
     common = dict(lat_dim=lat_dim, MEAN_ROWS=mean is not None, BLOCK_H=block_h, BLOCK_C=block_c)
     mean_arg = mean if mean is not None else o_lat
     _absorbed_attention_kernel[(head_blocks * n_split, n, b)](
-        q_lat, q_rope, latent, rope_key, indices, mask_arg, mean_arg, o_lat, part_o, part_lse,
-        *q_lat.stride(), *q_rope.stride(), *latent.stride(), *rope_key.stride(), *indices.stride(), *mask_strides,
+        q_lat, q_rope, latent, rope_key, indices, mean_arg, o_lat, part_o, part_lse,
+        *q_lat.stride(), *q_rope.stride(), *latent.stride(), *rope_key.stride(), *indices.stride(),
         *o_lat.stride(), heads, n, seq_k, width, n_split, split_len, scale * _LOG2_E,
-        rope_dim=rope_dim, HAS_MASK=mask is not None, SPLIT=n_split > 1, DEDUP=dedup, UPCAST=_INTERPRETED,
+        rope_dim=rope_dim, SPLIT=n_split > 1, UPCAST=_INTERPRETED,
         DOT_PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(rope_dim)), num_warps=config.num_warps,
         num_stages=config.num_stages, **common)
@@ -297,17 +326,24 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
     if t_len == 0 or indices.shape[2] == 0:
         o_lat = mean[:, None, None, :].expand(b, heads, s, lat_dim) if mean is not None else \
             q.new_zeros((b, heads, s, lat_dim), dtype=torch.float32)
-        return torch.matmul(o_lat, w_uv.float().transpose(1, 2)).to(q.dtype)
+        return out.copy_(torch.matmul(o_lat, w_uv.float().transpose(1, 2)))
     if not distinct:
         indices = torch.sort(indices, dim=-1).values
     chunk = max(1, min(MAX_CHUNK, CHUNK_ELEMENTS // (b * heads * lat_dim)))
     w_uv_t = w_uv.transpose(1, 2)
     for start in range(0, s, chunk):
         stop = min(start + chunk, s)
-        q_lat = torch.matmul(q[:, :, start:stop, :nope_dim], w_uk)
+        n = stop - start
+        rows = indices[:, start:stop]
+        if mask is not None or not distinct:
+            rows_mask = mask if mask is None or mask.shape[2] == 1 else mask[:, :, start:stop]
+            rows = _visible_indices(rows, rows_mask, t_len, dedup=not distinct)
+        # Head-major [H, B, n, Dc]: the weight products are batched over the heads.
+        q_nope = q[:, :, start:stop, :nope_dim].transpose(0, 1).reshape(heads, b * n, nope_dim)
+        q_lat = torch.bmm(q_nope, w_uk).view(heads, b, n, lat_dim)
         o_lat = torch.empty_like(q_lat)
-        rows_mask = mask if mask is None or mask.shape[2] == 1 else mask[:, :, start:stop]
-        _attend_latent(q_lat, q[:, :, start:stop, nope_dim:], latent, rope_key, indices[:, start:stop], rows_mask,
-                       mean, o_lat, float(scale), not distinct, launch, splits)
-        out[:, :, start:stop] = torch.matmul(o_lat, w_uv_t)
+        _attend_latent(q_lat.transpose(0, 1), q[:, :, start:stop, nope_dim:], latent, rope_key, rows, mean,
+                       o_lat.transpose(0, 1), float(scale), launch, splits)
+        out[:, :, start:stop] = torch.bmm(o_lat.view(heads, b * n, lat_dim), w_uv_t).view(heads, b, n, v_dim) \
+            .transpose(0, 1)
     return out
