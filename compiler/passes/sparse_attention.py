@@ -144,7 +144,8 @@ def from_topk(indices: Any) -> bool:
     """Whether ``indices`` are the indices of a top-K (``topk(...)[1]`` or the certified top-K op's),
     through integer casts: then no row repeats a key (the keys are below 2^31, so a cast to int32
     keeps them distinct)."""
-    while isinstance(indices, fx.Node) and op_kind(indices) == "cast":
+    while isinstance(indices, fx.Node) and (op_kind(indices) == "cast" or (
+            indices.op == "call_method" and indices.target in ("long", "int"))):
         meta = tensor_meta(indices)
         if meta is None or meta.dtype not in _INDEX_DTYPES:
             return False
