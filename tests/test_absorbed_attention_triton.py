@@ -130,3 +130,28 @@ def test_kernel_input_errors_name_the_argument():
 
 def _host_read(*args, **kwargs):
     raise AssertionError("a tensor value was read back to the host")
+
+
+def test_a_configuration_that_does_not_compile_falls_back_for_the_op_only(monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    q, latent, rope_key, weight, indices = mla_inputs(1, 2, 5, 30, 8, seed=9)
+    tried = []
+
+    def attend_with(*args):
+        tried.append(args[8])
+        if len(tried) == 1:
+            raise OutOfResources(300000, 232448, "shared memory")
+        return real(*args)
+
+    real = lowering._attend_with
+    monkeypatch.setattr(lowering, "_attend_with", attend_with)
+    monkeypatch.setattr(lowering, "_WORKING", {})
+    assert_matches_reference(q, latent, rope_key, weight, indices, None)
+    assert len(tried) == 2
+    assert_matches_reference(q, latent, rope_key, weight, indices, None)  # the working one is remembered
+    assert len(tried) == 3
+    with pytest.raises(OutOfResources):
+        tried.clear()
+        absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, None, scale=0.3,
+                                         config="h32_n32_w8_s4")

@@ -69,6 +69,9 @@ registers a thread over 8 warps; 64 at 32 heads) and its shared memory holds q_l
 fill Hopper's 64-row warpgroup products; 32 heads take the older MMA with half the registers."""
 DEFAULT_CONFIG = "h64_n64_w8_s2"
 """The configuration the op runs."""
+FALLBACK_CONFIGS = ("h64_n32_w8_s3", "h32_n32_w8_s4")
+"""Tried in turn, for the op only, when the default configuration does not compile or launch on the
+device (e.g. its shared memory exceeds the device's); the first that does is kept per kernel shape."""
 INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOCK_N=16)
 """The configuration under the CPU interpreter (every name maps to it there)."""
 
@@ -116,7 +119,7 @@ def _absorbed_attention_kernel(
     split = tl.program_id(0) % num_splits
     row = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
-    offs_h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_h = (head_block * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)  # q's head stride reaches 2^31
     h_ok = offs_h < heads
     offs_c = tl.arange(0, BLOCK_C)
     c_ok = offs_c < lat_dim
@@ -151,8 +154,8 @@ def _absorbed_attention_kernel(
         if UPCAST:
             c = c.to(tl.float32)
             kr = kr.to(tl.float32)
-        scores = tl.dot(q, tl.trans(c), input_precision=DOT_PRECISION)
-        scores += tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
+        scores = tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
+        scores = tl.dot(q, tl.trans(c), scores, input_precision=DOT_PRECISION)
         scores = tl.where(ok[None, :], scores * qk_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         # Rows that have seen no visible key yet keep m = -inf; shifting them by 0 keeps exp2 at 0.
@@ -194,7 +197,7 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, mean_ptr, o_ptr,
     """One program: BLOCK_H heads of one query, merged over the splits by log-sum-exp (base 2)."""
     row = tl.program_id(1).to(tl.int64)
     batch = tl.program_id(2).to(tl.int64)
-    offs_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_h = (tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
     h_ok = offs_h < heads
     offs_c = tl.arange(0, BLOCK_C)
     c_ok = offs_c < lat_dim
@@ -218,12 +221,40 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, mean_ptr, o_ptr,
                        stride_ob, stride_oh, stride_os, stride_oc, lat_dim, MEAN_ROWS)
 
 
+_WORKING: dict[tuple, str] = {}
+"""(configurations asked for, kernel shape) -> the one that compiled and launched there."""
+
+
 def launch_config(name: str) -> LaunchConfig:
     """The configuration ``name`` of CONFIGS (INTERPRETER_CONFIG under the interpreter); ValueError
     naming the known ones otherwise."""
     if name not in CONFIGS:
         raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {name!r}")
     return INTERPRETER_CONFIG if _INTERPRETED else CONFIGS[name]
+
+
+def _launch_failures() -> tuple[type[BaseException], ...]:
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    return CompilationError, OutOfResources
+
+
+def _run_with_fallback(shape: tuple, names: tuple[str, ...], launch) -> None:
+    """``launch(config)`` with the configuration remembered for ``shape``, else with the first of
+    ``names`` that compiles and launches (remembered); the last failure when none does."""
+    if shape in _WORKING:
+        launch(launch_config(_WORKING[shape]))
+        return
+    for number, name in enumerate(names):
+        try:
+            launch(launch_config(name))
+        except _launch_failures():
+            if number == len(names) - 1:
+                raise
+            continue
+        _WORKING[shape] = name
+        return
 
 
 def _num_splits(programs: int, width: int, block_n: int, device: torch.device) -> int:
@@ -250,9 +281,18 @@ def _visible_indices(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k:
     return out
 
 
-def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, config: LaunchConfig,
+def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, names: tuple[str, ...],
                    splits: Optional[int]) -> None:
-    """o_lat ``[B, H, n, Dc]`` of n queries: the attention kernel (and the merge when split)."""
+    """o_lat ``[B, H, n, Dc]`` of n queries: the attention kernel (and the merge when split), in the
+    first configuration of ``names`` that runs (``_run_with_fallback``)."""
+    shape = (names, q_lat.device, q_lat.dtype, q_lat.shape[1], q_lat.shape[3], rope_key.shape[2], splits is None)
+    _run_with_fallback(shape, names, lambda config: _attend_with(
+        q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale, config, splits))
+
+
+def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, config: LaunchConfig,
+                 splits: Optional[int]) -> None:
+    """``_attend_latent`` in one configuration."""
     b, heads, n, lat_dim = q_lat.shape
     seq_k, rope_dim, width = latent.shape[1], rope_key.shape[2], indices.shape[2]
     meta = dict(config.meta)
@@ -297,14 +337,15 @@ def _check_kernel_inputs(q: torch.Tensor, latent: torch.Tensor) -> None:
 def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
                                      kv_b_weight: torch.Tensor, indices: torch.Tensor,
                                      mask: Optional[torch.Tensor] = None, *, scale: float, masked_rows: str = "zero",
-                                     distinct: bool = False, config: str = DEFAULT_CONFIG,
+                                     distinct: bool = False, config: Optional[str] = None,
                                      splits: Optional[int] = None) -> torch.Tensor:
     """Sparse attention o ``[B, H, S, Dv]`` in the absorbed form (contract in the module doc).
 
     ``distinct``: the caller guarantees that no row repeats an in-range index (indices from a
     top-K), so the per-row sort that removes repeats is skipped; with repeats the result would
-    count a repeated key more than once. ``config`` names a CONFIGS entry; ``splits`` forces the
-    number of programs each query's indices are split over (default: enough to fill the GPU).
+    count a repeated key more than once. ``config`` names a CONFIGS entry (None: DEFAULT_CONFIG,
+    then FALLBACK_CONFIGS where it does not compile); ``splits`` forces the number of programs each
+    query's indices are split over (default: enough to fill the GPU).
     Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``. Raises
     TypeError/ValueError naming the argument for a bad shape, dtype, device or scalar.
     """
@@ -314,7 +355,8 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
         raise TypeError(f"distinct must be a bool, got {type(distinct).__name__}")
     if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
         raise ValueError(f"splits must be None or an int >= 1, got {splits!r}")
-    launch = launch_config(config)
+    names = (DEFAULT_CONFIG, *FALLBACK_CONFIGS) if config is None else (config,)
+    launch_config(names[0])  # a ValueError for an unknown name, before any work
     b, heads, s, _ = q.shape
     t_len, lat_dim = latent.shape[1], latent.shape[2]
     nope_dim, _, v_dim = absorbed_dims(q, rope_key, kv_b_weight)
@@ -343,7 +385,7 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
         q_lat = torch.bmm(q_nope, w_uk).view(heads, b, n, lat_dim)
         o_lat = torch.empty_like(q_lat)
         _attend_latent(q_lat.transpose(0, 1), q[:, :, start:stop, nope_dim:], latent, rope_key, rows, mean,
-                       o_lat.transpose(0, 1), float(scale), launch, splits)
+                       o_lat.transpose(0, 1), float(scale), names, splits)
         out[:, :, start:stop] = torch.bmm(o_lat.view(heads, b * n, lat_dim), w_uv_t).view(heads, b, n, v_dim) \
             .transpose(0, 1)
     return out
