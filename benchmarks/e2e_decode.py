@@ -56,10 +56,10 @@ SYNTHETIC_PROMPT = 24
 """Tokens of the real prefill a synthetic cache grows from (a size no other cache axis has)."""
 
 
-def grow_cache(cache, length: int, generator: torch.Generator) -> None:
+def grow_cache(cache, length: int, seed: int) -> None:
     """Grow every tensor of ``cache``'s layers from SYNTHETIC_PROMPT tokens to ``length`` along its
     token axis (the one axis of that size), in place, with normal values of the tensor's mean and
-    standard deviation; ValueError when a tensor has no such axis or several."""
+    standard deviation (drawn on its device); ValueError when a tensor has no such axis or several."""
     for layer in cache.layers:
         for name, value in list(vars(layer).items()):
             if not isinstance(value, torch.Tensor) or value.dim() < 2:
@@ -70,8 +70,9 @@ def grow_cache(cache, length: int, generator: torch.Generator) -> None:
                                  f"{SYNTHETIC_PROMPT}")
             shape = list(value.shape)
             shape[axes[0]] = length
-            grown = torch.randn(shape, generator=generator, dtype=torch.float32).to(value.device)
-            setattr(layer, name, (grown * value.float().std() + value.float().mean()).to(value.dtype))
+            g = torch.Generator(device=value.device).manual_seed(seed)
+            grown = torch.randn(shape, generator=g, device=value.device, dtype=value.dtype)
+            setattr(layer, name, grown.mul_(value.float().std()).add_(value.float().mean()))
 
 
 def decode_steps(compiled, cache, ids, steps: int, device: str):
@@ -120,7 +121,7 @@ def fill_caches(model, config, args, device: str, emit) -> dict:
                 with torch.no_grad():
                     filler(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
                 if args.synthetic:
-                    grow_cache(cache, T, g)
+                    grow_cache(cache, T, seed=T + B)
                 sync(device)
                 caches[B, T] = cache, first
             except Exception as exc:  # out of memory at this size: recorded, next size

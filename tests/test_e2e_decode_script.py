@@ -47,7 +47,7 @@ def test_a_synthetic_cache_grows_along_its_token_axis_and_decodes_through_the_ab
     with torch.no_grad():
         model(torch.randint(0, config.vocab_size, (2, SYNTHETIC_PROMPT)), past_key_values=cache, use_cache=True)
     before = cache.layers[0].keys
-    grow_cache(cache, 300, torch.Generator().manual_seed(0))
+    grow_cache(cache, 300, seed=0)
     layer = cache.layers[0]
     assert cache.get_seq_length() == 300 and layer.keys.shape == (2, 1, 300, before.shape[3])
     assert layer.indexer_keys.shape[1] == 300 and layer.keys.dtype == before.dtype
