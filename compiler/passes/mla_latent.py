@@ -76,7 +76,7 @@ def _last_dim_part(node: Any) -> Optional[tuple[fx.Node, Any, Any, list[fx.Node]
     return None
 
 
-def _expanded_kv(kv: Any, batch: Any, heads: int) -> tuple[fx.Node, fx.Node, int, list[fx.Node]]:
+def _expanded_kv(kv: Any, batch: Any, heads: int, keys: Any) -> tuple[fx.Node, fx.Node, int, list[fx.Node]]:
     """``(latent, W, Dn+Dv, nodes)`` for ``kv = linear(latent, W).view(B, T, H, Dn+Dv).transpose(1, 2)``."""
     if not (isinstance(kv, fx.Node) and op_kind(kv) == "transpose"
             and {normalize_dim(kv.args[1], 4), normalize_dim(kv.args[2], 4)} == {1, 2}):
@@ -97,19 +97,21 @@ def _expanded_kv(kv: Any, batch: Any, heads: int) -> tuple[fx.Node, fx.Node, int
         raise NotLatent(f"the latent {tuple(ml.shape)} is not [B, 1, T, Dc]")
     width = mv.shape[3]
     if not (isinstance(width, int) and same_size(mv.shape[2], heads) and same_size(mp.shape[-1], heads * width)
-            and same_size(mv.shape[0], batch) and same_shape(non_unit(mp.shape[:-1]), non_unit(mv.shape[:2]))):
-        raise NotLatent(f"the projection's output {tuple(mp.shape)} is not viewed as [B, T, H={heads}, Dn+Dv] "
-                        f"({tuple(mv.shape)})")
+            and same_size(mv.shape[0], batch) and same_size(mv.shape[1], keys)
+            and same_shape(non_unit(mp.shape[:-1]), non_unit(mv.shape[:2]))):
+        raise NotLatent(f"the projection's output {tuple(mp.shape)} is not viewed as [B, T={keys}, H={heads}, "
+                        f"Dn+Dv] ({tuple(mv.shape)})")
     return latent, weight, width, [kv, view, linear]
 
 
-def _rope_source(node: Any, batch: Any, heads: int) -> tuple[fx.Node, list[fx.Node]]:
+def _rope_source(node: Any, batch: Any, keys: Any) -> tuple[fx.Node, list[fx.Node]]:
     """``(kr, nodes)`` for ``kr.expand(B, H, T, Dr)`` (or ``kr`` itself) with kr ``[B, 1, T, Dr]``."""
     nodes = []
     if isinstance(node, fx.Node) and op_kind(node) == "expand":
         nodes, node = [node], node.args[0]
     meta = tensor_meta(node)
-    if meta is None or meta.dim() != 4 or not is_unit(meta.shape[1]) or not same_size(meta.shape[0], batch):
+    if meta is None or meta.dim() != 4 or not is_unit(meta.shape[1]) or not same_size(meta.shape[0], batch) \
+            or not same_size(meta.shape[2], keys):
         raise NotLatent("the rope part of the key is not one [B, 1, T, Dr] rope key expanded over the heads")
     return node, nodes
 
@@ -162,7 +164,7 @@ def latent_form(k: Any, v: Any, heads: int, readers: set[fx.Node]) -> LatentKV:
     if found is None:
         raise NotLatent("the value is not the last-dim part of an expanded projection (split or slice)")
     kv, v_start, v_stop, v_nodes = found
-    latent, weight, width, kv_nodes = _expanded_kv(kv, batch, heads)
+    latent, weight, width, kv_nodes = _expanded_kv(kv, batch, heads, mk.shape[2])
     if not isinstance(v_start, int) or v_stop not in (None, width) or not 0 < v_start < width:
         raise NotLatent(f"the value is columns [{v_start}, {v_stop}) of the {width} per-head rows, not their tail")
     nope_dim = v_start
@@ -170,7 +172,7 @@ def latent_form(k: Any, v: Any, heads: int, readers: set[fx.Node]) -> LatentKV:
     nope_part = _last_dim_part(k_nope)
     if nope_part is None or nope_part[0] is not kv or nope_part[1] != 0 or nope_part[2] != nope_dim:
         raise NotLatent(f"the key's first {nope_dim} columns are not the head of the value's projection")
-    rope_key, rope_nodes = _rope_source(rope, batch, heads)
+    rope_key, rope_nodes = _rope_source(rope, batch, mk.shape[2])
     mr = tensor_meta(rope_key)
     if not same_size(mk.shape[3], nope_dim + mr.shape[3]):
         raise NotLatent(f"the key's last dim {mk.shape[3]} is not {nope_dim} + the rope key's {mr.shape[3]}")
