@@ -66,7 +66,7 @@ CONFIGS = {
 At Dc = 512 a program's fp32 accumulator is BLOCK_H·512·4 bytes (128 KB at 64 heads: 128
 registers a thread over 8 warps; 64 at 32 heads) and its shared memory holds q_lat
 (BLOCK_H·512·2 bytes) and ``num_stages`` gathered tiles of BLOCK_N·576·2 bytes. 64 and 128 heads
-fill Hopper's 64-row warpgroup products; 32 heads take the older MMA with half the registers."""
+fill Hopper's 64-row warpgroup products; 32 heads halve the accumulator's registers."""
 DEFAULT_CONFIG = "h64_n64_w8_s2"
 """The configuration the op runs."""
 FALLBACK_CONFIGS = ("h64_n32_w8_s3", "h32_n32_w8_s4")
