@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active, multiprocessor_count
+from compiler.lowering.online_softmax import merge_split_partials, online_softmax_step
 from compiler.lowering.sparse_attention_triton import TARGET_PROGRAMS_PER_SM
 from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs, head_weights
 
@@ -157,14 +158,7 @@ def _absorbed_attention_kernel(
         scores = tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
         scores = tl.dot(q, tl.trans(c), scores, input_precision=DOT_PRECISION)
         scores = tl.where(ok[None, :], scores * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        # Rows that have seen no visible key yet keep m = -inf; shifting them by 0 keeps exp2 at 0.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_shift)
-        p = tl.exp2(scores - m_shift[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = online_softmax_step(scores, c, acc, m_i, l_i, DOT_PRECISION)
 
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -201,22 +195,8 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, mean_ptr, o_ptr,
     h_ok = offs_h < heads
     offs_c = tl.arange(0, BLOCK_C)
     c_ok = offs_c < lat_dim
-    top = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    for split in range(0, num_splits):
-        part = ((split * num_batch + batch) * heads + offs_h) * seq_q + row
-        top = tl.maximum(top, tl.load(part_lse_ptr + part, mask=h_ok, other=float("-inf")))
-    shift = tl.where(top == float("-inf"), 0.0, top)
-    total = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
-    for split in range(0, num_splits):
-        part = ((split * num_batch + batch) * heads + offs_h) * seq_q + row
-        weight = tl.exp2(tl.load(part_lse_ptr + part, mask=h_ok, other=float("-inf")) - shift)
-        # An empty split has weight exactly 0 and its o is 0: it adds nothing.
-        acc += weight[:, None] * tl.load(part_o_ptr + part[:, None] * BLOCK_C + offs_c[None, :],
-                                         mask=h_ok[:, None], other=0.0)
-        total += weight
-    empty = total == 0.0
-    o = acc / tl.where(empty, 1.0, total)[:, None]
+    o, empty, _ = merge_split_partials(part_o_ptr, part_lse_ptr, (batch * heads + offs_h) * seq_q + row,
+                                       num_batch * heads * seq_q, num_splits, h_ok, offs_c, BLOCK_C)
     _write_latent_rows(o, empty, batch, row, offs_h, h_ok, offs_c, c_ok, mean_ptr, o_ptr,
                        stride_ob, stride_oh, stride_os, stride_oc, lat_dim, MEAN_ROWS)
 
