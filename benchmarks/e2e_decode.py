@@ -57,10 +57,11 @@ SYNTHETIC_PROMPT = 24
 
 
 def grow_cache(cache, length: int, seed: int) -> None:
-    """Grow every tensor of ``cache``'s layers from SYNTHETIC_PROMPT tokens to ``length`` along its
-    token axis (the one axis of that size), in place, with normal values of the tensor's mean and
-    standard deviation (drawn on its device); ValueError when a tensor has no such axis or several."""
-    for layer in cache.layers:
+    """Grow every tensor of ``cache`` and of its layers from SYNTHETIC_PROMPT tokens to ``length``
+    along its token axis (the one axis of that size), in place, with normal values of the tensor's
+    mean and standard deviation (drawn on its device); ValueError when a tensor has no such axis or
+    several, or when the cache does not then hold ``length`` tokens."""
+    for layer in [*cache.layers, cache]:
         for name, value in list(vars(layer).items()):
             if not isinstance(value, torch.Tensor) or value.dim() < 2:
                 continue
@@ -73,6 +74,8 @@ def grow_cache(cache, length: int, seed: int) -> None:
             g = torch.Generator(device=value.device).manual_seed(seed)
             grown = torch.randn(shape, generator=g, device=value.device, dtype=value.dtype)
             setattr(layer, name, grown.mul_(value.float().std()).add_(value.float().mean()))
+    if cache.get_seq_length() != length:
+        raise ValueError(f"the grown cache holds {cache.get_seq_length()} tokens, expected {length}")
 
 
 def decode_steps(compiled, cache, ids, steps: int, device: str):
