@@ -5,17 +5,22 @@ in the same run, on one GPU.
 Run from the repository root on a CUDA machine (the package installed, so the entry point resolves):
 
     python3 benchmarks/e2e.py --out benchmarks/results/e2e_h200.json
+    python3 benchmarks/e2e.py --shape v32 --out benchmarks/results/e2e_v32_h200.json
     python3 benchmarks/e2e.py --smoke --out /tmp/e2e_smoke.json        # tiny, on the CPU
 
-Models: ``DeepseekV32ForCausalLM`` and ``GlmMoeDsaForCausalLM`` with random weights in bf16, both
-with DeepSeek-V3.2's indexer (64 heads x 128, topk 2048) and a small rest (``--layers`` layers,
-hidden 1024, 8 MLA heads, q_lora 512, kv_lora 256, dense MLP, sdpa attention). One prefill of S
-tokens, batch 1, ``use_cache=False``, logits of the last position only (``logits_to_keep=1``, as
-``generate``'s prefill does). Each method compiles once with ``dynamic=True`` (one graph serves
+Models (``--shape``): ``small``: ``DeepseekV32ForCausalLM`` and ``GlmMoeDsaForCausalLM`` with random
+weights in bf16, both with DeepSeek-V3.2's indexer (64 heads x 128, topk 2048) and a small rest
+(``--layers`` layers, default 2, hidden 1024, 8 MLA heads, q_lora 512, kv_lora 256, dense MLP, sdpa
+attention); ``v32``: one DeepSeek-V3.2-shaped decoder layer (``DeepseekV32ForCausalLM``, hidden
+7168, 128 MLA heads, q_lora 1536, kv_lora 512, qk 128 + 64, v 128, dense MLP 18432, the same
+indexer, vocab 2048, S up to 131072). One prefill of S tokens, batch 1, ``use_cache=False``,
+logits of the last position only (``logits_to_keep=1``, as ``generate``'s prefill does). Each method compiles once with ``dynamic=True`` (one graph serves
 every S), then per S: one warm-up call, then the median of ``--reps`` calls (CUDA events) and the
 peak memory of one call. A method that fails at some S (out of memory) records the error there.
 
 Methods: ``stock`` = torch.compile(model); ``pulsar_dosa`` = the backend with its defaults;
+``pulsar_dosa_union`` = the backend with option ``sparse_form="union"`` (the sparse attention on
+the expanded keys and values, where the default takes MLA's absorbed form at 128 heads);
 ``pulsar_dosa_plan`` = the backend with a per-layer plan made by ``python -m compiler.plan`` on
 ``--plan-tokens`` random tokens (random-init indexers do not prune, so the plan should say dense).
 ``argmax_agree``: the last position's argmax equals stock's (null where stock failed), with the
@@ -47,7 +52,20 @@ SMOKE_SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                    v_head_dim=16, index_n_heads=8, index_head_dim=32, index_topk=16, vocab_size=128,
                    moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
                    topk_group=1)
-MODELS = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+V32_SIZES = dict(hidden_size=7168, intermediate_size=18432, num_attention_heads=128, num_key_value_heads=128,
+                 q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                 index_n_heads=64, index_head_dim=128, index_topk=2048, vocab_size=2048,
+                 moe_intermediate_size=2048, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1)
+"""One DeepSeek-V3.2 decoder layer (its MoE sizes unused: with first_k_dense_replace = layers = 1
+the layer's MLP is dense)."""
+SHAPES = {"small": dict(sizes=SIZES, layers=2, models=("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"),
+                        lengths=[4096, 16384, 32768, 65536]),
+          "v32": dict(sizes=V32_SIZES, layers=1, models=("DeepseekV32ForCausalLM",),
+                      lengths=[16384, 32768, 65536, 131072])}
+"""``--shape``: sizes, default layers, models and prefill lengths."""
+MODELS = SHAPES["small"]["models"]
+METHOD_OPTIONS = {"pulsar_dosa_every_call": {"stock_below": 0}, "pulsar_dosa_union": {"sparse_form": "union"}}
+"""Backend options of the pulsar_dosa methods besides the defaults (the plan method adds its plan)."""
 PLAN_TIMEOUT_S = 150
 """A plan that takes longer is recorded as the plan rows' error."""
 
@@ -100,14 +118,14 @@ def method_module(model, method: str, plan: Path | None, smoke: bool = False):
     (compiler.path_choice.STOCK_BELOW), and the smoke exists to run the ops."""
     if method == "stock":
         return torch.compile(model, dynamic=True)
-    options = {"pulsar_dosa_plan": {"plan": str(plan)}, "pulsar_dosa_every_call": {"stock_below": 0}}.get(method, {})
+    options = {**METHOD_OPTIONS, "pulsar_dosa_plan": {"plan": str(plan)}}.get(method, {})
     options = {**options, "stock_below": 0} if smoke else options
     return torch.compile(model, backend="pulsar_dosa", options=options, dynamic=True)
 
 
 def run_model(name: str, args, emit) -> None:
     device = "cpu" if args.smoke else "cuda"
-    sizes = SMOKE_SIZES if args.smoke else SIZES
+    sizes = SMOKE_SIZES if args.smoke else SHAPES[args.shape]["sizes"]
     dtype = torch.float32 if args.smoke else torch.bfloat16
     model, config = build(name, args.layers, sizes, device, dtype)
     lengths = args.lengths
@@ -186,21 +204,28 @@ def render_markdown(doc: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON results path (a .md table is written beside it)")
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    p.add_argument("--methods", nargs="+", default=["stock", "pulsar_dosa", "pulsar_dosa_plan"],
-                   choices=["stock", "pulsar_dosa", "pulsar_dosa_plan"])
+    p.add_argument("--shape", default="small", choices=list(SHAPES), help="model sizes (module docstring)")
+    p.add_argument("--models", nargs="+", default=None, choices=SHAPES["small"]["models"])
+    p.add_argument("--methods", nargs="+", default=None,
+                   choices=["stock", "pulsar_dosa", "pulsar_dosa_union", "pulsar_dosa_plan"],
+                   help="default: stock, pulsar_dosa and pulsar_dosa_plan (small), stock and pulsar_dosa (v32)")
     p.add_argument("--lengths", nargs="+", type=int, default=None)
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--plan-tokens", type=int, default=4096)
     p.add_argument("--smoke", action="store_true", help="tiny models on the CPU (checks the script)")
     args = p.parse_args(argv)
+    shape = SHAPES[args.shape]
+    args.models = args.models or list(shape["models"])
+    args.layers = args.layers or shape["layers"]
+    args.methods = args.methods or (["stock", "pulsar_dosa", "pulsar_dosa_plan"] if args.shape == "small"
+                                    else ["stock", "pulsar_dosa"])
     if args.lengths is None:
-        args.lengths = [64, 128] if args.smoke else [4096, 16384, 32768, 65536]
+        args.lengths = [64, 128] if args.smoke else shape["lengths"]
     if args.smoke:
         args.plan_tokens = min(args.plan_tokens, 128)
     args.workdir = tempfile.mkdtemp(prefix="e2e_plans_")  # the plans live for the run only
-    return run_document(args, run_model, render_markdown, reps=args.reps)
+    return run_document(args, run_model, render_markdown, reps=args.reps, shape=args.shape)
 
 
 def run_document(args, run_model, render_markdown, **fields) -> int:

@@ -3,12 +3,18 @@ KV cache of T tokens, ``torch.compile(model)`` (stock inductor) against
 ``torch.compile(model, backend="pulsar_dosa")``, in the same run, on one GPU.
 
     python3 benchmarks/e2e_decode.py --out benchmarks/results/e2e_decode_h200.json
+    python3 benchmarks/e2e_decode.py --shape v32 --out benchmarks/results/e2e_decode_v32_h200.json
     python3 benchmarks/e2e_decode.py --smoke --out /tmp/e2e_decode_smoke.json   # tiny, on the CPU
 
-Models as in benchmarks/e2e.py (``build``: DeepSeek-V3.2's indexer, 64 heads x 128, topk 2048, a
-small rest, random bf16 weights). Per batch size B and context T: one prefill of T random tokens
-per sequence fills a ``DynamicCache`` (run by the pulsar_dosa-compiled model: stock inductor runs
-out of memory on long prefills, benchmarks/results/e2e_dsv32_h200.md). Then per method (compiled
+Models as in benchmarks/e2e.py (``--shape``: ``small``, DeepSeek-V3.2's indexer and a small rest,
+or ``v32``, one DeepSeek-V3.2-shaped layer with 128 MLA heads; random bf16 weights). Per batch
+size B and context T a ``DynamicCache`` of T tokens per sequence: ``small`` fills it with one
+prefill of T random tokens per sequence (run by the pulsar_dosa-compiled model: stock inductor
+runs out of memory on long prefills, benchmarks/results/e2e_dsv32_h200.md); ``v32`` (B = 1 and 64
+at T = 131072 by default: 64 prefills of 128K tokens would take minutes) runs a prefill of
+SYNTHETIC_PROMPT tokens and grows every cached tensor to T along its token axis with random values
+of the same mean and spread (``grow_cache``): decode then costs what it costs over a real cache of
+T tokens, with random contents. Then per method (compiled
 once, ``dynamic=True``) and size, on a copy of that cache: WARMUP_STEPS untimed steps (they compile
 the decode graph, S = 1), then ``--steps`` greedy decode steps of one token per sequence
 (``use_cache=True``), each timed alone by CUDA events around the call (host time included:
@@ -21,8 +27,12 @@ default-mode torch.compile, no CUDA graphs).
   length (on the H200, stock inductor's steps took 40-60 ms at new lengths against 3-4 ms at seen
   ones; its profile showed kernel benchmarking, CachingAutotuner, in such steps).
 * methods: ``stock``, ``pulsar_dosa`` (default options: indexer calls too small for the op keep the
-  stock subgraph, ``compiler.path_choice.keeps_stock``) and ``pulsar_dosa_every_call`` (option
-  ``stock_below=0``: the op on every indexer call, to time what the default declines).
+  stock subgraph, ``compiler.path_choice.keeps_stock``; the sparse attention of an MLA layer at
+  decode takes the absorbed form, which reads the latent cache instead of expanding it),
+  ``pulsar_dosa_every_call`` (option ``stock_below=0``: the op on every indexer call, to time what
+  the default declines) and ``pulsar_dosa_union`` (option ``sparse_form="union"``: the sparse
+  attention on the expanded keys and values).
+* ``attention_forms``: the forms of the sparse-attention rewrites in the method's decode graphs.
 * ``indexer_rewrites``: the indexer modules whose subgraph the backend replaced in the method's
   decode graphs so far (0 for stock).
 * ``argmax_agree``: the greedy tokens of the replayed steps equal stock's; ``max_abs_diff``: the
@@ -37,11 +47,35 @@ import time
 
 import torch
 
-from benchmarks.e2e import MODELS, SIZES, SMOKE_SIZES, build, method_module, run_document, sync
+from benchmarks.e2e import SHAPES, SMOKE_SIZES, build, method_module, run_document, sync
 
 WARMUP_STEPS = 2
 """Untimed steps first: the first compiles the decode graph for one cache length, the second
 recompiles it with the length dynamic."""
+SYNTHETIC_PROMPT = 24
+"""Tokens of the real prefill a synthetic cache grows from (a size no other cache axis has)."""
+
+
+def grow_cache(cache, length: int, seed: int) -> None:
+    """Grow every tensor of ``cache`` and of its layers from SYNTHETIC_PROMPT tokens to ``length``
+    along its token axis (the one axis of that size), in place, with normal values of the tensor's
+    mean and standard deviation (drawn on its device); ValueError when a tensor has no such axis or
+    several, or when the cache does not then hold ``length`` tokens."""
+    for layer in [*cache.layers, cache]:
+        for name, value in list(vars(layer).items()):
+            if not isinstance(value, torch.Tensor) or value.dim() < 2:
+                continue
+            axes = [d for d, size in enumerate(value.shape) if size == SYNTHETIC_PROMPT]
+            if len(axes) != 1:
+                raise ValueError(f"cache tensor {name} {tuple(value.shape)}: expected one token axis of "
+                                 f"{SYNTHETIC_PROMPT}")
+            shape = list(value.shape)
+            shape[axes[0]] = length
+            g = torch.Generator(device=value.device).manual_seed(seed)
+            grown = torch.randn(shape, generator=g, device=value.device, dtype=value.dtype)
+            setattr(layer, name, grown.mul_(value.float().std()).add_(value.float().mean()))
+    if cache.get_seq_length() != length:
+        raise ValueError(f"the grown cache holds {cache.get_seq_length()} tokens, expected {length}")
 
 
 def decode_steps(compiled, cache, ids, steps: int, device: str):
@@ -72,21 +106,25 @@ def median(times) -> float:
 
 def fill_caches(model, config, args, device: str, emit) -> dict:
     """{(B, T): (DynamicCache of T prompt tokens per sequence, first decode ids [B, 1])}, filled by
-    the pulsar_dosa-compiled model; a size whose prefill fails is recorded and left out."""
+    the pulsar_dosa-compiled model (``args.synthetic``: grown from a short prefill, ``grow_cache``);
+    a size whose prefill fails is recorded and left out."""
     from transformers import DynamicCache
 
     torch._dynamo.reset()
-    filler = method_module(model, "pulsar_dosa", None, smoke=args.smoke)
+    filler = model if args.synthetic else method_module(model, "pulsar_dosa", None, smoke=args.smoke)
     caches = {}
     for B in args.batches:
         for T in args.contexts:
             g = torch.Generator().manual_seed(T + B)
-            prompt = torch.randint(0, config.vocab_size, (B, T), generator=g).to(device)
+            prompt = torch.randint(0, config.vocab_size, (B, SYNTHETIC_PROMPT if args.synthetic else T),
+                                   generator=g).to(device)
             first = torch.randint(0, config.vocab_size, (B, 1), generator=g).to(device)
             try:
                 cache = DynamicCache(config=config)
                 with torch.no_grad():
                     filler(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                if args.synthetic:
+                    grow_cache(cache, T, seed=T + B)
                 sync(device)
                 caches[B, T] = cache, first
             except Exception as exc:  # out of memory at this size: recorded, next size
@@ -101,7 +139,7 @@ def run_model(name: str, args, emit) -> None:
     from compiler.report import collecting
 
     device = "cpu" if args.smoke else "cuda"
-    sizes = SMOKE_SIZES if args.smoke else SIZES
+    sizes = SMOKE_SIZES if args.smoke else SHAPES[args.shape]["sizes"]
     dtype = torch.float32 if args.smoke else torch.bfloat16
     model, config = build(name, args.layers, sizes, device, dtype)
     caches = fill_caches(model, config, args, device, emit)
@@ -121,7 +159,7 @@ def decode_row(compiled, report, name, method, B, T, cache, first, reference, ar
     """One result row (module docstring) of ``compiled`` at batch B, context T; ``report``
     collects the method's compiles, ``reference`` the first method's logits per size."""
     row = {"model": name, "B": B, "T": T, "method": method, "ms": None, "error": None,
-           "indexer_rewrites": None, "argmax_agree": None, "max_abs_diff": None}
+           "indexer_rewrites": None, "attention_forms": None, "argmax_agree": None, "max_abs_diff": None}
     try:
         with torch.no_grad():
             running = copy.deepcopy(cache)
@@ -129,6 +167,7 @@ def decode_row(compiled, report, name, method, B, T, cache, first, reference, ar
             times = decode_steps(compiled, running, ids, args.steps, device)[0]
             seen, logits, _ = decode_steps(compiled, copy.deepcopy(cache), first, WARMUP_STEPS + args.steps, device)
         row["indexer_rewrites"] = len({r.module for r in report.rewrites if r.kind == "dsa_indexer"})
+        row["attention_forms"] = sorted({r.path for r in report.rewrites if r.kind == "sparse_attention"})
         row["ms"], row["ms_seen_lengths"] = median(times), median(seen)
         row["ms_all"] = [round(t, 3) for t in times]
         if (B, T) not in reference:
@@ -158,7 +197,8 @@ def render_markdown(doc: dict) -> str:
         methods = list(dict.fromkeys(r["method"] for r in mine))
         lines += [f"## {model}", "", "ms per step: new cache lengths (as generate runs) / lengths seen before", "",
                   "| B | T | " + " | ".join(f"{m} ms" for m in methods)
-                  + " | speed-up vs stock (new / seen) | indexer rewrites | argmax agree |", "|" + "---|" * (len(methods) + 5)]
+                  + " | speed-up vs stock (new / seen) | indexer rewrites | attention forms | argmax agree |",
+                  "|" + "---|" * (len(methods) + 6)]
         for key in dict.fromkeys((r["B"], r["T"]) for r in mine):
             by = {r["method"]: r for r in mine if (r["B"], r["T"]) == key}
             cells = [("-" if m not in by else (by[m]["error"].split(":")[0] if by[m]["error"]
@@ -170,8 +210,10 @@ def render_markdown(doc: dict) -> str:
                 seen = (stock.get("ms_seen_lengths"), ours.get("ms_seen_lengths"))
                 speed = f"{stock['ms'] / ours['ms']:.2f}x / " + (f"{seen[0] / seen[1]:.2f}x" if all(seen) else "-")
             rewrites = ", ".join(str(r["indexer_rewrites"]) for r in by.values() if r["indexer_rewrites"] is not None)
+            forms = ", ".join("+".join(r.get("attention_forms") or ["-"]) for r in by.values() if not r["error"])
             agree = ", ".join(str(r["argmax_agree"]) for r in by.values() if r["argmax_agree"] is not None) or "-"
-            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + f" | {speed} | {rewrites} | {agree} |")
+            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + f" | {speed} | {rewrites} | {forms} | "
+                         f"{agree} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -179,22 +221,33 @@ def render_markdown(doc: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON results path (a .md table is written beside it)")
-    p.add_argument("--models", nargs="+", default=[MODELS[0]], choices=MODELS)
-    p.add_argument("--methods", nargs="+", default=["stock", "pulsar_dosa"], choices=["stock", "pulsar_dosa", "pulsar_dosa_every_call"],
-                   help="pulsar_dosa_every_call: the op on every indexer call (option stock_below=0)")
+    p.add_argument("--shape", default="small", choices=list(SHAPES), help="model sizes (module docstring)")
+    p.add_argument("--models", nargs="+", default=[SHAPES["small"]["models"][0]], choices=SHAPES["small"]["models"])
+    p.add_argument("--methods", nargs="+", default=None,
+                   choices=["stock", "pulsar_dosa", "pulsar_dosa_every_call", "pulsar_dosa_union"],
+                   help="pulsar_dosa_every_call: the op on every indexer call (option stock_below=0); "
+                        "pulsar_dosa_union: option sparse_form='union'. Default: stock and pulsar_dosa (small), "
+                        "and pulsar_dosa_union (v32)")
     p.add_argument("--contexts", nargs="+", type=int, default=None, help="cache lengths T")
     p.add_argument("--batches", nargs="+", type=int, default=None, help="sequences per step B")
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--synthetic", action=argparse.BooleanOptionalAction, default=None,
+                   help="grow the caches from a short prefill (default: with --shape v32)")
     p.add_argument("--smoke", action="store_true", help="tiny models on the CPU (checks the script)")
     args = p.parse_args(argv)
+    v32 = args.shape == "v32"
+    args.layers = args.layers or SHAPES[args.shape]["layers"]
+    args.synthetic = v32 if args.synthetic is None else args.synthetic
+    args.methods = args.methods or ["stock", "pulsar_dosa"] + (["pulsar_dosa_union"] if v32 else [])
     if args.contexts is None:
-        args.contexts = [200] if args.smoke else [8192, 32768, 131072]
+        args.contexts = [200] if args.smoke else [131072] if v32 else [8192, 32768, 131072]
     if args.batches is None:
-        args.batches = [1, 2] if args.smoke else [1, 8]
+        args.batches = [1, 2] if args.smoke else [1, 64] if v32 else [1, 8]
     if args.smoke:
         args.steps = min(args.steps, 2)
-    return run_document(args, run_model, render_markdown, steps=args.steps)
+    return run_document(args, run_model, render_markdown, steps=args.steps, shape=args.shape,
+                        synthetic_cache=args.synthetic)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""DSA sparse attention at DeepSeek-V3.2's attention shape: transformers' masked SDPA against
-``pulsar_dosa.sparse_attention``, with correctness checked in the same run.
+"""DSA sparse attention at DeepSeek-V3.2's MLA shape: the absorbed op (every launch configuration),
+today's union op and transformers' masked SDPA, with errors checked in the same run.
 
-Run on one CUDA GPU from the repository root (about 3 minutes on an H200):
+Run on one CUDA GPU from the repository root (about 3 minutes on an H200, ``--budget-s`` bounds it):
 
     PYTHONPATH=. python3 benchmarks/sparse_attention.py --out benchmarks/results/sparse_attention_h200.json
 
@@ -9,37 +9,37 @@ and on the CPU, tiny, under the Triton interpreter (checks that the script works
 
     TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/sparse_attention.py --smoke --out /tmp/sparse_smoke.json
 
-Shape: H = 128 heads, qk head dim 192 (nope 128 + rope 64), v head dim 128, top-K = 2048, bf16,
-B = 1 (transformers' non-absorbed MLA: per-head K/V). Cases: prefill S = T (causal) and decode
-S = 1 at the end of T keys. Index sources (what the indexer selected):
+Shape: an MLA layer with latent Dc = 512 (kv_lora after its norm), rope key Dr = 64, q/k nope 128,
+v 128, H heads (128 and 16), top-K 2048, bf16, random weights; the keys and values of the union op
+and of SDPA are kv_b_proj's expansion of the same latent, so every method computes the same
+attention. Cases: prefill S = T (causal mask, as the model passes it) at 16K, 32K, 64K; decode
+S = 1 over T = 131072 keys at B = 1 and 64 (no mask). Selection kinds (each row's indices distinct,
+within its visible keys; a row with at most 2048 visible keys selects keys 0..2047 as topk does):
 
-* ``window_g64`` / ``window_g16``: the 64 sink keys, the 1024 most recent keys and 15 far blocks
-  of 64 keys shared by each group of 64 / 16 consecutive queries (neighbouring queries of a DSA
-  layer select much the same far keys: the locality the DoSA witnesses rely on, SPEC A.8; with
-  groups of 16 a tile of 64 queries walks four groups' far blocks);
-* ``uniform``: one key drawn uniformly in each of 2048 equal strata of the visible keys, per query
-  (no locality at all: the adversarial case for a tile of queries sharing key loads).
+* ``windowed``: the 2048 most recent keys (neighbours share almost all their keys);
+* ``shared16``: 64 sink keys, the 1024 most recent and 15 far blocks of 64 keys shared by each
+  group of 16 consecutive queries (drawn below the window of the group's first row);
+* ``uniform``: one key drawn uniformly in each of 2048 equal strata of the visible keys;
+* ``sink_window_random``: 64 sink keys, the 1024 most recent, the rest drawn in strata of the keys
+  between them, per query;
+* ``clustered``: 32 runs of 64 contiguous keys, one run drawn in each of 32 strata of the visible
+  64-key blocks, per query;
+* ``file:<name>``: indices loaded with ``--selections path.pt`` (a ``[B, S, K]`` integer tensor,
+  or a dict with ``indices`` and optionally ``T``), e.g. a trained model's selections.
 
-A query with at most 2048 visible keys selects keys 0..2047 (what ``topk`` returns there: all
-visible keys, then hidden ones, which the causal mask hides). Methods, each timed by CUDA events
-(median), with the index mask building included where the model builds it:
-
-* ``masked_sdpa``: what transformers runs: ``ones.scatter(-1, indices, False)``, ``mask & ~index_mask``,
-  ``F.scaled_dot_product_attention`` over all T keys (timed once per (S, T): its work does not
-  depend on the indices; its output is compared for every source);
-* ``sparse``: the op (``compiler.lowering.sparse_attention_triton``); ``build_ms`` is its union
-  building alone, ``graph_ms`` a CUDA-graph replay (captured after warm-up; ``no_sync``: an eager
-  call with host synchronisation forbidden succeeded; ``graph_identical``: replay == eager, bitwise).
-
-Correctness on sampled query rows (every row for decode): ``err_vs_reference`` = max |sparse -
-runtime reference (fp32)|, ``err_vs_masked_sdpa`` = max |sparse - masked SDPA|, and
-``masked_sdpa_vs_reference`` (SDPA's own bf16 error). A separate small check runs rows without any
-visible key through both dense chains (SDPA with a bool mask -> 0; eager with finfo.min -> mean of v).
-
-Floor of the sparse kernel: FLOPs = 2·(Dqk+Dv)·H·Σ_rows |visible selected keys| at 780 TFLOP/s
-(bf16 dense, measured) and bytes = q + o + the K/V rows read at least once + indices at
-4.2 TB/s; ``floor_ms`` is the larger. ``union_per_row``: keys a 64-query tile walks per useful
-key (the score work above the floor: 1 = none).
+Methods, timed by CUDA events (median): ``absorbed:<config>`` for every entry of
+``compiler.lowering.absorbed_attention_triton.CONFIGS`` on a case's first kind and the fastest of
+them on its other kinds (the op runs ``DEFAULT_CONFIG``),
+``union`` (``pulsar_dosa.sparse_attention``'s kernels on the expanded keys and values) and
+``masked_sdpa`` (what transformers runs: index mask, combined mask, SDPA over all T keys; timed
+once per case, its work does not depend on the selection). ``tflops`` is the absorbed form's
+2·B·S·H·K·(Dc + Dr + Dc) FLOPs over each method's time; ``chosen``: the form
+``path_choice.sparse_attention_form`` picks for the shape and ``regret``: its time (its fastest
+configuration) over the best method's. A method whose inputs do not fit in memory is skipped and the
+row says so; a case past ``--budget-s`` is skipped. Errors: max |out - fp32 reference| on sampled
+query rows (``runtime.absorbed_attention``). Per case, the default configuration is also checked
+for CUDA-graph capture: ``no_sync`` (a call with host synchronisation forbidden succeeded),
+``graph_identical`` (replay == eager, bitwise) and ``graph_ms``.
 """
 from __future__ import annotations
 
@@ -48,77 +48,140 @@ import functools
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 
 import benchmarks.indexer_graphs as graphs
-from compiler.lowering.sparse_attention_triton import build_union, sparse_attention_triton, tile_rows
-from runtime.sparse_attention import selected_keys, sparse_attention
+from compiler.lowering.absorbed_attention_triton import CONFIGS, DEFAULT_CONFIG, absorbed_sparse_attention_triton
+from compiler.lowering.sparse_attention_triton import sparse_attention_triton
+from compiler.path_choice import sparse_attention_form
+from runtime.absorbed_attention import absorbed_sparse_attention, head_weights
 
-QK_DIM, V_DIM, TOPK = 192, 128, 2048
-SINK, WINDOW, FAR_BLOCK, FAR_BLOCKS, GROUPS = 64, 1024, 64, 15, (64, 16)
-PEAK_FLOPS, PEAK_BYTES = 780e12, 4.2e12
-SCALE = QK_DIM ** -0.5
-CHECK_ROWS = 48
+DIMS = dict(nope=128, rope=64, v=128, latent=512, topk=2048)
+SMOKE_DIMS = dict(nope=16, rope=16, v=16, latent=32, topk=32)
+FAR_BLOCKS = 15
+"""shared16's far blocks per group; the sink, a far block and a clustered run are K/32 keys, the
+recent window K/2 (64, 64, 64 and 1024 at K = 2048)."""
+PEAK_FLOPS = 780e12
+CHECK_ROWS = 32
+MEMORY_FRACTION = 0.7
+"""A method runs only when its extra tensors take at most this fraction of the free device memory."""
+GPU_CASES = [(1, 32768, 32768, 128), (1, 65536, 65536, 128), (1, 16384, 16384, 128), (1, 1, 131072, 128),
+             (64, 1, 131072, 128), (1, 16384, 16384, 16), (1, 32768, 32768, 16), (1, 65536, 65536, 16)]
+"""(B, S, T, heads), most wanted first: the budget cuts the tail."""
+SMOKE_CASES = [(1, 40, 40, 16), (2, 1, 64, 16)]
 
 
-def window_indices(s, t, topk, device, seed, group):
-    """[1, S, topk] int32: sink + recent window + far blocks shared by groups of ``group`` queries."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    pos = torch.arange(t - s, t, device=device)
-    far_total = topk - SINK - WINDOW
-    sink = torch.arange(SINK, device=device).expand(s, SINK)
-    recent = pos[:, None] - torch.arange(WINDOW, device=device)[None, :]
-    # Far blocks: per group, FAR_BLOCKS distinct 64-key blocks strictly between sink and window.
+def _positions(s, t, device):
+    return torch.arange(t - s, t, device=device)
+
+
+def _strata(pos, count, low, high, g):
+    """[S, count] int64: one draw in each of ``count`` disjoint integer strata of [low, high) per row
+    (distinct when the range holds at least ``count`` values)."""
+    j = torch.arange(count + 1, device=pos.device)
+    edges = low[:, None] + (j[None, :] * (high - low).clamp(min=0)[:, None]) // count
+    u = torch.rand(pos.shape[0], count, generator=g, device=pos.device, dtype=torch.float64)
+    return edges[:, :-1] + (u * (edges[:, 1:] - edges[:, :-1])).floor().long()
+
+
+def distinct_rows(indices):
+    """Whether no row of ``indices`` [B, S, K] repeats a key (then the op may skip its sort)."""
+    ordered = indices.sort(dim=-1).values
+    return not bool((ordered[..., 1:] == ordered[..., :-1]).any())
+
+
+def _short_rows(chosen, pos, topk):
+    """Rows with at most ``topk`` visible keys select keys 0..topk-1, as topk does over the masked row."""
+    first = torch.arange(topk, device=pos.device)[None, :]
+    return torch.where((pos < topk)[:, None], first, chosen).to(torch.int32)
+
+
+def windowed(s, t, topk, device, g):
+    pos = _positions(s, t, device)
+    return _short_rows(pos[:, None] - torch.arange(topk, device=device)[None, :], pos, topk)
+
+
+def shared16(s, t, topk, device, g, group=16):
+    pos = _positions(s, t, device)
+    sink, window, block = topk // 32, topk // 2, topk // 32
+    recent = pos[:, None] - torch.arange(window, device=device)[None, :]
     groups = (s + group - 1) // group
-    first = pos[::group]
-    room = ((first - WINDOW - SINK) // FAR_BLOCK).clamp(min=1)
-    slots = max(int(room.max()), FAR_BLOCKS)
-    draw = torch.rand(groups, slots, generator=g, device=device)
-    draw = draw.masked_fill(torch.arange(slots, device=device)[None, :] >= room[:, None], 2.0)
-    blocks = draw.topk(FAR_BLOCKS, dim=1, largest=False).indices  # [groups, FAR_BLOCKS]
-    far = SINK + blocks[:, :, None] * FAR_BLOCK + torch.arange(FAR_BLOCK, device=device)
-    far = far.reshape(groups, -1)[:, :far_total].repeat_interleave(group, dim=0)[:s]
-    chosen = torch.cat([sink, recent, far], dim=1)
-    short = pos < topk  # at most topk visible keys: topk lists keys 0..topk-1
-    chosen = torch.where(short[:, None], torch.arange(topk, device=device)[None, :], chosen)
-    return chosen.to(torch.int32).unsqueeze(0)
+    # Rows with at most topk visible keys are replaced below: from topk on, every group has room.
+    room = ((pos[::group].clamp(min=topk) - window - sink) // block)
+    draw = torch.rand(groups, int(room.max()), generator=g, device=device)
+    draw = draw.masked_fill(torch.arange(draw.shape[1], device=device)[None, :] >= room[:, None], 2.0)
+    blocks = draw.topk(FAR_BLOCKS, dim=1, largest=False).indices
+    far = (sink + blocks[:, :, None] * block + torch.arange(block, device=device)).reshape(groups, -1)
+    far = far[:, :topk - sink - window].repeat_interleave(group, dim=0)[:s]
+    return _short_rows(torch.cat([torch.arange(sink, device=device).expand(s, sink), recent, far], dim=1), pos, topk)
 
 
-def uniform_indices(s, t, topk, device, seed):
-    """[1, S, topk] int32: one key uniformly in each of topk strata of the query's visible keys."""
+def uniform(s, t, topk, device, g):
+    pos = _positions(s, t, device)
+    return _short_rows(_strata(pos, topk, torch.zeros_like(pos), pos + 1, g), pos, topk)
+
+
+def sink_window_random(s, t, topk, device, g):
+    pos = _positions(s, t, device)
+    sink, window = topk // 32, topk // 2
+    recent = pos[:, None] - torch.arange(window, device=device)[None, :]
+    middle = _strata(pos, topk - sink - window, torch.full_like(pos, sink), pos + 1 - window, g)
+    return _short_rows(torch.cat([torch.arange(sink, device=device).expand(s, sink), recent, middle], dim=1),
+                       pos, topk)
+
+
+def clustered(s, t, topk, device, g):
+    pos = _positions(s, t, device)
+    run = topk // 32
+    blocks = _strata(pos, 32, torch.zeros_like(pos), (pos + 1) // run, g)
+    chosen = (blocks[:, :, None] * run + torch.arange(run, device=device)).reshape(s, -1)
+    return _short_rows(chosen, pos, topk)
+
+
+KINDS = {"uniform": uniform, "windowed": windowed, "shared16": shared16,
+         "sink_window_random": sink_window_random, "clustered": clustered}
+
+
+def selections(kind, b, s, t, topk, device, seed):
+    """[B, S, topk] int32 of ``kind`` (module docstring), one draw per batch row."""
     g = torch.Generator(device=device).manual_seed(seed)
-    pos = torch.arange(t - s, t, device=device)
-    u = torch.rand(s, topk, generator=g, device=device, dtype=torch.float64)
-    strata = (torch.arange(topk, device=device)[None, :] + u) * ((pos[:, None] + 1) / topk)
-    chosen = strata.floor().long().clamp(max=t - 1)
-    chosen = torch.where((pos < topk)[:, None], torch.arange(topk, device=device)[None, :], chosen)
-    return chosen.to(torch.int32).unsqueeze(0)
-
-
-def sources() -> dict:
-    """Index source name -> ``fn(s, t, topk, device, seed)`` (module docstring)."""
-    found = {f"window_g{g}": functools.partial(window_indices, group=g) for g in GROUPS}
-    return {**found, "uniform": uniform_indices}
+    return torch.stack([KINDS[kind](s, t, topk, device, g) for _ in range(b)])
 
 
 def causal_mask(s, t, device):
     """[1, 1, S, T] bool: S queries at the end of T keys, causal."""
-    return (torch.arange(t, device=device)[None, :] <= torch.arange(t - s, t, device=device)[:, None]).view(1, 1, s, t)
+    return (torch.arange(t, device=device)[None, :] <= _positions(s, t, device)[:, None]).view(1, 1, s, t)
 
 
-def masked_sdpa(q, k, v, indices, mask):
+def mla_inputs(b, s, t, heads, dims, device, dtype, seed):
+    """q, latent, rope key, kv_b weight (random; scores O(1)) and the scale of an MLA layer."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(b, heads, s, dims["nope"] + dims["rope"], generator=g, device=device, dtype=dtype)
+    latent = torch.randn(b, t, dims["latent"], generator=g, device=device, dtype=dtype)
+    rope_key = torch.randn(b, t, dims["rope"], generator=g, device=device, dtype=dtype)
+    weight = (torch.randn(heads * (dims["nope"] + dims["v"]), dims["latent"], generator=g, device=device)
+              * dims["latent"] ** -0.5).to(dtype)
+    return q, latent, rope_key, weight, (dims["nope"] + dims["rope"]) ** -0.5
+
+
+def expanded_kv(latent, rope_key, weight, heads, nope_dim):
+    """(k [B, H, T, Dn+Dr], v [B, H, T, Dv]) as transformers' expand_kv builds them."""
+    w_uk, w_uv = head_weights(weight, heads, nope_dim)
+    k_nope = torch.einsum("btc,hnc->bhtn", latent, w_uk)
+    k = torch.cat([k_nope, rope_key[:, None].expand(-1, heads, -1, -1)], dim=-1)
+    return k, torch.einsum("btc,hvc->bhtv", latent, w_uv)
+
+
+def masked_sdpa(q, k, v, indices, mask, scale):
     """transformers' DSA attention (sdpa implementation): index mask, combined mask, dense SDPA."""
     b, s, _ = indices.shape
     index_mask = indices.new_ones((b, s, k.shape[2]), dtype=torch.bool).scatter(-1, indices.long(), False)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask & ~index_mask.unsqueeze(1), scale=SCALE)
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    visible = ~index_mask.unsqueeze(1) if mask is None else mask & ~index_mask.unsqueeze(1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
 
 
 def one_call_ms(fn, device):
@@ -130,27 +193,30 @@ def one_call_ms(fn, device):
     return 1e3 * (time.perf_counter() - start)
 
 
-def median_ms(fn, reps, device, budget_ms=3000.0):
-    """Median milliseconds of ``fn`` over up to ``reps`` calls, fewer when a call is long (about
-    ``budget_ms`` in all, at least 2 calls)."""
+def median_ms(fn, reps, device, budget_ms=2000.0):
+    """Median milliseconds of ``fn`` over up to ``reps`` calls after one warm-up, fewer when a call
+    is long (about ``budget_ms`` in all, at least 2 calls on a GPU; on the CPU one call, no warm-up)."""
+    if device.type != "cuda":
+        return one_call_ms(fn, device)
+    fn()
     times = []
     while len(times) < reps and (len(times) < 2 or sum(times) < budget_ms):
-        sync(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(one_call_ms(fn, device))
     return statistics.median(times)
 
 
-def check_rows(s):
-    """Query rows checked against the reference: the first ones, around TOPK, spread, the last."""
-    picks = {min(s - 1, r) for r in (0, 1, TOPK - 1, TOPK, TOPK + 1, s - 1)}
-    picks |= {int(x) for x in torch.linspace(0, s - 1, CHECK_ROWS - len(picks))}
-    return torch.tensor(sorted(picks))
+def check_rows(s, device):
+    """Sampled (batch, query) rows: the first ones, around top-K, spread, the last."""
+    picks = {min(s - 1, r) for r in (0, 1, 2047, 2048, s - 1)}
+    picks |= {int(x) for x in torch.linspace(0, s - 1, CHECK_ROWS)}
+    return torch.tensor(sorted(picks), device=device)
 
 
-def floor_ms(pairs, keys_read, s, heads):
-    flops = 2.0 * (QK_DIM + V_DIM) * heads * pairs
-    bytes_ = 2.0 * heads * (s * QK_DIM + s * V_DIM + keys_read * (QK_DIM + V_DIM)) + 4.0 * s * TOPK
-    return 1e3 * max(flops / PEAK_FLOPS, bytes_ / PEAK_BYTES)
+def fits(nbytes, device):
+    """Whether ``nbytes`` more fit in MEMORY_FRACTION of the free device memory (always on the CPU)."""
+    return device.type != "cuda" or nbytes <= MEMORY_FRACTION * torch.cuda.mem_get_info(device)[0]
 
 
 def graph_checks(fn, device):
@@ -164,151 +230,171 @@ def graph_checks(fn, device):
     graph.replay()
     torch.cuda.synchronize()
     identical = eager is not None and bool(torch.equal(graph_out, eager))
-    result = {"no_sync": no_sync, "graph_identical": identical, "graph_ms": median_ms(graph.replay, 10, device)}
+    result = {"no_sync": no_sync, "graph_identical": identical, "graph_ms": median_ms(graph.replay, 5, device)}
     del graph
     return result
 
 
-def run_case(s, t, heads, device, dtype, reps, rows_out):
-    """Rows of one (S, T): masked SDPA (timed once: its work does not depend on the indices) and
-    sparse per index source, errors on sampled rows, the floor."""
-    g = torch.Generator(device=device).manual_seed(s + t)
-    q = torch.randn(1, heads, s, QK_DIM, generator=g, device=device, dtype=dtype)
-    k = torch.randn(1, heads, t, QK_DIM, generator=g, device=device, dtype=dtype)
-    v = torch.randn(1, heads, t, V_DIM, generator=g, device=device, dtype=dtype)
-    mask = causal_mask(s, t, device)
-    rows = check_rows(s).to(device)
-    dense_ms = None
-    for source, make in sources().items():
-        indices = make(s, t, TOPK, device, seed=s + 1)
-        base = {"S": s, "T": t, "heads": heads, "source": source, "topk": TOPK}
+def run_case(case, kinds, args, device, dims, emit):
+    """Rows of one (B, S, T, heads) case: every method on every selection kind (module docstring)."""
+    b, s, t, heads = case["B"], case["S"], case["T"], case["heads"]
+    q, latent, rope_key, weight, scale = mla_inputs(b, s, t, heads, dims, device, torch.bfloat16, seed=s + t)
+    mask = causal_mask(s, t, device) if s > 1 else None
+    configs = [DEFAULT_CONFIG] if args.smoke else list(CONFIGS)
+    expanded_bytes = 2 * b * heads * t * (dims["nope"] + dims["rope"] + dims["v"])
+    kv = expanded_kv(latent, rope_key, weight, heads, dims["nope"]) if fits(2 * expanded_bytes, device) else None
+    sdpa_bytes = 3 * b * s * t  # index mask, combined mask, their inversion
+    sdpa_ms, rows = None, check_rows(s, device)
+    flops = 2.0 * b * s * heads * dims["topk"] * (2 * dims["latent"] + dims["rope"])
+    chosen = sparse_attention_form("auto", heads, s)[0]
+    for number, (kind, make) in enumerate(kinds.items()):
+        indices = make(b, s, t)
+        distinct = distinct_rows(indices)
+        base = {**case, "kind": kind, "topk": indices.shape[2], "distinct": distinct, "chosen": chosen}
+        reference, _ = absorbed_sparse_attention(q[:, :, rows], latent, rope_key, weight, indices[:, rows],
+                                                 None if mask is None else mask[:, :, rows], scale=scale)
+        found = []
 
-        def sparse():
-            return sparse_attention_triton(q, k, v, indices, mask, scale=SCALE)[0]
+        def record(method, fn, **extra):
+            row = {**base, "method": method, **extra}
+            try:
+                row["err_vs_reference"] = float((fn()[:, :, rows].float() - reference.float()).abs().max())
+                row["ms"] = median_ms(fn, args.reps, device)
+                row["tflops"] = flops / row["ms"] / 1e9
+                row["floor_ms"] = 1e3 * flops / PEAK_FLOPS
+            except Exception as exc:  # out of memory, a configuration that does not compile: recorded
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            found.append(row)
 
-        picked = sparse()[:, :, rows].float()
-        _, visible = selected_keys(indices, t, mask)
-        pairs = int(visible.sum())
-        keys_read = int(torch.zeros(t, dtype=torch.bool, device=device).scatter(
-            0, indices.long().flatten(), True).sum()) if s == 1 else t
-        _, _, sizes, _ = build_union(indices, mask, t, tile_rows(s))
-        reference, _ = sparse_attention(q[:, :, rows], k, v, indices[:, rows], mask[:, :, rows], scale=SCALE)
-        sparse_row = {**base, "method": "sparse", "ms": median_ms(sparse, reps, device),
-                      "build_ms": median_ms(lambda: build_union(indices, mask, t, tile_rows(s)), reps, device),
-                      "floor_ms": floor_ms(pairs, keys_read, s, heads), "pairs": pairs,
-                      "union_per_row": float(sizes.double().sum() * min(s, tile_rows(s)) / max(pairs, 1)),
-                      "err_vs_reference": float((picked - reference.float()).abs().max())}
-        sparse_row.update(graph_checks(sparse, device))
-        dense_row = {**base, "method": "masked_sdpa"}
-        try:
-            dense_rows = masked_sdpa(q, k, v, indices, mask)[:, :, rows].float()
-            if dense_ms is None:
-                dense_ms = median_ms(lambda: masked_sdpa(q, k, v, indices, mask), reps, device)
-            dense_row["ms"] = dense_ms
-            dense_row["masked_sdpa_vs_reference"] = float((dense_rows - reference.float()).abs().max())
-            sparse_row["err_vs_masked_sdpa"] = float((picked - dense_rows).abs().max())
-            sparse_row["speedup"] = dense_ms / sparse_row["ms"]
-        except torch.OutOfMemoryError as exc:
-            dense_row["error"] = repr(exc)[:300]
-        rows_out += [dense_row, sparse_row]
-        for row in (dense_row, sparse_row):
-            print(json.dumps(row), flush=True)
+        absorbed = functools.partial(absorbed_sparse_attention_triton, q, latent, rope_key, weight, indices, mask,
+                                     scale=scale, distinct=distinct)
+        for name in configs:
+            record(f"absorbed:{name}", functools.partial(absorbed, config=name))
+        if number == 0:  # every configuration on the first kind, its fastest on the others
+            ran = [r for r in found if "ms" in r]
+            configs = [min(ran, key=lambda r: r["ms"])["method"].split(":", 1)[1]] if ran else configs[:1]
+            try:
+                found[0].update(graph_checks(absorbed, device))
+            except Exception as exc:  # recorded: the timings stand without it
+                found[0]["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        if kv is None:
+            found.append({**base, "method": "union", "error": "skipped: the expanded keys and values "
+                          f"({expanded_bytes / 2**30:.0f} GiB) do not fit"})
+        else:
+            record("union", lambda: sparse_attention_triton(q, *kv, indices, mask, scale=scale)[0])
+        if kv is None or not fits(sdpa_bytes, device):
+            found.append({**base, "method": "masked_sdpa", "error": "skipped: the expanded keys and values or "
+                          f"the [B, S, T] masks ({sdpa_bytes / 2**30:.0f} GiB) do not fit"})
+        else:
+            row = {**base, "method": "masked_sdpa"}
+            try:
+                out = masked_sdpa(q, *kv, indices, mask, scale)
+                row["err_vs_reference"] = float((out[:, :, rows].float() - reference.float()).abs().max())
+                del out
+                if sdpa_ms is None:
+                    sdpa_ms = median_ms(lambda: masked_sdpa(q, *kv, indices, mask, scale), args.reps, device)
+                row.update(ms=sdpa_ms, tflops=flops / sdpa_ms / 1e9)
+            except Exception as exc:  # out of memory: recorded
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            found.append(row)
+        timed = [r for r in found if "ms" in r]
+        best = min(r["ms"] for r in timed) if timed else None
+        mine = [r["ms"] for r in timed if r["method"].split(":")[0] == chosen]
+        picked = min(mine) if mine else None
+        for row in found:
+            row["regret"] = None if picked is None else picked / best
+            emit(row)
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
 
-def masked_rows_check(device, dtype):
-    """Rows with no visible key, on this device: sparse "zero" == SDPA with a bool mask and sparse
-    "mean" == the eager chain with finfo.min, on a small left-padded case."""
-    g = torch.Generator(device=device).manual_seed(7)
-    q = torch.randn(1, 4, 96, QK_DIM, generator=g, device=device, dtype=dtype)
-    k = torch.randn(1, 4, 96, QK_DIM, generator=g, device=device, dtype=dtype)
-    v = torch.randn(1, 4, 96, V_DIM, generator=g, device=device, dtype=dtype)
-    indices = uniform_indices(96, 96, 16, device, seed=3)
-    mask = causal_mask(96, 96, device).clone()
-    mask[..., :, :10] = False  # ten padded keys: query rows 0..9 see nothing
-    index_mask = torch.ones(1, 96, 96, dtype=torch.bool, device=device).scatter(-1, indices.long(), False)
-    visible = mask & ~index_mask.unsqueeze(1)
-    zero_ref = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=SCALE)
-    lowest = torch.finfo(dtype).min
-    additive = torch.zeros(visible.shape, device=device, dtype=dtype).masked_fill(~visible, lowest)
-    weights = torch.softmax(torch.matmul(q, k.transpose(2, 3)) * SCALE + additive, dim=-1, dtype=torch.float32)
-    mean_ref = torch.matmul(weights.to(dtype), v)
-    result = {}
-    for rows, ref in (("zero", zero_ref), ("mean", mean_ref)):
-        out, _ = sparse_attention_triton(q, k, v, indices, mask, scale=SCALE, masked_rows=rows)
-        result[f"{rows}_rows_err"] = float((out.float() - ref.float()).abs().max())
-        result[f"{rows}_rows_padded_err"] = float((out[:, :, :10].float() - ref[:, :, :10].float()).abs().max())
-    print(json.dumps({"masked_rows_check": result}), flush=True)
-    return result
+def load_selections(path, device):
+    """(kinds {name: fn(b, s, t)}, B, S, T) of a ``--selections`` file (module docstring)."""
+    data = torch.load(path, map_location="cpu")
+    indices = data["indices"] if isinstance(data, dict) else data
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 3 or indices.dtype.is_floating_point:
+        raise ValueError(f"--selections: expected a [B, S, K] integer tensor (or a dict with 'indices'), got "
+                         f"{type(indices).__name__} {getattr(indices, 'shape', '')}")
+    b, s, _ = indices.shape
+    t = int(data.get("T", s)) if isinstance(data, dict) else s
+    loaded = indices.to(device=device, dtype=torch.int32)
+    return {f"file:{Path(path).stem}": lambda *_: loaded}, b, s, t
 
 
 def render_markdown(doc) -> str:
     lines = [f"Device: {doc['device']}, torch {doc['torch']}, triton {doc['triton']}. {doc['shape']}. "
-             f"Floor: FLOPs at {PEAK_FLOPS / 1e12:.0f} TFLOP/s or bytes at {PEAK_BYTES / 1e12:.1f} TB/s.", "",
-             "| S | T | heads | indices | method | ms | graph ms | build ms | floor ms | x floor | speedup | "
-             "union/row | err vs ref | err vs masked SDPA |", "|" + "---|" * 14]
+             f"TFLOP/s: the absorbed form's FLOPs over each method's time; floor at {PEAK_FLOPS / 1e12:.0f} "
+             "TFLOP/s.", "",
+             "| B | S | T | heads | kind | method | ms | TFLOP/s | x floor | chosen | regret | graph ms | "
+             "err vs ref |", "|" + "---|" * 13]
     for r in doc["rows"]:
+        head = f"| {r['B']} | {r['S']} | {r['T']} | {r['heads']} | {r.get('kind', '-')} | {r['method']} |"
         if "ms" not in r:
-            lines.append(f"| {r['S']} | {r['T']} | {r['heads']} | {r['source']} | {r['method']} | "
-                         f"error: {r.get('error', '')[:60]} |" + " |" * 8)
+            lines.append(head + f" {r.get('error', '')[:90]} |" + " |" * 6)
             continue
         cell = (lambda key, fmt: "-" if r.get(key) is None else format(r[key], fmt))
         ratio = "-" if "floor_ms" not in r else f"{r['ms'] / r['floor_ms']:.2f}"
-        lines.append(f"| {r['S']} | {r['T']} | {r['heads']} | {r['source']} | {r['method']} | {r['ms']:.3f} | "
-                     f"{cell('graph_ms', '.3f')} | {cell('build_ms', '.3f')} | {cell('floor_ms', '.3f')} | {ratio} | "
-                     f"{cell('speedup', '.1f')} | {cell('union_per_row', '.2f')} | {cell('err_vs_reference', '.2e')} | "
-                     f"{cell('err_vs_masked_sdpa', '.2e')} |")
-    if "masked_rows_check" in doc:
-        lines += ["", "Rows without a visible key (max abs error, all rows / padded rows): "
-                  + ", ".join(f"{k} {v:.2e}" for k, v in doc["masked_rows_check"].items())]
+        lines.append(head + f" {r['ms']:.3f} | {r['tflops']:.0f} | {ratio} | {r.get('chosen', '-')} | "
+                     f"{cell('regret', '.2f')} | {cell('graph_ms', '.3f')} | {cell('err_vs_reference', '.2e')} |")
     return "\n".join(lines) + "\n"
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON path; the markdown table goes beside it (.md)")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run (TRITON_INTERPRET=1)")
-    ap.add_argument("--heads", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--cases", nargs="+", default=["16384:16384", "65536:65536", "1:131072", "1:524288"],
-                    help="S:T cases on the GPU (S = T: causal prefill; S = 1: decode at the end of T keys)")
-    args = ap.parse_args()
-    global TOPK, SINK, WINDOW, FAR_BLOCK, FAR_BLOCKS, GROUPS, CHECK_ROWS
-    if args.smoke:
-        device, heads, reps = torch.device("cpu"), 2, 1
-        TOPK, SINK, WINDOW, FAR_BLOCK, FAR_BLOCKS, GROUPS, CHECK_ROWS = 64, 4, 32, 4, 7, (16, 4), 8
-        cases = [(256, 256), (1, 1024)]
-    else:
-        device, heads, reps = torch.device("cuda"), args.heads, args.reps
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--budget-s", type=float, default=150.0,
+                    help="cases that would start after this many seconds are skipped (the run then ends)")
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    ap.add_argument("--selections", default=None, help="a .pt file of [B, S, K] indices (module docstring)")
+    ap.add_argument("--heads", nargs="+", type=int, default=[128, 16], help="heads of the --selections cases")
+    ap.add_argument("--cases", nargs="+", default=None,
+                    help="B:S:T:heads cases instead of the default list (S = T: causal prefill; S = 1: decode)")
+    args = ap.parse_args(argv)
+    device = torch.device("cpu" if args.smoke else "cuda")
+    dims = SMOKE_DIMS if args.smoke else DIMS
+    cases = SMOKE_CASES if args.smoke else GPU_CASES
+    if args.cases is not None:
         cases = [tuple(int(x) for x in case.split(":")) for case in args.cases]
+    kinds = {k: functools.partial(lambda kind, b, s, t, seed: selections(kind, b, s, t, dims["topk"], device, seed),
+                                  k) for k in args.kinds}
     start = time.perf_counter()
     doc = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (Triton interpreter)",
            "torch": torch.__version__, "triton": triton.__version__,
-           "shape": f"bf16, qk dim {QK_DIM}, v dim {V_DIM}, top-K {TOPK}, causal, B = 1", "rows": []}
-    try:
-        doc["masked_rows_check"] = masked_rows_check(device, torch.bfloat16)
-    except Exception as exc:  # recorded; the cases still run
-        doc["masked_rows_check_error"] = repr(exc)[:500]
-        print(json.dumps({"masked_rows_check_error": doc["masked_rows_check_error"]}), flush=True)
-    for s, t in cases:
+           "shape": f"bf16, latent {dims['latent']} + rope {dims['rope']}, q/k nope {dims['nope']}, v {dims['v']}, "
+                    f"top-K {dims['topk']}", "rows": []}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(row):
+        doc["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        out.write_text(json.dumps(doc, indent=1))
+
+    plans = [({"B": b, "S": s, "T": t, "heads": h}, kinds) for b, s, t, h in cases]
+    if args.selections:
+        loaded, b, s, t = load_selections(args.selections, device)
+        plans = [({"B": b, "S": s, "T": t, "heads": h}, loaded) for h in args.heads] + plans
+    for case, case_kinds in plans:
+        if time.perf_counter() - start > args.budget_s:
+            emit({**case, "method": "-", "error": f"skipped: past the {args.budget_s:.0f} s budget"})
+            continue
+        seeded = {k: functools.partial(fn, seed=case["S"] + case["B"]) if k in KINDS else fn
+                  for k, fn in case_kinds.items()}
         try:
-            run_case(s, t, heads, device, torch.bfloat16, reps, doc["rows"])
+            run_case(case, seeded, args, device, dims, emit)
         except Exception as exc:  # recorded; the run goes on with the next case
-            doc["rows"].append({"S": s, "T": t, "heads": heads, "source": "-", "method": "sparse",
-                                "error": repr(exc)[:500]})
-            print(json.dumps(doc["rows"][-1]), flush=True)
+            emit({**case, "method": "-", "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
-        print(f"[{time.perf_counter() - start:.0f} s] S={s} T={t} done", flush=True)
+        print(f"[{time.perf_counter() - start:.0f} s] {case} done", flush=True)
     table = render_markdown(doc)
-    with open(args.out.rsplit(".", 1)[0] + ".md", "w") as f:
-        f.write(table)
+    out.with_suffix(".md").write_text(table)
     print(table)
     print(f"total {time.perf_counter() - start:.0f} s")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

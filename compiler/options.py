@@ -59,6 +59,12 @@ def _path_choices() -> tuple[str, ...]:
     return CHOICES
 
 
+def _sparse_form_choices() -> tuple[str, ...]:
+    from compiler.path_choice import SPARSE_FORM_CHOICES  # late, as _path_choices
+
+    return SPARSE_FORM_CHOICES
+
+
 def _check_capture(key: str, value: Any) -> bool:
     if _check_bool(key, value):
         import compiler.plan.capture  # noqa: F401  (registers pulsar_dosa::capture_topk, which the pass emits)
@@ -125,6 +131,11 @@ class CompileOptions:
                                      "2^21 (sparse attention) on CUDA, 0 there under CUDA graphs, every call on "
                                      "devices where the ops run their plain-torch references, such as the CPU "
                                      "(compiler.path_choice.stock_threshold)")
+    sparse_form: str = option("auto", lambda k, v: _choice(_sparse_form_choices())(k, v),
+                              "kernel of the DSA sparse attentions of MLA layers: 'auto' (on the shapes, "
+                              "compiler.path_choice.sparse_attention_form), 'absorbed' (latent rows, where the "
+                              "keys and values are kv_b_proj's expansion of a latent) or 'union' (expanded keys "
+                              "and values)")
     capture: bool = option(False, _check_capture,
                            "record each rewritten indexer's inputs instead of optimising (plan calibration, "
                            "compiler.plan.capture)")

@@ -58,7 +58,8 @@ from runtime.certified_topk import PATHS, TopkStats
 
 __all__ = ["CHOICES", "PATHS", "CallTicket", "Guard", "GUARD", "LayerChoice", "LayerSettings", "call_path",
            "check_choice", "choose_layer", "default_crossover", "indexer_settings", "keeps_stock", "layer_settings",
-           "short_candidates", "ALWAYS_STOCK", "STOCK_BELOW", "stock_threshold"]
+           "short_candidates", "ALWAYS_STOCK", "STOCK_BELOW", "stock_threshold", "SPARSE_FORMS",
+           "SPARSE_FORM_CHOICES", "sparse_attention_form"]
 
 CHOICES = ("auto",) + PATHS
 """What a user, an op argument or a plan may ask for."""
@@ -340,6 +341,52 @@ def keeps_stock(threshold: float, products) -> str | None:
         return (f"kept stock: B*S*T*H = {products} query-key-head products, below the {threshold} at which "
                 "the op's per-call host cost pays (option stock_below; 0 under CUDA graphs)")
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# DSA sparse attention of an MLA layer: absorbed or union form
+
+
+SPARSE_FORMS = ("absorbed", "union")
+"""The kernels a DSA sparse attention of an MLA layer can run: the absorbed form
+(``pulsar_dosa.absorbed_sparse_attention``: latent rows shared by the heads, the heads on the
+matrix products' rows) or the union form (``pulsar_dosa.sparse_attention`` on the expanded keys
+and values: a tile of 64 queries walks the union of their selections)."""
+SPARSE_FORM_CHOICES = ("auto",) + SPARSE_FORMS
+"""What the ``sparse_form`` option may ask for."""
+ABSORBED_MIN_HEADS = 16
+"""Under "auto", prefill attentions with fewer heads than this take the union form: the absorbed
+kernel's matrix products have one row per head and at least 16 rows (tl.dot), so fewer heads pad
+them, while the union form's work per head is 320 against 1088 FLOPs per (query, key)."""
+UNION_MIN_QUERIES = 16
+"""Under "auto", calls with fewer queries per batch row than this (decode) take the absorbed form
+whatever the heads: a tile of the union form has no neighbours to share keys with, and the
+absorbed form reads the latent cache instead of expanding all of it through kv_b_proj."""
+
+
+def sparse_attention_form(forced: str, heads: int, queries) -> tuple[str, str]:
+    """``(form, reason)`` of one DSA sparse attention whose keys and values are the expansion of a
+    latent (a form of SPARSE_FORMS). ``forced``: the ``sparse_form`` option ("auto" decides);
+    ``heads``: the attention's query heads; ``queries``: its queries per batch row (an int, or a
+    symbolic size: then not decode).
+
+    The absorbed form costs 2·H·K·(Dc + Dr + Dc) FLOPs per query whatever the selections; the union
+    form 2·H·(Dqk + Dv) per (query, key) of its tiles' unions, which is less only when neighbouring
+    queries share most of their keys (benchmarks/sparse_attention.py times both per selection
+    kind). How selections overlap is not known when compiling, so "auto" decides on the shapes:
+    absorbed at decode (``UNION_MIN_QUERIES``) and from ``ABSORBED_MIN_HEADS`` heads, union below.
+    """
+    if forced not in SPARSE_FORM_CHOICES:
+        raise ValueError(f"forced: expected one of {list(SPARSE_FORM_CHOICES)}, got {forced!r}")
+    if forced != "auto":
+        return forced, "option sparse_form"
+    if isinstance(queries, int) and queries < UNION_MIN_QUERIES:
+        return "absorbed", (f"{queries} queries per row (< {UNION_MIN_QUERIES}): no neighbours share keys, and the "
+                            "latent cache is read instead of expanded")
+    if heads >= ABSORBED_MIN_HEADS:
+        return "absorbed", (f"{heads} heads (>= {ABSORBED_MIN_HEADS}) fill the absorbed products' rows; its time "
+                            "does not depend on how the selections overlap")
+    return "union", f"{heads} heads (< {ABSORBED_MIN_HEADS}) would pad the absorbed products' rows"
 
 
 # ---------------------------------------------------------------------------------------------

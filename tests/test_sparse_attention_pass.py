@@ -1,6 +1,6 @@
 """The sparse_attention pass on transformers' DSA models (tiny, random init, fp32): every layer's
-``indices -> index mask -> attention`` chain becomes ``pulsar_dosa.sparse_attention`` (one report
-entry per layer) and the logits stay within 1e-4 of the uncompiled model, for the sdpa and eager
+``indices -> index mask -> attention`` chain becomes ``pulsar_dosa.sparse_attention`` or, in MLA's
+absorbed form, ``pulsar_dosa.absorbed_sparse_attention`` (one report entry per layer) and the logits stay within 1e-4 of the uncompiled model, for the sdpa and eager
 implementations, with left padding (rows that see no key), a cache (prefill, chunked prefill,
 decode), dynamic shapes, either pass order, GLM's shared-indexer layers; chains the op cannot
 reproduce are reported near misses and left untouched."""
@@ -16,6 +16,7 @@ from compiler.report import collecting
 
 ATOL = 1e-4
 EAGER = {"downstream": "eager", "stock_below": 0}
+ABSORBED_OP = torch.ops.pulsar_dosa.absorbed_sparse_attention.default
 
 
 def _ids(b, n, seed=0):
@@ -30,9 +31,35 @@ def _sparse(report):
     return [r for r in report.rewrites if r.kind == "sparse_attention"]
 
 
-@pytest.mark.parametrize("attn,variant", [("sdpa", "sdpa+bool_mask"), ("eager", "eager+additive_mask")])
-def test_padded_batch_every_layer_rewritten_and_logits_match_eager(attn, variant):
-    model = build_model(tiny_config(layers=2, attn=attn, dense_layers=2), torch.float32)
+def dsa_model(name, attn, layers=2):
+    """A tiny fp32 DSA model: DeepseekV32, or GlmMoeDsa of the same sizes (its second layer shares the
+    first one's selection)."""
+    if name == "DeepseekV32ForCausalLM":
+        return build_model(tiny_config(layers=layers, attn=attn, dense_layers=layers), torch.float32)
+    import dataclasses
+
+    from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
+
+    fields = {f.name for f in dataclasses.fields(GlmMoeDsaConfig)} - {"layer_types", "mlp_layer_types"}
+    sizes = {k: v for k, v in tiny_config(layers=layers, attn=attn, dense_layers=layers).to_dict().items()
+             if k in fields}
+    torch.manual_seed(0)
+    config = GlmMoeDsaConfig(**{**sizes, "indexer_types": ["full", "shared"][:layers]})
+    config._attn_implementation = attn
+    return GlmMoeDsaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("name,attn,form,variant", [
+    ("DeepseekV32ForCausalLM", "sdpa", "union", "sdpa+bool_mask"),
+    ("DeepseekV32ForCausalLM", "eager", "union", "eager+additive_mask"),
+    ("DeepseekV32ForCausalLM", "sdpa", "absorbed", "sdpa+bool_mask+absorbed"),
+    ("DeepseekV32ForCausalLM", "eager", "absorbed", "eager+additive_mask+absorbed"),
+    ("GlmMoeDsaForCausalLM", "sdpa", "absorbed", "sdpa+bool_mask+absorbed"),
+    ("GlmMoeDsaForCausalLM", "eager", "absorbed", "eager+additive_mask+absorbed"),
+])
+def test_padded_batch_every_layer_rewritten_and_logits_match_eager(name, attn, form, variant):
+    model = dsa_model(name, attn)
+    assert model.config._attn_implementation == attn
     ids, pad = _ids(2, 40), torch.ones(2, 40, dtype=torch.long)
     pad[1, :5] = 0  # left padding: five query rows see no key
     with torch.no_grad():
@@ -40,7 +67,7 @@ def test_padded_batch_every_layer_rewritten_and_logits_match_eager(attn, variant
     graphs = []
 
     def backend(gm, example_inputs):
-        compiled = pulsar_dosa(gm, example_inputs, options=EAGER)
+        compiled = pulsar_dosa(gm, example_inputs, options={**EAGER, "sparse_form": form})
         graphs.append(gm)
         return compiled
 
@@ -48,22 +75,29 @@ def test_padded_batch_every_layer_rewritten_and_logits_match_eager(attn, variant
     with collecting() as report, torch.no_grad():
         got = torch.compile(model, backend=backend)(ids, attention_mask=pad, use_cache=False).logits
     assert [r.module for r in _sparse(report)] == _attention_layers(model)
-    assert {r.variant for r in _sparse(report)} == {variant}
+    assert {(r.variant, r.path, r.details["distinct_indices"]) for r in _sparse(report)} == {(variant, form, True)}
     assert {r.details["masked_rows"] for r in _sparse(report)} == {"zero" if attn == "sdpa" else "mean"}
     assert not report.near_misses
-    # The [B,S,T] index masks and the dense attention are gone from the graph.
+    # The [B,S,T] index masks and the dense attention are gone from the graph; in the absorbed form the
+    # key/value expansion too: kv_b_proj's weight is read by the absorbed op only.
     targets = [n.target for g in graphs for n in g.graph.nodes]
     assert not {"scatter", "softmax", F.scaled_dot_product_attention, torch.softmax, F.softmax} & set(targets)
+    if form == "absorbed":
+        assert not {"new_empty", "copy_", torch._C._nn.scaled_dot_product_attention} & set(targets)
+        weights = [n for g in graphs for n in g.graph.nodes if n.op == "placeholder" and "kv_b_proj" in n.name]
+        assert weights and all([u.target for u in w.users] == [ABSORBED_OP] for w in weights)
     torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
 
 
-@pytest.mark.parametrize("attn,dynamic,steps", [("sdpa", False, ((0, 40), (40, 48), (48, 49))),
-                                                ("eager", True, ((0, 40), (40, 41)))])
-def test_prefill_chunked_prefill_and_decode_with_a_cache(attn, dynamic, steps):
+@pytest.mark.parametrize("attn,dynamic,form,steps", [("sdpa", False, "absorbed", ((0, 40), (40, 48), (48, 49), (49, 50))),
+                                                     ("eager", True, "auto", ((0, 40), (40, 41), (41, 42)))])
+def test_prefill_chunked_prefill_and_decode_with_a_cache(attn, dynamic, form, steps):
+    """Forced absorbed: every call. "auto" at 4 heads: the prefill takes the union form, decode (one
+    query per row) the absorbed form, which reads the latent cache instead of expanding it."""
     model = build_model(tiny_config(layers=1, attn=attn, dense_layers=1), torch.float32)
     ids = _ids(1, 50, seed=1)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="pulsar_dosa", options=EAGER, dynamic=dynamic)
+    compiled = torch.compile(model, backend="pulsar_dosa", options={**EAGER, "sparse_form": form}, dynamic=dynamic)
     ours, theirs = DynamicCache(config=model.config), DynamicCache(config=model.config)
     with collecting() as report, torch.no_grad():
         for start, stop in steps:
@@ -71,6 +105,12 @@ def test_prefill_chunked_prefill_and_decode_with_a_cache(attn, dynamic, steps):
             got = compiled(ids[:, start:stop], cache=ours, use_cache=True).logits
             torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
     assert len(_sparse(report)) == len(report.compiles) and not report.near_misses
+    paths = [r.path for r in _sparse(report)]
+    assert set(paths) == {"absorbed"} if form == "absorbed" else (paths[0], paths[-1]) == ("union", "absorbed")
+    decode = [r for r in _sparse(report) if r.shapes["q"][2] == "1"]
+    assert decode and all(r.path == "absorbed" and r.shapes["latent"][2] != "1" for r in decode)
+    if form == "auto":
+        assert "no neighbours share keys" in decode[-1].details["form_reason"]
 
 
 @pytest.mark.parametrize("passes", [["sparse_attention"], ["attention", "sparse_attention", "dsa_indexer"]])
@@ -161,8 +201,13 @@ def test_chains_the_op_cannot_reproduce_are_near_misses(fn, reason):
     if fn is not dsa_dropout:
         torch.testing.assert_close(got, fn(q, k, v, indices, mask), rtol=0, atol=1e-5)
     misses = [m.reason for m in report.near_misses if m.kind == "sparse_attention"]
+    # Ten queries per row: the absorbed form would run, but k and v are inputs, not a latent's expansion.
+    absorbed = [m for m in misses if m.startswith("absorbed form not taken")]
+    misses = [m for m in misses if m not in absorbed]
     if reason is None:
-        assert len(_sparse(report)) == 1 and not misses
+        assert len(_sparse(report)) == 1 and not misses and _sparse(report)[0].path == "union"
+        assert absorbed == ["absorbed form not taken: the value is not the last-dim part of an expanded projection "
+                            "(split or slice)"]
     elif reason == "not a candidate":
         assert not _sparse(report) and not misses and report.counters["sparse_attention.not_candidate"] >= 1
     else:

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket
+from compiler.lowering.online_softmax import online_softmax_step
 from runtime.attention_layout import register_attention_kernel
 from runtime.attention_reference import check_attention_inputs, two_interval_attention
 
@@ -72,14 +73,7 @@ def _attend_key_tile(acc, m_i, l_i, q, k_head, v_head, start_n, offs_d, d_ok,
         in_segment = (offs_n[None, :] >= segment_start[:, None]) & (offs_n[None, :] <= last_key[:, None])
         visible = (in_prefix | in_segment) & key_ok[None, :]
         scores = tl.where(visible, scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    # Rows that have seen no visible key yet keep m = -inf; shifting them by 0 keeps exp2 at 0.
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_shift)
-    p = tl.exp2(scores - m_shift[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
+    return online_softmax_step(scores, v, acc, m_i, l_i, DOT_PRECISION)
 
 
 _INTERPRETED = interpreter_active()

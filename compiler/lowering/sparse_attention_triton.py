@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket, multiprocessor_count
+from compiler.lowering.online_softmax import merge_split_partials
 from runtime.sparse_attention import check_sparse_attention_inputs
 
 _LOG2_E = math.log2(math.e)
@@ -255,24 +256,8 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, v_ptr, o_ptr, lse_ptr,
     row_ok = rows < seq_q
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < v_dim
-    top = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for split in range(0, num_splits):
-        part = ((split * num_batch + batch) * num_q_heads + head) * seq_q + rows
-        top = tl.maximum(top, tl.load(part_lse_ptr + part, mask=row_ok, other=float("-inf")))
-    shift = tl.where(top == float("-inf"), 0.0, top)
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for split in range(0, num_splits):
-        part = ((split * num_batch + batch) * num_q_heads + head) * seq_q + rows
-        weight = tl.exp2(tl.load(part_lse_ptr + part, mask=row_ok, other=float("-inf")) - shift)
-        o_part = tl.load(part_o_ptr + part[:, None] * BLOCK_DV + offs_dv[None, :], mask=row_ok[:, None],
-                         other=0.0)
-        # An empty split has weight exactly 0 and its o is 0: it adds nothing.
-        acc += weight[:, None] * o_part
-        total += weight
-    empty = total == 0.0
-    o = acc / tl.where(empty, 1.0, total)[:, None]
-    lse2 = tl.where(empty, float("-inf"), shift + tl.log2(tl.where(empty, 1.0, total)))
+    o, _, lse2 = merge_split_partials(part_o_ptr, part_lse_ptr, (batch * num_q_heads + head) * seq_q + rows,
+                                      num_batch * num_q_heads * seq_q, num_splits, row_ok, offs_dv, BLOCK_DV)
     _write_rows(o, lse2, batch, head, head // group, rows, row_ok, offs_dv, dv_ok, v_ptr, o_ptr, lse_ptr,
                 stride_vb, stride_vh, stride_vs, stride_vd, stride_ob, stride_oh, stride_os, stride_od,
                 stride_lb, stride_lh, stride_ls, seq_k, MEAN_ROWS, BLOCK_DV, BLOCK_N)

@@ -1,5 +1,5 @@
 """The DSA sparse-attention pass: indexer indices -> index mask -> dense attention  =>
-``pulsar_dosa.sparse_attention``.
+``pulsar_dosa.absorbed_sparse_attention`` or ``pulsar_dosa.sparse_attention``.
 
 transformers' DSA layers (``DeepseekV32Attention``, ``GlmMoeDsaAttention``, eager and sdpa
 implementations) turn the indexer's top-K indices into a mask and run dense attention over all
@@ -25,6 +25,14 @@ the mean of v over all keys for an additive ``finfo.min`` mask (every logit equa
 ``masked_rows``. Scores are computed in fp32, the original in the model dtype: the outputs agree
 to floating-point rounding.
 
+Two forms. Where k and v are ``kv_b_proj``'s expansion of an MLA latent
+(``compiler.passes.mla_latent``: both transformers DSA models, with or without a cache), the
+absorbed op reads the latent rows, the rope key and kv_b_proj's weight instead (the expansion dies
+with the attention; o_proj and everything else stay as they are); otherwise, or where
+``path_choice.sparse_attention_form`` picks it, the union op reads k and v. Where the absorbed
+form would have been picked but k and v are not recognised, a near miss says why and the union op
+runs. ``distinct`` is passed True when the indices are a top-K's (``from_topk``).
+
 A safe match where the stock form is faster (``path_choice.keeps_stock``: e.g. decode over a
 short cache on a GPU without CUDA graphs, or any call on the CPU, where the op runs its plain-torch
 reference) is declined: left untouched, reported as a near miss.
@@ -47,19 +55,23 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
+import compiler.ops.absorbed_sparse_attention  # noqa: F401  (registers pulsar_dosa::absorbed_sparse_attention)
 import compiler.ops.sparse_attention  # noqa: F401  (registers pulsar_dosa::sparse_attention)
-from compiler.path_choice import keeps_stock, stock_threshold
+from compiler.path_choice import keeps_stock, sparse_attention_form, stock_threshold
 from compiler.passes import attention
-from compiler.passes.base import Declined, NearMiss, NotCandidate, PatternPass
+from compiler.passes.base import Declined, NearMiss, NotCandidate, PatternPass, near_miss
 from compiler.passes.matcher import (arg, insert_call, is_unit, normalize_dim,
                                      op_kind, same_size, tensor_meta, value)
+from compiler.passes.mla_latent import LatentKV, NotLatent, latent_form
 
 KIND = "sparse_attention"
 OP = torch.ops.pulsar_dosa.sparse_attention.default
+ABSORBED_OP = torch.ops.pulsar_dosa.absorbed_sparse_attention.default
 _AND_TARGETS = (operator.and_, torch.logical_and, torch.bitwise_and)
 _AND_METHODS = ("logical_and", "bitwise_and", "__and__")
 _ONES_FUNCTIONS = (torch.ones, torch.ones_like)
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_TOPK_OPS = ("pulsar_dosa::certified_topk", "pulsar_dosa::capture_topk")
 
 
 @dataclass
@@ -87,6 +99,11 @@ class SparseMatch:
     variant: str
     interior: list[fx.Node]
     operand_nodes: list[fx.Node] = field(default_factory=list)
+    latent: Optional[LatentKV] = None
+    """k and v as kv_b_proj's expansion of a latent (None: not recognised, ``not_latent`` says why)."""
+    not_latent: str = ""
+    distinct: bool = False
+    """The indices come from a top-K: no row repeats a key."""
 
 
 def _is_and(node: Any) -> bool:
@@ -121,6 +138,26 @@ def _integer_source(node: Any) -> tuple[Any, list[fx.Node]]:
                 and src.dtype in _INDEX_DTYPES:
             return node.args[0], [node]
     return node, []
+
+
+def from_topk(indices: Any) -> bool:
+    """Whether ``indices`` are the indices of a top-K (``topk(...)[1]`` or the certified top-K op's),
+    through integer casts: then no row repeats a key (the keys are below 2^31, so a cast to int32
+    keeps them distinct)."""
+    while isinstance(indices, fx.Node) and (op_kind(indices) == "cast" or (
+            indices.op == "call_method" and indices.target in ("long", "int"))):
+        meta = tensor_meta(indices)
+        if meta is None or meta.dtype not in _INDEX_DTYPES:
+            return False
+        indices = indices.args[0]
+    if not (isinstance(indices, fx.Node) and indices.op == "call_function" and indices.target is operator.getitem
+            and indices.args[1] == 1 and isinstance(indices.args[0], fx.Node)):
+        return False
+    source = indices.args[0]
+    if op_kind(source) == "topk":
+        return True
+    name = getattr(getattr(source.target, "_schema", None), "name", None)
+    return source.op == "call_function" and name in _TOPK_OPS
 
 
 def index_mask_of(node: Any) -> Optional[IndexMask]:
@@ -345,21 +382,44 @@ def match_sparse(anchor: fx.Node) -> SparseMatch:
     scale = att.scale if att.scale is not None else tensor_meta(att.q).shape[3] ** -0.5
     mask_kind = "index_only" if model_mask is None else "additive_mask" if combined.additive else "bool_mask"
     variant = f"{att.form}+{mask_kind}" + ("+gqa" if att.folded else "")
+    latent, not_latent = None, ""
+    try:
+        if att.folded:
+            raise NotLatent("the keys and values are repeated over query heads (GQA)")
+        latent = latent_form(att.k, att.v, tensor_meta(att.q).shape[1], {anchor, *att.chain})
+    except NotLatent as why:
+        not_latent = str(why)
     return SparseMatch(anchor, att.q, att.k, att.v, combined.index.indices, model_mask, scale, att.divide, masked_rows,
                        variant, att.chain + combined.nodes + combined.index.nodes,
-                       combined.index.operand_nodes)
+                       combined.index.operand_nodes, latent, not_latent, from_topk(combined.index.indices))
 
 
-def rewrite(graph: fx.Graph, match: SparseMatch) -> fx.Node:
-    """Insert the op before the anchor and return it (the runner reroutes and erases)."""
+def _latent_rows(graph: fx.Graph, node: fx.Node, like: fx.Node) -> fx.Node:
+    """``node`` as ``[B, T, D]``: a ``[B, 1, T, D]`` tensor loses its dim 1."""
+    if tensor_meta(node).dim() == 3:
+        return node
+    return insert_call(graph, "call_function", torch.squeeze, (node, 1), like=like)
+
+
+def rewrite(graph: fx.Graph, match: SparseMatch, form: str) -> fx.Node:
+    """Insert the op of ``form`` before the anchor and return it (the runner reroutes and erases; the
+    absorbed form adds the key/value expansion to the nodes that die)."""
     with graph.inserting_before(match.anchor):
         scale = match.scale
         if match.divide:
             scale = 1.0 / scale if not isinstance(scale, fx.Node) else \
                 insert_call(graph, "call_function", operator.truediv, (1.0, scale), like=match.anchor)
-        return insert_call(graph, "call_function", OP,
-                           (match.q, match.k, match.v, match.indices, match.mask, scale, match.masked_rows),
-                           like=match.anchor)
+        if form == "union":
+            return insert_call(graph, "call_function", OP,
+                               (match.q, match.k, match.v, match.indices, match.mask, scale, match.masked_rows),
+                               like=match.anchor)
+        latent = match.latent
+        rows = [_latent_rows(graph, x, match.anchor) for x in (latent.latent, latent.rope_key)]
+        op = insert_call(graph, "call_function", ABSORBED_OP,
+                         (match.q, *rows, latent.weight, match.indices, match.mask, scale, match.masked_rows,
+                          match.distinct), like=match.anchor)
+    match.interior = match.interior + latent.nodes
+    return op
 
 
 class SparseAttentionPass(PatternPass):
@@ -375,22 +435,33 @@ class SparseAttentionPass(PatternPass):
         return match_sparse(anchor)
 
     def settings(self, ctx, match):
-        """Declined (``path_choice.keeps_stock``) when the masked attention over all keys is too
-        small for the op's per-call host cost: B*Hq*S*T query-key-head products."""
+        """``(form, reason)``: Declined (``path_choice.keeps_stock``) when the masked attention over
+        all keys is too small for the op's per-call host cost (B*Hq*S*T query-key-head products);
+        else the form of ``path_choice.sparse_attention_form``, the union form where k and v are
+        not a latent's expansion (a near miss says why when the absorbed form would have run)."""
         q, k = value(match.q), value(match.k)
         threshold = stock_threshold(ctx.options, KIND, q.device.type, ctx.cuda_graphs)
         why = keeps_stock(threshold, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
         if why is not None:
             raise Declined(why)
-        return None
+        form, reason = sparse_attention_form(ctx.options.sparse_form, q.shape[1], q.shape[2])
+        if form == "absorbed" and match.latent is None:
+            near_miss(ctx, KIND, match.anchor, f"absorbed form not taken: {match.not_latent}")
+            return "union", f"absorbed form not taken: {match.not_latent}"
+        return form, reason
 
     def rewrite(self, ctx, match, settings):
-        return rewrite(ctx.gm.graph, match)
+        return rewrite(ctx.gm.graph, match, settings[0])
 
     def describe(self, match, settings, op):
-        shapes = {name: value(x).shape for name, x in
-                  (("q", match.q), ("k", match.k), ("v", match.v), ("indices", match.indices))}
+        form, reason = settings
+        operands = (("q", match.q), ("k", match.k), ("v", match.v), ("indices", match.indices))
+        if form == "absorbed":
+            operands = (("q", match.q), ("latent", match.latent.latent), ("rope_key", match.latent.rope_key),
+                        ("kv_b_weight", match.latent.weight), ("indices", match.indices))
+        shapes = {name: value(x).shape for name, x in operands}
         if match.mask is not None:
             shapes["mask"] = value(match.mask).shape
-        return dict(variant=match.variant, shapes=shapes, path="sparse", masked_rows=match.masked_rows,
-                    topk=str(value(match.indices).shape[2]))
+        variant = match.variant + ("+absorbed" if form == "absorbed" else "")
+        return dict(variant=variant, shapes=shapes, path=form, masked_rows=match.masked_rows,
+                    topk=str(value(match.indices).shape[2]), form_reason=reason, distinct_indices=match.distinct)

@@ -1,0 +1,55 @@
+"""``torch.ops.pulsar_dosa.absorbed_sparse_attention``: DSA attention of an MLA layer over the
+indexer's selected keys, in the absorbed form (the keys and values stay latent rows).
+
+Schema: ``absorbed_sparse_attention(Tensor q, Tensor latent, Tensor rope_key, Tensor kv_b_weight,
+Tensor indices, Tensor? mask, float scale, str masked_rows, bool distinct) -> Tensor``. q
+``[B, H, S, Dn+Dr]``, latent ``[B, T, Dc]``, rope_key ``[B, T, Dr]``, kv_b_weight
+``[H·(Dn+Dv), Dc]`` (the weight of ``kv_b_proj``, read at every call), indices ``[B, S, K]``
+int32/int64, mask None or bool (True = visible) broadcastable to ``[B, 1, S, T]``,
+``masked_rows`` "zero" or "mean". Returns o ``[B, H, S, Dv]`` in q's dtype: the semantics of
+``runtime.absorbed_attention`` (equal to ``pulsar_dosa.sparse_attention`` on the keys and values
+``kv_b_proj`` expands, to rounding). ``distinct`` = True promises that no row repeats an in-range
+index (indices from a top-K): the CUDA kernel then skips the per-row sort that removes repeats.
+
+The CPU kernel (and any device without its own) runs the plain-torch reference, which treats every
+selection as a set; CUDA runs ``compiler/lowering/absorbed_attention_triton.py`` (no host
+synchronisation: capturable in a CUDA graph). The fake kernel supports symbolic sizes. Under a
+Pulsar layout the op raises, as ``pulsar_dosa.sparse_attention`` does, for the same reason.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from compiler.ops.sparse_attention import _refuse_pulsar_layout
+from runtime.absorbed_attention import absorbed_sparse_attention as reference_absorbed_sparse_attention
+
+
+@torch.library.custom_op("pulsar_dosa::absorbed_sparse_attention", mutates_args=())
+def absorbed_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
+                              kv_b_weight: torch.Tensor, indices: torch.Tensor, mask: Optional[torch.Tensor],
+                              scale: float, masked_rows: str, distinct: bool) -> torch.Tensor:
+    """Absorbed sparse attention (module docstring), by the plain-torch reference."""
+    _refuse_pulsar_layout()
+    out, _ = reference_absorbed_sparse_attention(q, latent, rope_key, kv_b_weight, indices, mask, scale=scale,
+                                                 masked_rows=masked_rows)
+    return out
+
+
+@absorbed_sparse_attention.register_kernel("cuda")
+def _absorbed_sparse_attention_cuda(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows, distinct):
+    from compiler.lowering.absorbed_attention_triton import absorbed_sparse_attention_triton
+
+    _refuse_pulsar_layout()
+    return absorbed_sparse_attention_triton(q, latent, rope_key, kv_b_weight, indices, mask, scale=scale,
+                                            masked_rows=masked_rows, distinct=distinct)
+
+
+@absorbed_sparse_attention.register_fake
+def _absorbed_sparse_attention_fake(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows, distinct):
+    if q.dim() != 4 or rope_key.dim() != 3 or kv_b_weight.dim() != 2:
+        raise ValueError(f"q, rope_key, kv_b_weight: expected ranks 4, 3 and 2, got {q.dim()}, {rope_key.dim()} "
+                         f"and {kv_b_weight.dim()}")
+    v_dim = kv_b_weight.shape[0] // q.shape[1] - (q.shape[3] - rope_key.shape[2])
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v_dim))
