@@ -34,14 +34,17 @@ case "${1:?part 1 or 2}" in
   3)
     R="$OUT/results"; mkdir -p "$R"
     python3 benchmarks/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \
-      --budget-s 50 80 2>&1 | tee "$R/dsa_indexer.log" | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
+      --budget-s ${WARMUP_S:-50} ${SPARSE_S:-80} 2>&1 | tee "$R/dsa_indexer.log" \
+      | grep -E '"(decided_steps|start|end|saved)"|step": [0-9]*0,|Error|error'
     tar cf - ckpt/dsa | split -b 15M - "$OUT/ckpt.tar."
-    timeout 70 python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama benchmarks/models/tiny-llama \
+    timeout ${EVAL_S:-70} python3 benchmarks/tiny_eval.py --dsa ckpt/dsa --llama benchmarks/models/tiny-llama \
       --out "$R/tiny_models_h200.json" --trials 20 --sparse-trials 6 --mass-windows 1 2>&1 | grep -v "Loading weights" \
       | tee "$R/tiny_eval.log"
-    rm -rf benchmarks/models/tiny-dsa && cp -r ckpt/dsa benchmarks/models/tiny-dsa
-    PYTHONPATH=. timeout 50 python3 benchmarks/indexer_zoo.py --out "$R/indexer_zoo_trained_h200.json" --families \
-      --trained-layers 2 0 4 --S 4096 --T 65536 --cal-T 32768 --budget-s 25 2>&1 | grep -v "Loading weights" \
-      | tail -25
+    if [ "${ZOO_S:-50}" -gt 0 ]; then
+      rm -rf benchmarks/models/tiny-dsa && cp -r ckpt/dsa benchmarks/models/tiny-dsa
+      PYTHONPATH=. timeout ${ZOO_S:-50} python3 benchmarks/indexer_zoo.py --out "$R/indexer_zoo_trained_h200.json" \
+        --families --trained-layers 2 0 4 --S 4096 --T 65536 --cal-T 32768 --budget-s 25 2>&1 \
+        | grep -v "Loading weights" | tail -25
+    fi
     ;;
 esac
