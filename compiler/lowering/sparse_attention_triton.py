@@ -457,7 +457,8 @@ def _launch(q, k, v, indices, mask, scale: float, masked_rows: str, splits: Opti
     config = choose_config(
         "sparse_attention", _launch_configs(q.dtype, block_m), run, device=q.device, length=s,
         shape={"qk_dim": qk_dim, "v_dim": v_dim, "itemsize": q.element_size(), "block_m": block_m,
-               "union_bucket": length_bucket(cap), "heads": hq})
+               "union_bucket": length_bucket(cap), "heads": hq},
+        work=b * hq * tiles * block_m * cap * (qk_dim + v_dim))
     run(config)
     return o, lse
 
