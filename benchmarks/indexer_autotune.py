@@ -150,7 +150,8 @@ def main():
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         kind = mask_operand(mask, 1, S, T)[0]
-        tuned = choose_screen_config(launch, k, kind, p.g.shape[2], tr.list_queries)
+        tuned = choose_screen_config(launch, k, kind, p.g.shape[2], tr.list_queries,
+                                     work=S * T * p.g.shape[2] * k.shape[2])
         torch.cuda.synchronize()
         run["tuning_s"] = time.perf_counter() - t1
         run["tuned_config"] = label(tuned)

@@ -5,10 +5,14 @@ Contract (SPEC A.1):
 * ``q``       [B, S, H, D]  query heads of the indexer (H, D >= 1), float16 / bfloat16 / float32;
 * ``k``       [B, T, D]     keys shared by all heads, same dtypes;
 * ``weights`` [B, S, H]     signed per-head weights with every scale folded in, same dtypes;
-* ``topk``    a positive Python int (``bool`` is refused);
+* ``topk``    a positive Python int below 2^63, the op's int64 (``bool`` is refused);
 * ``mask``    None, a bool tensor [B, S, T] (True = visible), or an additive float tensor
   [B, S, T] (float16 / bfloat16 / float32) where ``-inf`` hides a key and every other value is
   added to the score of that key.
+
+T and S must be below 2^31 (the kernels index keys and queries in int32). With real tensors, a
+call whose reference workspace (``reference_workspace_bytes``: the [B,S,T] visibility, bias,
+scores and their ordering) exceeds the device's memory is refused before any of it is built.
 
 All floating inputs are upcast to float32 (exact: every accepted dtype embeds in float32).
 ``kk = min(topk, T)`` is the number of outputs per query. For an additive mask, a key is visible
@@ -23,7 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["IndexerInputs", "check_indexer_inputs", "checked_kk"]
+from runtime.workspace import check_index_range, check_workspace
+
+__all__ = ["IndexerInputs", "check_indexer_inputs", "checked_kk", "reference_workspace_bytes"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -67,9 +73,16 @@ def _check_float_tensor(name: str, x: object, ndim: int, layout: str) -> torch.T
 def _check_topk(topk: object) -> int:
     if isinstance(topk, bool) or not isinstance(topk, int):
         raise TypeError(f"topk: expected a positive int, got {topk!r} ({type(topk).__name__})")
-    if topk <= 0:
-        raise ValueError(f"topk: expected a positive int, got {topk}")
+    if not 0 < topk < 2**63:
+        raise ValueError(f"topk: expected a positive int below 2^63 (the op's int64), got {topk}")
     return topk
+
+
+def reference_workspace_bytes(B: int, S: int, T: int, H: int, D: int) -> int:
+    """An upper bound of the bytes the plain-torch reference holds at once for a call: about 40 per
+    (query, key) (visibility, bias, scores, their sort) and 40 per query element (q in float32 and
+    float64 copies)."""
+    return 40 * B * S * T + 40 * B * S * H * D + 12 * B * T * D
 
 
 def _split_mask(
@@ -128,6 +141,9 @@ def check_indexer_inputs(
         if x.device != q.device:
             raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
     T = k.shape[1]
+    check_index_range("k", "keys T", T)
+    check_index_range("q", "queries S", S)
+    check_workspace(reference_workspace_bytes(B, S, T, H, D), q.device, "q, k", f"B={B}, S={S}, T={T}")
     visible, bias = _split_mask(mask, B, S, T, q.device)
     return IndexerInputs(
         q=q.to(torch.float32),

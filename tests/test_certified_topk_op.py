@@ -134,3 +134,21 @@ def test_bad_shapes_are_refused_before_the_cuda_pipeline():
         _certified_topk_cuda(q, k, w[:, :2], 3)
     with pytest.raises(ValueError, match="path: expected one of"):
         _certified_topk_cuda(q, k, w, 3, path="fast")
+
+
+def test_sizes_beyond_the_kernels_or_the_memory_are_named_on_every_kernel():
+    from compiler.lowering.certified_topk_triton import certified_topk_cuda
+
+    q, k, w, _ = _inputs()
+    long_k = k[:, :1].expand(2, 2**31, 8)  # zero-stride: the size costs no memory
+    for op in (torch.ops.pulsar_dosa.certified_topk, certified_topk_cuda):
+        with pytest.raises(ValueError, match=r"k: expected fewer than 2\^31 keys T"):
+            op(q, long_k, w, 3)
+    huge = (torch.zeros(1, 1, 1, 8).expand(1, 2**20, 1, 8), torch.zeros(1, 1, 8).expand(1, 2**20, 8),
+            torch.zeros(1, 1, 1).expand(1, 2**20, 1))
+    message = r"q, k: B=1, S=1048576, T=1048576 need about .* GiB of workspace on cpu"
+    with pytest.raises(ValueError, match=message):
+        torch.ops.pulsar_dosa.certified_topk(*huge, 2**15, record_stats=False)
+    for path in ("dense", "certified"):
+        with pytest.raises(ValueError, match=message):  # the CUDA pipeline's own estimate, before it starts
+            certified_topk_cuda(*huge, 2**15, config=CertifiedTopkConfig(path=path))

@@ -103,7 +103,7 @@ def test_screen_takes_the_first_candidate_under_the_interpreter_without_launchin
     def launch(config):
         raise AssertionError("no candidate is launched under the interpreter")
 
-    assert choose_screen_config(launch, k, 1, 4, 8) == SCREEN_CONFIGS[0]
+    assert choose_screen_config(launch, k, 1, 4, 8, work=1 << 40) == SCREEN_CONFIGS[0]
 
 
 def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(inputs, traced, per_tile):

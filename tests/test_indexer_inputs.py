@@ -110,3 +110,25 @@ def test_checked_kk_is_topk_clipped_to_the_keys_per_signature():
     q, k, w = _inputs()
     assert [checked_kk(q, k, w, t) for t in (2, 9, 2)] == [2, T, 2]
     assert checked_kk(q, k[:, :3], w, 9, torch.ones(B, S, 3, dtype=torch.bool)) == 3
+
+
+@pytest.mark.parametrize("check", [check_indexer_inputs, checked_kk])
+def test_sizes_the_kernels_cannot_index_and_absurd_topk_are_named(check):
+    q, k, w = _inputs()
+    long_k = k[:, :1].expand(B, 2**31, D)  # zero-stride views: the sizes cost no memory
+    with pytest.raises(ValueError, match=r"k: expected fewer than 2\^31 keys T"):
+        check(q, long_k, w, 2)
+    many_q = q[:, :1].expand(B, 2**31, H, D)
+    with pytest.raises(ValueError, match=r"q: expected fewer than 2\^31 queries S"):
+        check(many_q, k, w[:, :1].expand(B, 2**31, H), 2)
+    with pytest.raises(ValueError, match=r"topk: expected a positive int below 2\^63"):
+        check(q, k, w, 2**70)
+
+
+def test_a_workspace_beyond_the_memory_is_refused_before_the_mask_is_built():
+    q = torch.zeros(1, 1, 1, 8).expand(1, 2**20, 1, 8)
+    k = torch.zeros(1, 1, 8).expand(1, 2**20, 8)
+    w = torch.zeros(1, 1, 1).expand(1, 2**20, 1)
+    with pytest.raises(ValueError, match=r"q, k: B=1, S=1048576, T=1048576 need about .* GiB of workspace on cpu"):
+        check_indexer_inputs(q, k, w, 4)
+    assert checked_kk(q, k, w, 4) == 4  # shapes alone (meta tensors): no device, no memory to compare

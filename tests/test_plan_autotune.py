@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from compiler.autotune import (AutotuneCache, LaunchConfig, choose_config, fastest_config,
+from compiler.autotune import (MIN_TUNED_WORK, AutotuneCache, LaunchConfig, choose_config, fastest_config,
                                interpreter_active, length_bucket, tuning_key)
 
 SMALL = LaunchConfig.of(BLOCK_T=16, num_warps=2)
@@ -29,8 +29,33 @@ def test_interpreter_and_cpu_use_the_first_config_without_measuring(tmp_path):
     launched = []
     cache = AutotuneCache(tmp_path / "cache.json")
     chosen = choose_config("screen", [LARGE, SMALL], launched.append, device=torch.device("cpu"),
-                           length=5000, shape={"heads": 8}, cache=cache)
+                           length=5000, shape={"heads": 8}, work=MIN_TUNED_WORK, cache=cache)
     assert chosen == LARGE and launched == [] and not (tmp_path / "cache.json").exists()
+
+
+class Tuning(Exception):
+    """Raised by a launch: the candidates are being compiled and measured."""
+
+
+def test_a_small_call_on_the_gpu_takes_the_first_config_without_compiling_the_others(tmp_path, monkeypatch):
+    # A first call at a new shape compiles every candidate it measures (seconds each for the larger
+    # kernels): a call with less work than MIN_TUNED_WORK, whose run time no config changes much,
+    # must not pay that. Outside the interpreter, as on a CUDA device:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+
+    def launch(config):
+        raise Tuning(config)
+
+    cache = AutotuneCache(tmp_path / "cache.json")
+    cuda = torch.device("cuda", 0)
+    assert choose_config("screen", [LARGE, SMALL], launch, device=cuda, length=5000, shape={"heads": 8},
+                         work=MIN_TUNED_WORK - 1, cache=cache) == LARGE
+    with pytest.raises(Tuning):
+        choose_config("screen", [LARGE, SMALL], launch, device=cuda, length=5000, shape={"heads": 8},
+                      work=MIN_TUNED_WORK, cache=cache)
+    with pytest.raises(ValueError, match="work: expected an int >= 0"):
+        choose_config("screen", [LARGE, SMALL], launch, device=cuda, length=5000, shape={}, work=-1, cache=cache)
 
 
 def test_fastest_config_is_the_one_with_the_least_measured_time():

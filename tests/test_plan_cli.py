@@ -102,12 +102,69 @@ def test_a_model_without_an_indexer_is_rejected(tmp_path):
     assert not (tmp_path / "plan.json").exists()
 
 
-def test_candidates_are_checked_before_the_model_is_loaded(tmp_path):
-    (tmp_path / "ids.txt").write_text("1 2 3 4")
-    for bad in ("0,4", "4,x"):
-        with pytest.raises(ValueError, match="--candidates"):  # not the missing model's error
-            main(["--model", "no_such_model_dir", "--tokens", str(tmp_path / "ids.txt"),
-                  "--out", str(tmp_path / "plan.json"), "--candidates", bad])
+def usage_error(capsys, argv):
+    """main(argv)'s exit code and the last line of what it wrote to stderr."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    return info.value.code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def model_dir(tmp_path, monkeypatch):
+    """A tiny model directory (a config.json, vocabulary 128) and token ids; loading or building a
+    model fails the test: every check below must come first."""
+    import compiler.plan.inputs as inputs
+
+    tiny_config().save_pretrained(tmp_path / "model")
+    (tmp_path / "ids.txt").write_text("1 2 3 4 5 6 7 8")
+
+    def no_model_work(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(inputs, "load_model", no_model_work)
+    return tmp_path
+
+
+BAD_FLAGS = [
+    (["--out", "{d}/missing/plan.json"], "--out: directory {d}/missing does not exist"),
+    (["--out", "{d}"], "--out: {d} is a directory"),
+    (["--plot", "{d}/missing/plan.png"], "--plot: directory {d}/missing does not exist"),
+    (["--design-length", "0"], "argument --design-length: expected an int >= 1, got '0'"),
+    (["--queries", "-1"], "argument --queries: expected an int >= 1, got '-1'"),
+    (["--queries", "200000"], "--queries: expected at most --design-length (131072) queries, got 200000"),
+    (["--seq-len", "0"], "argument --seq-len: expected an int >= 1, got '0'"),
+    (["--batch-size", "x"], "argument --batch-size: expected an int >= 1, got 'x'"),
+    (["--seed", "-1"], "argument --seed: expected an int in [0, 2^63), got '-1'"),
+    (["--candidates", "0,4"], "--candidates: expected budgets >= 1, got '0,4'"),
+    (["--candidates", "4,x"], "--candidates: expected comma-separated ints or 'all', got '4,x'"),
+    (["--device", "cuda:99"], "--device: cuda:99 is not available"),
+    (["--device", "meta"], "--device: expected cpu or an available cuda device, got 'meta'"),
+    (["--device", "gpu0"], "--device: expected cpu or an available cuda device, got 'gpu0'"),
+    (["--constants", "{d}/corrupt.json"], "--constants: cannot read KernelConstants from {d}/corrupt.json"),
+    (["--constants", "{d}/none.json"], "--constants: expected 'cpu', 'h200', 'measure' or a JSON file"),
+    (["--tokens", "{d}/big.txt"], "--tokens: token id 128 is outside the model's vocabulary of 128 ids"),
+    (["--tokens", "{d}/none.txt"], "--tokens: no file {d}/none.txt"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_FLAGS)
+def test_every_flag_is_checked_before_any_model_work_with_an_argparse_error(model_dir, capsys, change, message):
+    d = str(model_dir)
+    (model_dir / "corrupt.json").write_text('{"dense_macs_per_s": ')
+    (model_dir / "big.txt").write_text("1 2 127 128")
+    argv = {"--model": f"{d}/model", "--tokens": f"{d}/ids.txt", "--out": f"{d}/plan.json"}
+    argv.update(zip(change[::2], (c.format(d=d) for c in change[1::2])))
+    code, last = usage_error(capsys, [x for kv in argv.items() for x in kv])
+    assert code == 2 and message.format(d=d) in last
+    assert not (model_dir / "plan.json").exists()
+
+
+def test_structured_geometry_is_checked_as_a_flag(tmp_path, capsys):
+    for spec, message in (("1,8,64", "--structured: expected six ints B,S,T,H,D,K, got '1,8,64'"),
+                          ("1,8,64,4,8,0", "--structured: expected B,S,T,H,D,K >= 1"),
+                          ("1,80,64,4,8,4", "--structured: expected S <= T, got S=80, T=64")):
+        code, last = usage_error(capsys, ["--structured", spec, "--out", str(tmp_path / "p.json")])
+        assert code == 2 and message in last
 
 
 def test_layer_candidates_default_to_the_short_list_and_stay_below_the_head_count():
@@ -152,3 +209,24 @@ def test_structured_and_model_inputs_are_exclusive(tmp_path):
         main(["--structured", "1,8,64,4,8,4", "--model", "x", "--out", str(tmp_path / "p.json")])
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "p.json")])
+
+
+class _Embedder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 4)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+
+def small_vocabulary_model():
+    """A factory model (module:function): its vocabulary is known only once it is built."""
+    return _Embedder()
+
+
+def test_a_factory_model_s_vocabulary_is_checked_once_built_before_any_capture(tmp_path, capsys):
+    (tmp_path / "ids.txt").write_text("1 2 3 20")
+    code, last = usage_error(capsys, ["--model", f"{__name__}:small_vocabulary_model", "--tokens",
+                                      str(tmp_path / "ids.txt"), "--out", str(tmp_path / "plan.json")])
+    assert code == 2 and "--tokens: token id 20 is outside the model's vocabulary of 16 ids" in last

@@ -39,3 +39,33 @@ def test_bad_arguments_are_named_before_any_work():
         OP(q, k, v, indices, mask, 0.3, "nan")
     with pytest.raises(TypeError, match="mask must be a bool tensor"):
         OP(q, k, v, indices, mask.float(), 0.3, "zero")
+
+
+def test_a_tensor_on_another_device_is_named_even_on_the_meta_device():
+    q, k, v, indices, mask = op_inputs(True)
+    with pytest.raises(ValueError, match="k must be on q's device cpu, got meta"):
+        OP(q, k.to("meta"), v, indices, mask, 0.5, "zero")
+    with pytest.raises(ValueError, match="k must be on q's device meta, got cpu"):
+        OP(q.to("meta"), k, v, indices, mask, 0.5, "zero")
+    with pytest.raises(ValueError, match="mask must be on q's device cpu, got meta"):
+        OP(q, k, v, indices, mask.to("meta"), 0.5, "zero")
+    out = OP(*(x.to("meta") for x in (q, k, v, indices, mask)), 0.5, "zero")  # all on meta: shapes only
+    assert out.device.type == "meta" and out.shape == (2, 4, 5, 16)
+
+
+def test_scale_must_be_a_number_and_float64_is_refused_by_name():
+    q, k, v, indices, mask = op_inputs(True)
+    with pytest.raises(TypeError, match="scale must be a float, got True"):
+        OP(q, k, v, indices, mask, True, "zero")
+    with pytest.raises(TypeError, match="q must be bfloat16, float16 or float32, got torch.float64"):
+        OP(q.double(), k.double(), v.double(), indices, mask, 0.5, "zero")
+    assert torch.equal(OP(q, k, v, indices, mask, 1, "zero"), OP(q, k, v, indices, mask, 1.0, "zero"))
+
+
+def test_a_key_that_is_not_attended_to_never_reaches_the_output():
+    q, k, v, _, _ = op_inputs(False)
+    bad = v.clone()
+    bad[0, 0, 0, 0] = float("inf")
+    out = OP(q[:1, :, :1], k[:1], bad[:1], torch.tensor([[[-1, 3]]]), None, 0.5, "zero")
+    want = OP(q[:1, :, :1], k[:1], v[:1], torch.tensor([[[3]]]), None, 0.5, "zero")
+    assert torch.isfinite(out).all() and torch.equal(out, want)

@@ -179,6 +179,10 @@ def dsa_eager_weights_returned(q, k, v, indices, mask):
     return torch.matmul(weights, v), weights
 
 
+def dsa_sdpa_float64(q, k, v, indices, mask):
+    return dsa_sdpa_keywords(q.double(), k.double(), v.double(), indices, mask)
+
+
 def plain_masked_sdpa(q, k, v, indices, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
@@ -188,6 +192,7 @@ def plain_masked_sdpa(q, k, v, indices, mask):
     (dsa_dropout, "dropout_p=0.1 may be active"),
     (dsa_unknown_additive_mask, "not where(bool, 0, finfo.min)"),
     (dsa_eager_weights_returned, "used outside the attention chain"),
+    (dsa_sdpa_float64, "torch.float64: the op computes bfloat16, float16 or float32"),
     (plain_masked_sdpa, "not a candidate"),
 ])
 def test_chains_the_op_cannot_reproduce_are_near_misses(fn, reason):

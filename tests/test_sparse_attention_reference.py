@@ -115,6 +115,33 @@ def test_property_equals_the_dense_masked_chain(b, hkv, group, s, extra, width, 
     assert torch.equal(torch.isneginf(lse), ~visible.any(-1)[:, None].expand(b, hkv * group, s))
 
 
+def poisoned_values(v):
+    """v with inf, -inf and NaN in the value rows of keys 0, 1 and 2 (of every k/v head)."""
+    v = v.clone()
+    v[:, :, 0, 0] = float("inf")
+    v[:, :, 1, 1] = float("-inf")
+    v[:, :, 2, 2] = float("nan")
+    return v
+
+
+def test_a_key_that_is_not_attended_to_never_reaches_the_output():
+    q, k, v, _ = inputs(1, 2, 1, 4, 12, 3, seed=6)
+    k = k.clone()
+    k[:, :, 2] = float("nan")  # a hidden key's k row may be poisoned too
+    bad = poisoned_values(v)
+    mask = torch.ones(1, 1, 4, 12, dtype=torch.bool)
+    mask[..., 2] = False
+    # Row 0: -1 padding, row 1: an index past T, row 2: key 2 hidden by the mask: none of these
+    # keys is attended to. Row 3 attends to keys 0 and 1: its columns 0 and 1 become infinite.
+    indices = torch.tensor([[[-1, 3, 5], [12, 3, 5], [2, 3, 5], [0, 1, 3]]])
+    out, _ = sparse_attention(q, k, bad, indices, mask, scale=0.5)
+    clean, _ = sparse_attention(q, k, v, torch.tensor([[[3, 5, -1]] * 4]), None, scale=0.5)
+    torch.testing.assert_close(out[:, :, :3], clean[:, :, :3], rtol=0, atol=1e-6)
+    assert torch.isfinite(out[:, :, :3]).all()
+    assert torch.isinf(out[0, :, 3, 0]).all() and torch.isinf(out[0, :, 3, 1]).all()
+    assert torch.isfinite(out[0, :, 3, 2:]).all()
+
+
 def test_bfloat16_inputs_give_bfloat16_outputs_close_to_fp32():
     q, k, v, indices = inputs(1, 2, 2, 8, 16, 5, seed=5)
     out, _ = sparse_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), indices, None, scale=0.3)
@@ -134,6 +161,19 @@ def test_bfloat16_inputs_give_bfloat16_outputs_close_to_fp32():
     (dict(mask=torch.ones(1, 2, 3, 5, dtype=torch.bool)), "mask must be broadcastable"),
     (dict(scale=float("nan")), "scale must be finite"),
     (dict(masked_rows="nan"), "masked_rows must be one of"),
+    (dict(scale=True), "scale must be a float"),
+    (dict(q=torch.zeros(1, 2, 3, 8, dtype=torch.float64), k=torch.zeros(1, 2, 5, 8, dtype=torch.float64),
+          v=torch.zeros(1, 2, 5, 4, dtype=torch.float64)), "q must be bfloat16, float16 or float32"),
+    (dict(v=torch.zeros(1, 2, 5, 4, dtype=torch.float16)), "v must have q's dtype"),
+    (dict(k=torch.zeros(1, 2, 5, 8, device="meta")), "k must be on q's device cpu"),
+    (dict(mask=torch.ones(1, 1, 3, 5, dtype=torch.bool, device="meta")), "mask must be on q's device"),
+    (dict(k=torch.zeros(1, 2, 1, 8).expand(1, 2, 2**31, 8), v=torch.zeros(1, 2, 1, 4).expand(1, 2, 2**31, 4)),
+     "k: expected fewer than 2\\^31 keys T"),
+    (dict(q=torch.zeros(1, 1, 1, 1).expand(1, 2, 2**31, 8),
+          indices=torch.zeros(1, 1, 1, dtype=torch.int64).expand(1, 2**31, 2)), "q: expected fewer than 2\\^31 queries S"),
+    (dict(q=torch.zeros(1, 1, 1, 1).expand(1, 2, 2**30, 8),
+          indices=torch.zeros(1, 1, 1, dtype=torch.int64).expand(1, 2**30, 2**20)),
+     "q, k, v, indices: B=1, Hq=2, S=1073741824, K=1048576 need about .* GiB of workspace on cpu"),
 ])
 def test_bad_inputs_name_the_argument(change, message):
     args = dict(q=torch.zeros(1, 2, 3, 8), k=torch.zeros(1, 2, 5, 8), v=torch.zeros(1, 2, 5, 4),

@@ -115,10 +115,40 @@ def test_never_reads_a_value_back_to_the_host():
         torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_key_that_is_not_attended_to_never_reaches_the_output(splits):
+    q, k, v, indices = inputs(1, 2, 1, 20, 40, 5, seed=9, low=4)
+    v = v.clone()
+    v[0, 0, 0, 0], v[0, 0, 1, 1], v[0, 0, 2, 2] = float("inf"), float("-inf"), float("nan")
+    mask = torch.ones(1, 1, 20, 40, dtype=torch.bool)
+    mask[0, 0, 6:9, 2] = False
+    indices[0, :3, 0] = -1               # padding: selects nothing (and gathers key 0 nowhere)
+    indices[0, 3:6, 0] = 0               # key 0 attended: column 0 becomes +inf in rows 3-5
+    indices[0, 6:9, 0] = 2               # key 2 selected but hidden by the mask
+    indices[0, 9, :2] = torch.tensor([0, 1])  # +inf and -inf in different columns
+    indices[0, 10, :2] = torch.tensor([2, 1])
+    o, _ = sparse_attention_triton(q, k, v, indices, mask, scale=0.3, splits=splits)
+    ref_o, _ = sparse_attention(q, k, v, indices, mask, scale=0.3)
+    finite = torch.isfinite(ref_o)
+    assert torch.equal(torch.isfinite(o), finite)  # key 0 is in the union of every row of the tile
+    assert finite[:, :, :3].all() and finite[:, :, 6:9].all() and not finite[:, :, 3:6, 0].any()
+    assert torch.equal(torch.isnan(o), torch.isnan(ref_o)) and torch.isnan(o[0, :, 10, 2]).all()
+    torch.testing.assert_close(o[finite], ref_o[finite], rtol=0, atol=2e-5)
+
+
 def test_kernel_input_errors_name_the_argument():
     q, k, v, indices = inputs(1, 2, 2, 3, 10, 4)
     with pytest.raises(TypeError, match="k must have q's dtype"):
         sparse_attention_triton(q, k.double(), v.double(), indices, None, scale=0.3)
+    with pytest.raises(TypeError, match="q must be bfloat16, float16 or float32"):
+        sparse_attention_triton(q.double(), k.double(), v.double(), indices, None, scale=0.3)
+    with pytest.raises(ValueError, match="k must be on q's device cpu, got meta"):
+        sparse_attention_triton(q, k.to("meta"), v, indices, None, scale=0.3)
+    huge_q = torch.zeros(1, 1, 1, 24).expand(1, 2, 2**24, 24)
+    huge_kv = [torch.zeros(1, 1, 1, d).expand(1, 2, 2**24, d) for d in (24, 16)]
+    one = torch.zeros(1, 1, 1, dtype=torch.int64).expand(1, 2**24, 1)
+    with pytest.raises(ValueError, match="q, k, indices: B=1, S=16777216, T=16777216 need about .* GiB of workspace"):
+        sparse_attention_triton(huge_q, *huge_kv, one, None, scale=0.3)
     with pytest.raises(ValueError, match="splits must be"):
         sparse_attention_triton(q, k, v, indices, None, scale=0.3, splits=0)
 

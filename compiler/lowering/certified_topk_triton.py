@@ -69,6 +69,7 @@ from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import checked_kk
 from runtime.rounding import U32, gamma, key_norm_up, round_up_to_float32
 from runtime.seeds import sample_keys, sample_rank, sample_size
+from runtime.workspace import check_workspace
 
 MMA_FACTOR = 4.0
 """Tensor-core fp32 accumulation is not IEEE round-to-nearest inside the MMA: its error on a
@@ -439,13 +440,33 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
                                        shared_bound=shared_bound)
 
 
+def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: CertifiedTopkConfig) -> int:
+    """An upper bound of the bytes a call allocates at once: the dense scorer's chunk (at most
+    DENSE_CHUNK_BYTES) and its selection, the outputs; on the certified path also the anchors, the
+    seed codes, the plan (PLAN_CHUNK_BYTES twice, the screen rows), the survivor lists, the
+    candidate buffer and the redo round (REDO_BUFFER_BYTES). Operands are contiguous copies at most."""
+    dense_chunk = min(DENSE_CHUNK_BYTES, 8 * B * S * T)
+    total = 2 * dense_chunk + 4 * B * (S * H * (D + 1) + T * D) + 24 * B * S * kk
+    if config.path == "certified":
+        G, _ = score_tile_shape(H)
+        cap = min(T, triton.cdiv(kk + int(config.workspace_frac * T), 128) * 128)
+        seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
+        total += (dense_chunk + 8 * B * S * seeds + 2 * PLAN_CHUNK_BYTES + B * S * 16 * (2 * D + 12)
+                  + 4 * B * triton.cdiv(S, G) * cap + 8 * B * S * min(cap, CANDIDATE_FACTOR * kk)
+                  + 2 * REDO_BUFFER_BYTES)
+    return total
+
+
 def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, config=None, stats=None, trace=None,
                                 screen_config=None, shared_bound=None):
     """``certified_topk_cuda`` of a call already checked (``checked_kk``), given its ``kk``: the
-    op's kernel, which checked the call itself."""
+    op's kernel, which checked the call itself. A call whose ``workspace_bytes`` exceed the
+    device's memory is refused here, naming q and k, before anything is allocated."""
     config = CertifiedTopkConfig() if config is None else config
-    q, k, w = _operands(q, k, weights)
+    B, S, H, D = q.shape
     T = k.shape[1]
+    check_workspace(workspace_bytes(B, S, T, H, D, kk, config), q.device, "q, k", f"B={B}, S={S}, T={T}")
+    q, k, w = _operands(q, k, weights)
     if config.path == "dense" or tf32_scores(q.dtype):
         _record(stats, q, T, None)
         return dense_values_topk(q, w, k, mask, kk)

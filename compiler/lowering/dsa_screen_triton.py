@@ -147,22 +147,23 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
                        lists_per_batch, list_queries, cfg)
 
     if config is None:
-        config = choose_screen_config(launch, k, kind, RP, list_queries)
+        config = choose_screen_config(launch, k, kind, RP, list_queries, work=B * S * T * RP * D)
     launch(config)
     return ids, count
 
 
 def choose_screen_config(launch: Callable[[LaunchConfig], None], k, mask_kind: int, rp: int,
-                         list_queries: int) -> LaunchConfig:
-    """The screen's config for this call's shape: SCREEN_CONFIGS[0] off CUDA or under the
-    interpreter; else the fastest launchable candidate for (device, bucketed T, D, RP, G, dtype,
-    mask kind), measured once and cached on disk by ``choose_config``."""
+                         list_queries: int, work: int) -> LaunchConfig:
+    """The screen's config for this call's shape: SCREEN_CONFIGS[0] off CUDA, under the
+    interpreter or for a call of less than ``compiler.autotune.MIN_TUNED_WORK`` multiply-adds
+    (``work``: B S T RP D); else the fastest launchable candidate for (device, bucketed T, D, RP, G,
+    dtype, mask kind), measured once and cached on disk by ``choose_config``."""
     if k.device.type != "cuda" or interpreter_active():
         return SCREEN_CONFIGS[0]
     T, D = k.shape[1], k.shape[2]
     shape = {"D": D, "RP": rp, "G": list_queries, "mask_kind": mask_kind,
              "dtype": DTYPE_CODES[k.dtype]}
-    return choose_config("dsa_screen", SCREEN_CONFIGS, launch, device=k.device, length=T, shape=shape)
+    return choose_config("dsa_screen", SCREEN_CONFIGS, launch, device=k.device, length=T, shape=shape, work=work)
 
 
 def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids, count,

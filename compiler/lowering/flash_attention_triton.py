@@ -240,7 +240,8 @@ def _launch(q, k, v, prefix_end, segment_start, scale: float, q_start: int):
     config = choose_config(
         "two_interval_attention", _launch_configs(q.dtype), run, device=q.device, length=max(sq, 1),
         shape={"head_dim": d, "itemsize": q.element_size(), "group": hq // hkv,
-               "key_bucket": length_bucket(max(sk, 1))})
+               "key_bucket": length_bucket(max(sk, 1))},
+        work=2 * b * hq * sq * sk * d)
     run(config)
     return o, lse
 

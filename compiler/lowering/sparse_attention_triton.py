@@ -37,7 +37,17 @@ which tunes the attention kernel):
 
 Rows with no visible key get o = 0, or for ``masked_rows="mean"`` the mean of v over all T keys
 (read only by tiles that hold such a row). Workspace: the key words ``B·ceil(S/BLOCK_M)·T·8``
-bytes (one bit per (query, key)) and the union lists ``B·ceil(S/BLOCK_M)·min(T, BLOCK_M·K)·4``.
+bytes (one bit per (query, key)) and the union lists ``B·ceil(S/BLOCK_M)·min(T, BLOCK_M·K)·4``;
+a call whose workspace exceeds the device's memory is refused before anything is allocated.
+
+Non-finite values. A union key is gathered for every row of the tile, also for rows that do not
+attend to it (weight p = 0), and 0 · inf is NaN inside a matrix product. A program whose
+accumulator ends with a non-finite entry (only possible when a value it gathered is not
+finite) therefore walks its share of the union once more (``_attend`` with NONFINITE), with the
+non-finite values zeroed in the product and what they give the rows that attend to their keys
+added apart (``_nonfinite_part``: +inf, -inf or NaN per column). A key a row does not attend to
+thus contributes exactly 0 to it, as in the reference; on finite values the second walk never
+runs and the first is the plain loop (its register use unchanged).
 """
 from __future__ import annotations
 
@@ -51,6 +61,7 @@ import triton.language as tl
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket, multiprocessor_count
 from compiler.lowering.online_softmax import merge_split_partials
 from runtime.sparse_attention import check_sparse_attention_inputs
+from runtime.workspace import check_workspace
 
 _LOG2_E = math.log2(math.e)
 _INTERPRETED = interpreter_active()
@@ -63,7 +74,6 @@ MIN_RANGE = 8192
 """Smallest key range per compaction program (ranges only split T when tiles are few)."""
 TARGET_PROGRAMS_PER_SM = 4
 """Attention programs wanted per streaming multiprocessor before tiles' unions are split."""
-_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def tile_rows(seq_q: int) -> int:
@@ -148,6 +158,71 @@ def _write_rows(o, lse2, batch, head, kv_head, rows, row_ok, offs_dv, dv_ok, v_p
 
 
 @triton.jit
+def _nonfinite_part(member, vt):
+    """[BLOCK_M, BLOCK_DV] fp32: what the non-finite entries of the value tile ``vt`` [BLOCK_N,
+    BLOCK_DV] give the rows that attend to their keys (``member`` [BLOCK_M, BLOCK_N]): per column,
+    NaN when one is NaN or +inf meets -inf, else +inf or -inf, else 0. Coded +inf 1, -inf 256,
+    NaN 257 (both), exact in fp16; one product with the member bits counts them exactly (fp32
+    sums below 2^16 for BLOCK_N <= 255)."""
+    v = vt.to(tl.float32)
+    code = tl.where(v != v, 257.0, tl.where(v == float("inf"), 1.0, tl.where(v == float("-inf"), 256.0, 0.0)))
+    hits = tl.dot(member.to(tl.float16), code.to(tl.float16)).to(tl.int32)
+    up = (hits & 255) > 0
+    down = (hits >> 8) > 0
+    return tl.where(up & down, float("nan"), tl.where(up, float("inf"), tl.where(down, float("-inf"), 0.0)))
+
+
+@triton.jit
+def _attend(q1, q2, k_head, v_head, tile_keys, tile_words, local, start, stop, offs_d1, offs_d2, offs_dv, d1_ok,
+            d2_ok, dv_ok, stride_ks, stride_kd, stride_vs, stride_vd, qk_scale_log2,
+            HAS_D2: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, NONFINITE: tl.constexpr):
+    """(acc [BLOCK_M, BLOCK_DV], running max m, running sum l) of the online softmax (base 2) of the
+    tile's rows over the union keys ``start..stop``; NONFINITE: non-finite values are kept out of the
+    product and added apart, for the rows that attend to their keys (module docstring)."""
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for u0 in range(start, stop, BLOCK_N):
+        offs_u = u0 + tl.arange(0, BLOCK_N)
+        live = offs_u < stop
+        keys = tl.load(tile_keys + offs_u, mask=live, other=0).to(tl.int64)
+        words = tl.load(tile_words + keys, mask=live, other=0)
+        member = ((words[None, :] >> local.to(tl.int64)[:, None]) & 1) != 0
+        k1 = tl.load(k_head + keys[:, None] * stride_ks + offs_d1[None, :] * stride_kd,
+                     mask=live[:, None] & d1_ok[None, :], other=0.0)
+        if UPCAST:
+            k1 = k1.to(tl.float32)
+        scores = tl.dot(q1, tl.trans(k1), input_precision=DOT_PRECISION)
+        if HAS_D2:
+            k2 = tl.load(k_head + keys[:, None] * stride_ks + offs_d2[None, :] * stride_kd,
+                         mask=live[:, None] & d2_ok[None, :], other=0.0)
+            if UPCAST:
+                k2 = k2.to(tl.float32)
+            scores += tl.dot(q2, tl.trans(k2), input_precision=DOT_PRECISION)
+        scores = tl.where(member, scores * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        # Rows that have seen no member yet keep m = -inf; shifting them by 0 keeps exp2 at 0.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_shift)
+        p = tl.exp2(scores - m_shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = tl.load(v_head + keys[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
+                     mask=live[:, None] & dv_ok[None, :], other=0.0)
+        if UPCAST:
+            vt = vt.to(tl.float32)
+        if NONFINITE:
+            bad = (vt != vt) | (tl.abs(vt) == float("inf"))
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), tl.where(bad, tl.zeros_like(vt), vt),
+                                                input_precision=DOT_PRECISION)
+            acc += _nonfinite_part(member, vt)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _sparse_attention_kernel(
         q_ptr, k_ptr, v_ptr, words_ptr, keys_ptr, sizes_ptr, o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
         stride_qb, stride_qh, stride_qs, stride_qd,
@@ -182,6 +257,7 @@ def _sparse_attention_kernel(
     q1 = tl.load(q_rows + offs_d1[None, :] * stride_qd, mask=row_ok[:, None] & d1_ok[None, :], other=0.0)
     if UPCAST:
         q1 = q1.to(tl.float32)
+    q2 = q1  # unread without HAS_D2
     if HAS_D2:
         q2 = tl.load(q_rows + offs_d2[None, :] * stride_qd, mask=row_ok[:, None] & d2_ok[None, :], other=0.0)
         if UPCAST:
@@ -191,42 +267,15 @@ def _sparse_attention_kernel(
     tile_words = words_ptr + tile_id * seq_k
     tile_keys = keys_ptr + tile_id * union_cap
 
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     start = split * split_len
     stop = tl.minimum(tl.load(sizes_ptr + tile_id), start + split_len)
-    for u0 in range(start, stop, BLOCK_N):
-        offs_u = u0 + tl.arange(0, BLOCK_N)
-        live = offs_u < stop
-        keys = tl.load(tile_keys + offs_u, mask=live, other=0).to(tl.int64)
-        words = tl.load(tile_words + keys, mask=live, other=0)
-        member = ((words[None, :] >> local.to(tl.int64)[:, None]) & 1) != 0
-        k1 = tl.load(k_head + keys[:, None] * stride_ks + offs_d1[None, :] * stride_kd,
-                     mask=live[:, None] & d1_ok[None, :], other=0.0)
-        if UPCAST:
-            k1 = k1.to(tl.float32)
-        scores = tl.dot(q1, tl.trans(k1), input_precision=DOT_PRECISION)
-        if HAS_D2:
-            k2 = tl.load(k_head + keys[:, None] * stride_ks + offs_d2[None, :] * stride_kd,
-                         mask=live[:, None] & d2_ok[None, :], other=0.0)
-            if UPCAST:
-                k2 = k2.to(tl.float32)
-            scores += tl.dot(q2, tl.trans(k2), input_precision=DOT_PRECISION)
-        scores = tl.where(member, scores * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        # Rows that have seen no member yet keep m = -inf; shifting them by 0 keeps exp2 at 0.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_shift)
-        p = tl.exp2(scores - m_shift[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(v_head + keys[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
-                     mask=live[:, None] & dv_ok[None, :], other=0.0)
-        if UPCAST:
-            vt = vt.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=DOT_PRECISION)
-        m_i = m_new
-
+    acc, m_i, l_i = _attend(q1, q2, k_head, v_head, tile_keys, tile_words, local, start, stop, offs_d1, offs_d2,
+                            offs_dv, d1_ok, d2_ok, dv_ok, stride_ks, stride_kd, stride_vs, stride_vd, qk_scale_log2,
+                            HAS_D2, UPCAST, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_DV, False)
+    if tl.max(tl.max(((acc != acc) | (tl.abs(acc) == float("inf"))).to(tl.int32), axis=1), axis=0) > 0:
+        acc, m_i, l_i = _attend(q1, q2, k_head, v_head, tile_keys, tile_words, local, start, stop, offs_d1,
+                                offs_d2, offs_dv, d1_ok, d2_ok, dv_ok, stride_ks, stride_kd, stride_vs, stride_vd,
+                                qk_scale_log2, HAS_D2, UPCAST, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_DV, True)
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
@@ -283,17 +332,23 @@ def _launch_configs(dtype: torch.dtype, block_m: int) -> list[LaunchConfig]:
             LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_N=128)]
 
 
-def _check_kernel_inputs(q, k, v) -> None:
-    """Raise TypeError/ValueError for inputs the kernels cannot take (dtype, length, grid)."""
-    if q.dtype not in _KERNEL_DTYPES:
-        raise TypeError(f"q must be bfloat16, float16 or float32, got {q.dtype}")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-    if k.shape[2] >= 2 ** 31 or q.shape[2] >= 2 ** 31:
-        raise ValueError(f"q and k must have fewer than 2^31 tokens, got {q.shape[2]} and {k.shape[2]}")
+def workspace_bytes(q, k, v, indices) -> int:
+    """Bytes the kernels allocate for a call (module docstring): key words, union lists, outputs."""
+    b, hq, s, _ = q.shape
+    seq_k, width = k.shape[2], indices.shape[2]
+    block_m = tile_rows(s)
+    tiles = b * triton.cdiv(s, block_m)
+    cap = max(1, min(seq_k, min(s, block_m) * width))
+    outputs = b * hq * s * (v.shape[3] * q.element_size() + 4)
+    return 8 * (tiles * (seq_k + 1) + 1024) + 4 * tiles * (cap + 1) + outputs
+
+
+def _check_kernel_inputs(q, k, v, indices) -> None:
+    """Raise ValueError for inputs the kernels cannot take beyond the shared checks (grid, workspace)."""
     if q.shape[0] > 65535 or q.shape[1] > 65535:
         raise ValueError(f"q must have batch and heads <= 65535 (grid axes), got {tuple(q.shape[:2])}")
+    check_workspace(workspace_bytes(q, k, v, indices), q.device, "q, k, indices",
+                    f"B={q.shape[0]}, S={q.shape[2]}, T={k.shape[2]}")
 
 
 def _split_head_dim(qk_dim: int) -> tuple[int, int, bool]:
@@ -387,7 +442,8 @@ def _launch(q, k, v, indices, mask, scale: float, masked_rows: str, splits: Opti
     config = choose_config(
         "sparse_attention", _launch_configs(q.dtype, block_m), run, device=q.device, length=s,
         shape={"qk_dim": qk_dim, "v_dim": v_dim, "itemsize": q.element_size(), "block_m": block_m,
-               "union_bucket": length_bucket(cap), "heads": hq})
+               "union_bucket": length_bucket(cap), "heads": hq},
+        work=b * hq * tiles * block_m * cap * (qk_dim + v_dim))
     run(config)
     return o, lse
 
@@ -402,7 +458,7 @@ def sparse_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     Raises TypeError/ValueError naming the argument for a bad shape, dtype, device or scalar.
     """
     check_sparse_attention_inputs(q, k, v, indices, mask, scale, masked_rows)
-    _check_kernel_inputs(q, k, v)
+    _check_kernel_inputs(q, k, v, indices)
     if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
         raise ValueError(f"splits must be None or an int >= 1, got {splits!r}")
     return _launch(q, k, v, indices, mask, float(scale), masked_rows, splits)

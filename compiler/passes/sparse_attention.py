@@ -43,7 +43,7 @@ active dropout, ``is_causal=True``, a tensor scale (numbers and symbolic floats 
 provably {0, finfo.min} (not ``where(bool, 0, finfo.min)``, or another fill), an eager chain
 adding a bool mask, scores or attention weights used outside the chain, operands that are not
 q [B,Hq,S,Dqk], k [B,Hkv,T,Dqk], v [B,Hkv,T,Dv], indices [B,S,K] integer, index mask [B,S,T]
-with (B, S, T) those of q and k. The index-mask nodes are erased when nothing else uses them.
+with (B, S, T) those of q and k, or q, k, v in a dtype the op does not compute (float64). The index-mask nodes are erased when nothing else uses them.
 """
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ from compiler.passes.base import Declined, NearMiss, NotCandidate, PatternPass, 
 from compiler.passes.matcher import (arg, insert_call, is_unit, normalize_dim,
                                      op_kind, same_size, tensor_meta, value)
 from compiler.passes.mla_latent import LatentKV, NotLatent, latent_form
+from runtime.sparse_attention import FLOAT_DTYPES
 
 KIND = "sparse_attention"
 OP = torch.ops.pulsar_dosa.sparse_attention.default
@@ -361,6 +362,8 @@ def check_operands(att: _Attention, index: IndexMask, model_mask: Optional[fx.No
             raise NearMiss("the model's mask is not a bool tensor broadcastable to [B,1,S,T]")
     if tensor_meta(out).dtype != mq.dtype or mk.dtype != mq.dtype or mv.dtype != mq.dtype:
         raise NearMiss("q, k, v and the attention output differ in dtype")
+    if mq.dtype not in FLOAT_DTYPES:
+        raise NearMiss(f"q, k, v in {mq.dtype}: the op computes bfloat16, float16 or float32")
 
 
 def match_sparse(anchor: fx.Node) -> SparseMatch:
