@@ -38,10 +38,17 @@ import time
 import torch
 
 from benchmarks.e2e import MODELS, SIZES, SMOKE_SIZES, build, method_module, run_document, sync
+from runtime.pulsar import cache_keyword
 
 WARMUP_STEPS = 2
 """Untimed steps first: the first compiles the decode graph for one cache length, the second
 recompiles it with the length dynamic."""
+
+
+def cache_argument(model, cache) -> dict:
+    """``{name: cache}`` for the cache argument of ``model`` (compiled or not): ``cache`` in
+    transformers versions that renamed ``past_key_values``."""
+    return {cache_keyword(type(getattr(model, "_orig_mod", model))): cache}
 
 
 def decode_steps(compiled, cache, ids, steps: int, device: str):
@@ -52,13 +59,13 @@ def decode_steps(compiled, cache, ids, steps: int, device: str):
         if device == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            out = compiled(ids, past_key_values=cache, use_cache=True)
+            out = compiled(ids, use_cache=True, **cache_argument(compiled, cache))
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
-            out = compiled(ids, past_key_values=cache, use_cache=True)
+            out = compiled(ids, use_cache=True, **cache_argument(compiled, cache))
             times.append((time.perf_counter() - t0) * 1e3)
         step = out.logits[:, -1].float()
         logits.append(step)
@@ -86,7 +93,7 @@ def fill_caches(model, config, args, device: str, emit) -> dict:
             try:
                 cache = DynamicCache(config=config)
                 with torch.no_grad():
-                    filler(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    filler(prompt, use_cache=True, logits_to_keep=1, **cache_argument(filler, cache))
                 sync(device)
                 caches[B, T] = cache, first
             except Exception as exc:  # out of memory at this size: recorded, next size

@@ -1,6 +1,5 @@
 """The attention pass: SDPA and eager attention chains become ``pulsar_dosa.attention``, which is
 ordinary attention with no layout and follows the Pulsar layout when one is active."""
-import inspect
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from compiler.report import collecting
 from runtime.assembly import assemble
 from runtime.attention_layout import PackedPhase, use_layout
 from runtime.attention_reference import two_interval_attention
-from runtime.pulsar import PulsarConfig, encode_context, generate
+from runtime.pulsar import PulsarConfig, cache_keyword, encode_context, generate
 
 BACKEND = dict(backend="pulsar_dosa", options={"downstream": "eager"})
 
@@ -142,7 +141,7 @@ def test_attention_op_passes_opcheck():
         torch.ops.pulsar_dosa.attention(q, k, v, None, False, None, True, "eager_mul")
 
 
-CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+CACHE_ARG = cache_keyword(LlamaForCausalLM)
 
 
 def naive_kept_kv(model, ids, layout):

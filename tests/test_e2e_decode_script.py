@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from benchmarks.e2e import SMOKE_SIZES, build
-from benchmarks.e2e_decode import WARMUP_STEPS, decode_row, decode_steps, render_markdown
+from benchmarks.e2e_decode import WARMUP_STEPS, cache_argument, decode_row, decode_steps, render_markdown
 from compiler.report import Report
 
 
@@ -17,7 +17,7 @@ def test_decode_rows_time_new_and_seen_lengths_and_compare_tokens():
     cache = DynamicCache(config=config)
     prompt = torch.randint(0, config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(prompt, use_cache=True, logits_to_keep=1, **cache_argument(model, cache))
     length = cache.get_seq_length()
     args = SimpleNamespace(steps=2)
     reference = {}

@@ -1,17 +1,16 @@
 """The single-device Pulsar driver: phase-1 KV equals naive per-input encoding; generation agrees
 with dense decoding where it must; misuse is reported."""
-import inspect
 
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from runtime.assembly import assemble
-from runtime.pulsar import PulsarConfig, encode_context, generate
+from runtime.pulsar import PulsarConfig, cache_keyword, encode_context, generate
 
 CONTEXT_LENGTH, BLOCK = 100, 32  # four blocks, the last one short
 SETTINGS = dict(sink=4, chunk=4, ratio=0.25)
-CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+CACHE_ARG = cache_keyword(LlamaForCausalLM)
 
 
 @pytest.fixture(scope="module")
