@@ -8,7 +8,7 @@ chunk of S queries at the end of T keys, the structured geometry's plan (r=1, ce
 (S, T) = (16384, 131072) and (4096, 524288). Per size: the dense op's time, the candidates each
 row wrote (keys with s >= tau; mean, 99.9th percentile and maximum, in multiples of kk) and the
 rows redone densely at the module's buffer; then, for buffers of 8, 4, 3 and 2 kk
-(``certified_topk_triton.CANDIDATE_FACTOR``, restored after), the certified op's time, its ratio
+(``topk_pipeline.CANDIDATE_FACTOR``, restored after), the certified op's time, its ratio
 to dense and whether its output is identical to dense's (indices equal, values bitwise). A row
 whose candidates overflow the buffer is redone densely, so a small buffer stays exact and costs
 time only where rows overflow.
@@ -23,7 +23,7 @@ import torch
 
 from benchmarks import dense_roofline as roofline
 from benchmarks.timing import median_ms
-from compiler.lowering import certified_topk_triton as certified
+from compiler.lowering import topk_pipeline as certified
 from runtime.structured_indexer import structured_indexer_inputs
 
 FACTORS = (8, 4, 3, 2)

@@ -7,7 +7,7 @@ The structured indexer (``runtime.structured_indexer``, H=64, D=128, bf16) with 
 the end of T keys, topk=2048: both ops are checked equal (indices, values bitwise), timed whole
 (CUDA events, median of 3), then profiled once each with ``torch.profiler``: every kernel's name,
 launches and device milliseconds, largest first, and their sum. Then the plan alone for budgets
-r = 1 and 7: the Triton form (``plan_triton``, what CUDA calls run), the torch form
+r = 1 and 7: the Triton form (``certificate_plan``, what CUDA calls run), the torch form
 (``runtime.certificate``) and the whole ``plan_screen``; and the activation-frequency kernel.
 """
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch
 
 from benchmarks.dense_roofline import PLAN, identical
 from benchmarks.timing import median_ms
-from compiler.lowering.activation_triton import activation_frequency
-from compiler.lowering.certified_topk_triton import P_SAMPLE, certified_topk_cuda, dense_topk_cuda, plan_screen
-from compiler.lowering.plan_triton import plan_certificate_triton
+from compiler.lowering.screen.head_activation import activation_frequency
+from compiler.lowering.topk_pipeline import P_SAMPLE, certified_topk_cuda, dense_topk_cuda, plan_screen
+from compiler.lowering.screen.certificate_plan import plan_certificate_triton
 from runtime.certificate import plan_certificate
 from runtime.structured_indexer import structured_indexer_inputs
 

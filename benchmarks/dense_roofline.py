@@ -37,10 +37,10 @@ import triton
 
 from benchmarks.timing import median_ms
 from compiler.autotune import LaunchConfig
-from compiler.lowering import dsa_score_triton as scorer
-from compiler.lowering.certified_topk_triton import (_all_keys, certified_topk_cuda, dense_codes,
+from compiler.lowering.scoring import indexer_scores as scorer
+from compiler.lowering.topk_pipeline import (_all_keys, certified_topk_cuda, dense_codes,
                                                      dense_chunk_rows, dense_topk_cuda, scorer_chunks)
-from compiler.lowering.threshold_select import codes_of_words, top_codes
+from compiler.lowering.selection.threshold_select import codes_of_words, top_codes
 from runtime.certified_topk import CertifiedTopkConfig
 
 H, D, TOPK = 64, 128, 2048

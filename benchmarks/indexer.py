@@ -25,12 +25,12 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from compiler.lowering.certified_topk_triton import (
+from compiler.lowering.topk_pipeline import (
     certified_topk_cuda,
     dense_topk_cuda,
 )
-from compiler.lowering.dsa_score_triton import score_keys
-from compiler.lowering.dsa_screen_triton import screen
+from compiler.lowering.scoring.indexer_scores import score_keys
+from compiler.lowering.screen.certificate_screen import screen
 from compiler.path_choice import GUARD
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.rounding import key_norm_up, round_up_to_float32

@@ -9,7 +9,7 @@ benchmarks/indexer.py), bf16, D = 128, topk = 2048, a causal chunk mask of S que
 T keys. For each retained budget r: the tuning itself (``choose_screen_config`` on an empty cache
 file: compiling and launching every candidate once, then measuring; the default candidate is
 already compiled by then); the screen kernel alone under every candidate of
-dsa_screen_triton.SCREEN_CONFIGS; then ``certified_topk_cuda`` (path "certified") with
+certificate_screen.SCREEN_CONFIGS; then ``certified_topk_cuda`` (path "certified") with
 the default config and with the tuned one. Every certified row records ``identical``: indices
 equal to ``dense_topk_cuda``'s and values bitwise equal. Median ms over CUDA-event timings after a
 warm-up run.
@@ -93,13 +93,13 @@ def main():
     # A fresh tuning cache, so that the measured tuning time is a cold one.
     os.environ["PULSAR_DOSA_AUTOTUNE_CACHE"] = str(Path(tempfile.mkdtemp()) / "autotune.json")
 
-    from compiler.lowering.certified_topk_triton import (
+    from compiler.lowering.topk_pipeline import (
         certified_topk_cuda,
         dense_topk_cuda,
         key_norms,
     )
-    from compiler.lowering.dsa_score_triton import mask_operand
-    from compiler.lowering.dsa_screen_triton import (
+    from compiler.lowering.scoring.indexer_scores import mask_operand
+    from compiler.lowering.screen.certificate_screen import (
         SCREEN_CONFIGS,
         choose_screen_config,
         screen,

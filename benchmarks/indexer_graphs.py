@@ -19,7 +19,7 @@ the random-init transformers indexer with the path forced to "certified" (most r
 by the on-device dense redo); decode of one query: the op as a compiled model calls it
 (``decode_op``, certified from every length: the path choice must send it to dense scoring), the
 transformers pattern in plain torch (``decode_dense``) and the dense Triton path, all captured. Selector rows: the gated
-exact selector (select_codes_triton) against torch.topk on random codes.
+exact selector (radix_select) against torch.topk on random codes.
 """
 from __future__ import annotations
 
@@ -31,14 +31,14 @@ import torch
 import triton
 
 import compiler.ops.certified_topk  # noqa: F401  (registers torch.ops.pulsar_dosa)
-import compiler.lowering.certified_topk_triton as certified_topk_triton
+from compiler.lowering import topk_pipeline
 from benchmarks.indexer import D, TOPK, causal_chunk_mask, decode_dense, transformers_random
 from benchmarks.timing import median_ms
-from compiler.lowering.certified_topk_triton import (
+from compiler.lowering.topk_pipeline import (
     certified_topk_cuda,
     dense_topk_cuda,
 )
-from compiler.lowering.select_codes_triton import DEFAULT_BLOCK, default_splits, select_top_codes
+from compiler.lowering.selection.radix_select import DEFAULT_BLOCK, default_splits, select_top_codes
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.structured_indexer import structured_indexer_inputs
 

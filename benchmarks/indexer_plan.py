@@ -33,7 +33,7 @@ import torch
 import triton
 
 from compiler.cost_model import H200_FITTED, T as T_SYMBOL, IndexerShape, certified_call_time, dense_call_time
-from compiler.lowering.certified_topk_triton import certified_topk_cuda, dense_topk_cuda
+from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda
 from compiler.path_choice import layer_settings
 from compiler.plan.capture import CapturedCall
 from compiler.plan.cli import plan_from_calls

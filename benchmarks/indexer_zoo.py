@@ -49,8 +49,8 @@ import triton
 import compiler  # noqa: F401  (registers torch.ops.pulsar_dosa.certified_topk)
 import compiler.path_choice as path_choice
 from compiler.cost_model import CPU_REFERENCE, H200_FITTED
-from compiler.lowering.certified_topk_triton import certified_topk_cuda, dense_topk_cuda
-from compiler.lowering.stats import TOPK_STATS
+from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda
+from compiler.ops.stats import TOPK_STATS
 from compiler.path_choice import GUARD, layer_settings
 from compiler.plan.capture import CapturedCall
 from compiler.plan.cli import plan_from_calls

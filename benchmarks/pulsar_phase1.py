@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from compiler.lowering.flash_attention_triton import two_interval_attention_triton
+from compiler.lowering.attention.two_interval_attention import two_interval_attention_triton
 from runtime.lse_merge import merge_partials
 from runtime.assembly import PackedLayout, assemble
 from runtime.attention_reference import two_interval_attention

@@ -6,7 +6,7 @@
 
 The dense scorer's int32 words (the high words of the order codes, as the dense path writes and
 selects them) of S=4096 causal queries at the end of T=131072 keys (H=64, D=128, bf16), kk=2048,
-then each step of ``compiler.lowering.threshold_select.top_codes`` timed alone (CUDA events,
+then each step of ``compiler.lowering.selection.threshold_select.top_codes`` timed alone (CUDA events,
 median of 5, its allocations included): the interleaved chunk maxima, tau (the kk-th largest
 maximum), the compaction at several tile sizes, segment counts and pipeline stages (and over the
 same rows as int64 codes), the final top-kk of the 2 kk candidate buffer (``top_candidates``:
@@ -36,9 +36,9 @@ import triton
 
 from benchmarks import dense_roofline as roofline
 from benchmarks.timing import median_ms
-from compiler.lowering import threshold_select as ts
-from compiler.lowering.certified_topk_triton import scorer_chunks
-from compiler.lowering.select_codes_triton import select_top_codes
+from compiler.lowering.selection import threshold_select as ts
+from compiler.lowering.topk_pipeline import scorer_chunks
+from compiler.lowering.selection.radix_select import select_top_codes
 from runtime.structured_indexer import structured_indexer_inputs
 
 TILES = (2, 4, 8, 16)

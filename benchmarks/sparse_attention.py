@@ -27,7 +27,7 @@ visible keys, then hidden ones, which the causal mask hides). Methods, each time
 * ``masked_sdpa``: what transformers runs: ``ones.scatter(-1, indices, False)``, ``mask & ~index_mask``,
   ``F.scaled_dot_product_attention`` over all T keys (timed once per (S, T): its work does not
   depend on the indices; its output is compared for every source);
-* ``sparse``: the op (``compiler.lowering.sparse_attention_triton``); ``build_ms`` is its union
+* ``sparse``: the op (``compiler.lowering.attention.sparse_attention``); ``build_ms`` is its union
   building alone, ``graph_ms`` a CUDA-graph replay (captured after warm-up; ``no_sync``: an eager
   call with host synchronisation forbidden succeeded; ``graph_identical``: replay == eager, bitwise).
 
@@ -54,7 +54,7 @@ import torch.nn.functional as F
 import triton
 
 import benchmarks.indexer_graphs as graphs
-from compiler.lowering.sparse_attention_triton import build_union, sparse_attention_triton, tile_rows
+from compiler.lowering.attention.sparse_attention import build_union, sparse_attention_triton, tile_rows
 from runtime.sparse_attention import selected_keys, sparse_attention
 
 QK_DIM, V_DIM, TOPK = 192, 128, 2048

@@ -20,7 +20,7 @@ every kept key and each other causally (causal attention aligned to the last key
 tokens only where SDPA has a fused kernel for it, ``causal_sdpa_is_fused``) — it is that stock
 call, the attention an unmodified model runs. Otherwise it is the two-interval attention kernel
 registered for the tensors' device (``attention_kernel``): the Triton kernel on CUDA, registered
-by ``compiler.lowering.flash_attention_triton`` when it is imported (``import compiler``, or
+by ``compiler.lowering.attention.two_interval_attention`` when it is imported (``import compiler``, or
 automatically through the package's ``pulsar_dosa.attention_kernels`` entry point), and the
 plain-torch reference ``runtime.attention_reference.two_interval_attention`` elsewhere.
 An attention function has the signature of that reference.

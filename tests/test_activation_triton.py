@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from compiler.lowering.activation_triton import activation_frequency
+from compiler.lowering.screen.head_activation import activation_frequency
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

@@ -191,7 +191,7 @@ def test_compiled_llama_follows_pulsar_phases_like_the_uncompiled_model(implemen
 
 def test_layouts_accept_the_triton_kernel_as_attention_function():
     """The op passes ``two_interval_attention_triton`` on CUDA; here it runs under the interpreter."""
-    from compiler.lowering.flash_attention_triton import two_interval_attention_triton
+    from compiler.lowering.attention.two_interval_attention import two_interval_attention_triton
     from runtime.attention_layout import QueryPhase
 
     q, k, v = qkv(sq=3, sk=9)

@@ -2,16 +2,16 @@
 import json
 
 from benchmarks import certified_buffer, dense_roofline
-from compiler.lowering import certified_topk_triton
+from compiler.lowering import topk_pipeline
 
 
 def test_certified_buffer_smoke(tmp_path, monkeypatch):
     for name in ("H", "D", "DEVICE", "TOPK"):  # main(--smoke) sets the roofline module's sizes: restored after
         monkeypatch.setattr(dense_roofline, name, getattr(dense_roofline, name))
-    factor = certified_topk_triton.CANDIDATE_FACTOR
+    factor = topk_pipeline.CANDIDATE_FACTOR
     out = tmp_path / "buffer.json"
     assert certified_buffer.main(["--smoke", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert all(row[f"buffer_{f}kk_identical"] for f in certified_buffer.FACTORS)
     assert 0 < row["candidates_mean_kk"] <= row["candidates_max_kk"]
-    assert certified_topk_triton.CANDIDATE_FACTOR == factor
+    assert topk_pipeline.CANDIDATE_FACTOR == factor

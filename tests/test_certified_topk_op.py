@@ -5,7 +5,7 @@ import torch
 
 import compiler
 from compiler.ops.certified_topk import topk_config
-from compiler.lowering.stats import TOPK_STATS
+from compiler.ops.stats import TOPK_STATS
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.dense_scorer import dense_topk
 

@@ -7,15 +7,15 @@ certified path must agree bitwise with the dense Triton path (the GPU contract).
 import pytest
 import torch
 
-from compiler.lowering.certified_topk_triton import (
+from compiler.lowering.topk_pipeline import (
     certified_topk_cuda,
     dense_codes_topk,
     dense_topk_cuda,
     redo_dense,
     redo_slots,
 )
-from compiler.lowering.dsa_score_triton import decode_codes, score_keys
-from compiler.lowering.dsa_screen_triton import screen
+from compiler.lowering.scoring.indexer_scores import decode_codes, score_keys
+from compiler.lowering.screen.certificate_screen import screen
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_zoo import zoo_inputs
 from runtime.dense_scorer import dense_topk
@@ -99,10 +99,11 @@ def test_dense_triton_equals_runtime_reference_bitwise_with_ties(mask_kind):
 def test_decode_rows_take_the_one_launch_selection_and_equal_the_reference(masked, monkeypatch):
     """Decode-shaped calls (2 batch rows of 1 query, long rows) on the few-rows selection, which the
     CPU does not choose by itself: bitwise the runtime reference, ties and hidden keys included."""
-    from compiler.lowering import certified_topk_triton, few_rows_select
+    from compiler.lowering import topk_pipeline
+    from compiler.lowering.selection import few_rows_select
 
     taken = []
-    monkeypatch.setattr(certified_topk_triton, "takes_few_rows",
+    monkeypatch.setattr(topk_pipeline, "takes_few_rows",
                         lambda *args: taken.append(args) or few_rows_select.takes_few_rows(*args[:4], "cuda"))
     B, T, kk = 2, 300, 16
     g = torch.Generator().manual_seed(3)
@@ -111,7 +112,7 @@ def test_decode_rows_take_the_one_launch_selection_and_equal_the_reference(maske
     w = torch.randint(-2, 3, (B, 1, 4), generator=g).float()
     mask = (torch.rand(B, 1, T, generator=g) < 0.6) if masked else None
     assert_same(dense_topk_cuda(q, k, w, kk, mask), dense_topk(q, k, w, kk, mask))
-    assert taken and certified_topk_triton.takes_few_rows(*taken[0])
+    assert taken and topk_pipeline.takes_few_rows(*taken[0])
 
 
 def test_certified_equals_runtime_reference_on_integer_inputs():
@@ -193,7 +194,7 @@ def test_scorer_row_list_scores_listed_rows_bitwise_and_leaves_empty_slots_alone
 
 
 def test_redo_answers_every_flagged_row_densely_in_several_rounds(monkeypatch):
-    import compiler.lowering.certified_topk_triton as triton_topk
+    import compiler.lowering.topk_pipeline as triton_topk
 
     q1, k1, w1, m1 = structured(S=12, T=256, H=4, D=16)
     q2, k2, w2, m2 = structured(S=12, T=256, H=4, D=16)
@@ -250,7 +251,7 @@ def test_bad_arguments_raise_errors_naming_the_argument():
 
 
 def test_the_dense_path_runs_the_dense_scorer_without_the_certified_stages(monkeypatch):
-    import compiler.lowering.certified_topk_triton as triton_topk
+    import compiler.lowering.topk_pipeline as triton_topk
 
     q, k, w = integer_inputs(4, 64, 2, 16, seed=6)
     stages = []

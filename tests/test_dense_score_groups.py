@@ -1,14 +1,14 @@
-"""Dense scoring in key groups (dsa_score_triton.score_dense) under TRITON_INTERPRET=1: the same
+"""Dense scoring in key groups (indexer_scores.score_dense) under TRITON_INTERPRET=1: the same
 codes as the key-list kernel for every key, mask kind, split and row list; interleaved chunk maxima
 equal to those of the codes; per-row mask bounds; the exact selection that starts from them; and
 the int32 words the dense path's long rows are written as."""
 import pytest
 import torch
 
-from compiler.lowering import dsa_score_triton
-from compiler.lowering.dsa_score_triton import (_mask_bounds_kernel, chunk_multiple, mask_operand,
+from compiler.lowering.scoring import indexer_scores
+from compiler.lowering.scoring.indexer_scores import (_mask_bounds_kernel, chunk_multiple, mask_operand,
                                                 score_dense, score_keys)
-from compiler.lowering.threshold_select import chunk_maxima, kth_largest, top_codes
+from compiler.lowering.selection.threshold_select import chunk_maxima, kth_largest, top_codes
 
 B, S, H, D, T = 2, 9, 4, 16, 450
 
@@ -47,7 +47,7 @@ def listed_codes(q, w, k, mask):
     ("additive_bf16", 3, False), ("none", 3, True), ("bool", 1, True)])
 def test_dense_codes_and_chunk_maxima_equal_the_key_list_kernel(mask_name, splits, gpu_form, monkeypatch):
     if gpu_form:  # the tl.dot / tl.sum form, on integer inputs (exact whatever the BLAS)
-        monkeypatch.setattr(dsa_score_triton, "SEQUENTIAL", False)
+        monkeypatch.setattr(indexer_scores, "SEQUENTIAL", False)
     q, k, w = inputs(splits, integer=gpu_form)
     mask = masks()[mask_name]
     want = listed_codes(q, w, k, mask)
@@ -80,8 +80,8 @@ def test_row_lists_score_their_rows_and_leave_empty_slots(mask_name):
 def bounds_reference(mask, rows):
     """(first key not clear or T, one past the last visible key or 0) per listed row."""
     kind, m, _ = mask_operand(mask, B, S, T)
-    visible = m != 0 if kind == dsa_score_triton.MASK_BOOL else m != float("-inf")
-    clear = visible & ((m == 0) if kind != dsa_score_triton.MASK_BOOL else visible)
+    visible = m != 0 if kind == indexer_scores.MASK_BOOL else m != float("-inf")
+    clear = visible & ((m == 0) if kind != indexer_scores.MASK_BOOL else visible)
     keys = torch.arange(T)
     first = torch.where(~clear, keys, T).amin(-1)
     end = torch.where(visible, keys + 1, 0).amax(-1)
@@ -153,16 +153,16 @@ def test_words_are_the_codes_high_words_and_select_as_the_codes(mask_name):
 def test_the_dense_path_selects_long_rows_from_words(monkeypatch):
     """``dense_codes_topk`` has the scorer write words (and maxima) for rows that take the threshold
     path, codes for short ones; its result is the codes' top-kk either way."""
-    from compiler.lowering import certified_topk_triton
+    from compiler.lowering import topk_pipeline
     q, k, w = inputs(4)
     mask = masks()["bool"]
     calls = []
-    real = certified_topk_triton.score_dense
-    monkeypatch.setattr(certified_topk_triton, "score_dense",
+    real = topk_pipeline.score_dense
+    monkeypatch.setattr(topk_pipeline, "score_dense",
                         lambda *a, **kw: calls.append((kw.get("words"), kw.get("maxima") is not None)) or real(*a, **kw))
     codes = score_dense(q, w, k, mask=mask)
     for kk, form in ((8, (True, True)), (100, (False, False))):  # 450 > 8 x 8 keys: threshold; 450 < 8 x 100: not
         calls.clear()
-        got = certified_topk_triton.dense_codes_topk(q, w.float(), k, mask, kk)
+        got = topk_pipeline.dense_codes_topk(q, w.float(), k, mask, kk)
         assert calls == [form]
         assert torch.equal(got, torch.topk(codes, kk, dim=-1).values)

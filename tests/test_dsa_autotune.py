@@ -7,13 +7,13 @@ import pytest
 import torch
 from triton.runtime.errors import InterpreterError
 
-import compiler.lowering.dsa_score_triton as score_mod
+import compiler.lowering.scoring.indexer_scores as score_mod
 from compiler.autotune import LaunchConfig, launchable_configs
-from compiler.lowering.certified_topk_triton import (
+from compiler.lowering.topk_pipeline import (
     certified_topk_cuda,
     dense_topk_cuda,
 )
-from compiler.lowering.dsa_screen_triton import (
+from compiler.lowering.screen.certificate_screen import (
     SCREEN_CONFIGS,
     choose_screen_config,
     screen,

@@ -1,12 +1,12 @@
-"""The decode path's one-launch selection (compiler/lowering/few_rows_select.py) against torch.topk of
+"""The decode path's one-launch selection (compiler/lowering/selection/few_rows_select.py) against torch.topk of
 the codes, decoded, under TRITON_INTERPRET=1 (integer work only: bitwise on any CPU)."""
 import pytest
 import torch
 
-from compiler.lowering import few_rows_select
-from compiler.lowering.dsa_score_triton import decode_codes
-from compiler.lowering.few_rows_select import few_rows_topk, takes_few_rows
-from compiler.lowering.threshold_select import chunk_maxima
+from compiler.lowering.selection import few_rows_select
+from compiler.lowering.scoring.indexer_scores import decode_codes
+from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
+from compiler.lowering.selection.threshold_select import chunk_maxima
 
 from tests.test_threshold_select import rows_of
 
@@ -45,7 +45,7 @@ def test_both_finishes_are_taken():
 
 
 def test_scorer_codes_of_hidden_and_tied_keys():
-    """Order codes as the scorer encodes them (dsa_score_triton ``order_code``): tied values (lower
+    """Order codes as the scorer encodes them (indexer_scores ``order_code``): tied values (lower
     key first), hidden keys, NaN."""
     N, kk = 3000, 50
     g = torch.Generator().manual_seed(7)

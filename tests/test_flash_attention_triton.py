@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from compiler.lowering.flash_attention_triton import two_interval_attention_triton
+from compiler.lowering.attention.two_interval_attention import two_interval_attention_triton
 from runtime.attention_reference import two_interval_attention
 
 pytestmark = pytest.mark.filterwarnings(

@@ -7,7 +7,7 @@ import torch
 
 import compiler.path_choice as path_choice
 from compiler.cost_model import IndexerShape, KernelConstants, crossover_length
-from compiler.lowering.stats import TOPK_STATS
+from compiler.ops.stats import TOPK_STATS
 from compiler.options import CompileOptions
 from compiler.path_choice import (CHOICES, GUARD, PATHS, RETRY_FIRST, GuardBucket, LayerSettings, call_path,
                                   choose_layer, default_crossover, layer_settings, short_candidates)

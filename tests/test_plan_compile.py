@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from compiler.cost_model import CPU_REFERENCE
-from compiler.lowering.stats import TOPK_STATS
+from compiler.ops.stats import TOPK_STATS
 from compiler.options import CompileOptions
 from compiler.path_choice import GUARD
 from compiler.plan.schema import LayerPlan, Plan, PlanError, save_plan

@@ -1,11 +1,11 @@
-"""The Triton plan (compiler.lowering.plan_triton) is the torch plan: same choices, same values up to
+"""The Triton plan (compiler.lowering.screen.certificate_plan) is the torch plan: same choices, same values up to
 float64 summation order, and a bound that never falls below THE SCORER, on adversarial inputs."""
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from compiler.lowering import certified_topk_triton as ct
-from compiler.lowering.plan_triton import plan_certificate_triton
+from compiler.lowering import topk_pipeline as ct
+from compiler.lowering.screen.certificate_plan import plan_certificate_triton
 from runtime.certificate import default_r, evaluate_bound, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.dense_scorer import exact_scores, head_dots

@@ -126,8 +126,8 @@ def test_the_package_entry_point_registers_the_triton_kernel_for_cuda():
                         text, re.M)
     assert section is not None, f"pyproject.toml declares no {KERNEL_ENTRY_POINTS} entry points"
     modules = re.findall(r'= "([\w.]+)"', section.group(1))
-    assert modules == ["compiler.lowering.flash_attention_triton"]
-    from compiler.lowering.flash_attention_triton import two_interval_attention_triton
+    assert modules == ["compiler.lowering.attention.two_interval_attention"]
+    from compiler.lowering.attention.two_interval_attention import two_interval_attention_triton
 
     assert attention_kernel(torch.device("cuda")) is two_interval_attention_triton
 

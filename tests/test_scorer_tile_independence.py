@@ -3,14 +3,14 @@ tile shape, row list and key list, on any CPU: it is exactly THE SCORER of runti
 
 Under the interpreter ``tl.dot`` would be a numpy matmul whose rounding depends on the matrix shape,
 the operands' layout and the machine's BLAS kernel; the scorer instead runs the sequential
-arithmetic of compiler/lowering/tile_arith.py there. These tests use general (non-integer,
+arithmetic of compiler/lowering/scoring/tile_arith.py there. These tests use general (non-integer,
 wide-range) inputs, so any reassociation of a dot or of the head sum would show in the last bits.
 """
 import pytest
 import torch
 
-from compiler.lowering import dsa_score_triton
-from compiler.lowering.dsa_score_triton import decode_codes, score_keys, score_tile_shape
+from compiler.lowering.scoring import indexer_scores
+from compiler.lowering.scoring.indexer_scores import decode_codes, score_keys, score_tile_shape
 from runtime.dense_scorer import exact_scores
 
 
@@ -43,7 +43,7 @@ def triton_scores(q, w, k, keys, rows=None, mask=None, with_keys=False):
 @pytest.mark.parametrize("columns", ["one_query", 32, 128])
 def test_scores_equal_the_runtime_scorer_bitwise_for_every_tile_shape(dtype, H, columns, monkeypatch):
     hp = score_tile_shape(H)[1]
-    monkeypatch.setattr(dsa_score_triton, "PRODUCT_COLUMNS", hp if columns == "one_query" else columns)
+    monkeypatch.setattr(indexer_scores, "PRODUCT_COLUMNS", hp if columns == "one_query" else columns)
     S, T, D = 5, 150, 32
     q, k, w = general_inputs(S, T, H, D, dtype, seed=H)
     keys = list(range(T - 1, -1, -2)) + list(range(0, T, 2))  # every key, out of order
@@ -73,7 +73,7 @@ def test_the_gpu_tile_form_computes_the_scores(dtype, masked, monkeypatch):
     with the interpreter's numpy dot (fp32 products): the scores of THE SCORER within the rounding
     of a reassociated fp32 dot (the tf32 rounding itself is the GPU runs' to measure). With a
     causal mask the trimmed tail (only hidden keys) gets the hidden keys' codes."""
-    monkeypatch.setattr(dsa_score_triton, "SEQUENTIAL", False)
+    monkeypatch.setattr(indexer_scores, "SEQUENTIAL", False)
     S, T, H, D = 6, 150, 16, 32
     q, k, w = general_inputs(S, T, H, D, dtype, seed=7)
     keys = list(range(T))
@@ -117,7 +117,7 @@ def test_the_mask_scan_spans_several_steps(last_visible, unclear):
     """A mask whose first unclear entry and last visible key lie in given scan steps (steps of
     TRIM_BLOCK positions): every code is still the runtime scorer's, hidden keys after the last
     visible one included."""
-    step = dsa_score_triton.TRIM_BLOCK
+    step = indexer_scores.TRIM_BLOCK
     S, T, H, D = 3, 2 * step + 700, 2, 8
     q, k, w = general_inputs(S, T, H, D, torch.bfloat16, seed=5)
     visible = torch.ones(S, T, dtype=torch.bool)

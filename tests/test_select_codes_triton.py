@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.lowering.select_codes_triton import default_splits, select_top_codes
+from compiler.lowering.selection.radix_select import default_splits, select_top_codes
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0:DeprecationWarning")  # Triton interpreter internals

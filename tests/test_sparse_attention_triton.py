@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from compiler.lowering.sparse_attention_triton import build_union, sparse_attention_triton, tile_rows
+from compiler.lowering.attention.sparse_attention import build_union, sparse_attention_triton, tile_rows
 from runtime.sparse_attention import selected_keys, sparse_attention
 
 pytestmark = pytest.mark.filterwarnings(

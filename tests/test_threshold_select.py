@@ -1,10 +1,10 @@
-"""Exact top-kk of long code rows by threshold and compaction (compiler/lowering/threshold_select.py)
+"""Exact top-kk of long code rows by threshold and compaction (compiler/lowering/selection/threshold_select.py)
 against torch.topk, under TRITON_INTERPRET=1 (integer work only: bitwise on any CPU)."""
 import pytest
 import torch
 
-from compiler.lowering import threshold_select
-from compiler.lowering.threshold_select import top_codes
+from compiler.lowering.selection import threshold_select
+from compiler.lowering.selection.threshold_select import top_codes
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -129,7 +129,7 @@ def test_compaction_segments_and_their_errors():
 
 @pytest.mark.parametrize("segments", [1, 4])
 def test_compaction_of_words_keeps_the_codes_above_any_tau(segments):
-    """Words compare with tau in 32-bit halves (select_codes_triton ``row_codes_at_least``): rows
+    """Words compare with tau in 32-bit halves (radix_select ``row_codes_at_least``): rows
     of few repeated words, the extreme ones among them, against thresholds whose high word is a
     row's word (INT32_MIN included) and whose low word cuts inside the row, at its ends, past it
     (>= N, >= 2^31) or is zero; what is kept is exactly the codes >= tau, in position order. The

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-import compiler.lowering.flash_attention_triton  # noqa: F401  (registers the CUDA two-interval kernel)
+import compiler.lowering.attention.two_interval_attention  # noqa: F401  (registers the CUDA two-interval kernel)
 from runtime.attention_layout import active_layout
 
 SDPA_FORM = "sdpa"

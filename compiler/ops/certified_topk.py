@@ -20,7 +20,7 @@ Every kernel starts with the same checks (:func:`check_call`: devices, types, ra
 dtypes, the scalar arguments; a clear error naming the argument) and answers empty inputs
 (B, S or kk = 0) with empty outputs before any device pipeline runs. The default kernel runs
 ``runtime.certified_topk.certified_topk`` (CPU and any device without its own kernel); CUDA runs
-the Triton pipeline of ``compiler/lowering/certified_topk_triton.py``. The fake kernel (also the
+the Triton pipeline of ``compiler/lowering/topk_pipeline.py``. The fake kernel (also the
 meta kernel) supports symbolic sizes and adds no guards.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from compiler.lowering.stats import TOPK_STATS
+from compiler.ops.stats import TOPK_STATS
 from compiler.path_choice import call_path, check_choice
 from runtime.certified_topk import CertifiedTopkConfig, certified_topk as reference_certified_topk
 from runtime.indexer_inputs import checked_kk
@@ -129,7 +129,7 @@ def _reference_kernel(a, kk, config, stats):
 
 
 def _cuda_kernel(a, kk, config, stats):
-    from compiler.lowering.certified_topk_triton import checked_certified_topk_cuda
+    from compiler.lowering.topk_pipeline import checked_certified_topk_cuda
 
     return checked_certified_topk_cuda(a["q"], a["k"], a["weights"], kk, a["mask"], config=config, stats=stats)
 

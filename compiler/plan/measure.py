@@ -79,7 +79,7 @@ def distribution(values: torch.Tensor) -> Distribution | None:
 
 def _certified_run(call: CapturedCall, config: CertifiedTopkConfig, stats: TopkStats) -> None:
     if call.q.device.type == "cuda":
-        from compiler.lowering.certified_topk_triton import certified_topk_cuda
+        from compiler.lowering.topk_pipeline import certified_topk_cuda
 
         certified_topk_cuda(call.q, call.k, call.weights, call.topk, call.mask, config=config, stats=stats)
     else:
@@ -88,7 +88,7 @@ def _certified_run(call: CapturedCall, config: CertifiedTopkConfig, stats: TopkS
 
 def _dense_run(call: CapturedCall) -> None:
     if call.q.device.type == "cuda":
-        from compiler.lowering.certified_topk_triton import dense_topk_cuda
+        from compiler.lowering.topk_pipeline import dense_topk_cuda
 
         dense_topk_cuda(call.q, call.k, call.weights, call.topk, call.mask)
     else:

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiler.lowering.dsa_score_triton import INTERPRET
+from compiler.lowering.scoring.indexer_scores import INTERPRET
 
 __all__ = ["activation_frequency"]
 

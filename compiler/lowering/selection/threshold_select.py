@@ -5,14 +5,14 @@ returns [..., kk], each row's kk largest codes in descending order: exactly
 ``torch.topk(codes, kk).values``, with no host synchronisation and a fixed number of launches.
 The rows may also be int32 *words*, the high words of order codes as the dense scorer writes them
 (``score_dense(words=True)``): the code at position t of a row of N is ``(word << 32) + N - 1 - t``,
-rebuilt wherever a kernel reads it (select_codes_triton ``row_codes_at``); half the bytes to read.
+rebuilt wherever a kernel reads it (radix_select ``row_codes_at``); half the bytes to read.
 
 Rows of at most ``LONG_ROW_FACTOR * kk`` codes go to ``torch.topk``, and so do calls of fewer than
 ``FEW_ROWS`` rows on the GPU (``takes_threshold``). A longer row is cut into n
 interleaved chunks (chunk j holds positions j, j + n, j + 2n, ...), n = ``chunk_count`` (about
 CHUNKS_PER_K * kk, at most N) >= kk, and tau is the kk-th largest chunk maximum (``kth_largest``).
 The maxima are computed here, or passed in: the dense scorer writes them as it scores
-(dsa_score_triton ``score_dense(maxima=...)``), which saves a read of the row; any partition of
+(indexer_scores ``score_dense(maxima=...)``), which saves a read of the row; any partition of
 the row into n >= kk disjoint chunks gives the same guarantee. The kk chunks whose maxima are >= tau are
 disjoint and each holds a code >= tau, so at least kk codes are >= tau: tau <= the row's kk-th
 largest code, and the row's top kk are exactly the top kk of its codes >= tau. Those are compacted
@@ -21,7 +21,7 @@ segment s belongs to one single-warp program, which scans the tiles of the row i
 their codes >= tau in position order, each code's slot found by a scan within the warp (no
 atomics); its count goes on past the segment. They are selected there (``top_candidates``: the
 kk-th in registers, then a sort of the kk); a row with an overflowing segment is selected from its
-whole row by the row-gated exact selector (select_codes_triton), so nothing is ever dropped.
+whole row by the row-gated exact selector (radix_select), so nothing is ever dropped.
 
 Why interleaved chunks: large scores cluster in position (an indexer favours recent keys, so a
 row's best keys sit at its end). Contiguous chunks would put all of them in a few chunks and tau
@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiler.lowering.select_codes_triton import row_codes_at, row_codes_at_least, select_top_codes
+from compiler.lowering.selection.radix_select import row_codes_at, row_codes_at_least, select_top_codes
 
 LONG_ROW_FACTOR = 8
 """Rows longer than LONG_ROW_FACTOR * kk take the threshold path; shorter ones torch.topk."""
@@ -385,7 +385,7 @@ def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) 
     ``codes``: int64 codes, or int32 words standing for the codes ``(word << 32) + N - 1 -
     position`` (the dense scorer's ``words`` output, half the bytes to read). ``maxima [..., n]``
     int64 (kk <= n, same leading dims): the maxima of n disjoint chunks of each row, e.g. written
-    by the scorer (dsa_score_triton ``maxima``); computed here when None."""
+    by the scorer (indexer_scores ``maxima``); computed here when None."""
     N = codes.shape[-1]
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")

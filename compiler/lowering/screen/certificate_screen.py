@@ -8,9 +8,9 @@ that the upper bound of query s on key t is
               (x = g[s, rho] . k[t]; then + the additive mask)
 
 with ``nk[t] >= ||k[t]||`` (rounded up) and ``e[s]`` the norm coefficient *including* the rounding
-margin (certified_topk_triton.screen_margin) and ``c[s]`` its absolute part. The rows are loaded once and reused for every key
+margin (topk_pipeline.screen_margin) and ``c[s]`` its absolute part. The rows are loaded once and reused for every key
 tile; each key tile costs one ``tl.dot`` of ``[BLOCK_SS * RP, D] x [D, BLOCK_T]`` (under
-``TRITON_INTERPRET=1``: the sequential form of compiler/lowering/tile_arith.py, so that a bound does not depend on the
+``TRITON_INTERPRET=1``: the sequential form of compiler/lowering/scoring/tile_arith.py, so that a bound does not depend on the
 tile shape, the launch config or the CPU's BLAS kernel).
 
 A key survives for query s when it is visible and ``not (U < tau[s])`` (strict pruning; NaN
@@ -23,7 +23,7 @@ key split) counts in registers; programs that share lists (key splits) use atomi
 Launch configuration: the screen is autotuned (``compiler.autotune.choose_config``, keyed on the
 device, the bucketed key length T, D, RP, G, the key dtype and the mask kind) over ``SCREEN_CONFIGS``,
 which vary only BLOCK_T, num_warps and num_stages. None of them changes the arithmetic the margin
-of ``certified_topk_triton.screen_margin`` assumes: each bound is the same D-term fp32-accumulated
+of ``topk_pipeline.screen_margin`` assumes: each bound is the same D-term fp32-accumulated
 dot (same operand dtype, same input precision; the margin allows any accumulation order and
 tensor-core rounding, MMA_FACTOR) followed by the same (RP + 2)-term sum (any order allowed). So
 every config keeps every key with ``U >= tau``; configs may differ only in which extra keys survive
@@ -39,8 +39,8 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active
-from compiler.lowering.dsa_score_triton import INTERPRET, key_splits, load_mask_tile, mask_operand
-from compiler.lowering.tile_arith import group_sum, tile_dot
+from compiler.lowering.scoring.indexer_scores import INTERPRET, key_splits, load_mask_tile, mask_operand
+from compiler.lowering.scoring.tile_arith import group_sum, tile_dot
 
 SCREEN_CONFIGS = (
     LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128),

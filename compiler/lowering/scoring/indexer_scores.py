@@ -11,7 +11,7 @@ the same tile shape and launch config, so a key's score is bitwise the same whet
 densely, as a seed, or as a survivor. The tf32 rounding of fp32 operands is not covered by the certificate's margins, so the
 certified top-K scores fp32 calls densely (``tf32_scores``).
 Under ``TRITON_INTERPRET=1`` (the CPU tests) the same kernel computes the dot and the head sum with
-``compiler/lowering/tile_arith.py``'s sequential form instead (ascending d, then ascending h, every operation
+``compiler/lowering/scoring/tile_arith.py``'s sequential form instead (ascending d, then ascending h, every operation
 rounded to fp32): exactly runtime.dense_scorer's THE SCORER, on every CPU and in every tile.
 
 Each score is written as a 64-bit *order code* (`order_code` below): a monotone int32 code of the
@@ -67,7 +67,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active, multiprocessor_count
-from compiler.lowering.tile_arith import sequential_dot, sequential_group_sum
+from compiler.lowering.scoring.tile_arith import sequential_dot, sequential_group_sum
 
 INTERPRET = interpreter_active()
 

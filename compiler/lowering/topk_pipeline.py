@@ -2,7 +2,7 @@
 
 Contract (GPU form of runtime.certified_topk): ``certified_topk_cuda`` returns the same indices and
 bitwise the same values as ``dense_topk_cuda`` for every input; both score keys with the one Triton
-scorer (dsa_score_triton) and select with THE ORDER through unique int64 order codes.
+scorer (indexer_scores) and select with THE ORDER through unique int64 order codes.
 
 Pipeline (SPEC A.2-A.5), per batch row:
 1. anchors: every ``A``-th query (A = anchor_stride rounded to the scorer's tile) is scored densely;
@@ -12,11 +12,11 @@ Pipeline (SPEC A.2-A.5), per batch row:
    (-inf when neither is finite, or when any value is not finite). The witness part is <= the
    true kk-th score; theta may exceed it, which the candidate count reveals (below);
 3. plan: runtime.certificate's plan on the queries (float64; on CUDA by the Triton form,
-   compiler.lowering.plan_triton, elsewhere by plan_certificate), turned into screen rows
+   compiler.lowering.screen.certificate_plan, elsewhere by plan_certificate), turned into screen rows
    ``g`` (the retained heads and the aux row, rounded to the key dtype), coefficients and the GPU
    rounding margin (``screen_margin``); the row count is static: r from the config, else the
    per-query default_r capped at DEFAULT_R_CAP;
-4. screen (dsa_screen_triton): U >= tau survives; survivors compacted per scorer tile;
+4. screen (certificate_screen): U >= tau survives; survivors compacted per scorer tile;
 5. refine (the scorer in compact mode): exact scores of the survivors, only ``s >= tau`` written;
    an overflowed survivor list is rescanned densely by the same kernel, on the device;
 6. selection: top-kk order codes of the written candidates (threshold_select.top_candidates).
@@ -24,7 +24,7 @@ Rows that cannot be answered this way (fewer than kk candidates ``s >= tau``: fe
 visible keys, or theta above the true kk-th score; or more candidates than the candidate buffer
 of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the device and answered by
 ``redo_dense``: dense scoring of the flagged rows and an exact selection
-(select_codes_triton), both gated on the device. Nothing is dropped: every flagged row is answered
+(radix_select), both gated on the device. Nothing is dropped: every flagged row is answered
 densely.
 
 Host synchronisation: none; a call is capturable in a CUDA graph after one call outside the
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from compiler.lowering.dsa_score_triton import (
+from compiler.lowering.scoring.indexer_scores import (
     chunk_multiple,
     decode_codes,
     key_splits,
@@ -54,12 +54,12 @@ from compiler.lowering.dsa_score_triton import (
     score_tile_shape,
     tf32_scores,
 )
-from compiler.lowering.activation_triton import activation_frequency
-from compiler.lowering.dsa_screen_triton import screen
-from compiler.lowering.few_rows_select import few_rows_topk, takes_few_rows
-from compiler.lowering.plan_triton import plan_certificate_triton
-from compiler.lowering.select_codes_triton import select_top_codes
-from compiler.lowering.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
+from compiler.lowering.screen.head_activation import activation_frequency
+from compiler.lowering.screen.certificate_screen import screen
+from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
+from compiler.lowering.screen.certificate_plan import plan_certificate_triton
+from compiler.lowering.selection.radix_select import select_top_codes
+from compiler.lowering.selection.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import checked_kk
@@ -88,7 +88,7 @@ DEFAULT_R_CAP = 7
 so that the screen's row count is known without reading the budgets back to the host."""
 PLAN_CHUNK_BYTES = 1 << 30
 """Queries planned at once by ``plan_screen``: a float64 [queries, H, D] tensor fits this (16384
-queries of 64 heads x 128). On CUDA the plan (compiler.lowering.plan_triton) writes one such
+queries of 64 heads x 128). On CUDA the plan (compiler.lowering.screen.certificate_plan) writes one such
 tensor (u) and its [queries, H, H] Gram products and absolute values, about 2x this by
 construction. On the CPU the torch form's float64 passes over [queries, H, D] are each launched
 once per chunk and peak at about 5x this (4.7x measured); on the H200 that form took 7.0 ms for
@@ -342,7 +342,7 @@ def key_norms(k):
 
 def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
     """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (module docstring).
-    ``screen_config``: the screen's LaunchConfig (None: autotuned, dsa_screen_triton.screen)."""
+    ``screen_config``: the screen's LaunchConfig (None: autotuned, certificate_screen.screen)."""
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
     tau, ids, list_count, cap, plan, G = _screen_stage(q, w, k, mask, kk, config, nk, screen_config)
@@ -413,7 +413,7 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=No
     ``dense_topk_cuda`` (bitwise values, identical indices) for every input. ``config.path``:
     "certified" runs the pipeline, "dense" the dense path. ``trace``, a list, receives the
     CertifiedTrace of a certified call. ``screen_config``: the screen kernel's LaunchConfig (one
-    of dsa_screen_triton.SCREEN_CONFIGS); None autotunes it on CUDA. Any config gives the same
+    of certificate_screen.SCREEN_CONFIGS); None autotunes it on CUDA. Any config gives the same
     output (only the screen is tuned; the scorer's config is fixed).
     """
     return checked_certified_topk_cuda(q, k, weights, checked_kk(q, k, weights, topk, mask), mask, config=config,

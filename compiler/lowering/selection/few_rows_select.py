@@ -1,10 +1,10 @@
 """Exact top-kk of a few long rows of order codes, decoded, in one launch: the decode path's selection.
 
 ``few_rows_topk(codes [R, N] int64, maxima [R, n] int64, kk, T)`` returns (values [R, kk] fp32,
-indices [R, kk] int64) equal to ``decode_codes(torch.topk(codes, kk).values, T)`` (dsa_score_triton):
+indices [R, kk] int64) equal to ``decode_codes(torch.topk(codes, kk).values, T)`` (indexer_scores):
 each row's kk largest codes, descending, decoded. Requirements: codes distinct within a row (order
 codes are); ``maxima[r, j]`` the largest code of row r's interleaved chunk j (keys j, j + n, j + 2n,
-...), as the dense scorer writes them (dsa_score_triton ``score_dense(maxima=...)``);
+...), as the dense scorer writes them (indexer_scores ``score_dense(maxima=...)``);
 1 <= kk <= n <= min(N, KTH_REGISTER_ROW). The codes are scratch: the call overwrites them. Two
 launches (a zeroed pair of counters per row, then the kernel), no host synchronisation.
 
@@ -23,8 +23,8 @@ program of the row has stored its candidates and read its codes (their stores an
 their release), so the finishing program reads every candidate (its acquire, and loads that bypass
 L1) and may overwrite the codes row. It selects the top kk of the ``count`` candidates: in registers
 when ``count <= WINDOW`` (the kk-th by ``_kth_of``, then the candidates above it and copies of it),
-else with select_codes_triton's one-program radix select; sorts them descending into the codes row
-(select_codes_triton ``_complete_and_sort``) and writes them decoded. The order of the atomics only
+else with radix_select's one-program radix select; sorts them descending into the codes row
+(radix_select ``_complete_and_sort``) and writes them decoded. The order of the atomics only
 permutes the candidate buffer, whose content as a set is fixed: the result does not depend on it.
 """
 from __future__ import annotations
@@ -34,9 +34,9 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import multiprocessor_count
-from compiler.lowering.dsa_score_triton import decode_code
-from compiler.lowering.select_codes_triton import _complete_and_sort, _select_row
-from compiler.lowering.threshold_select import FEW_ROWS, KTH_REGISTER_ROW, _kth_of, window
+from compiler.lowering.scoring.indexer_scores import decode_code
+from compiler.lowering.selection.radix_select import _complete_and_sort, _select_row
+from compiler.lowering.selection.threshold_select import FEW_ROWS, KTH_REGISTER_ROW, _kth_of, window
 
 BLOCK = 1024
 """Codes per step of a program's slice (and of the radix select's passes)."""

@@ -4,8 +4,8 @@ does not depend on the tile.
 Under ``TRITON_INTERPRET=1`` ``tl.dot`` is a numpy matmul, and a BLAS kernel's rounding of one
 output element depends on the matrix shape, the operands' layout and the CPU's kernel choice, so
 the same (query, key) pair could score to different bits in two tiles, or on two machines. The
-kernels that must score a pair to the same bits wherever it is scored (dsa_score_triton) or must
-keep the same survivors under every launch config (dsa_screen_triton) use these helpers instead of
+kernels that must score a pair to the same bits wherever it is scored (indexer_scores) or must
+keep the same survivors under every launch config (certificate_screen) use these helpers instead of
 ``tl.dot`` and ``tl.sum`` when they run in the interpreter:
 
 * ``sequential_dot``: ``x[i, j] = sum_d a[i, d] * b[j, d]`` accumulated from 0 in ascending d, every
