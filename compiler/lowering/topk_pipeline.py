@@ -81,7 +81,7 @@ CANDIDATE_FACTOR = 8
 with the structured plan the rows wrote 1.48-1.55 kk candidates on average and at most 3.53 kk
 (benchmarks/results/certified_buffer_h200.json), and a buffer of 4 kk was 5% faster there (49.9
 against 52.4 ms at S=16384, T=131072); but a conservative own-sample threshold on misaligned
-query runs writes more than 4 kk in some rows (tests/test_certified_topk_triton.py), which the
+query runs writes more than 4 kk in some rows (tests/lowering/test_topk_pipeline.py), which the
 dense redo then answers, so 8 stays until the zoo's geometries are timed with 4. Exact at any size."""
 DEFAULT_R_CAP = 7
 """Without ``config.r``, the per-query budget default_r is capped here (screen rows: r + aux = 8),

@@ -121,7 +121,7 @@ def test_an_uncompiled_model_reaches_the_registered_kernel(counted_cpu_kernel):
 
 
 def test_the_package_entry_point_registers_the_triton_kernel_for_cuda():
-    text = Path(__file__).resolve().parent.parent.joinpath("pyproject.toml").read_text()
+    text = Path(__file__).resolve().parents[2].joinpath("pyproject.toml").read_text()
     section = re.search(r'^\[project\.entry-points\."' + re.escape(KERNEL_ENTRY_POINTS) + r'"\]\n((?:\w+ = ".*"\n)+)',
                         text, re.M)
     assert section is not None, f"pyproject.toml declares no {KERNEL_ENTRY_POINTS} entry points"
@@ -169,6 +169,6 @@ def test_the_pulsar_driver_imports_neither_transformers_nor_compiler_until_it_ru
 
     code = ("import sys, runtime.pulsar, runtime.distributed; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'compiler'}))")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

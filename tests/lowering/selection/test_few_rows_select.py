@@ -8,7 +8,7 @@ from compiler.lowering.scoring.indexer_scores import decode_codes
 from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
 from compiler.lowering.selection.threshold_select import chunk_maxima
 
-from tests.test_threshold_select import rows_of
+from tests.lowering.selection.test_threshold_select import rows_of
 
 
 def expected(codes, kk, T):

@@ -1,6 +1,6 @@
 """The indexer pass on transformers' GlmMoeDsaForCausalLM (GLM-5 DSA indexer, tiny random init):
 one rewrite per layer and logits bitwise equal to eager (downstream "eager", no exact tie at the
-kk-th score in this configuration; only the indexer family runs; see tests/test_deepseek_v32_model.py)."""
+kk-th score in this configuration; only the indexer family runs; see tests/passes/test_dsa_indexer_deepseek_v32.py)."""
 import torch
 
 import compiler
