@@ -97,7 +97,7 @@ def plan_for(name: str, config, args, device: str) -> Path:
 def method_module(model, method: str, plan: Path | None, smoke: bool = False):
     """``model`` compiled as ``method`` runs it. A smoke run (the CPU) passes ``stock_below=0`` to
     every pulsar_dosa method: there the backend would otherwise keep every stock subgraph
-    (compiler.path_choice.STOCK_BELOW), and the smoke exists to run the ops."""
+    (compiler.defaults.STOCK_BELOW), and the smoke exists to run the ops."""
     if method == "stock":
         return torch.compile(model, dynamic=True)
     options = {"pulsar_dosa_plan": {"plan": str(plan)}, "pulsar_dosa_every_call": {"stock_below": 0}}.get(method, {})

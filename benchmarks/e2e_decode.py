@@ -21,7 +21,7 @@ default-mode torch.compile, no CUDA graphs).
   length (on the H200, stock inductor's steps took 40-60 ms at new lengths against 3-4 ms at seen
   ones; its profile showed kernel benchmarking, CachingAutotuner, in such steps).
 * methods: ``stock``, ``pulsar_dosa`` (default options: indexer calls too small for the op keep the
-  stock subgraph, ``compiler.path_choice.keeps_stock``) and ``pulsar_dosa_every_call`` (option
+  stock subgraph, ``compiler.policy.keeps_stock``) and ``pulsar_dosa_every_call`` (option
   ``stock_below=0``: the op on every indexer call, to time what the default declines).
 * ``indexer_rewrites``: the indexer modules whose subgraph the backend replaced in the method's
   decode graphs so far (0 for stock).

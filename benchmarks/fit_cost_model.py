@@ -13,7 +13,7 @@ op; then the certified parameters by relative least squares with non-negative va
 constants as JSON (``KernelConstants.from_json``; usable as ``python -m compiler.plan --constants
 FILE``), and beside it a markdown summary: the fit's relative errors and each zoo family's plan
 under the current ``H200_FITTED`` and under the refit (decided offline by
-``compiler.path_choice.choose_layer`` from the zoo's own calibration measurements), with the
+``compiler.plan.choice.choose_layer`` from the zoo's own calibration measurements), with the
 measured ratio to dense of what each plan would run in each cell where the zoo timed it. The defaults do not change: a refit becomes
 ``H200_FITTED`` only after the zoo confirms it on the device.
 """
@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from compiler.cost_model import H200_FITTED, T, IndexerShape, KernelConstants, certified_call_time, dense_call_time
-from compiler.path_choice import choose_layer
+from compiler.plan.choice import choose_layer
 from compiler.plan.schema import CandidateMeasurement
+from compiler.topk_settings import TopkSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CERTIFIED_FIELDS = ("dense_macs_per_s", "screen_macs_per_s", "refine_macs_per_s", "select_keys_per_s",
@@ -135,12 +136,18 @@ def zoo_plans(zoo: dict, constants: KernelConstants) -> dict:
         choice = choose_layer(candidates, plan["dense_ms"], [(1, sizes["cal_S"], sizes["cal_T"])], heads=sizes["H"],
                               head_dim=sizes["D"], topk=sizes["topk"], constants=constants,
                               design_length=sizes["design_length"], queries=sizes["plan_queries"])
-        plans[family] = {"path": choice.path, "r": choice.r, "crossover": choice.crossover,
-                         "cells": _measured(zoo, family, choice)}
+        plans[family] = {**choice.settings.op_arguments(), "cells": _measured(zoo, family, choice.settings)}
     return plans
 
 
-def _measured(zoo: dict, family: str, choice) -> dict:
+def recorded_settings(plan: dict) -> TopkSettings:
+    """The settings of a plan that a zoo run recorded (results files from before the settings
+    object spell path "auto" as "certified" and min_keys as "crossover")."""
+    path = "auto" if plan["path"] == "certified" else plan["path"]
+    return TopkSettings(path, plan["r"], plan.get("min_keys", plan.get("crossover")))
+
+
+def _measured(zoo: dict, family: str, settings: TopkSettings) -> dict:
     """Per zoo cell "SxT": the measured time / dense of what the plan would run there (1.0 when
     dense), or None when the zoo did not time that budget in that cell (it keeps the plan's own r
     and the best fixed r)."""
@@ -150,10 +157,10 @@ def _measured(zoo: dict, family: str, choice) -> dict:
             rows.setdefault((row["S"], row["T"]), {})[row["method"]] = row
     cells = {}
     for (S, T_keys), m in sorted(rows.items()):
-        if choice.path != "certified" or T_keys < choice.crossover:
+        if settings.path == "dense" or T_keys < settings.min_keys:
             ratio = 1.0
         else:
-            timed = [m[k] for k in ("plan_op", "best_fixed") if k in m and m[k].get("r") == choice.r]
+            timed = [m[k] for k in ("plan_op", "best_fixed") if k in m and m[k].get("r") == settings.r]
             ratio = round(timed[0]["ms"] / m["dense"]["ms"], 3) if timed else None
         cells[f"{S}x{T_keys}"] = ratio
     return cells
@@ -171,7 +178,7 @@ def summary(report: dict, plans: dict) -> str:
              "|---|---|---|---|---|"]
     for family, now in plans["current"].items():
         new = plans["refit"][family]
-        fmt = lambda p: "dense" if p["path"] == "dense" else f"r={p['r']}, {p['crossover']}"  # noqa: E731
+        fmt = lambda p: "dense" if p["path"] == "dense" else f"r={p['r']}, {p['min_keys']}"  # noqa: E731
         cells = lambda p: ", ".join("?" if v is None else f"{v:.2f}" for v in p["cells"].values())  # noqa: E731
         lines.append(f"| {family} | {fmt(now)} | {cells(now)} | {fmt(new)} | {cells(new)} |")
     return "\n".join(lines) + "\n"

@@ -31,7 +31,7 @@ from compiler.lowering.topk_pipeline import (
 )
 from compiler.lowering.scoring.indexer_scores import score_keys
 from compiler.lowering.screen.certificate_screen import screen
-from compiler.path_choice import GUARD
+from compiler.ops.guard import GUARD
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.rounding import key_norm_up, round_up_to_float32
 from runtime.structured_indexer import structured_indexer_inputs
@@ -241,7 +241,7 @@ def kernel_breakdown(fn, top=12):
 
 def auto_op(q, k, w, mask, layer):
     """The op as a compiled layer without a plan calls it: path "auto" (the cost model's crossover,
-    then the runtime guard of ``layer``, compiler.path_choice)."""
+    then the runtime guard of ``layer``, compiler.ops.guard)."""
     return torch.ops.pulsar_dosa.certified_topk(q, k, w, TOPK, mask, layer)
 
 

@@ -113,9 +113,9 @@ def prefill_rows(S, T, H, inputs, reps, rows):
                "certified": lambda: certified_topk_cuda(q, k, w, TOPK, mask, config=CERTIFIED)}
     if inputs == "structured":
         methods["op_auto_crossover"] = lambda: torch.ops.pulsar_dosa.certified_topk(
-            q, k, w, TOPK, mask, "graphs.auto", -1, 65536, "auto", True)
+            q, k, w, TOPK, mask, "graphs.auto", path="auto", min_keys=65536)
         methods["op_plan_r1"] = lambda: torch.ops.pulsar_dosa.certified_topk(
-            q, k, w, TOPK, mask, "graphs.plan_r1", 1, PLAN_CROSSOVER, "auto", True)
+            q, k, w, TOPK, mask, "graphs.plan_r1", path="auto", r=1, min_keys=PLAN_CROSSOVER)
     for name, fn in methods.items():
         rows.append({**base, "method": name, **measure(fn, ref, reps)})
         print(rows[-1], flush=True)

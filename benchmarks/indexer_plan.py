@@ -12,7 +12,7 @@ with TRITON_INTERPRET=1), then render the table:
    timed length.
 2. Timed rows per key length T (a chunk of S queries at the end of T keys, causal inside it):
    ``triton_dense``; ``plan_op``: ``torch.ops.pulsar_dosa.certified_topk`` with the plan's
-   settings (``compiler.path_choice.layer_settings``: path "auto" with r and min_keys = the crossover
+   settings (``compiler.policy.layer_settings``: path "auto" with r and min_keys = the crossover
    baked in, as a compiled layer calls it, under the runtime guard); ``fixed_r<r>``:
    ``certified_topk_cuda`` with path "certified" and that r.
    Every row: median ms, ``identical`` (indices equal and values bitwise equal to triton_dense's),
@@ -34,8 +34,8 @@ import triton
 
 from compiler.cost_model import H200_FITTED, T as T_SYMBOL, IndexerShape, certified_call_time, dense_call_time
 from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda
-from compiler.path_choice import layer_settings
-from compiler.plan.capture import CapturedCall
+from compiler.policy import layer_settings
+from compiler.ops.capture_topk import CapturedCall
 from compiler.plan.cli import plan_from_calls
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.dense_scorer import dense_topk
@@ -112,9 +112,8 @@ def predicted_dense_ms(S, T, sizes):
     return float(dense_call_time(shape, H200_FITTED).subs(T_SYMBOL, T)) * 1e3
 
 
-def op_call(q, k, w, mask, topk, kwargs):
-    return torch.ops.pulsar_dosa.certified_topk(q, k, w, topk, mask, LAYER, kwargs["r"], kwargs["min_keys"],
-                                                kwargs["path"])
+def op_call(q, k, w, mask, topk, settings):
+    return torch.ops.pulsar_dosa.certified_topk(q, k, w, topk, mask, LAYER, **settings.op_arguments())
 
 
 def rows_for_length(q, k, w, T, sizes, settings, device, budget_s, emit):
@@ -127,10 +126,9 @@ def rows_for_length(q, k, w, T, sizes, settings, device, budget_s, emit):
     emit({**base, "method": "triton_dense", "r": None, "ms": dense_ms, "identical": True, "path": "dense",
           "pruned_frac": 0.0, "survivors_per_query": float(T),
           "predicted_ms": predicted_dense_ms(S, T, sizes)})
-    plan_kwargs = settings.op_kwargs()
-    plan_path = "dense" if plan_kwargs["path"] == "dense" or T < plan_kwargs["min_keys"] else "certified"
-    plan_cfg = CertifiedTopkConfig(path=plan_path, **({} if plan_kwargs["r"] == -1 else {"r": plan_kwargs["r"]}))
-    variants = [("plan_op", plan_kwargs["r"], lambda: op_call(q, k, w, mask, topk, plan_kwargs), plan_cfg)]
+    plan = settings.topk
+    plan_path = "dense" if plan.path == "dense" or T < plan.min_keys else "certified"
+    variants = [("plan_op", plan.r, lambda: op_call(q, k, w, mask, topk, plan), plan.runtime_config(plan_path))]
     for r in sizes["fixed_r"]:
         cfg = CertifiedTopkConfig(r=r, path="certified")
         variants.append((f"fixed_r{r}", r, lambda cfg=cfg: certified_topk_cuda(q, k, w, topk, mask, config=cfg),
@@ -162,8 +160,8 @@ def render_markdown(doc) -> str:
            f"Plan (calibration: {p['calibration']['S']} queries at T={p['calibration']['T']}, runtime reference "
            f"on the device, {p['calibration']['seconds']:.0f} s; H200 constants, design length "
            f"{p['design_length']}, {p['queries']} queries): path={p['path']}, r={p['r']}, "
-           f"crossover={p['crossover']}, predicted pruned {_fmt(p['predicted_pruned_frac'], 3)}, predicted "
-           f"speedup {p['predicted_speedup']:.2f}; op arguments {p['op_kwargs']}.", "",
+           f"min_keys={p['min_keys']}, predicted pruned {_fmt(p['predicted_pruned_frac'], 3)}, predicted "
+           f"speedup {p['predicted_speedup']:.2f}.", "",
            "m(r) on the calibration slice: " + ", ".join(f"r={c['r']}: {c['survival']:.4f}" for c in p["candidates"]),
            "", "| T | method | r | path | ms | x triton_dense | predicted ms | identical | pruned | survivors/query |",
            "|---|---|---|---|---|---|---|---|---|---|"]
@@ -217,12 +215,12 @@ def main(argv=None):
 
     plan, plan_s = make_plan(q, k, w, sizes, device, S, sizes["T"][0])
     entry = plan.layer(LAYER)
-    settings = layer_settings(LAYER, plan=plan, forced_path="auto", heads=H, head_dim=D, topk=sizes["topk"],
+    settings = layer_settings(LAYER, plan=plan, path="auto", heads=H, head_dim=D, topk=sizes["topk"],
                               device_type=device.type)
-    doc["plan"] = {"hash": plan.hash, "path": entry.path, "r": entry.r, "crossover": entry.crossover,
+    doc["plan"] = {"hash": plan.hash, **entry.settings.op_arguments(),
                    "predicted_pruned_frac": entry.predicted_pruned_frac,
                    "predicted_speedup": entry.predicted_speedup, "design_length": plan.design_length,
-                   "queries": plan.queries, "op_kwargs": settings.op_kwargs(),
+                   "queries": plan.queries,
                    "candidates": [{"r": c.r, "survival": c.survival} for c in entry.candidates],
                    "calibration": {"S": sizes["cal_S"], "T": sizes["cal_T"], "seconds": plan_s},
                    "constants_source": plan.constants.source}

@@ -17,7 +17,7 @@ chunk mask), H=64, D=128, topk=2048, bf16, the rows are:
 
 * ``dense``: ``dense_topk_cuda``;
 * ``plan_op``: ``torch.ops.pulsar_dosa.certified_topk`` with the arguments a compiled layer gets from
-  the family's plan (``compiler.path_choice.layer_settings``). The plan is made once per family by
+  the family's plan (``compiler.policy.layer_settings``). The plan is made once per family by
   ``compiler.plan.cli.plan_from_calls`` on calibration inputs of the same family drawn with another
   seed (``--cal-S`` queries at ``--cal-T`` keys), candidates ``--fixed-r``, timed on the GPU;
 * ``noplan_op``: the op with its default arguments (path "auto", the cost model's crossover);
@@ -47,12 +47,14 @@ import torch
 import triton
 
 import compiler  # noqa: F401  (registers torch.ops.pulsar_dosa.certified_topk)
-import compiler.path_choice as path_choice
+from compiler import defaults
 from compiler.cost_model import CPU_REFERENCE, H200_FITTED
 from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda
 from compiler.ops.stats import TOPK_STATS
-from compiler.path_choice import GUARD, layer_settings
-from compiler.plan.capture import CapturedCall
+from compiler.ops.guard import GUARD
+from compiler.policy import layer_settings
+from compiler.topk_settings import TopkSettings
+from compiler.ops.capture_topk import CapturedCall
 from compiler.plan.cli import plan_from_calls
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.dense_scorer import dense_topk
@@ -122,20 +124,20 @@ def make_plan(family, sizes, device):
                            candidates=sizes["fixed_r"], model={"spec": f"zoo:{family}"},
                            inputs={"S": sizes["cal_S"], "T": sizes["cal_T"], "seed": 1})
     e = plan.layer(family)
-    summary = {"path": e.path, "r": e.r, "crossover": e.crossover, "reason": e.reason, "dense_ms": e.dense_ms,
+    summary = {**e.settings.op_arguments(), "reason": e.reason, "dense_ms": e.dense_ms,
                "predicted_speedup": e.predicted_speedup, "seconds": time.perf_counter() - t0,
                "candidates": [{"r": c.r, "survival": c.survival, "redo_frac": c.redo_frac, "ms": c.ms}
                               for c in e.candidates]}
     return plan, summary
 
 
-def op_row(name, layer, kwargs, q, k, w, mask, sizes, device, want):
-    """Time the op (fresh guard of ``layer``): one untimed first call, then sizes['reps'] timed."""
+def op_row(name, layer, settings, q, k, w, mask, sizes, device, want):
+    """Time the op with ``settings`` (fresh guard of ``layer``): one untimed first call, then
+    sizes['reps'] timed."""
     topk = sizes["topk"]
 
     def call():
-        return torch.ops.pulsar_dosa.certified_topk(q, k, w, topk, mask, layer, kwargs["r"], kwargs["min_keys"],
-                                                    kwargs["path"])
+        return torch.ops.pulsar_dosa.certified_topk(q, k, w, topk, mask, layer, **settings.op_arguments())
 
     first = call()
     ms, calls_ms, out = timed_calls(call, sizes["reps"], device)
@@ -186,13 +188,12 @@ def run_graph_checks(family, S, T, sizes, device, plan, checks):
     the plan's guarded op, on the family's inputs at S, T (the smallest cell)."""
     q, k, w, mask, _ = make_inputs(family, S, T, sizes, seed=0, device=device)
     want = dense_topk_cuda(q, k, w, sizes["topk"], mask)
-    settings = layer_settings(family, plan=plan, forced_path="auto", heads=sizes["H"], head_dim=sizes["D"],
-                              topk=sizes["topk"], device_type=device.type)
-    kw = settings.op_kwargs()
+    settings = layer_settings(family, plan=plan, path="auto", heads=sizes["H"], head_dim=sizes["D"],
+                              topk=sizes["topk"], device_type=device.type).topk
     config = CertifiedTopkConfig(r=1, path="certified")
     calls = {"certified_r1": lambda: certified_topk_cuda(q, k, w, sizes["topk"], mask, config=config),
              "plan_op": lambda: torch.ops.pulsar_dosa.certified_topk(
-                 q, k, w, sizes["topk"], mask, f"graph/{family}", kw["r"], kw["min_keys"], kw["path"])}
+                 q, k, w, sizes["topk"], mask, f"graph/{family}", **settings.op_arguments())}
     for name, fn in calls.items():
         try:
             checks.append({"family": family, "S": S, "T": T, "method": name, **graph_check(fn, want)})
@@ -211,12 +212,11 @@ def run_cell(family, S, T, sizes, device, plan, emit):
           "input_params": params})
     # The op on the CPU runs the runtime reference: its contract there is runtime.dense_topk's output.
     op_want = dense_out if device.type == "cuda" else dense_topk(q, k, w, sizes["topk"], mask)
-    settings = layer_settings(family, plan=plan, forced_path="auto", heads=sizes["H"], head_dim=sizes["D"],
-                              topk=sizes["topk"], device_type=device.type)
+    settings = layer_settings(family, plan=plan, path="auto", heads=sizes["H"], head_dim=sizes["D"],
+                              topk=sizes["topk"], device_type=device.type).topk
     stem = f"zoo/{family}/S{S}/T{T}"
-    emit({**base, **op_row("plan_op", f"{stem}/plan", settings.op_kwargs(), q, k, w, mask, sizes, device, op_want)})
-    emit({**base, **op_row("noplan_op", f"{stem}/noplan", {"path": "auto", "r": -1, "min_keys": -1}, q, k, w, mask,
-                           sizes, device, op_want)})
+    emit({**base, **op_row("plan_op", f"{stem}/plan", settings, q, k, w, mask, sizes, device, op_want)})
+    emit({**base, **op_row("noplan_op", f"{stem}/noplan", TopkSettings(), q, k, w, mask, sizes, device, op_want)})
     emit({**base, **best_fixed_row(q, k, w, mask, sizes, device, dense_out)})
     del q, k, w, mask, dense_out, op_want
     if device.type == "cuda":
@@ -269,12 +269,12 @@ def render_markdown(doc) -> str:
                   f"{sum(c['noplan_ok'] for c in checks)}; plan within 10% of a >= 90%-pruning best_fixed in "
                   f"{sum(c['near_best'] is True for c in checks)} of {sum(c['near_best'] is not None for c in checks)}."]
     lines += ["", "Plans (one per family, calibration inputs of the family drawn with seed 1):", "",
-              "| family | path | r | crossover | seconds | reason | candidates (r: survival, redo, ms) |",
+              "| family | path | r | min_keys | seconds | reason | candidates (r: survival, redo, ms) |",
               "|---|---|---|---|---|---|---|"]
     for family, p in doc["plans"].items():
         cands = "; ".join(f"{c['r']}: {c['survival']:.3f}, {c['redo_frac']:.3f}, "
                           f"{'-' if c['ms'] is None else format(c['ms'], '.1f')}" for c in p["candidates"])
-        lines.append(f"| {family} | {p['path']} | {p['r']} | {p['crossover']} | {p['seconds']:.0f} | {p['reason']} | "
+        lines.append(f"| {family} | {p['path']} | {p['r']} | {p['min_keys']} | {p['seconds']:.0f} | {p['reason']} | "
                      f"{cands} |")
     if doc["graph_checks"]:
         lines += ["", "CUDA graphs (the call with host synchronisation forbidden, then captured and replayed):", "",
@@ -301,7 +301,7 @@ def main(argv=None):
     sizes.update({name: values for name, values in (("S", args.S), ("T", args.T)) if values})
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:  # the plan's evidence thresholds, lowered to the smoke sizes so that plans can certify
-        path_choice.MIN_SCREENED_KEYS, path_choice.MIN_CERTIFIED_QUERIES = 1000, 8
+        defaults.MIN_SCREENED_KEYS, defaults.MIN_CERTIFIED_QUERIES = 1000, 8
     doc = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
            "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0],
            "sizes": sizes, "families": args.families,

@@ -22,12 +22,14 @@ calibration call). Both are polynomials in the symbol ``T`` (degree 2 for a pref
 chunk), so the crossover length where certified overtakes dense is an exact root found with sympy.
 
 Speeds are predictions from measured constants (``KernelConstants``), never a correctness input: the
-certified path is exact whatever the model predicts. Decisions made from them live in
-``compiler.path_choice``.
+certified path is exact whatever the model predicts. ``default_min_keys`` is the crossover of an
+unplanned layer; the decisions made from predictions are in ``compiler.plan.choice`` (plan time),
+``compiler.policy`` (compile time) and ``compiler.ops.guard`` (call time).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from typing import Mapping, Sequence
 
 import sympy
 
+from compiler import defaults
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.seeds import SAMPLE_PER_KEYS
 
@@ -123,9 +126,9 @@ CPU_REFERENCE = KernelConstants(
     screen_tile=1,
     screen_pow2=False,
     source="runtime/ plain-torch reference, compiler.plan.constants.measure_reference_constants on a "
-           "2-core x86 CPU (best of 9 runs, S=32 T=2048 H=16 D=32, torch 2.13; other load present)",
+           "2-core x86 CPU (best of 9 runs, S=32 T=2048 H=16 D=32)",
 )
-"""The plain-torch reference on CPU (what the op runs there); ``--constants measure`` re-measures it."""
+"""The plain-torch reference on the CPU (what the op runs there); ``--constants measure`` re-measures it."""
 
 H200_FITTED = KernelConstants(
     dense_macs_per_s=2.89e14,
@@ -137,11 +140,9 @@ H200_FITTED = KernelConstants(
     certified_fixed_s=3.46e-3,
     screen_tile=1,
     screen_pow2=True,
-    source="benchmarks/fit_cost_model.py (benchmarks/results/h200_refit_constants.json, session 11): dense and "
-           "selection rates from dense_roofline_h200.json (session 8), the rest a relative least-squares fit to "
-           "the 60 certified calls of the session 11 indexer_zoo_h200.json (max relative error 0.36, rms 0.14). "
-           "Every zoo family's plan keeps its r and path under it (crossovers 11-14% lower, the mixture's 2% "
-           "higher: lengths the zoo does not time); the previous constants (session 8) erred by rms 0.26 on that run.",
+    source="benchmarks/fit_cost_model.py, benchmarks/results/h200_refit_constants.json: dense and selection "
+           "rates from dense_roofline_h200.json, the rest a relative least-squares fit to the 60 certified calls "
+           "of indexer_zoo_h200.json (max relative error 0.36, rms 0.14)",
 )
 """The Triton path on one H200, fitted to the indexer benchmark; ``KernelConstants.from_json`` loads others."""
 
@@ -307,3 +308,27 @@ def predicted_ratio(length: int, r: int, m: float, shape: IndexerShape, c: Kerne
     _require_int("length", length, 1)
     cert = certified_call_time(r, m, shape, c, redo=redo, scale=scale).subs(T, length)
     return float(cert / dense_call_time(shape, c).subs(T, length))
+
+
+def constants_for(device_type: str) -> KernelConstants:
+    """The default constants of a device type: ``H200_FITTED`` on CUDA, ``CPU_REFERENCE`` elsewhere."""
+    return H200_FITTED if device_type == "cuda" else CPU_REFERENCE
+
+
+def assumed_budget(heads: int, c: KernelConstants) -> int | None:
+    """The smallest aligned budget >= ``defaults.ASSUMED_R`` below ``heads`` (None when there is none)."""
+    rs = [r for r in candidate_rs(heads, c) if r >= defaults.ASSUMED_R]
+    return rs[0] if rs else None
+
+
+@functools.lru_cache(maxsize=256)
+def default_min_keys(heads: int, head_dim: int, topk: int, queries: int | None, device_type: str) -> int | None:
+    """The key length from which an unplanned layer is certified: the crossover of ``assumed_budget``
+    at ``defaults.DEFAULT_SURVIVAL`` for calls of ``queries`` queries (None: a causal prefill) on
+    the device type; None: never."""
+    c = constants_for(device_type)
+    r = assumed_budget(heads, c)
+    if r is None:
+        return None
+    shape = IndexerShape(heads=heads, head_dim=head_dim, topk=topk, queries=queries)
+    return crossover_length(r, defaults.DEFAULT_SURVIVAL, shape, c)

@@ -32,8 +32,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import compiler
-from compiler.path_choice import CHOICES
 from compiler.report import format_table
+from compiler.topk_settings import CHOICES
 
 HIDDEN_SCORE = -1e37
 
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--downstream", choices=("eager", "inductor"), default="eager",
                         help="compiler after the passes (inductor's first CPU compile takes minutes)")
-    parser.add_argument("--certified", choices=CHOICES, default="auto")
+    parser.add_argument("--path", choices=CHOICES, default="auto")
     parser.add_argument("--random-indexers", action="store_true",
                         help="keep the random-init indexers (they do not prune: every query is scored densely)")
     parser.add_argument("--dynamic", action="store_true")
@@ -252,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         set_trained_geometry(model, a.seed)
     input_ids = topic_run_ids(a.seq, model.config.vocab_size, seed=a.seed)
     # On the CPU the backend keeps every stock subgraph by default (the ops run their plain-torch
-    # references there, compiler.path_choice.STOCK_BELOW); the demo exists to show the ops at work.
-    options = {"downstream": a.downstream, "certified": a.certified, "stock_below": 0}
+    # references there, compiler.defaults.STOCK_BELOW); the demo exists to show the ops at work.
+    options = {"downstream": a.downstream, "path": a.path, "stock_below": 0}
     eager = eager_run(model, input_ids)
     report = compiler.explain(model, input_ids, options=options, dynamic=a.dynamic, use_cache=False)
     logits = report.output.logits
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     geometry = "random-init indexers" if a.random_indexers else "indexers with a trained geometry"
     print(f"DeepseekV32ForCausalLM ({geometry}, seed {a.seed}): {cfg.num_hidden_layers} layers, "
           f"index_n_heads {cfg.index_n_heads}, index_head_dim {cfg.index_head_dim}, index_topk {cfg.index_topk}, "
-          f"seq {a.seq}, {a.dtype}, attention {a.attn}, downstream {a.downstream}, certified={a.certified}, "
+          f"seq {a.seq}, {a.dtype}, attention {a.attn}, downstream {a.downstream}, path={a.path}, "
           "stock_below=0 (the ops on every call: on the CPU the default keeps stock)\n")
     rows = []
     for name in indexers(model):
@@ -272,10 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, len(rewrites), rewrites[0].variant if rewrites else "-",
                      rewrites[0].details.get("min_keys", "-") if rewrites else "-",
                      f"{sel['equal']}/{sel['tie']}/{sel['differ']}", *_stats_cells(report.stats.get(name, {}))])
-    print(format_table(["indexer", "rewrites", "variant", "crossover", "rows equal/tie/differ", "certified queries",
+    print(format_table(["indexer", "rewrites", "variant", "min_keys", "rows equal/tie/differ", "certified queries",
                         "keys screened/visible", "pruned", "fallbacks"], rows))
     print("(certified queries: answered by seeds, screen and refine; the others are anchors or fell back to dense "
-          "scoring, e.g. dense_cheaper below the crossover. pruned: fraction of the screened keys that the "
+          "scoring, e.g. dense_cheaper below min_keys. pruned: fraction of the screened keys that the "
           "certificate ruled out, so they were never scored)")
     for miss in report.near_misses:
         print(f"near miss ({miss.kind}): {miss.module}: {miss.reason}")

@@ -9,7 +9,7 @@ import torch
 from compiler.backend import pulsar_dosa
 from compiler.ops.stats import TOPK_STATS
 from compiler.options import CompileOptions
-from compiler.path_choice import GUARD
+from compiler.ops.guard import GUARD
 from compiler.report import Report, collecting
 
 logger = logging.getLogger(__name__)

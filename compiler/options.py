@@ -24,7 +24,11 @@ import json
 import os
 from typing import Any, Callable, Mapping
 
+from compiler.topk_settings import CHOICES
+
 DOWNSTREAMS = ("inductor", "eager", "tensorrt")
+PASS_FAMILIES = ("dsa_indexer", "sparse_attention", "attention")
+"""The pattern families a user may name, in the order they run (``compiler.passes`` runs them)."""
 
 
 def option(default: Any, check: Callable[[str, Any], Any], doc: str) -> Any:
@@ -53,18 +57,6 @@ def _check_downstream(key: str, value: Any) -> str:
     return value
 
 
-def _path_choices() -> tuple[str, ...]:
-    from compiler.path_choice import CHOICES  # late: the path choice pulls in the cost model (sympy)
-
-    return CHOICES
-
-
-def _check_capture(key: str, value: Any) -> bool:
-    if _check_bool(key, value):
-        import compiler.plan.capture  # noqa: F401  (registers pulsar_dosa::capture_topk, which the pass emits)
-    return value
-
-
 def _check_bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"option {key!r}: expected a bool, got {type(value).__name__} {value!r}")
@@ -80,8 +72,6 @@ def _check_products(key: str, value: Any) -> int | None:
 
 
 def _check_passes(key: str, value: Any) -> tuple[str, ...]:
-    from compiler.passes import PASS_FAMILIES  # late: the pass modules pull in the ops and the plan tooling
-
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise TypeError(f"option {key!r}: expected a list of pass families from {list(PASS_FAMILIES)}, got {value!r}")
     for name in value:
@@ -112,22 +102,23 @@ class CompileOptions:
                              "compiler that receives the rewritten graph: 'inductor', 'eager' or 'tensorrt'")
     passes: tuple[str, ...] | None = option(None, lambda k, v: None if v is None else _check_passes(k, v),
                                             "pattern families to run, in pass-list order; None runs all")
-    certified: str = option("auto", lambda k, v: _choice(_path_choices())(k, v),
-                            "top-K path of the rewritten indexers: 'auto' (cost-based), 'dense' or 'certified'")
+    path: str = option("auto", _choice(CHOICES),
+                       "path of every rewritten indexer: 'auto' (the plan, or the cost model, then the runtime "
+                       "guard), 'dense' or 'certified' (forced, unguarded)")
     record_stats: bool = option(True, _check_bool,
                                 "accumulate per-layer top-K statistics (device tensors, no host sync)")
     plan: Any = option(None, _check_plan,
                        "per-layer indexer plan: a JSON plan path (loaded and validated) or a Plan; each layer's "
-                       "r and crossover come from it, and its content is part of uuid()")
+                       "r and min_keys come from it, and its content is part of uuid()")
     stock_below: int | None = option(None, _check_products,
                                      "indexer and sparse-attention calls of fewer B*S*T*H query-key-head products "
                                      "keep their stock subgraph (0: rewrite every call); None: 2^25 (indexer) and "
                                      "2^21 (sparse attention) on CUDA, 0 there under CUDA graphs, every call on "
                                      "devices where the ops run their plain-torch references, such as the CPU "
-                                     "(compiler.path_choice.stock_threshold)")
-    capture: bool = option(False, _check_capture,
+                                     "(compiler.policy.stock_threshold)")
+    capture: bool = option(False, _check_bool,
                            "record each rewritten indexer's inputs instead of optimising (plan calibration, "
-                           "compiler.plan.capture)")
+                           "compiler.ops.capture_topk)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -148,10 +139,10 @@ class CompileOptions:
                 raise ValueError(f"options: unknown key {key!r}; expected keys from {fields}")
         return cls(**options)
 
-    def enabled_passes(self, all_families: tuple[str, ...]) -> tuple[str, ...]:
-        """The pass families to run, in ``all_families`` order."""
-        chosen = all_families if self.passes is None else self.passes
-        return tuple(name for name in all_families if name in chosen)
+    def enabled_passes(self) -> tuple[str, ...]:
+        """The pass families to run, in ``PASS_FAMILIES`` order."""
+        chosen = PASS_FAMILIES if self.passes is None else self.passes
+        return tuple(name for name in PASS_FAMILIES if name in chosen)
 
     def uuid(self) -> str:
         """A stable hex hash of every field: equal options give equal ids across processes."""

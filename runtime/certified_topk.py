@@ -7,7 +7,7 @@ indices) for every input. Per query:
    and counted under the first failing reason, in this order: "nonfinite" (a non-finite value
    in q, w, a visible key or a visible bias), "numeric_range" (``rounding.range_is_safe``),
    "topk_ge_visible" (at most kk visible keys), "dense_cheaper" (path="dense": the caller chose
-   dense scoring; ``compiler.path_choice`` decides which path a call takes).
+   dense scoring; ``compiler.ops.guard`` decides which path a call takes).
 2. Every ``anchor_stride``-th query is an anchor: dense, exact already.
 3. Seeds (``runtime.seeds``): >= kk distinct visible keys, scored with THE SCORER (+ bias);
    their kk-th largest score is <= tau_K, the kk-th largest score over all visible keys. The

@@ -11,8 +11,9 @@ from compiler.report import collecting
 
 def test_defaults():
     opts = CompileOptions.from_user(None)
-    assert (opts.downstream, opts.passes, opts.certified, opts.record_stats) == ("inductor", None, "auto", True)
-    assert opts.enabled_passes(("dsa_indexer", "attention")) == ("dsa_indexer", "attention")
+    assert (opts.downstream, opts.passes, opts.path, opts.record_stats) == ("inductor", None, "auto", True)
+    assert opts.enabled_passes() == ("dsa_indexer", "sparse_attention", "attention")
+    assert CompileOptions(passes=["attention", "dsa_indexer"]).enabled_passes() == ("dsa_indexer", "attention")
 
 
 def test_unknown_key_is_a_value_error_naming_the_key():
@@ -23,7 +24,7 @@ def test_unknown_key_is_a_value_error_naming_the_key():
 @pytest.mark.parametrize("key,value,error,text", [
     ("downstream", "tvm", ValueError, "'downstream'.*'inductor', 'eager', 'tensorrt'"),
     ("downstream", 3, TypeError, "'downstream'"),
-    ("certified", "fast", ValueError, "'certified'.*'auto', 'dense', 'certified'"),
+    ("path", "fast", ValueError, "'path'.*'auto', 'dense', 'certified'"),
     ("record_stats", 1, TypeError, "'record_stats': expected a bool"),
     ("passes", "dsa_indexer", TypeError, "'passes': expected a list"),
     ("passes", ["dsa_indexer", "nope"], ValueError, "unknown pass family 'nope'"),
@@ -48,7 +49,7 @@ def test_tensorrt_without_torch_tensorrt_is_a_clear_error():
 def test_uuid_is_stable_and_changes_with_any_option():
     a = CompileOptions.from_user({"downstream": "eager"})
     assert a.uuid() == CompileOptions.from_user({"downstream": "eager"}).uuid()
-    others = [{"downstream": "inductor"}, {"downstream": "eager", "certified": "dense"},
+    others = [{"downstream": "inductor"}, {"downstream": "eager", "path": "dense"},
               {"downstream": "eager", "record_stats": False}, {"downstream": "eager", "passes": []}]
     assert len({a.uuid(), *(CompileOptions.from_user(o).uuid() for o in others)}) == 5
 
@@ -68,11 +69,11 @@ def test_backend_name_resolves_without_import_and_receives_torch_compile_options
     assert lookup_backend("pulsar_dosa") is pulsar_dosa
     torch._dynamo.reset()
     with collecting() as report:
-        fn = torch.compile(_tiny, backend="pulsar_dosa", options={"downstream": "eager", "certified": "dense"})
+        fn = torch.compile(_tiny, backend="pulsar_dosa", options={"downstream": "eager", "path": "dense"})
         assert torch.equal(fn(torch.arange(6.0)), _tiny(torch.arange(6.0)))
     assert report.compiles[0]["downstream"] == "eager"
     assert report.compiles[0]["options_uuid"] == CompileOptions.from_user(
-        {"downstream": "eager", "certified": "dense"}).uuid()
+        {"downstream": "eager", "path": "dense"}).uuid()
     assert [name for _, name, _ in report.pass_times][:1] == ["dsa_indexer"]
 
 
@@ -85,7 +86,7 @@ def test_bad_options_through_torch_compile_fail_with_the_options_error():
 
 @pytest.mark.parametrize("key,value,error,text", [
     ("downstream", "tvm", ValueError, "'downstream'.*expected one of"),
-    ("certified", "fast", ValueError, "'certified'"),
+    ("path", "fast", ValueError, "'path'"),
     ("record_stats", 1, TypeError, "'record_stats': expected a bool"),
     ("passes", ["nope"], ValueError, "unknown pass family 'nope'"),
     ("plan", 3, TypeError, "'plan': expected a path"),
@@ -113,8 +114,8 @@ def test_a_changed_option_compiles_again_with_its_own_graph():
     torch._dynamo.reset()
     with collecting() as report:
         for path in paths:
-            torch.compile(_indexer, backend="pulsar_dosa", options={"downstream": "eager", "certified": path})(*args)
+            torch.compile(_indexer, backend="pulsar_dosa", options={"downstream": "eager", "path": path})(*args)
     # the third call reuses what the first compiled: same backend, equal options
     assert [c["options_uuid"] for c in report.compiles] == [
-        CompileOptions(downstream="eager", certified=p).uuid() for p in paths[:2]]
+        CompileOptions(downstream="eager", path=p).uuid() for p in paths[:2]]
     assert [r.path for r in report.rewrites] == paths[:2]

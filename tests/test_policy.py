@@ -1,12 +1,16 @@
-"""Indexer calls too small for the op keep the stock subgraph: the threshold, its guard on symbolic
-sizes (one recompile when a growing cache crosses it), the report, and the CUDA-graph exception."""
+"""Compile time (compiler.policy): each rewritten indexer layer's settings, and the calls too small
+for the op that keep the stock subgraph: the threshold, its guard on symbolic sizes (one recompile
+when a growing cache crosses it), the report, and the CUDA-graph exception."""
 import pytest
 import torch
 
+from compiler import defaults
 from compiler.backend import pulsar_dosa, replays_cuda_graphs
 from compiler.options import CompileOptions
-from compiler.path_choice import ALWAYS_STOCK, STOCK_BELOW, keeps_stock, stock_threshold
+from compiler.cost_model import default_min_keys
+from compiler.policy import ALWAYS_STOCK, keeps_stock, layer_settings, stock_threshold
 from compiler.report import collecting
+from compiler.topk_settings import TopkSettings
 
 H, D, TOPK = 4, 8, 3
 
@@ -22,16 +26,36 @@ def _inputs(S, T, seed=0):
     return torch.randn(1, S, H, D, generator=g), torch.randn(1, T, D, generator=g), torch.rand(1, S, H, generator=g)
 
 
+def settings(plan=None, path="auto", **sizes):
+    return layer_settings("layers.0", plan=plan, path=path, device_type="cuda",
+                          **{**dict(heads=64, head_dim=128, topk=2048), **sizes})
+
+
+def test_layer_settings_come_from_the_cost_model_or_the_options_and_say_so():
+    default = settings()
+    assert (default.topk.path, default.topk.r, default.source) == ("auto", None, "cost model")
+    assert default.topk.min_keys == default_min_keys(64, 128, 2048, None, "cuda")
+    assert settings(path="certified").topk == TopkSettings("certified")
+    assert settings(path="dense").topk == TopkSettings("dense")
+    symbolic = settings(heads=None)
+    assert (symbolic.topk, symbolic.source) == (TopkSettings(), "runtime defaults")
+    assert settings(heads=2).topk == TopkSettings("dense")
+    with pytest.raises(ValueError, match="path"):
+        settings(path="fast")
+    assert default.report_fields() == {"path": "auto", "r": None, "min_keys": default.topk.min_keys,
+                                       "predicted_pruned_frac": None, "settings_from": "cost model"}
+
+
 def test_threshold_comes_from_the_option_else_the_device_unless_cuda_graphs_or_a_forced_op():
     default = CompileOptions()
     for kind in ("dsa_indexer", "sparse_attention"):
-        assert stock_threshold(default, kind, "cuda", cuda_graphs=False) == STOCK_BELOW[kind]["cuda"] > 0
+        assert stock_threshold(default, kind, "cuda", cuda_graphs=False) == defaults.STOCK_BELOW[kind]["cuda"] > 0
         assert stock_threshold(default, kind, "cuda", cuda_graphs=True) == 0
         for cuda_graphs in (False, True):  # no native kernels: the plain-torch reference never pays
             assert stock_threshold(default, kind, "cpu", cuda_graphs) == ALWAYS_STOCK
         assert stock_threshold(CompileOptions(stock_below=7), kind, "cuda", cuda_graphs=True) == 7
         assert stock_threshold(CompileOptions(stock_below=7), kind, "cpu", cuda_graphs=False) == 7
-    forced = CompileOptions(certified="dense")
+    forced = CompileOptions(path="dense")
     assert stock_threshold(forced, "dsa_indexer", "cuda", cuda_graphs=False) == 0
     assert stock_threshold(forced, "sparse_attention", "cuda", cuda_graphs=False) > 0
 
@@ -121,9 +145,7 @@ def test_a_dsa_model_keeps_stock_at_decode_and_rewrites_its_prefill():
 def test_reduce_overhead_mode_reaches_the_pass_and_rewrites_what_the_default_mode_keeps(monkeypatch):
     """With a device threshold above the call's size, the default mode keeps stock and
     mode="reduce-overhead" (CUDA graphs: the host cost is paid once) rewrites."""
-    import compiler.path_choice as path_choice
-
-    monkeypatch.setitem(path_choice.STOCK_BELOW, "dsa_indexer", {"cpu": 1 << 30})
+    monkeypatch.setitem(defaults.STOCK_BELOW, "dsa_indexer", {"cpu": 1 << 30})
     q, k, w = _inputs(2, 16)
     rewritten = {}
     for mode in (None, "reduce-overhead"):

@@ -29,7 +29,7 @@ densely.
 
 Host synchronisation: none; a call is capturable in a CUDA graph after one call outside the
 capture (which tunes the screen's launch config). The path (config.path, "dense" or "certified")
-is decided by the caller (``compiler.path_choice``); either way the output is the dense one. fp32
+is decided by the caller (``compiler.ops.guard``); either way the output is the dense one. fp32
 operands are always scored densely (their tf32 products are outside the certificate's margins).
 Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile: kk +
 workspace_frac * T keys), sample_keys, sample_sigmas, path; the witnesses are the anchor's top

@@ -1,11 +1,12 @@
-"""Custom ops (torch.library: schema, fake kernel, device dispatch), one file per op.
+"""Custom ops (torch.library: schema, fake kernel, device dispatch), one file per op, and the
+call-time path choice of the certified top-K (``guard``).
 
-Importing this package registers ``torch.ops.pulsar_dosa.certified_topk``,
-``torch.ops.pulsar_dosa.attention`` and ``torch.ops.pulsar_dosa.sparse_attention``; their Triton
-kernels live in ``compiler/lowering/``.
+Importing this package registers ``torch.ops.pulsar_dosa.certified_topk``, ``capture_topk``,
+``attention`` and ``sparse_attention``; their Triton kernels are in ``compiler/lowering/``.
 """
 from compiler.ops.attention import attention
+from compiler.ops.capture_topk import capture_topk
 from compiler.ops.certified_topk import certified_topk
 from compiler.ops.sparse_attention import sparse_attention
 
-__all__ = ["attention", "certified_topk", "sparse_attention"]
+__all__ = ["attention", "capture_topk", "certified_topk", "sparse_attention"]

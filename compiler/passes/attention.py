@@ -28,13 +28,12 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from compiler.ops.attention import SDPA_FORM
-from compiler.passes.base import NearMiss, NotCandidate, PatternPass
-from compiler.passes.matcher import (arg, insert_call, module_path, normalize_dim, op_kind, same_size,
-                                     tensor_meta)
+from compiler.passes.base import PatternPass
+from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call,
+                                     normalize_dim, op_kind, same_size, single_use, softmax_of, tensor_meta)
 
 KIND = "attention"
 OP = torch.ops.pulsar_dosa.attention.default
-SDPA_TARGETS = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 
 
 @dataclass
@@ -58,47 +57,6 @@ class AttentionMatch:
         return self.form + ("+gqa" if self.enable_gqa else "") + ("+mask" if self.mask is not None else "")
 
 
-def repeat_kv_source(node: Any) -> tuple[Any, int, list[fx.Node]]:
-    """``(x, n, nodes)`` when ``node`` repeats every head of 4-D ``x`` n times along dim 1, else ``(node, 1, [])``."""
-    if not isinstance(node, fx.Node):
-        return node, 1, []
-    if (node.op == "call_method" and node.target == "repeat_interleave") or \
-            (node.op == "call_function" and node.target is torch.repeat_interleave):
-        source, repeats = node.args[0], arg(node, 1, "repeats")
-        dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else None)
-        src = tensor_meta(source)
-        if isinstance(repeats, int) and src is not None and src.dim() == 4 and normalize_dim(dim, 4) == 1:
-            return source, repeats, [node]
-        return node, 1, []
-    if op_kind(node) != "reshape" or not isinstance(node.args[0], fx.Node) or op_kind(node.args[0]) != "expand":
-        return node, 1, []
-    expand = node.args[0]
-    index = expand.args[0]
-    if not (isinstance(index, fx.Node) and index.op == "call_function" and index.target is operator.getitem):
-        return node, 1, []
-    source, key = index.args
-    full = slice(None, None, None)
-    src, wide, out = tensor_meta(source), tensor_meta(expand), tensor_meta(node)
-    if key != (full, full, None, full, full) or src is None or wide is None or out is None or src.dim() != 4:
-        return node, 1, []
-    b, h, s, d = src.shape
-    n = wide.shape[2]
-    if wide.dim() != 5 or not all(same_size(x, y) for x, y in zip(wide.shape, (b, h, n, s, d))) \
-            or out.dim() != 4 or not all(same_size(x, y) for x, y in zip(out.shape, (b, h * n, s, d))) \
-            or not isinstance(n, int):
-        return node, 1, []
-    return source, n, [node, expand, index]
-
-
-def fold_repeat_kv(k: Any, v: Any) -> tuple[Any, Any, bool, list[fx.Node]]:
-    """Strip a matching repeat of k and v: ``(k, v, folded, repeat nodes)``."""
-    k_src, k_rep, k_nodes = repeat_kv_source(k)
-    v_src, v_rep, v_nodes = repeat_kv_source(v)
-    if k_rep > 1 and k_rep == v_rep:
-        return k_src, v_src, True, k_nodes + v_nodes
-    return k, v, False, []
-
-
 def check_operands(q: Any, k: Any, v: Any) -> None:
     """q, k, v 4-D [B, H, S, D] tensors, k and v not provably of different shapes (equality of
     symbolic lengths is checked when the op runs), heads of q a static multiple of k's."""
@@ -113,13 +71,6 @@ def check_operands(q: Any, k: Any, v: Any) -> None:
     hq, hkv = mq.shape[1], mk.shape[1]
     if not (isinstance(hq, int) and isinstance(hkv, int) and hkv > 0 and hq % hkv == 0):
         raise NearMiss("query heads are not a static multiple of key/value heads")
-
-
-def single_use(nodes: list[fx.Node]) -> None:
-    """Every interior node feeds exactly one user (the next node of the chain)."""
-    for node in nodes:
-        if len(node.users) != 1:
-            raise NearMiss(f"intermediate {node.name} is used outside the attention chain")
 
 
 def match_sdpa(node: fx.Node) -> AttentionMatch:
@@ -142,32 +93,6 @@ def match_sdpa(node: fx.Node) -> AttentionMatch:
     check_operands(q, k, v)
     return AttentionMatch(node, q, k, v, mask, is_causal, None if scale is None else float(scale),
                           enable_gqa or folded, SDPA_FORM, repeats)
-
-
-def through_inactive_dropout(node: Any, chain: list[fx.Node]) -> Any:
-    """Skip ``F.dropout(x, p=0)`` / ``dropout(x, training=False)`` (appending it to ``chain``)."""
-    if isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.dropout:
-        p, training = arg(node, 1, "p", 0.5), arg(node, 2, "training", True)
-        if not (p == 0 or training is False):
-            raise NearMiss("dropout on the attention weights may be active")
-        chain.append(node)
-        return node.args[0]
-    return node
-
-
-def softmax_of(node: Any) -> tuple[Optional[fx.Node], list[fx.Node]]:
-    """The softmax that feeds ``node`` through dropout and casts, with the skipped nodes."""
-    chain: list[fx.Node] = []
-    while isinstance(node, fx.Node):
-        node = through_inactive_dropout(node, chain)
-        if op_kind(node) == "softmax":
-            return node, chain
-        if op_kind(node) in ("cast", "contiguous", "clone"):
-            chain.append(node)
-            node = node.args[0]
-            continue
-        return None, chain
-    return None, chain
 
 
 def match_eager(anchor: fx.Node) -> Optional[AttentionMatch]:

@@ -37,21 +37,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 import torch.fx as fx
 
-from compiler.passes.matcher import erase_dead_pure, module_path
+from compiler.passes.matcher import NearMiss, NotCandidate, erase_dead_pure, module_path
 
-if TYPE_CHECKING:  # annotations only: the options module imports the pass list, not the reverse
+if TYPE_CHECKING:
     from compiler.options import CompileOptions
     from compiler.report import Report
 
 logger = logging.getLogger(__name__)
-
-
-class NearMiss(Exception):
-    """A candidate that must stay untouched; the message is the reason."""
-
-
-class NotCandidate(Exception):
-    """The anchor does not compute this family's pattern at all (counted, not reported)."""
 
 
 class Declined(Exception):

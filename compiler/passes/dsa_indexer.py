@@ -24,7 +24,7 @@ keys then rank after every visible key whose score is finite, as in the original
 of -inf (only from non-finite inputs) would rank below such a masked key there but above it here.
 
 A topk whose head-weighting position holds no contraction is not a candidate (e.g. an MoE router)
-and is only counted. A safe match where the stock form is faster (``path_choice.keeps_stock``: too
+and is only counted. A safe match where the stock form is faster (``policy.keeps_stock``: too
 few query-key-head products for the op's per-call host cost, e.g. decode at one sequence on a GPU
 without CUDA graphs, or any call on the CPU, where the op runs its plain-torch reference) is
 declined: left untouched and reported as a near miss with the reason; with symbolic sizes that
@@ -46,12 +46,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from compiler.path_choice import indexer_settings, keeps_stock, stock_threshold
-from compiler.passes.base import Declined, NearMiss, NotCandidate, PatternPass
-from compiler.passes.matcher import (arg, escaping_nodes, insert_call, is_scalar,
-                                     is_unit, module_path, normalize_dim, op_kind, post_dominators,
-                                     same_shape, same_size, skip_layout_preserving, tensor_meta,
-                                     value)
+import compiler.ops.capture_topk  # noqa: F401  (registers pulsar_dosa::capture_topk)
+import compiler.ops.certified_topk  # noqa: F401  (registers pulsar_dosa::certified_topk)
+from compiler.passes.base import Declined, PatternPass
+from compiler.passes.matcher import (NearMiss, NotCandidate, arg, escaping_nodes, insert_call, is_scalar, is_unit,
+                                     module_path, normalize_dim, op_kind, post_dominators, same_shape, same_size,
+                                     skip_layout_preserving, tensor_meta, value)
+from compiler.policy import indexer_settings, keeps_stock, stock_threshold
 
 KIND = "dsa_indexer"
 LOWEST_FP32 = torch.finfo(torch.float32).min
@@ -545,7 +546,7 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
                      for node, dim in ((q, 0), (q, 1), (k, 1))]
             mask = insert_call(graph, "call_method", "expand", (mask, *sizes), like=anchor)
         op = insert_call(graph, "call_function", _indexer_op(options), (q, k, w, match.topk, mask),
-                         {"layer": match.module, **settings.op_kwargs(), "record_stats": options.record_stats},
+                         {"layer": match.module, **settings.topk.op_arguments(), "record_stats": options.record_stats},
                          like=anchor)
     return op
 

@@ -14,7 +14,7 @@ For one indexer layer and its captured calls, on the device they were captured o
   visible keys).
 
 Times are wall times of one run per call after a warm-up run on CUDA (which compiles and tunes), and
-of one run on the CPU; the decision (``compiler.path_choice.choose_layer``) uses them to correct the
+of one run on the CPU; the decision (``compiler.plan.choice.choose_layer``) uses them to correct the
 cost model's prediction.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Callable, Sequence
 import torch
 
 from compiler.cost_model import KernelConstants
-from compiler.path_choice import choose_layer
-from compiler.plan.capture import CapturedCall
+from compiler.ops.capture_topk import CapturedCall
+from compiler.plan.choice import choose_layer
 from compiler.plan.constants import best_seconds
 from compiler.plan.schema import CandidateMeasurement, Distribution, LayerPlan
 from runtime.certificate import default_r, evaluate_bound, plan_certificate
@@ -206,15 +206,15 @@ def seed_gap_and_slack(calls: Sequence[CapturedCall], r: int | None,
 
 def choose_from_measurement(measurement: LayerMeasurement, constants: KernelConstants, design_length: int,
                             queries: int | None, on_call: Callable[[], None] | None = None) -> LayerPlan:
-    """The layer's decision (``compiler.path_choice.choose_layer``), with the diagnostics of the
+    """The layer's decision (``compiler.plan.choice.choose_layer``), with the diagnostics of the
     chosen budget (or of the best-surviving one when the layer is dense)."""
     choice = choose_layer(measurement.candidates, measurement.dense_ms, measurement.call_sizes,
                           heads=measurement.heads, head_dim=measurement.head_dim, topk=measurement.topk,
                           constants=constants, design_length=design_length, queries=queries)
     best_measured = min(measurement.candidates, key=lambda c: (c.survival, c.r), default=None)
-    r_diag = choice.r if choice.r is not None else (best_measured.r if best_measured else None)
+    r_diag = choice.settings.r if choice.settings.r is not None else (best_measured.r if best_measured else None)
     seed_gap, slack = seed_gap_and_slack(measurement.calls, r_diag, on_call)
-    return LayerPlan(layer=measurement.layer, path=choice.path, r=choice.r, crossover=choice.crossover,
+    return LayerPlan(layer=measurement.layer, settings=choice.settings,
                      heads=measurement.heads, head_dim=measurement.head_dim, topk=measurement.topk,
                      predicted_pruned_frac=choice.predicted_pruned_frac,
                      predicted_speedup=choice.predicted_speedup, reason=choice.reason,

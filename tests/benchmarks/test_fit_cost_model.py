@@ -6,6 +6,7 @@ from pathlib import Path
 
 from benchmarks import fit_cost_model
 from compiler.cost_model import H200_FITTED, KernelConstants
+from compiler.topk_settings import TopkSettings
 
 RESULTS = Path(fit_cost_model.__file__).resolve().parent / "results"
 
@@ -28,10 +29,10 @@ def test_the_refit_is_loadable_and_fits_the_certified_calls(tmp_path, monkeypatc
 
 def test_the_offline_replay_reproduces_the_zoos_recorded_plans():
     """Plans decided offline from the zoo's calibration measurements with the constants its run used
-    (recorded in its results) equal the plans that run made on the GPU (path, r, crossover): the
+    (recorded in its results) equal the plans that run made on the GPU (path, r, min_keys): the
     refit's plans are comparable."""
     zoo = json.loads((RESULTS / "indexer_zoo_h200.json").read_text())
     replay = fit_cost_model.zoo_plans(zoo, KernelConstants.from_dict(zoo["constants"]))
     for family, plan in zoo["plans"].items():
-        assert (replay[family]["path"], replay[family]["r"], replay[family]["crossover"]) == \
-            (plan["path"], plan["r"], plan["crossover"]), family
+        settings = TopkSettings(replay[family]["path"], replay[family]["r"], replay[family]["min_keys"])
+        assert settings == fit_cost_model.recorded_settings(plan), family

@@ -297,7 +297,7 @@ def test_the_guarded_cuda_op_path_reads_nothing_back_and_settles_on_one_path():
     path) read no tensor value back and all return the dense answer. S=32: the op's fewest rows for
     the guard (MIN_CERTIFIED_ROWS); T=256: its certified calls screen (most keys pruned, no fallback)."""
     from compiler.ops.certified_topk import _certified_topk_cuda
-    from compiler.path_choice import GUARD
+    from compiler.ops.guard import GUARD
 
     q, k, w, mask = structured(S=32, T=256, H=4, D=16)
     dense = dense_topk_cuda(q, k, w, 32, mask)

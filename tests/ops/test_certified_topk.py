@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import compiler
-from compiler.ops.certified_topk import topk_config
+from compiler.topk_settings import TopkSettings
 from compiler.ops.stats import TOPK_STATS
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.dense_scorer import dense_topk
@@ -66,13 +66,11 @@ def test_bad_rank_is_a_value_error_naming_the_arguments():
 
 
 def test_scalar_arguments_map_to_the_runtime_config_and_bad_ones_are_named():
-    assert topk_config(-1, "certified") == CertifiedTopkConfig()
-    assert topk_config(5, "dense") == CertifiedTopkConfig(r=5, path="dense")
-    with pytest.raises(ValueError, match="r: expected -1"):
-        topk_config(-2, "dense")
+    assert TopkSettings(r=None).runtime_config("certified") == CertifiedTopkConfig()
+    assert TopkSettings(r=5).runtime_config("dense") == CertifiedTopkConfig(r=5, path="dense")
     q, k, w, _ = _inputs()
-    for kwargs, name in (({"path": "fast"}, "path"), ({"min_keys": -2}, "min_keys"), ({"r": -3}, "r")):
-        with pytest.raises(ValueError, match=name):
+    for kwargs, name in (({"path": "fast"}, "path"), ({"min_keys": -2}, "min_keys"), ({"r": -3}, "r"), ({"r": 0}, "r")):
+        with pytest.raises(ValueError, match=f"{name}: expected"):
             torch.ops.pulsar_dosa.certified_topk(q, k, w, 3, record_stats=False, **kwargs)
 
 

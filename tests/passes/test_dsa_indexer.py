@@ -121,7 +121,7 @@ def test_variant_is_rewritten_once_and_matches_eager(name):
 
 def test_rewrite_records_operand_shapes_and_path():
     report = compiler.explain(TransformersStyle(), *_args("additive"),
-                              options={**EAGER_OPS, "certified": "dense"})
+                              options={**EAGER_OPS, "path": "dense"})
     (rw,) = report.rewrites
     assert rw.kind == "dsa_indexer" and rw.path == "dense" and rw.r is None
     assert rw.shapes == {"q": (str(B), str(S), str(H), str(D)), "k": (str(B), str(T), str(D)),

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import compiler
-from compiler.path_choice import default_crossover
+from compiler.cost_model import default_min_keys
 from compiler.demo import (DEMO_INDEXER, build_model, eager_run, indexers, per_layer_selection, set_trained_geometry,
                            tiny_config, topic_run_ids)
 
@@ -80,7 +80,7 @@ def test_with_a_trained_geometry_the_certificate_prunes_inside_the_model():
         want = model(ids, use_cache=False).logits
     report = compiler.explain(model, ids, options={"downstream": "eager", "stock_below": 0, "passes": ["dsa_indexer"]}, use_cache=False)
     (stats,) = report.stats.values()
-    crossover = default_crossover(DEMO_INDEXER["heads"], DEMO_INDEXER["head_dim"], DEMO_INDEXER["topk"], None, "cpu")
+    crossover = default_min_keys(DEMO_INDEXER["heads"], DEMO_INDEXER["head_dim"], DEMO_INDEXER["topk"], None, "cpu")
     assert [r.details["min_keys"] for r in report.rewrites if r.kind == "dsa_indexer"] == [crossover]
     assert crossover < 840
     assert stats["keys_screened"] > 10 * 840 and stats["pruned_frac"] > 0.9

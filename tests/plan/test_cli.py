@@ -8,6 +8,7 @@ from compiler.cost_model import CPU_REFERENCE, H200_FITTED, IndexerShape, crosso
 from compiler.plan.cli import layer_candidates, main
 from compiler.plan.schema import PLAN_VERSION, load_plan
 from compiler.report import collecting
+from compiler.topk_settings import TopkSettings
 
 LAYERS = ["model.layers.0.self_attn.indexer", "model.layers.1.self_attn.indexer"]
 TOKENS = 620  # more than topk + sink + window (16 + 64 + 512) keys, so the certificate screens keys
@@ -57,7 +58,7 @@ def test_random_init_indexers_prune_too_little_at_small_budgets_so_every_layer_i
         shape = IndexerShape(heads=e.heads, head_dim=e.head_dim, topk=e.topk)
         assert all(c.survival > 0.5 for c in e.candidates)  # fewer than half the screened keys pruned
         assert all(crossover_length(c.r, c.survival, shape, plan.constants) is None for c in e.candidates)
-        assert (e.path, e.r, e.crossover, e.predicted_speedup) == ("dense", None, None, 1.0)
+        assert (e.settings, e.predicted_speedup) == (TopkSettings("dense"), 1.0)
 
 
 def test_plot_is_a_png(generated):
@@ -127,22 +128,22 @@ def test_a_layer_without_enough_evidence_is_planned_dense_and_the_cli_says_why(t
     out = tmp_path / "structured.json"
     assert main([*STRUCTURED, "--out", str(out)]) == 0
     (entry,) = load_plan(out).layers
-    assert (entry.path, entry.r, entry.crossover) == ("dense", None, None)
+    assert entry.settings == TopkSettings("dense")
     assert entry.reason.startswith("not enough evidence")
     assert "structured: path=dense" in capsys.readouterr().err and "not enough evidence" in entry.reason
 
 
 def test_structured_geometry_gets_a_certified_plan(tmp_path, monkeypatch):
-    import compiler.path_choice as path_choice
+    from compiler import defaults
 
     # 48 queries of 1200 keys are enough to certify once the evidence thresholds are lowered to them.
-    monkeypatch.setattr(path_choice, "MIN_SCREENED_KEYS", 20_000)
-    monkeypatch.setattr(path_choice, "MIN_CERTIFIED_QUERIES", 32)
+    monkeypatch.setattr(defaults, "MIN_SCREENED_KEYS", 20_000)
+    monkeypatch.setattr(defaults, "MIN_CERTIFIED_QUERIES", 32)
     out = tmp_path / "structured.json"
     assert main([*STRUCTURED, "--out", str(out)]) == 0
     (entry,) = load_plan(out).layers
     assert entry.layer == "structured" and (entry.heads, entry.head_dim, entry.topk) == (16, 16, 64)
-    assert entry.path == "certified" and entry.r in (3, 7) and entry.predicted_pruned_frac > 0.9
+    assert entry.settings.path == "auto" and entry.settings.r in (3, 7) and entry.predicted_pruned_frac > 0.9
     assert all(c.ms is None for c in entry.candidates) and entry.dense_ms is None  # h200 constants on a CPU
     assert load_plan(out).inputs["parameters"]["T"] == 1200
 

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from compiler.cost_model import H200_FITTED
-from compiler.plan.capture import CapturedCall
+from compiler.ops.capture_topk import CapturedCall
 from compiler.plan.measure import (certificate_diagnostics, choose_from_measurement, distribution,
                                    measure_candidate, measure_layer)
+from compiler.topk_settings import TopkSettings
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats, certified_topk
 from runtime.structured_indexer import structured_indexer_inputs
 
@@ -78,7 +79,7 @@ def test_a_layer_measured_on_too_few_keys_is_planned_dense_and_the_plan_says_why
     measurement = measure_layer("b", [structured_call()], [4])
     assert measurement.dense_ms > 0 and measurement.call_sizes == [(1, S, T)]
     plan = choose_from_measurement(measurement, H200_FITTED, design_length=2**20, queries=None)
-    assert (plan.path, plan.r, plan.crossover) == ("dense", None, None)
+    assert plan.settings == TopkSettings("dense")
     assert plan.reason.startswith("not enough evidence") and str(measurement.candidates[0].keys_screened) in plan.reason
     assert plan.dense_ms == measurement.dense_ms and plan.calibration_calls == ((1, S, T),)
     assert plan.seed_gap.count > 0 and plan.slack.min >= 0
