@@ -21,7 +21,8 @@ import torch
 from benchmarks.dense_roofline import PLAN, identical
 from benchmarks.timing import median_ms
 from compiler.lowering.screen.head_activation import activation_frequency
-from compiler.lowering.topk_pipeline import P_SAMPLE, certified_topk_cuda, dense_topk_cuda, plan_screen
+from compiler.lowering import defaults
+from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda, plan_screen
 from compiler.lowering.screen.certificate_plan import plan_certificate_triton
 from runtime.certificate import plan_certificate
 from runtime.structured_indexer import structured_indexer_inputs
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
             "plan_screen": ms(lambda: plan_screen(q, w, k.dtype, p_act, r, r_max))}
     groups = -(-S // PLAN.anchor_stride)
     seeds = torch.randint(0, T, (1, groups, topk + topk // 4 + 1), dtype=torch.int32, device=device)
-    doc["activation_ms"] = ms(lambda: activation_frequency(q, k, seeds, PLAN.anchor_stride, P_SAMPLE))
+    doc["activation_ms"] = ms(lambda: activation_frequency(q, k, seeds, PLAN.anchor_stride, defaults.ACTIVATION_SAMPLES))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))

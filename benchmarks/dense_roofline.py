@@ -36,6 +36,7 @@ import torch
 import triton
 
 from benchmarks.timing import median_ms
+from compiler.lowering import defaults
 from compiler.autotune import LaunchConfig
 from compiler.lowering.scoring import indexer_scores as scorer
 from compiler.lowering.topk_pipeline import (_all_keys, certified_topk_cuda, dense_codes,
@@ -110,8 +111,8 @@ def dense_maxima(S, T, kk, dtype=torch.bfloat16):
 
 def scorer_form(config, columns):
     """Set the scorer's launch config and product columns (module constants); return a label."""
-    scorer.SCORER_CONFIG = config
-    scorer.PRODUCT_COLUMNS = columns
+    defaults.SCORER_CONFIG = config
+    defaults.PRODUCT_COLUMNS = columns
     meta = dict(config.meta)
     return f"BT{meta['BLOCK_T']} w{config.num_warps} s{config.num_stages} cols{columns}"
 
@@ -138,7 +139,7 @@ def sweep(emit, S=4096, T=131072):
     q, k, w = random_inputs(S, T, exact=DEVICE != "cuda")
     mask = causal_chunk_mask(S, T)
     flops = 2 * S * T * H * D
-    default = (scorer.SCORER_CONFIG, scorer.PRODUCT_COLUMNS)
+    default = (defaults.SCORER_CONFIG, defaults.PRODUCT_COLUMNS)
     base = scorer.decode_codes(all_codes(q, w, k), T)[0]
     bound = (w.abs()[0, :64, :, None] * torch.einsum("shd,td->sht", q[0, :64].float().abs(), k[0].float().abs())).sum(1)
     rows = torch.randperm(S, device=DEVICE)[:64].sort().values
@@ -159,11 +160,11 @@ def sweep(emit, S=4096, T=131072):
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
     label = scorer_form(*default)
-    step = scorer.TRIM_BLOCK
+    step = defaults.TRIM_BLOCK
     want = listed_codes(q, w, k, mask)
     for warps, trim_block in SCAN_STEPS:
-        scorer.SCORER_CONFIG = LaunchConfig.of(num_warps=warps, num_stages=3, BLOCK_T=dict(default[0].meta)["BLOCK_T"])
-        scorer.TRIM_BLOCK = trim_block
+        defaults.SCORER_CONFIG = LaunchConfig.of(num_warps=warps, num_stages=3, BLOCK_T=dict(default[0].meta)["BLOCK_T"])
+        defaults.TRIM_BLOCK = trim_block
         row = {"kind": "mask_scan", "warps": warps, "trim_block": trim_block, "S": S, "T": T}
         try:
             got = listed_codes(q, w, k, mask)
@@ -176,15 +177,15 @@ def sweep(emit, S=4096, T=131072):
         emit(row)
     del want
     scorer_form(*default)
-    scorer.TRIM_BLOCK = step
+    defaults.TRIM_BLOCK = step
     bf16_ms = timed(lambda: all_codes(q, w, k, mask))
     bf16_op_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
     q32, k32 = q.float(), k.float()
     exact = torch.einsum("shd,td->sht", q32[0, :64].double(), k32[0].double())
     exact = (w[0, :64, :, None].double() * exact.clamp_min(0)).sum(1)
-    chosen = scorer.FP32_SCORER_CONFIG
+    chosen = defaults.FP32_SCORER_CONFIG
     for config in FP32_CONFIGS:
-        scorer.FP32_SCORER_CONFIG = config
+        defaults.FP32_SCORER_CONFIG = config
         row = {"kind": "fp32_tf32", "form": scorer_form(config, default[1]), "S": S, "T": T}
         try:
             codes = all_codes(q32, w, k32)
@@ -202,7 +203,7 @@ def sweep(emit, S=4096, T=131072):
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
-    scorer.FP32_SCORER_CONFIG = chosen
+    defaults.FP32_SCORER_CONFIG = chosen
     scorer_form(*default)
 
 

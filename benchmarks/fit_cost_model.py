@@ -168,7 +168,7 @@ def _measured(zoo: dict, family: str, settings: TopkSettings) -> dict:
 
 def summary(report: dict, plans: dict) -> str:
     """The fit's errors and the zoo's plans under both constants, as markdown."""
-    lines = [f"# Cost model refit (offline, `benchmarks/fit_cost_model.py`)", "",
+    lines = ["# Cost model refit (offline, `benchmarks/fit_cost_model.py`)", "",
              f"{report['points']} certified calls; relative error max {report['max_rel_error']:.2f}, "
              f"rms {report['rms_rel_error']:.2f}. Plans decided offline from each zoo family's calibration "
              "measurements; per cell (S x T) the measured time / dense of what the plan would run there "

@@ -9,7 +9,7 @@ benchmarks/indexer.py), bf16, D = 128, topk = 2048, a causal chunk mask of S que
 T keys. For each retained budget r: the tuning itself (``choose_screen_config`` on an empty cache
 file: compiling and launching every candidate once, then measuring; the default candidate is
 already compiled by then); the screen kernel alone under every candidate of
-certificate_screen.SCREEN_CONFIGS; then ``certified_topk_cuda`` (path "certified") with
+compiler.lowering.defaults.SCREEN_CONFIGS; then ``certified_topk_cuda`` (path "certified") with
 the default config and with the tuned one. Every certified row records ``identical``: indices
 equal to ``dense_topk_cuda``'s and values bitwise equal. Median ms over CUDA-event timings after a
 warm-up run.
@@ -93,6 +93,7 @@ def main():
     # A fresh tuning cache, so that the measured tuning time is a cold one.
     os.environ["PULSAR_DOSA_AUTOTUNE_CACHE"] = str(Path(tempfile.mkdtemp()) / "autotune.json")
 
+    from compiler.lowering import defaults
     from compiler.lowering.topk_pipeline import (
         certified_topk_cuda,
         dense_topk_cuda,
@@ -100,7 +101,6 @@ def main():
     )
     from compiler.lowering.scoring.indexer_scores import mask_operand
     from compiler.lowering.screen.certificate_screen import (
-        SCREEN_CONFIGS,
         choose_screen_config,
         screen,
     )
@@ -135,7 +135,7 @@ def main():
         doc["runs"].append(run)
         trace = []
         certified_topk_cuda(q, k, w, TOPK, mask, config=cfg, trace=trace,
-                            screen_config=SCREEN_CONFIGS[0])
+                            screen_config=defaults.SCREEN_CONFIGS[0])
         tr = trace[0]
         p = tr.plan
         run["screen_rows"] = p.g.shape[2]
@@ -156,7 +156,7 @@ def main():
         run["tuned_config"] = label(tuned)
         print(f"r={r} tuned {label(tuned)} in {run['tuning_s']:.2f} s", flush=True)
         save()
-        for config in SCREEN_CONFIGS:
+        for config in defaults.SCREEN_CONFIGS:
             try:
                 ms, _ = timed(lambda: launch(config), 10)
                 run["screen"].append({"config": label(config), "ms": ms})
@@ -166,7 +166,7 @@ def main():
             print(f"r={r} screen {run['screen'][-1]}", flush=True)
         save()
 
-        for which, config in (("default", SCREEN_CONFIGS[0]), ("tuned", tuned),
+        for which, config in (("default", defaults.SCREEN_CONFIGS[0]), ("tuned", tuned),
                               ("auto (screen_config=None)", None)):
             ms, (cv, ci) = timed(lambda: certified_topk_cuda(q, k, w, TOPK, mask, config=cfg,
                                                              screen_config=config), 5)

@@ -31,14 +31,14 @@ import torch
 import triton
 
 import compiler.ops.certified_topk  # noqa: F401  (registers torch.ops.pulsar_dosa)
-from compiler.lowering import topk_pipeline
 from benchmarks.indexer import D, TOPK, causal_chunk_mask, decode_dense, transformers_random
 from benchmarks.timing import median_ms
 from compiler.lowering.topk_pipeline import (
     certified_topk_cuda,
     dense_topk_cuda,
 )
-from compiler.lowering.selection.radix_select import DEFAULT_BLOCK, default_splits, select_top_codes
+from compiler.lowering import defaults
+from compiler.lowering.selection.radix_select import default_splits, select_top_codes
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.structured_indexer import structured_indexer_inputs
 
@@ -145,7 +145,7 @@ def select_rows(R, N, reps, rows):
     base = {"case": "select", "input": "random_codes", "S": R, "T": N, "H": None}
     every = torch.ones(R, dtype=torch.bool, device="cuda")
     one = torch.arange(R, device="cuda") == 0
-    split = default_splits(1, N, DEFAULT_BLOCK, codes.device)
+    split = default_splits(1, N, defaults.RADIX_BLOCK, codes.device)
     variants = (("select_all_rows_p1", every, 1, False), ("select_one_row_p1", one, 1, False),
                 ("select_one_row_split", one, split, False),
                 ("select_all_rows_p1_scratch (incl. a copy of the codes)", every, 1, True),

@@ -142,9 +142,9 @@ def op_row(name, layer, settings, q, k, w, mask, sizes, device, want):
     first = call()
     ms, calls_ms, out = timed_calls(call, sizes["reps"], device)
     states = GUARD.summaries().get(layer, [])
-    return {"method": name, "r": None if kwargs["r"] == -1 else kwargs["r"], "ms": ms, "calls_ms": calls_ms,
+    return {"method": name, "r": settings.r, "ms": ms, "calls_ms": calls_ms,
             "identical": identical(out, want) and identical(first, want),
-            "pruned": pruned(TOPK_STATS.summaries().get(layer, {})), "op_arguments": kwargs,
+            "pruned": pruned(TOPK_STATS.summaries().get(layer, {})), "op_arguments": settings.op_arguments(),
             "guard": states[0] if states else None}
 
 

@@ -36,6 +36,7 @@ import triton
 
 from benchmarks import dense_roofline as roofline
 from benchmarks.timing import median_ms
+from compiler.lowering import defaults
 from compiler.lowering.selection import threshold_select as ts
 from compiler.lowering.topk_pipeline import scorer_chunks
 from compiler.lowering.selection.radix_select import select_top_codes
@@ -72,13 +73,13 @@ def parts(words: torch.Tensor, kk: int, device: str) -> dict:
     """Times (ms) and checks of every part of ``top_codes(words, kk)`` for the scorer's words [R, N]
     (int32, as the dense path selects), and of the whole call over the same rows as int64 codes."""
     codes = ts.codes_of_words(words)
-    n = ts.CHUNKS_PER_K * kk
+    n = defaults.CHUNKS_PER_K * kk
     time_ms = lambda fn: round(median_ms(fn, 5, device), 3)  # noqa: E731
     maxima = ts.chunk_maxima(words, n)
     out = {"chunk_max": time_ms(lambda: ts.chunk_maxima(words, n))}
     tau = ts.kth_largest(maxima, kk)
     out["tau"] = time_ms(lambda: ts.kth_largest(maxima, kk))
-    cap = ts.CANDIDATE_FACTOR * kk
+    cap = defaults.THRESHOLD_BUFFER_K * kk
     kept = ts.compact(words, tau, cap)
     same = []
     for tile in TILES:
@@ -133,15 +134,15 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
             row[f"final_window_{factor}kk"] = time_ms(lambda: ts.top_candidates(cand, count, kk))
         rows.append(row)
     want = torch.topk(ts.codes_of_words(codes), kk, dim=-1).values
-    saved = ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_TILE, ts.COMPACT_SEGMENTS
+    saved = defaults.CHUNKS_PER_K, defaults.THRESHOLD_BUFFER_K, defaults.COMPACT_TILE, defaults.COMPACT_SEGMENTS
     try:
         for per_k, factor, (tile, segments) in itertools.product((1, 2), (2, 3, 4), total_forms):
-            ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_TILE, ts.COMPACT_SEGMENTS = per_k, factor, tile, segments
+            defaults.CHUNKS_PER_K, defaults.THRESHOLD_BUFFER_K, defaults.COMPACT_TILE, defaults.COMPACT_SEGMENTS = per_k, factor, tile, segments
             rows.append({"inputs": inputs, "chunks_per_k": per_k, "candidate_factor": factor, "tile": tile,
                          "segments": segments, "top_codes": time_ms(lambda: ts.top_codes(codes, kk)),
                          "identical_to_torch_topk": bool(torch.equal(ts.top_codes(codes, kk), want))})
     finally:
-        ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_TILE, ts.COMPACT_SEGMENTS = saved
+        defaults.CHUNKS_PER_K, defaults.THRESHOLD_BUFFER_K, defaults.COMPACT_TILE, defaults.COMPACT_SEGMENTS = saved
     return rows
 
 

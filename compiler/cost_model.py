@@ -1,31 +1,14 @@
-"""Analytic cost of the DSA indexer's dense and certified paths (SPEC A.6), kept symbolic in length.
+"""Analytic cost of the DSA indexer's dense and certified paths (SPEC A.6), symbolic in the length.
 
-Work model, per query that sees ``n`` visible keys (``n > N0``) in a call over ``T`` keys, ``H`` heads
-of width ``D``:
-
-    dense(n)     = n·H·D / dense_rate + n / select_rate
-    certified(n) = plan + a·n·H·D / dense_rate                        anchor queries scored densely
-                 + (N0 + T/SAMPLE_PER_KEYS)·H·D / refine_rate         seeds and the own-threshold sample
-                 + (n − N0)·ρ(r)·D / screen_rate                      screen, ρ(r) = r + d_a padded
-                 + m·(n − N0)·H·D / refine_rate                       refine the survivors
-                 + (N0 + m·(n − N0)) / select_rate                    select over seeds and survivors
-                 + redo·dense(n)                                      queries redone densely on the device
-
-``m = m(r)`` is the survival fraction of screened keys and ``redo`` the fraction of certified queries
-answered densely after all (candidate overflow or a threshold miss), both measured per layer by the plan
-CLI; ``N0`` the seed count (witness top-K ∪ sink ∪ window); ``a`` the anchors per query: ceil(S/stride)/S
-for a chunk of S queries, 1/stride for a prefill. A query with ``n ≤ N0`` is scored densely on both
-paths. A call of ``S`` queries ending at key ``T`` (query ``i`` sees ``T − S + 1 + i`` keys; ``S = T`` is a
-causal prefill) costs the fixed cost of its path plus the sum of the per-query costs over its queries
-and its batch; a measured ``scale`` multiplies the certified call (the plan's correction from a timed
-calibration call). Both are polynomials in the symbol ``T`` (degree 2 for a prefill, 1 for a fixed query
-chunk), so the crossover length where certified overtakes dense is an exact root found with sympy.
-
-Speeds are predictions from measured constants (``KernelConstants``), never a correctness input: the
-certified path is exact whatever the model predicts. ``default_min_keys`` is the crossover of an
-unplanned layer; the decisions made from predictions are in ``compiler.plan.choice`` (plan time),
-``compiler.policy`` (compile time) and ``compiler.ops.guard`` (call time).
-"""
+``dense_call_time(shape, c)`` and ``certified_call_time(r, m, shape, c, redo=, scale=)`` are
+polynomials in the key length ``T`` (sympy): the per-query work model of SPEC A.6 summed over the
+queries of one call (``IndexerShape``: a causal prefill, or a chunk of queries at the end of T
+keys) and its batch, plus the path's fixed cost, with rates and fixed costs from
+``KernelConstants`` (``H200_FITTED``, ``CPU_REFERENCE``, or loaded from JSON). ``crossover_length``
+is the exact length from which certified is predicted faster (None: never); ``predicted_ratio``
+compares the two at one length; ``default_min_keys`` is the crossover of an unplanned layer. The
+predictions steer decisions (``compiler.plan.choice``, ``compiler.policy``, ``compiler.ops.guard``)
+and never correctness: the certified path is exact whatever they say."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import sympy
 

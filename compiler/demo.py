@@ -1,27 +1,15 @@
 """``python -m compiler.demo``: compile a tiny DeepseekV32ForCausalLM with ``backend="pulsar_dosa"``.
 
 Builds a small transformers ``DeepseekV32ForCausalLM`` (fixed seed), runs it eagerly and compiled,
-and prints: the rewrites per layer, the per-layer selection check, the logits difference against
-eager, and the top-K statistics of every indexer layer (queries that took the certified path,
-keys screened, the fraction the certificate pruned, fallbacks).
-
-The weights are random except where :func:`set_trained_geometry` gives every indexer the
-geometry DoSA reports for trained indexers (SPEC A.8): a few positive-weight heads that look for
-the topic of the current token, negative-weight heads with a stable activation pattern, keys that
-carry their token's topic, and input ids that stay on one topic for runs of tokens (locality).
-Random-init indexers do not prune (``--random-indexers`` keeps them: every layer then falls back
-to dense scoring). With the default 1024 tokens, the queries that see more keys than the cost
-model's crossover take the certified path and the certificate rules out most of the keys they
-screen, inside the model.
-
-Selection check, per indexer layer: the eager run records the indexer's top-K input scores and
-indices (a ``TorchFunctionMode`` on ``Tensor.topk`` inside the indexer); the indexer module alone is
-then compiled with the backend and run on that layer's eager inputs. A row is "equal" when both
-select the same visible keys; "tie" when the keys differ only among keys whose eager score equals
-the kk-th score (torch.topk breaks ties arbitrarily, the op by lower index: both are exact top-K);
-"differ" otherwise. Keys whose score is -inf or a finite additive mask value (<= -1e37,
-transformers' finfo.min) are hidden: attention masks them whichever is selected.
-"""
+and prints the rewrites per layer, the per-layer selection check, the logits difference against
+eager, and each indexer layer's top-K statistics (certified queries, keys screened and pruned,
+fallbacks). The weights are random except that :func:`set_trained_geometry` gives every indexer a
+trained indexer's geometry (SPEC A.8; ``--random-indexers`` keeps the random ones, which do not
+prune). Selection check per layer: the indexer alone, compiled, on the eager run's inputs of that
+layer; a row is "equal" when both select the same visible keys, "tie" when they differ only among
+keys scoring the kk-th value (both are exact top-K), "differ" otherwise. Keys scoring -inf or a
+finite mask value (<= -1e37) are hidden. Exit status 0 when every layer is rewritten once, no row
+differs and the logits agree."""
 from __future__ import annotations
 
 import argparse
@@ -72,7 +60,7 @@ def _zero_mean_units(n: int, dims: int, generator: torch.Generator) -> torch.Ten
 
 @torch.no_grad()
 def set_trained_geometry(model: torch.nn.Module, seed: int = 0, positive_heads: int = 4) -> torch.nn.Module:
-    """Give every DSA indexer of ``model`` a trained indexer's geometry (module docstring), in place.
+    """Give every DSA indexer of ``model`` a trained indexer's geometry (SPEC A.8), in place.
 
     Hidden dims 0..TOPICS-1 hold the token's topic (one-hot, from the embedding) and dim TOPICS a
     constant; the rest stays random. Keys: wk maps the topic to a unit direction of the indexer's

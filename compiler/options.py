@@ -1,20 +1,14 @@
 """The backend's options: one frozen, validated dataclass.
 
 ``torch.compile(model, backend="pulsar_dosa", options={...})`` hands the dict to the backend, which
-turns it into :class:`CompileOptions` with :meth:`CompileOptions.from_user`. Unknown keys and bad
-values raise ``ValueError``/``TypeError`` naming the key and what was expected.
-
-A new option is one declared field: ``name: type = option(default, check, doc)``. ``check`` gets the
-value and returns it (possibly normalised) or raises; ``CompileOptions(...)`` runs it too.
-
-:meth:`CompileOptions.uuid` hashes every field (a plan by its content); the backend records it per
-compile (``report.compiles[i]["options_uuid"]``). Compiled code is not looked up by it: every
-option that changes the compiled code does so through the rewritten graph (which ops, their
-``path``/``r``/``min_keys``/``record_stats``/``layer`` arguments), and the graph is what Inductor's
-FX graph cache keys on; Dynamo guards its cache entries on the backend, and two ``torch.compile``
-calls share compiled code only when their backend and options are equal. So no compiled code
-outlives a changed option.
-"""
+turns it into :class:`CompileOptions` (:meth:`CompileOptions.from_user`); ``CompileOptions(...)``
+validates the same way. An unknown key or a bad value raises ``ValueError``/``TypeError`` naming
+the key and what was expected. A new option is one field: ``name: type = option(default, check,
+doc)``. :meth:`CompileOptions.uuid` hashes every field (a plan by its content) and is recorded per
+compile; compiled code is not looked up by it: an option changes compiled code only through the
+rewritten graph, which Inductor's cache keys on, and Dynamo shares compiled code only between
+``torch.compile`` calls with equal backends and options. ``PASS_FAMILIES`` are the pattern
+families a user may name, in run order."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,34 +1,16 @@
 """Certified exact top-K of a DSA lightning indexer (SPEC A.2-A.4, A.8), batched in plain torch.
 
-``certified_topk`` returns exactly what ``dense_topk`` returns (bitwise values, identical
-indices) for every input. Per query:
-
-1. Preconditions; a query that fails one is answered by dense scoring over all its visible keys
-   and counted under the first failing reason, in this order: "nonfinite" (a non-finite value
-   in q, w, a visible key or a visible bias), "numeric_range" (``rounding.range_is_safe``),
-   "topk_ge_visible" (at most kk visible keys), "dense_cheaper" (path="dense": the caller chose
-   dense scoring; ``compiler.ops.guard`` decides which path a call takes).
-2. Every ``anchor_stride``-th query is an anchor: dense, exact already.
-3. Seeds (``runtime.seeds``): >= kk distinct visible keys, scored with THE SCORER (+ bias);
-   their kk-th largest score is <= tau_K, the kk-th largest score over all visible keys. The
-   threshold is tau = max(that, theta), theta the query's own estimate of tau_K from a strided
-   sample of keys (``seeds.sample_rank``), which may exceed tau_K.
-4. Certificate (``runtime.certificate``): U_num(k) >= the float32 score s^(k); the comparison value
-   c(k) = round_up_to_float32(next_up(U_num + bias)) >= fl32(s^ + bias) (``runtime.rounding``).
-5. Screen: survivors V = {visible non-seed keys with c(k) >= tau}; pruned keys have score < tau.
-6. Refine: THE SCORER on V (bitwise the dense values); second sieve C = {k in V : score >= tau}.
-7. Final: THE ORDER over seeds U C, when at least kk keys of seeds U C score >= tau; otherwise
-   ("threshold_miss": theta was above tau_K) the query is answered by dense scoring.
-
-Exactness: every key outside seeds U C has score < tau. When at least kk keys of seeds U C score
->= tau (always so when tau is the seeds' kk-th score), the kk best keys under THE ORDER are all
-in seeds U C; THE ORDER restricted to a subset that contains them gives the same kk keys in the
-same order, and their values come from the same scorer, hence identical output.
-
-Workspace: a query whose survivors exceed ``floor(workspace_frac * T) + kk`` is "overflow": its
-survivors are discarded as a whole and the query is answered by dense scoring over ALL its
-visible keys, so no key is dropped: either every survivor is refined, or every visible key is.
-"""
+``certified_topk(q, k, weights, topk, mask=None, config=CertifiedTopkConfig(), stats=None)``
+returns exactly what ``dense_topk`` returns (identical indices, bitwise values) for every input.
+Per query: anchors are scored densely; the others take seeds (``runtime.seeds``) and the threshold
+tau = max(the seeds' kk-th score, the own sample estimate), bound every other visible key with the
+certificate (``runtime.certificate``, rounded up: ``runtime.rounding``), refine the keys with a
+bound >= tau by THE SCORER and keep those scoring >= tau, and take THE ORDER over seeds and
+candidates when at least kk of them reach tau. Every other query is answered by dense scoring over
+all its visible keys, counted per reason (``FALLBACK_REASONS``): "nonfinite", "numeric_range",
+"topk_ge_visible", "dense_cheaper" (``config.path == "dense"``), "overflow" (more survivors than
+the workspace, ``floor(workspace_frac * T) + kk``: no key is dropped), "threshold_miss".
+``TopkStats`` accumulates the counters as device tensors (no host synchronisation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,22 +1,14 @@
 """THE SCORER and THE ORDER of the DSA indexer top-K, and the dense reference ``dense_topk``.
 
-THE SCORER (one definition for dense scoring and for the refine stage of the certified top-K,
-so a key's value is bitwise identical whichever path computed it):
-
-    x_h = q_h . k        float32, accumulated as x <- x + q[d] * k[d] for d = 0, 1, ..., D-1
-                         starting from x = 0 (each product and each sum rounded to float32,
-                         no fused multiply-add, no blocking that depends on the tensor layout)
-    s   = sum_h w_h * relu(x_h)   float32, s <- s + w_h * relu(x_h) for h = 0, ..., H-1 from 0
-    score = s + bias     float32 add, only when an additive mask is given; hidden keys: -inf
-
-Every step is an elementwise IEEE operation, so the value of one (query, key) pair does not
-depend on which other keys or queries are scored together, on chunking, or on broadcasting.
-
-THE ORDER (one tie-break, used by every selection): values descending; NaN ranks above +inf
-(as torch.sort does); equal values: visible keys before hidden keys, then lower key index first.
-A row with fewer than kk visible keys returns its visible keys first, then hidden keys (value
--inf) in index order.
-"""
+THE SCORER (dense scoring and the certified path's refine, so a key's value is bitwise the same
+whichever path computed it): ``x_h = q_h . k`` accumulated from 0 in ascending d, ``s = sum_h w_h
+relu(x_h)`` accumulated from 0 in ascending h, every product and sum rounded to float32 (no fused
+multiply-add, no layout-dependent blocking), then ``+ bias`` for an additive mask; hidden keys
+score -inf. Every step is elementwise, so a pair's value does not depend on what is scored with it.
+THE ORDER (every selection): values descending; NaN above +inf; equal values: visible keys before
+hidden ones, then the lower key index. A row with fewer than kk visible keys lists its visible
+keys first, then hidden ones (value -inf) in index order. ``dense_topk(q, k, w, topk, mask)``
+returns (values [B,S,kk] fp32, indices [B,S,kk] int64) by both."""
 from __future__ import annotations
 
 import torch

@@ -1,33 +1,13 @@
-"""Seed sets of the certified top-K: >= kk distinct visible keys per query (SPEC A.2, A.8).
+"""Seed sets and the own threshold of the certified top-K (SPEC A.2, A.8, C.9).
 
-Seed sets of exactly kk keys are useless (tau is then their minimum score); good prefill seeds
-are witnesses. The choice made here:
-
-* every ``anchor_stride``-th query of a batch row (s = 0, stride, 2 stride, ...) is an anchor,
-  answered by dense scoring; its exact top-kk keys are witnesses for the queries after it up to
-  the next anchor (neighbouring queries share most of their top keys);
-* a non-anchor query's seeds = its anchor's top-kk keys that are visible to it
-  U the first ``sink`` visible keys U the last ``window`` visible keys;
-* while that is still fewer than kk keys, further visible keys are added, most recent first.
-
-Witnesses, sink and window are drawn from the *preferred* keys (by default the visible ones):
-``certified_topk`` leaves out keys whose additive bias is below ``SOFT_HIDDEN_BIAS``, since
-transformers' eager masks hide keys with float32 min instead of -inf; such keys stay visible
-for exactness but make poor witnesses. The fill step draws from all visible keys.
-
-Every seed is a visible key and the set is a boolean mask, so seeds are distinct; a query with
-more than kk visible keys always gets at least kk seeds. Which keys are seeds only affects speed,
-never the result.
-
-Own threshold (for a query whose neighbours do not share its top keys): every query also scores
-a strided sample of M keys (``sample_keys``; one sample per anchor group) and takes theta, the
-``sample_rank``-th best sampled score. Of n visible keys, a strided sample of M holds about
-kk * M / n keys at or above the true kk-th score (binomial); the rank is that mean plus
-``sigmas`` standard deviations, so theta is an estimate of the kk-th score that errs low. The
-threshold used is max(seed threshold, theta). It need not be a lower bound of the kk-th score:
-a query is answered from its candidates only when at least kk keys reach the threshold, else
-densely (the callers check this after the fact), so a bad estimate costs speed, never exactness.
-"""
+``anchor_rows(S, anchor_stride, device)``: each query's anchor (every stride-th query, scored densely).
+``seed_mask(visible, witnesses, kk, sink, window, preferred=None)``: per query, its anchor's top-kk
+keys it can see ∪ the first ``sink`` ∪ the last ``window`` visible keys (from the preferred keys:
+bias above ``SOFT_HIDDEN_BIAS``), filled with the most recent visible keys while fewer than kk: at
+least kk distinct visible keys whenever the query has more than kk. ``sample_keys``,
+``sample_size`` and ``sample_rank`` give each query's strided key sample and the rank of its own
+threshold estimate (``SAMPLE_SIGMAS`` binomial deviations low). Which keys are seeds and where the
+threshold lies change speed only, never the result."""
 from __future__ import annotations
 
 import math

@@ -1,43 +1,15 @@
-"""The certified top-K on CUDA: seeds, screen, refine and exact selection with Triton kernels.
+"""The dense and the certified top-K on CUDA: the scorer, seeds, plan, screen, refine and exact
+selection in order (SPEC A.2-A.5, C.5). No kernel is defined here.
 
-Contract (GPU form of runtime.certified_topk): ``certified_topk_cuda`` returns the same indices and
-bitwise the same values as ``dense_topk_cuda`` for every input; both score keys with the one Triton
-scorer (indexer_scores) and select with THE ORDER through unique int64 order codes.
-
-Pipeline (SPEC A.2-A.5), per batch row:
-1. anchors: every ``A``-th query (A = anchor_stride rounded to the scorer's tile) is scored densely;
-   its top ``kk + kk/4`` keys are the witnesses (seeds) of the A queries starting at it;
-2. seeds: every query scores its anchor's witnesses and its group's strided key sample
-   (``runtime.seeds``); tau = max(its kk-th best witness score, its own sample estimate theta)
-   (-inf when neither is finite, or when any value is not finite). The witness part is <= the
-   true kk-th score; theta may exceed it, which the candidate count reveals (below);
-3. plan: runtime.certificate's plan on the queries (float64; on CUDA by the Triton form,
-   compiler.lowering.screen.certificate_plan, elsewhere by plan_certificate), turned into screen rows
-   ``g`` (the retained heads and the aux row, rounded to the key dtype), coefficients and the GPU
-   rounding margin (``screen_margin``); the row count is static: r from the config, else the
-   per-query default_r capped at DEFAULT_R_CAP;
-4. screen (certificate_screen): U >= tau survives; survivors compacted per scorer tile;
-5. refine (the scorer in compact mode): exact scores of the survivors, only ``s >= tau`` written;
-   an overflowed survivor list is rescanned densely by the same kernel, on the device;
-6. selection: top-kk order codes of the written candidates (threshold_select.top_candidates).
-Rows that cannot be answered this way (fewer than kk candidates ``s >= tau``: fewer than kk
-visible keys, or theta above the true kk-th score; or more candidates than the candidate buffer
-of CANDIDATE_FACTOR * kk holds: a large seed gap) are flagged on the device and answered by
-``redo_dense``: dense scoring of the flagged rows and an exact selection
-(radix_select), both gated on the device. Nothing is dropped: every flagged row is answered
-densely.
-
-Host synchronisation: none; a call is capturable in a CUDA graph after one call outside the
-capture (which tunes the screen's launch config). The path (config.path, "dense" or "certified")
-is decided by the caller (``compiler.ops.guard``); either way the output is the dense one. fp32
-operands are always scored densely (their tf32 products are outside the certificate's margins).
-Config fields used: r, anchor_stride, workspace_frac (survivor list per scorer tile: kk +
-workspace_frac * T keys), sample_keys, sample_sigmas, path; the witnesses are the anchor's top
-kk + kk/4 keys (sink and window are not added on this path).
-
-Supported: q and k in bf16, fp16 or fp32 (mixed dtypes are upcast to fp32), weights any float
-dtype (upcast to fp32), masks None, bool or additive float. fp8 keys are not supported.
-"""
+``dense_topk_cuda(q, k, w, kk, mask)`` and ``certified_topk_cuda(q, k, w, kk, mask, config)``: q
+[B,S,H,D] and k [B,T,D] bf16, fp16 or fp32 (mixed dtypes upcast to fp32), weights any float dtype,
+mask None, bool or additive float; both return (values [B,S,kk] fp32, indices [B,S,kk] int64), the
+certified one the same indices and bitwise the same values as the dense one for every input. Rows
+the certificate cannot answer are flagged on the device and redone densely (``redo_dense``):
+nothing is dropped. No host synchronisation: a call can be captured in a CUDA graph after one call
+outside the capture. fp32 operands are scored densely (tf32 products are outside the margins).
+Config fields used: r, anchor_stride, workspace_frac, sample_keys, sample_sigmas, path. fp8 keys
+are not supported."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,37 +37,13 @@ from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import checked_kk
 from runtime.rounding import U32, gamma, key_norm_up, round_up_to_float32
 from runtime.seeds import sample_keys, sample_rank, sample_size
+from compiler.lowering import defaults
 
 MMA_FACTOR = 4.0
 """Tensor-core fp32 accumulation is not IEEE round-to-nearest inside the MMA: its error on a
 D-term dot is bounded by MMA_FACTOR * gamma_D(u32) * sum_d |a_d b_d| (4x the classical bound)."""
 FTZ_UNIT = 2.0**-126
 """Absolute error allowed per rounded operation for flushed subnormals (tensor cores may flush)."""
-DENSE_CHUNK_BYTES = 4 << 30
-"""Largest buffer of scorer output [rows, T] (int64 codes, or int32 words on the threshold path)
-the dense path allocates at once."""
-P_SAMPLE = 256
-"""Witness keys used to estimate the activation frequencies p_h (they steer choices only)."""
-CANDIDATE_FACTOR = 8
-"""Candidate buffer per query (keys with s >= tau): CANDIDATE_FACTOR * kk order codes. On the H200
-with the structured plan the rows wrote 1.48-1.55 kk candidates on average and at most 3.53 kk
-(benchmarks/results/certified_buffer_h200.json), and a buffer of 4 kk was 5% faster there (49.9
-against 52.4 ms at S=16384, T=131072); but a conservative own-sample threshold on misaligned
-query runs writes more than 4 kk in some rows (tests/lowering/test_topk_pipeline.py), which the
-dense redo then answers, so 8 stays until the zoo's geometries are timed with 4. Exact at any size."""
-DEFAULT_R_CAP = 7
-"""Without ``config.r``, the per-query budget default_r is capped here (screen rows: r + aux = 8),
-so that the screen's row count is known without reading the budgets back to the host."""
-PLAN_CHUNK_BYTES = 1 << 30
-"""Queries planned at once by ``plan_screen``: a float64 [queries, H, D] tensor fits this (16384
-queries of 64 heads x 128). On CUDA the plan (compiler.lowering.screen.certificate_plan) writes one such
-tensor (u) and its [queries, H, H] Gram products and absolute values, about 2x this by
-construction. On the CPU the torch form's float64 passes over [queries, H, D] are each launched
-once per chunk and peak at about 5x this (4.7x measured); on the H200 that form took 7.0 ms for
-16384 such queries in one chunk and 16.4 ms in chunks of 4096, whose launches then outlasted the
-work (benchmarks/results/certified_profile_h200.json, session 7)."""
-REDO_BUFFER_BYTES = 1 << 30
-"""Dense code buffer of one round of ``redo_dense`` ([B, slots, T] int64)."""
 
 
 def _operands(q, k, weights):
@@ -140,11 +88,11 @@ def scorer_chunks(rows: int, T: int, kk: int, dtype: torch.dtype, device) -> int
 
 def dense_chunk_rows(B: int, S: int, H: int, T: int, kk: int, dtype: torch.dtype, device) -> int:
     """Query rows per chunk of the dense path (``dense_codes_topk``): its scorer output, int32 words
-    when the call takes the threshold path (else int64 codes), at most DENSE_CHUNK_BYTES, in
+    when the call takes the threshold path (else int64 codes), at most defaults.DENSE_CHUNK_BYTES, in
     whole query tiles."""
     block_s, _ = score_tile_shape(H)
     width = 4 if scorer_chunks(B * S, T, kk, dtype, device) is not None else 8
-    return max(block_s, (DENSE_CHUNK_BYTES // (width * T * B)) // block_s * block_s)
+    return max(block_s, (defaults.DENSE_CHUNK_BYTES // (width * T * B)) // block_s * block_s)
 
 
 def dense_codes_topk(q, w, k, mask, kk):
@@ -226,11 +174,11 @@ def plan_screen(q, w, k_dtype, p, r, r_max, chunk=None) -> ScreenPlan:
     budgets, r_max an int >= every r (the screen gets next_power_of_2(r_max + 1) rows; no host
     synchronisation). U(k) = sum_rho alpha relu(g . k) + beta min(g . k, 0) + e ||k||_up + c >=
     the GPU score, for every query with ok; queries without ok must not be pruned. ``chunk``:
-    queries planned at once (None: as many as fit PLAN_CHUNK_BYTES; speed and memory only).
+    queries planned at once (None: as many as fit defaults.PLAN_CHUNK_BYTES; speed and memory only).
     """
     B, S, H, D = q.shape
     RP = triton.next_power_of_2(r_max + 1)
-    chunk = max(1, PLAN_CHUNK_BYTES // (8 * B * H * D)) if chunk is None else chunk
+    chunk = max(1, defaults.PLAN_CHUNK_BYTES // (8 * B * H * D)) if chunk is None else chunk
     parts = []
     for s0 in range(0, S, chunk):
         sl = slice(s0, min(S, s0 + chunk))
@@ -298,8 +246,8 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None):
                                min(T, kk + kk // 4 + 1))
     seed_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
     tau_val = _seed_threshold(q, w, k, mask, kk, config, seed_ids, A // G)
-    p = activation_frequency(q, k, seed_ids, A, P_SAMPLE)
-    r_max = min(H, DEFAULT_R_CAP if config.r is None else config.r)
+    p = activation_frequency(q, k, seed_ids, A, defaults.ACTIVATION_SAMPLES)
+    r_max = min(H, defaults.DEFAULT_R_CAP if config.r is None else config.r)
     r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
     plan = plan_screen(q, w, k.dtype, p, r.long(), r_max)
     reach = (plan.e + (plan.alpha.abs() + plan.beta.abs()).sum(-1)) * nk.amax(-1, keepdim=True)
@@ -341,12 +289,12 @@ def key_norms(k):
 
 
 def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
-    """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (module docstring).
+    """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (SPEC C.5).
     ``screen_config``: the screen's LaunchConfig (None: autotuned, certificate_screen.screen)."""
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
     tau, ids, list_count, cap, plan, G = _screen_stage(q, w, k, mask, kk, config, nk, screen_config)
-    cand_cap = min(cap, CANDIDATE_FACTOR * kk)
+    cand_cap = min(cap, defaults.CERTIFIED_BUFFER_K * kk)
     cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
@@ -359,10 +307,10 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None):
 
 
 def redo_slots(B: int, S: int, T: int, H: int) -> int:
-    """Rows per round of ``redo_dense``: its [B, slots, T] int64 code buffer fits REDO_BUFFER_BYTES
+    """Rows per round of ``redo_dense``: its [B, slots, T] int64 code buffer fits defaults.REDO_BUFFER_BYTES
     (at least one scorer tile, at most S rounded up to whole tiles)."""
     block_s, _ = score_tile_shape(H)
-    fit = (REDO_BUFFER_BYTES // (8 * T * B)) // block_s * block_s
+    fit = (defaults.REDO_BUFFER_BYTES // (8 * T * B)) // block_s * block_s
     return max(block_s, min(fit, triton.cdiv(S, block_s) * block_s))
 
 
@@ -461,7 +409,7 @@ def _record(stats: TopkStats | None, q, T, tr):
     stats.add("keys_screened", count(B * S * T))
     stats.add("survivors", survivors)
     stats.add("written", tr.cand_count.sum())
-    cand_cap = min(tr.cap, CANDIDATE_FACTOR * tr.kk)
+    cand_cap = min(tr.cap, defaults.CERTIFIED_BUFFER_K * tr.kk)
     stats.add("overflow", (tr.cand_count > cand_cap).sum())
     stats.add("threshold_miss", (tr.cand_count < tr.kk).sum())
 

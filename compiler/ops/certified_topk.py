@@ -1,27 +1,16 @@
 """``torch.ops.pulsar_dosa.certified_topk``: the certified exact top-K of a DSA indexer as a torch op.
 
-Schema (:data:`SCHEMA`, written once; ``pulsar_dosa::capture_topk`` shares it):
-``certified_topk(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="",
-str path="auto", SymInt? r=None, SymInt? min_keys=None, bool record_stats=True) -> (Tensor, Tensor)``
-
-q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or [B,S,T]
-(bool: True = visible; or additive float, -inf = hidden), all on one device. ``topk`` is a
-positive int (``Scalar`` in the schema so that ``True`` reaches the op as a bool and is refused,
-where an ``int`` argument would turn it into 1). Returns (values [B,S,kk] float32, indices
-[B,S,kk] int64), kk = min(topk, T): exactly ``runtime.dense_scorer.dense_topk`` (the scores
-sum_h w_h relu(q_h.k) + mask, sorted descending, ties by the lower key index; a row with fewer
-than topk visible keys lists its visible keys first, then hidden ones with value -inf in index
-order). ``layer`` is the module path the statistics and the runtime guard are filed under;
-``path``, ``r`` and ``min_keys`` are the layer's ``compiler.topk_settings.TopkSettings``, resolved
-per call by ``compiler.ops.guard.call_path``.
-
-Every kernel starts with the same checks (:func:`check_call`: devices, types, ranks, shapes,
-dtypes, the scalar arguments; a clear error naming the argument) and answers empty inputs
-(B, S or kk = 0) with empty outputs before any device pipeline runs. The default kernel runs
-``runtime.certified_topk.certified_topk`` (CPU and any device without its own kernel); CUDA runs
-the Triton pipeline of ``compiler/lowering/topk_pipeline.py``. The fake kernel (also the
-meta kernel) supports symbolic sizes and adds no guards.
-"""
+Schema (:data:`SCHEMA`, shared by ``capture_topk``): ``(Tensor q, Tensor k, Tensor weights, Scalar
+topk, Tensor? mask=None, str layer="", str path="auto", SymInt? r=None, SymInt? min_keys=None,
+bool record_stats=True) -> (Tensor, Tensor)``. q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed,
+every scale folded in), mask None or [B,S,T] (bool, True = visible; or additive float), one device;
+``topk`` a positive int (a bool is refused). Returns (values [B,S,kk] fp32, indices [B,S,kk] int64),
+kk = min(topk, T): exactly ``runtime.dense_scorer.dense_topk``. ``layer`` files the statistics and
+the runtime guard; ``path``, ``r``, ``min_keys`` are the layer's ``TopkSettings``, resolved per call
+by ``compiler.ops.guard.call_path``. Every kernel checks its arguments first (``check_call``: a
+clear error naming the argument) and answers empty inputs with empty outputs. The CPU (and any
+device without its own kernel) runs ``runtime.certified_topk``; CUDA the pipeline of
+``compiler/lowering/topk_pipeline.py``. The fake kernel keeps symbolic sizes and adds no guards."""
 from __future__ import annotations
 
 from typing import Any, Callable

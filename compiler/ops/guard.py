@@ -1,21 +1,12 @@
-"""Call time: the path of one certified top-K call, and the runtime guard behind "auto".
+"""Call time: the path of one certified top-K call, and the runtime guard behind "auto" (SPEC C.7).
 
-``call_path`` obeys "dense" and "certified"; "auto" is dense when kk >= T, when a batch row has
-fewer than ``defaults.MIN_CERTIFIED_ROWS`` queries (decode) or when T is below ``min_keys`` (None:
-``cost_model.default_min_keys`` for the call), and otherwise the guard's path. No tensor is read.
-
-The guard (``Guard``) keeps a state machine per (layer, device, power-of-two bucket of B*S,
-power-of-two bucket of T), fed with call times per scored (query, key) pair: the first certified
-call is a warm-up and is not measured; then one dense and one certified call are timed and the
-faster path is kept; a kept certified path is compared on every call (the better of its last two
-times against the best dense one), and a dense path retries certified after
-``defaults.RETRY_FIRST`` calls, doubling the wait after every lost retry up to
-``defaults.RETRY_MAX``. A certified call whose counters pass ``defaults.SURE_LOSS_SURVIVAL`` or
-``defaults.SURE_LOSS_REDO`` lost whatever its time. Times come from CUDA events and counters from
-non-blocking copies, read once ``Event.query()`` says the call has run (the host never waits); on
-the CPU from the host clock. During CUDA-graph capture nothing is measured and the bucket's
-current path is captured (certified while undecided).
-"""
+``call_path(settings, layer=, device=, B, S, T, H, D, kk)`` obeys "dense" and "certified"; "auto"
+is dense when kk >= T, when a batch row has fewer than ``defaults.MIN_CERTIFIED_ROWS`` queries or
+below ``min_keys`` (None: ``cost_model.default_min_keys`` for the call), and otherwise the path of
+``GUARD``, the process-wide ``Guard``. It reads no tensor. The returned ``CallTicket``'s ``timed``
+block measures a guarded call with CUDA events (the host clock off CUDA) and reads its counters
+once the device has run it, on a later call: the host never waits. ``GuardBucket`` is the state
+machine of one (layer, device, bucket of B*S, bucket of T); ``Guard.summaries()`` is readable state."""
 from __future__ import annotations
 
 import contextlib
@@ -53,7 +44,7 @@ def call_path(settings: TopkSettings, *, layer: str, device: torch.device, B: in
 @dataclass
 class GuardBucket:
     """The guard's decision for one (layer, device, rows bucket, keys bucket): a pure state machine
-    fed with measured times per (query, key) pair and the certified calls' counters (module docstring)."""
+    fed with measured times per (query, key) pair and the certified calls' counters (SPEC C.7)."""
 
     certified_calls: int = 0
     dense_calls: int = 0
@@ -217,7 +208,7 @@ def _capturing(device: torch.device) -> bool:
 
 
 class Guard:
-    """The guard's buckets and their measurements in flight (module docstring)."""
+    """The guard's buckets and their measurements in flight (SPEC C.7)."""
 
     def __init__(self) -> None:
         self._buckets: dict[tuple, GuardBucket] = {}

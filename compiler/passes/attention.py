@@ -1,30 +1,22 @@
 """The attention pass: a model's attention -> ``pulsar_dosa.attention`` (follows the Pulsar layout).
 
-Two pattern families on the Dynamo (torch-level) graph, each with GQA ``repeat_kv`` on k and v
-folded into ``enable_gqa`` (``x[:, :, None].expand(B, Hkv, n, S, D).reshape(B, Hkv·n, S, D)`` or
-``x.repeat_interleave(n, dim=1)``, the same n on k and v):
+Two spellings on the Dynamo graph, each with GQA ``repeat_kv`` on k and v folded into ``enable_gqa``
+(``matcher.fold_repeat_kv``):
 
     sdpa     F.scaled_dot_product_attention(q, k, v, attn_mask?, dropout_p=0, is_causal, scale?, enable_gqa)
     eager    matmul(softmax(matmul(q, kᵀ) (*|/) c [+ mask], dim=-1[, dtype=float32]) [.to] [dropout p=0], v)
 
-with kᵀ = ``k.transpose(-2, -1)`` (any spelling of the last two dims) and c a Python number.
-Variants (report ``variant``): the op form (``compiler.ops.attention.FORMS``) plus
-``+gqa`` when a repeat was folded and ``+mask`` when a mask is passed. A matched chain must be
-closed: every interior node (scores, softmax, casts, the transposed or repeated k and v) feeds
-only the next node of the chain, e.g. attention weights that are also returned make a near miss.
-Near misses (left untouched, recorded with the reason): dropout that may be active, a scale that
-is a tensor, a softmax over another dim or in another dtype, operands that are not 4-D
-[B, H, S, D], k and v of different shapes.
-"""
+with kᵀ any spelling of ``k.transpose(-2, -1)`` and c a Python number. Variant: the op form
+(``compiler.ops.attention.FORMS``), ``+gqa``, ``+mask``. A matched chain is closed (every interior
+node feeds only the next one). Near misses: dropout that may be active, a tensor scale, a softmax
+over another dim or dtype, operands that are not 4-D [B, H, S, D], k and v of different shapes."""
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from compiler.ops.attention import SDPA_FORM

@@ -1,22 +1,14 @@
-"""Small toolkit the pattern passes share, for Dynamo (torch-level) FX graphs.
+"""The matchers the pattern passes share, for Dynamo (torch-level) FX graphs; no pass imports another.
 
-* :func:`op_kind`: one name per operation whatever its spelling (``torch.relu``, ``F.relu``,
-  ``x.relu()`` -> "relu"; ``x.float()``, ``x.to(torch.float32)`` -> "cast"; ...).
-* Shapes from ``node.meta["example_value"]`` compared with :func:`same_size`, which never adds
-  a guard (``statically_known_true``): a size that is only equal at run time is "not equal".
-* :func:`skip_layout_preserving`: walk back through ops that change neither values nor the
-  order of the non-unit dims (clone, contiguous, detach, widening casts, views and squeezes that
-  only insert or remove size-1 dims). Permutes are *not* skipped here: a pattern that accepts
-  one must classify it.
-* :func:`escaping_nodes`: the region-safety proof on a networkx digraph of the FX graph, by
-  post-dominators: an interior node whose every path to the graph's end does not go through the
-  anchor would be needed after the rewrite.
-* Attention chains (the attention and sparse-attention families): :data:`SDPA_TARGETS`,
-  :func:`fold_repeat_kv` (GQA ``repeat_kv`` on k and v), :func:`softmax_of`, :func:`single_use`.
-
-A step that does not see its pattern raises :class:`NotCandidate`; one that sees it in a form that
-must stay untouched raises :class:`NearMiss` with the reason.
-"""
+:func:`op_kind` names an operation whatever its spelling (``torch.relu``, ``F.relu``, ``x.relu()``
+-> "relu"; ``x.float()``, ``x.to(torch.float32)`` -> "cast"). Shapes come from
+``node.meta["example_value"]`` and compare with :func:`same_size`, which never adds a guard.
+:func:`skip_layout_preserving` walks back through ops that change neither values nor the order of
+the non-unit dims. :func:`escaping_nodes` proves a region closed by post-dominators: an interior
+node with a path to the graph's end that avoids the anchor would be needed after the rewrite.
+Attention chains: :data:`SDPA_TARGETS`, :func:`fold_repeat_kv` (GQA ``repeat_kv``),
+:func:`softmax_of`, :func:`single_use`. A step that does not see its pattern raises
+:class:`NotCandidate`; one that sees it in a form that must stay untouched, :class:`NearMiss`."""
 from __future__ import annotations
 
 import operator

@@ -1,22 +1,13 @@
-"""Per-layer calibration measurements for plans, and the layer's decision from them.
+"""Per-layer calibration measurements for plans, and the layer's plan from them.
 
-For one indexer layer and its captured calls, on the device they were captured on:
-
-* per candidate budget r: the certified top-K (``path="certified"``; the Triton pipeline on CUDA, the
-  runtime reference elsewhere) on every call, giving m(r) = survivors / keys_screened (1.0 when
-  nothing was screened: no evidence that screening prunes), the fraction of certified queries redone
-  densely (overflow or threshold miss), the certified queries, and, when ``timed``, the call time;
-* the dense top-K's time on the same calls (when ``timed``);
-* the seed gap b = τ* − τ ≥ 0 per certified query (true kk-th score minus the seed threshold) and the
-  slack δ = U_num − s ≥ 0 per screened key, for the chosen budget: a key is pruned iff Δ = τ* − s >
-  δ + b (SPEC A.6). They are recomputed from the runtime's public stages (seeds, certificate planning
-  and evaluation, THE SCORER) for the queries the runtime certifies (not anchors, more than kk
-  visible keys).
-
-Times are wall times of one run per call after a warm-up run on CUDA (which compiles and tunes), and
-of one run on the CPU; the decision (``compiler.plan.choice.choose_layer``) uses them to correct the
-cost model's prediction.
-"""
+``measure_layer(layer, calls, candidates, timed)``: on the device the calls were captured on, per
+candidate budget r the certified top-K on every call (path "certified"): m(r) = survivors /
+keys screened (1.0 when nothing was screened), the fraction of certified queries redone densely,
+and, when ``timed``, the summed time of one run per call after a warm-up on CUDA; and the dense
+time of the same calls. ``choose_from_measurement`` decides the layer (``compiler.plan.choice``)
+and adds the chosen budget's diagnostics (SPEC A.6): the seed gap b = τ* − τ per certified query
+and the slack δ = U_num − s per screened key, recomputed from the runtime's public stages for at
+most ``DIAGNOSTIC_QUERIES`` queries per call."""
 from __future__ import annotations
 
 from dataclasses import dataclass

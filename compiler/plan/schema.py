@@ -1,27 +1,14 @@
 """The versioned JSON format of per-layer indexer plans: dataclasses, validation, load/save, hash.
 
-A plan file is one JSON object::
-
-    {"format": "pulsar-dosa-plan", "version": 2,
-     "model": {...}, "inputs": {...},            free-form descriptions (JSON values)
-     "design_length": int, "queries": int|null,   the workload the choices were optimised for
-     "constants": {KernelConstants fields},
-     "layers": [{"layer": module path, "path": "auto"|"dense", "r": int|null,
-                 "min_keys": int|null, "heads": int, "head_dim": int, "topk": int,
-                 "predicted_pruned_frac": float|null, "predicted_speedup": float,
-                 "reason": str, "dense_ms": float|null, "calibration_calls": [[B, S, T], ...],
-                 "candidates": [{"r", "survival", "redo_frac", "ms" (null: not timed), "queries",
-                                 "certified_queries", "keys_screened", "survivors",
-                                 "fallbacks": {reason: int}}],
-                 "seed_gap": distribution|null, "slack": distribution|null}]}
-
-A distribution is {"count", "mean", "min", "max", "p05", "p50", "p95"}. ``path``, ``r`` and
-``min_keys`` are the layer's ``TopkSettings``: a certified layer runs "auto" from ``min_keys`` keys
-(1 <= min_keys <= MAX_KEYS) with budget r; a dense layer has both null. ``reason`` says why
-(``compiler.plan.choice.choose_layer``). ``plan_hash`` is the SHA-256 of the canonical JSON text
-(sorted keys, no spaces), so formatting does not change it and any content change does. Every
-problem raises ``PlanError`` (a ValueError) naming the offending field.
-"""
+A plan file is one JSON object: ``{"format": "pulsar-dosa-plan", "version": 3, "model", "inputs"
+(free-form descriptions), "design_length", "queries" (null: causal prefill), "constants"
+(KernelConstants fields), "layers": [...]}``; each layer: its module path, its ``TopkSettings``
+(``"path"`` "auto" with ``"r"`` and ``"min_keys"`` in [1, MAX_KEYS], or "dense" with both null),
+``heads``, ``head_dim``, ``topk``, the predictions and ``reason`` (``compiler.plan.choice``), the
+calibration calls [B, S, T], the candidate measurements and the seed-gap and slack distributions
+(``count``, ``mean``, ``min``, ``max``, ``p05``, ``p50``, ``p95``). ``plan_hash`` is the SHA-256 of
+the canonical JSON text (sorted keys, no spaces): formatting does not change it, any content does.
+Every problem raises ``PlanError`` (a ValueError) naming the offending field."""
 from __future__ import annotations
 
 import hashlib

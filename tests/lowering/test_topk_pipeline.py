@@ -7,6 +7,7 @@ certified path must agree bitwise with the dense Triton path (the GPU contract).
 import pytest
 import torch
 
+from compiler.lowering import defaults
 from compiler.lowering.topk_pipeline import (
     certified_topk_cuda,
     dense_codes_topk,
@@ -194,14 +195,12 @@ def test_scorer_row_list_scores_listed_rows_bitwise_and_leaves_empty_slots_alone
 
 
 def test_redo_answers_every_flagged_row_densely_in_several_rounds(monkeypatch):
-    import compiler.lowering.topk_pipeline as triton_topk
-
     q1, k1, w1, m1 = structured(S=12, T=256, H=4, D=16)
     q2, k2, w2, m2 = structured(S=12, T=256, H=4, D=16)
     q, k, w = torch.cat((q1, q2.flip(1))), torch.cat((k1, k2.flip(1))), torch.cat((w1, w2)).float()
     mask = torch.cat((m1, m2))
     # 8 slots (one scorer tile of queries, the fewest): 12 queries take 2 rounds
-    monkeypatch.setattr(triton_topk, "REDO_BUFFER_BYTES", 8 * 256 * 2 * 8)
+    monkeypatch.setattr(defaults, "REDO_BUFFER_BYTES", 8 * 256 * 2 * 8)
     assert redo_slots(2, 12, 256, 4) == 8
     redo = torch.zeros(2, 12, dtype=torch.bool)
     redo[0, [0, 5, 6, 9, 11]] = True  # 5 rows, scattered: the first round, ranked
@@ -229,6 +228,7 @@ def test_rows_with_fewer_visible_keys_than_topk_return_hidden_keys_in_index_orde
     assert_same(out, dense_topk(q, k, w, 64, mask))
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the NaN inputs, in numpy
 def test_nonfinite_keys_and_weights_give_the_dense_answer():
     q, k, w, mask = structured(S=8, T=1024, H=4, D=16)
     k = k.clone()

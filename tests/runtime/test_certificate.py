@@ -127,8 +127,7 @@ def test_a_static_row_count_above_every_budget_keeps_the_bound_valid(case, extra
 
 
 def test_a_static_row_count_must_be_a_head_count():
-    q, k, w, p, r, _ = (torch.ones(2, 4, 8), None, torch.ones(2, 4), torch.full((2, 4), 0.5),
-                        torch.ones(2, dtype=torch.long), None)
+    q, w, p, r = torch.ones(2, 4, 8), torch.ones(2, 4), torch.full((2, 4), 0.5), torch.ones(2, dtype=torch.long)
     for bad in (0, 5, 2.0, True):
         with pytest.raises(ValueError, match="r_max"):
             plan_certificate(q, w, p, r, bad)

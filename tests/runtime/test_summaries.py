@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.summaries import (HEURISTICS, SCORED_HEURISTICS, TIE_BREAKS, novelty_weights, position_idf,
+from runtime.summaries import (HEURISTICS, TIE_BREAKS, novelty_weights, position_idf,
                                score_chunk_groups, select_summaries)
 
 LOG2, LOG4 = math.log(2.0), math.log(4.0)

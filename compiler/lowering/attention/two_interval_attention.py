@@ -1,30 +1,14 @@
-"""Two-interval flash attention in Triton, returning log-sum-exp.
+"""Two-interval flash attention in Triton, returning log-sum-exp (SPEC B.3, C.6).
 
-Contract (the same as ``runtime.attention_reference.two_interval_attention``): query ``p`` sees key
-``j`` iff ``j < Sk`` and (``j < prefix_end[p]`` or ``segment_start[p] <= j <= q_start + p``).
-q ``[B, Hq, Sq, D]``, k/v ``[B, Hkv, Sk, D]`` (bf16, fp16 or fp32, one dtype; ``Hq % Hkv == 0``,
-query head ``h`` reads key/value head ``h // (Hq // Hkv)``), prefix_end/segment_start ``[B, Sq]``
-int32/int64. Returns o ``[B, Hq, Sq, D]`` in q's dtype and lse ``[B, Hq, Sq]`` fp32 (natural log);
-a query with no visible key gets o = 0 and lse = -inf.
-
-Kernel: one program per (query tile, batch, query head), online softmax in base 2 with fp32
-accumulators. A query tile visits two key ranges only: ``[0, max over its rows of the first
-interval's end)`` and ``[min over its rows of segment_start, its last visible key]``; key tiles
-between them are never loaded, so a packed segment-causal layout costs its visible tiles only
-(keys outside every interval of a tile are never read, even if they hold NaN). Key tiles that
-every query of the tile sees whole skip the visibility rule. bf16/fp16
-products run on the tensor cores with fp32 accumulation; fp32 inputs use IEEE fp32 products.
-Tile sizes are chosen by measurement on CUDA (``compiler.autotune``, per query-length bucket);
-the choice changes speed only.
-
-Dispatch: ``torch.ops.pulsar_dosa.two_interval_attention_triton`` (custom op with a fake
-implementation, so it traces under torch.compile) launches the Triton kernel on CUDA tensors and
-on CPU tensors under ``TRITON_INTERPRET=1``; on CPU without the interpreter it runs the plain-torch
-reference. Importing this module registers ``two_interval_attention_triton`` as the CUDA kernel of
-Pulsar layouts (``runtime.attention_layout.register_attention_kernel``); the package's
-``pulsar_dosa.attention_kernels`` entry point names this module, so an installed package registers
-it without an explicit import.
-"""
+Contract: ``runtime.attention_reference.two_interval_attention``'s. Query p sees key j iff
+``j < Sk`` and (``j < prefix_end[p]`` or ``segment_start[p] <= j <= q_start + p``). q [B,Hq,Sq,D],
+k/v [B,Hkv,Sk,D] (bf16, fp16 or fp32, one dtype; ``Hq % Hkv == 0``), prefix_end/segment_start
+[B,Sq] int32/int64. Returns o [B,Hq,Sq,D] in q's dtype and lse [B,Hq,Sq] fp32 (natural log); a
+query with no visible key gets o = 0 and lse = -inf; keys outside every interval are never read.
+``torch.ops.pulsar_dosa.two_interval_attention_triton`` (a custom op with a fake kernel) launches
+the kernel on CUDA and under ``TRITON_INTERPRET=1``, else runs the reference. Importing this module
+registers it as the CUDA kernel of Pulsar layouts (the package's ``pulsar_dosa.attention_kernels``
+entry point names this module)."""
 from __future__ import annotations
 
 import math

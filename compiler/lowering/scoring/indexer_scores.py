@@ -1,65 +1,15 @@
-"""The DSA indexer scorer on the GPU: Triton kernels for dense scoring, seed scoring and refine.
+"""The DSA indexer scorer on the GPU: dense, key-list and compacted scoring into order codes (SPEC C.1).
 
-Score of query s against key t (THE SCORER's GPU form): ``x = k[t] @ q[s]^T`` for all H heads of
-the program's BLOCK_S queries in ONE ``tl.dot`` per key tile (keys are the rows of the matrix
-product, BLOCK_T of them; the queries' heads its ``BLOCK_S * HP`` columns; fp32 accumulation;
-bf16/fp16 operands as they are, fp32 operands rounded to tf32 on the tensor cores), then
-``sum_h w[s, h] * relu(x_h)`` by ``tl.sum`` along the columns of each query (in-thread and in-quad
-adds), then the finite additive mask. Both kernels (``_dense_score_kernel`` for every key,
-``_indexer_score_kernel`` for key lists) compute a tile with the one function ``_key_tile`` and
-the same tile shape and launch config, so a key's score is bitwise the same whether it was scored
-densely, as a seed, or as a survivor. The tf32 rounding of fp32 operands is not covered by the certificate's margins, so the
-certified top-K scores fp32 calls densely (``tf32_scores``).
-Under ``TRITON_INTERPRET=1`` (the CPU tests) the same kernel computes the dot and the head sum with
-``compiler/lowering/scoring/tile_arith.py``'s sequential form instead (ascending d, then ascending h, every operation
-rounded to fp32): exactly runtime.dense_scorer's THE SCORER, on every CPU and in every tile.
-
-Each score is written as a 64-bit *order code* (`order_code` below): a monotone int32 code of the
-fp32 value in the high word (hidden keys lowest, NaN highest, -0.0 folded into +0.0) and
-``T - 1 - key`` in the low word, so that a descending sort of codes is THE ORDER of the contract
-(values descending, NaN first, visible before hidden, lower key index first) with unique keys.
-
-Dense scoring (``score_dense``): a program (``BLOCK_S`` neighbouring queries, or ``BLOCK_S`` slots
-of a row list) scores every key, its code written at position = key. The key tiles are visited in
-*groups*: with G groups, group g is the tiles g, g + G, g + 2G, ..., scored one after the other,
-and key splits share out the groups. Lane l of group g's tiles is then the interleaved chunk
-c = g * BLOCK_T + l (keys c, c + n, c + 2n, ..., n = G * BLOCK_T), so the program keeps each
-chunk's running maximum in registers and writes the chunk maxima that threshold_select's exact
-selection starts from (``maxima``), without a second read of the codes. Keys are computed, not
-read from a list: no dependent load before each key tile (H200, 4096 causal queries by 131072
-keys: 14.6 ms against 18.4 for the same scores through a key list and the mask scan below).
-
-Key lists (``score_keys``): a program scores the keys of one list ``ids[b, tile // tiles_per_list,
-:count]``: the seed pass passes the anchor's top keys; refine passes the screen's survivors.
-A list whose count exceeds ``cap`` has overflowed: the program then scores every key
-``0..T-1`` instead (dense rescan on the device).
-
-Output modes: ``COMPACT=False`` writes the code of list position p to ``out[b, s, p]``;
-``COMPACT=True`` writes only visible keys with ``not (score < tau[b, s])`` (NaN kept), compacted per
-query into ``out[b, s, :cap_out]``; the count ``out_count[b, s]`` keeps counting past ``cap_out``
-so that the caller can detect a full buffer (kept in registers when one program owns the query's
-list, by atomics when key splits share it).
-
-Launch configuration: ONE fixed config per operand dtype, ``scorer_config(dtype)`` (SCORER_CONFIG;
-FP32_SCORER_CONFIG for fp32 operands, whose scores are never compared with bf16 ones), for every
-call in every process (not tuned). The scorer defines the values: the order of the head sum ``tl.sum`` over the register tile
-follows the tile's layout, which BLOCK_T and num_warps decide, so two configs may round a score
-differently. Tuning per length would let a key scored densely at one length and as a survivor at
-another differ in the last bit; a fixed config makes dense, seed and refine scores bitwise the
-same by construction. BLOCK_T=64, 4 warps, 3 stages and PRODUCT_COLUMNS=256 product columns: the
-fastest form on the H200 for masked calls (see PRODUCT_COLUMNS).
-
-Masks: every program needs, for its rows, the last position whose key the mask shows to any of
-them, and the first position where some row's entry is not clear (clear: visible with additive
-bias 0). After the last visible position only hidden keys remain, whose codes do not depend on
-the scores, so they are written without a product (causal prefill multiplies about half the
-keys); key tiles before the first unclear position take visible = in range and bias = 0 without
-reading the mask (the same bits: adding a zero bias is the ``+ 0.0`` the order code applies
-anyway). Dense scoring gets both positions per row from ``_mask_bounds_kernel`` (one read of each
-mask row, all rows in parallel) and scores a group's clear tiles in one loop and its other
-visible tiles in a second, mask-reading loop; a key-list program scans its own list's mask
-entries before its key loop (``TRIM_BLOCK`` positions a step).
-"""
+``score_dense(q, w, k, mask=...)`` writes the order code (or its int32 high word) of every key
+of every query row, and optionally the rows' interleaved chunk maxima; ``score_keys`` scores the
+keys of per-tile lists (an overflowed list is rescanned densely) and, in compact mode, writes only
+visible keys with ``not (score < tau)``. q [B,S,H,D], k [B,T,D] (bf16/fp16/fp32), w [B,S,H] fp32,
+mask None, bool or additive [B,S,T] (``mask_operand``). A key's code is bitwise the same whichever
+kernel scored it: one tile function, one launch config per operand dtype
+(``defaults.SCORER_CONFIG``, ``defaults.FP32_SCORER_CONFIG``), never tuned. Under
+``TRITON_INTERPRET=1`` the dot and the head sum use ``tile_arith``'s sequential form: exactly
+``runtime.dense_scorer``'s scorer. fp32 operands are multiplied as tf32 (``tf32_scores``).
+``order_code`` / ``decode_codes`` map between scores and codes (THE ORDER of the contract)."""
 from __future__ import annotations
 
 import torch
@@ -68,6 +18,7 @@ import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active, multiprocessor_count
 from compiler.lowering.scoring.tile_arith import sequential_dot, sequential_group_sum
+from compiler.lowering import defaults
 
 INTERPRET = interpreter_active()
 
@@ -78,7 +29,7 @@ MASK_ADDITIVE = 2
 
 @triton.jit
 def order_code(score, visible, key, T):
-    """int64 order code of fp32 ``score`` for ``key`` (see the module docstring)."""
+    """int64 order code of fp32 ``score`` for ``key`` (SPEC C.1)."""
     s = score + 0.0
     bits = s.to(tl.int32, bitcast=True)
     c32 = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
@@ -351,7 +302,7 @@ def _dense_score_kernel(
     MASK_KIND: tl.constexpr, TO_FP32: tl.constexpr, ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr,
     TF32: tl.constexpr, MAXIMA: tl.constexpr, WORDS: tl.constexpr,
 ):
-    """Every key 0..T-1 (dense scoring), in groups (module docstring): program (query tile, split)
+    """Every key 0..T-1 (dense scoring), in groups (SPEC C.1): program (query tile, split)
     takes the split's share of the n_groups groups."""
     pid = tl.program_id(0)
     b = (pid // n_tiles).to(tl.int64)  # b * (stride of a batch row) can pass 2^31
@@ -404,66 +355,31 @@ def _dense_score_kernel(
 
 
 SEQUENTIAL = INTERPRET
-BOUNDS_BLOCK = 2048
-BOUNDS_ROWS = 16 if INTERPRET else 1
-"""``_mask_bounds_kernel``: mask entries per step and query rows per program. One row of 2048
-entries a step, 4 warps, on the H200 (session 13, exploration runs, the causal chunk bool mask of
-16384 x 131072, read floor 0.51 ms): 0.97 ms keeping each lane's step starts, against 1.16-1.20
-keeping each entry's extent and 1.44 reducing every step (session 9's form); steps of 1024 or 4096
-(4-8 warps) 0.94-1.12, no faster in both kinds; an additive bf16 mask of 4096 rows 0.33 against
-0.37-0.43. 16 rows in the interpreter, where every program costs host time."""
 """Scores by tile_arith's sequential form (the CPU interpreter's arithmetic) instead of tl.dot."""
-TRIM_BLOCK = 4096
-"""Positions per step of the key-list scorer's mask scan for its last visible key and its clear run
-(dense scoring gets both from ``_mask_bounds_kernel`` instead). The scan runs before the key loop
-and is latency-bound: at S=4096 queries, T=131072 keys (H=64, causal chunk, H200) the scorer, then
-used for dense scoring too, took 22.4 ms with steps of 1024 and 18.6 ms with 4096
-(benchmarks/results/dense_scorer_mask_ab_h200.json). The step changes no score. Refine (the
-compact mode, whose survivors are visible to some row) scans too: without the scan, reading the
-mask with every key tile, a certified call at S=16384, T=131072 took 41.0-41.1 ms against
-40.5-40.6 (H200, structured inputs, session 7)."""
 
 
 def tf32_scores(dtype: torch.dtype) -> bool:
     """True when operands of ``dtype`` are multiplied as tf32 on tensor cores (fp32 on the GPU,
-    module docstring). The certificate's rounding margins assume exact products of the operands,
+    SPEC C.1). The certificate's rounding margins assume exact products of the operands,
     so the certified top-K scores such calls densely."""
     return dtype == torch.float32 and not SEQUENTIAL
 
 
-SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)
-"""The scorer's launch config for bf16/fp16 operands (module docstring: why it is fixed)."""
-FP32_SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64)
-"""The scorer's launch config for fp32 operands (tf32 products): the fastest of 17 forms under a
-causal mask at S=4096, T=131072 (H200: 50.9 ms against 56.4 with 4 warps; 128 or 64 product
-columns, 2 stages or 32/128-key tiles were slower; benchmarks/results/dense_scorer_mask_ab_h200.json)."""
-
-
 def scorer_config(dtype: torch.dtype) -> LaunchConfig:
     """The one launch config of the scorer for operands of ``dtype``."""
-    return FP32_SCORER_CONFIG if dtype == torch.float32 else SCORER_CONFIG
-
-
-PRODUCT_COLUMNS = 32 if INTERPRET else 256
-"""Columns of the scorer's product per program (BLOCK_S queries x HP padded heads). With BLOCK_T=64
-keys and 3 stages, 4 warps of the dense kernel scored S=4096 queries against T=131072 keys (H=64)
-with chunk maxima in 14.1-14.7 ms on the H200, masked (causal chunk) or not: 600-625 TFLOP/s,
-78-81% of the bf16 matmul rate; 8 warps took 17.5 ms unmasked, and 4 stages 18.8. Through a key
-list (``score_keys``) 4 warps took 19.6 ms unmasked and 18.4 under the causal mask
-(benchmarks/results/dense_scorer_groups_h200.json; earlier forms:
-dense_roofline_sweep2_h200.json, dense_scorer_mask_ab_h200.json)."""
+    return defaults.FP32_SCORER_CONFIG if dtype == torch.float32 else defaults.SCORER_CONFIG
 
 
 def score_tile_shape(H: int) -> tuple[int, int]:
     """(BLOCK_S, HP): queries per program and heads padded to a power of two; BLOCK_S * HP =
-    PRODUCT_COLUMNS (at least HP)."""
+    defaults.PRODUCT_COLUMNS (at least HP)."""
     hp = triton.next_power_of_2(max(H, 1))
-    return max(1, PRODUCT_COLUMNS // hp), hp
+    return max(1, defaults.PRODUCT_COLUMNS // hp), hp
 
 
 def key_splits(programs: int, keys: int, block_t: int = 128) -> int:
     """Programs per key list so that at least ~2 programs per SM run (1 on the CPU); a split gets
-    at least 4 * ``block_t`` keys (128 for every H200 measurement, whatever the launch's tile)."""
+    at least 4 * ``block_t`` keys (128 by default, whatever the launch's tile)."""
     if INTERPRET or not torch.cuda.is_available():
         return 1
     sms = multiprocessor_count()
@@ -494,7 +410,7 @@ def _launch_shape(q, k, rows):
 
 def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None, out=None,
                out_count=None, splits=1, fill=False, rows=None):
-    """Run the scorer over key lists (see the module docstring).
+    """Run the scorer over key lists (SPEC C.1).
 
     q [B,S,H,D] (bf16/fp16/fp32, last dim contiguous), w [B,S,H] fp32, k [B,T,D] same dtype as q,
     ids [B,L,cap] int32, counts [B,L] int32, mask None | [B,S,T] bool/float (broadcast views ok).
@@ -528,7 +444,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         0 if rows is None else rows.stride(0),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
-        TF32=tf32_scores(q.dtype), TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=TRIM_BLOCK,
+        TF32=tf32_scores(q.dtype), TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=defaults.TRIM_BLOCK,
         **scorer_config(q.dtype).kwargs(),
     )
     return out
@@ -563,11 +479,11 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
     bounds = None
     if kind != MASK_NONE:
         bounds = torch.empty((B, n_slots, 2), dtype=torch.int32, device=q.device)
-        n_blocks = triton.cdiv(n_slots, BOUNDS_ROWS)
+        n_blocks = triton.cdiv(n_slots, defaults.BOUNDS_ROWS)
         _mask_bounds_kernel[(B * n_blocks,)](m, bounds if rows is None else rows, bounds, S, T, n_slots,
                                              n_blocks, msb, mss, mst, 0 if rows is None else rows.stride(0),
-                                             MASK_KIND=kind, ROWS=rows is not None, R=BOUNDS_ROWS,
-                                             BLOCK=BOUNDS_BLOCK, num_warps=4)
+                                             MASK_KIND=kind, ROWS=rows is not None, R=defaults.BOUNDS_ROWS,
+                                             BLOCK=defaults.BOUNDS_BLOCK, num_warps=4)
     _dense_score_kernel[(B * n_tiles, splits)](
         q, w, k, q if m is None else m, out if bounds is None else bounds, out,
         out if maxima is None else maxima, out if rows is None else rows,

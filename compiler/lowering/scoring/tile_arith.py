@@ -1,25 +1,12 @@
-"""The tile dot and group sum of the indexer kernels, with a CPU (interpreter) form whose rounding
-does not depend on the tile.
+"""The tile dot and group sum of the indexer kernels, with an interpreter form whose rounding does
+not depend on the tile (SPEC C.1).
 
-Under ``TRITON_INTERPRET=1`` ``tl.dot`` is a numpy matmul, and a BLAS kernel's rounding of one
-output element depends on the matrix shape, the operands' layout and the CPU's kernel choice, so
-the same (query, key) pair could score to different bits in two tiles, or on two machines. The
-kernels that must score a pair to the same bits wherever it is scored (indexer_scores) or must
-keep the same survivors under every launch config (certificate_screen) use these helpers instead of
-``tl.dot`` and ``tl.sum`` when they run in the interpreter:
-
-* ``sequential_dot``: ``x[i, j] = sum_d a[i, d] * b[j, d]`` accumulated from 0 in ascending d, every
-  product and every sum rounded to fp32 (elementwise IEEE operations only);
-* ``sequential_group_sum``: ``s[g, j] = sum_{r < n} y[g * R + r, j]`` accumulated from 0 in ascending
-  r, each add rounded to fp32 (a group member is extracted by a select, never by a reduction that
-  could reassociate).
-
-Every step is an elementwise IEEE operation, so the value of one element is a function of its own
-operands alone: the same on every CPU, for every tile shape and launch configuration. Together they
-are exactly THE SCORER of runtime/dense_scorer.py (ascending d, then ascending h). On the GPU the
-kernels keep ``tl.dot`` and ``tl.sum``: ``tile_dot`` and ``group_sum`` pick the form by their
-``SEQUENTIAL`` constexpr (the interpreter's flag), so the sequential code is never compiled there.
-"""
+``tile_dot``: the [M, N] fp32 products of M rows with N key rows; ``group_sum``: the sums over
+groups of R consecutive rows of a tile. On the GPU (``SEQUENTIAL`` False) they are ``tl.dot`` and
+``tl.sum``; under ``TRITON_INTERPRET=1`` ``sequential_dot`` and ``sequential_group_sum`` accumulate
+from 0 in ascending d (r), every product and sum rounded to fp32 with elementwise operations only,
+so that an element's value depends on its own operands alone: the same on every CPU, tile shape
+and launch config, and exactly THE SCORER of ``runtime/dense_scorer.py`` (ascending d, then h)."""
 from __future__ import annotations
 
 import triton

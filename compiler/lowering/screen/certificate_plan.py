@@ -1,24 +1,11 @@
-"""The certificate's planning in one Triton program per query (GPU form of
-``runtime.certificate.plan_certificate``).
+"""The certificate's plan in one Triton program per query: the GPU form of
+``runtime.certificate.plan_certificate`` (SPEC A.3, C.2).
 
-Contract: ``plan_certificate_triton(q, w, p, r, r_max)`` takes what ``plan_certificate`` takes with an
-int ``r_max`` (q [..., H, D] float32 or narrower, finite; w [..., H]; p [..., H] in [0, 1]; r [...]
+``plan_certificate_triton(q, w, p, r, r_max)`` takes what ``plan_certificate`` takes with an int
+``r_max`` (q [..., H, D] float32 or narrower, finite; w [..., H]; p [..., H] in [0, 1]; r [...]
 int64) and returns a ``CertificatePlan`` with the same fields and meanings, float64, by the same
-formulas in float64. The program reads its query's q in steps of a few columns (three passes:
-head norms; retained rows, their dots and aux; u), so of the [..., H, D] float64 temporaries of
-the torch form (q64, anchor rows, residual directions, u) only u reaches memory, transposed, for
-its Gram matrix: a batched float64 product (``torch.bmm``) after the kernel, which the tensor
-cores run; the residual E and the margin follow on [...] vectors. H200, 16384 queries of 64 x 128
-bf16: 1.89 ms for r_max = 1 and 3.01 for 7, against 5.95 and 6.46 for the torch form
-(benchmarks/results/certified_profile_h200.json, ``plan_ms``); the Gram sum inside the kernel (an
-[H, H] float64 register accumulator) took 4.6-4.9 ms at its best (session 9 exploration).
-
-Soundness: the same quantities as the torch form, summed in other orders. runtime.rounding's
-planning item bounds every computed quantity for sums in any order, with or without FMA, so the
-margin from ``margin_coefficients`` covers this plan too. Choices that only steer tightness: among
-heads of equal rank the lower index is retained first (``torch.topk`` leaves it open), among equal
-anchor ratios the first slot wins (as ``torch.argmax``).
-"""
+formulas summed in other orders; the margin of ``runtime.rounding.margin_coefficients`` covers
+any order (SPEC C.8 item 3). Ties among heads of equal rank go to the lower index."""
 from __future__ import annotations
 
 import torch
@@ -27,17 +14,10 @@ import triton.language as tl
 
 from runtime.certificate import CertificatePlan
 from runtime.rounding import margin_coefficients
+from compiler.lowering import defaults
 
 __all__ = ["plan_certificate_triton"]
 
-PLAN_WARPS = 1
-"""Warps of a planning program. H200, 16384 queries, H=64, D=128, r_max = 1 (7), session 9
-exploration: one warp 2.10
-(3.07) ms, two 2.58 (3.83), four 6.72 (4.35) with PLAN_COLUMNS = 4; Triton 3.6 failed to compile
-some four-warp forms (its layout-conversion pass), so one warp is also the safe choice."""
-PLAN_COLUMNS = 4
-"""Columns of q per step of the kernel's passes (same measurement: 1 column 3.27 (4.28) ms,
-2 columns 2.45 (3.49), 4 columns 2.10 (3.07), 8 columns 2.10 (5.21), one warp)."""
 _INF = tl.constexpr(float("inf"))
 
 
@@ -207,7 +187,7 @@ def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r
         _plan_kernel[(N,)](qf, wf, pf, rf, rows, row_weights, aux, ut, scalars, flags, retained, H, D,
                            qf.stride(0), qf.stride(1), R_MAX=r_max,
                            RP=max(2, triton.next_power_of_2(r_max)), HP=max(2, triton.next_power_of_2(H)),
-                           CD=PLAN_COLUMNS, num_warps=PLAN_WARPS)
+                           CD=defaults.PLAN_COLUMNS, num_warps=defaults.PLAN_WARPS)
     u_square, mass_scores, weight_sum, bound_rows, projected_mass = scalars.unbind(-1)
     gram = torch.linalg.vector_norm(torch.bmm(ut.transpose(1, 2), ut), ord=1, dim=(-1, -2))  # sum |u_h . u_l|
     abs_path = flags.bool()

@@ -1,35 +1,13 @@
-"""The certificate screen on the GPU: one Triton kernel, survivors compacted on the device.
+"""The certificate screen on the GPU: one Triton kernel, survivors compacted on the device (SPEC C.2).
 
-Per program: ``BLOCK_SS`` neighbouring queries, each with ``RP`` prepared screen rows ``g`` (the
-retained heads and the negative aggregate, padded with zero rows) and coefficients ``alpha``, so
-that the upper bound of query s on key t is
-
-    U[s, t] = sum_rho (alpha[s, rho] relu(x) + beta[s, rho] min(x, 0)) + e[s] nk[t] + c[s]
-              (x = g[s, rho] . k[t]; then + the additive mask)
-
-with ``nk[t] >= ||k[t]||`` (rounded up) and ``e[s]`` the norm coefficient *including* the rounding
-margin (topk_pipeline.screen_margin) and ``c[s]`` its absolute part. The rows are loaded once and reused for every key
-tile; each key tile costs one ``tl.dot`` of ``[BLOCK_SS * RP, D] x [D, BLOCK_T]`` (under
-``TRITON_INTERPRET=1``: the sequential form of compiler/lowering/scoring/tile_arith.py, so that a bound does not depend on the
-tile shape, the launch config or the CPU's BLAS kernel).
-
-A key survives for query s when it is visible and ``not (U < tau[s])`` (strict pruning; NaN
-survives). Survivors are compacted per *refine list*: a list serves ``G`` consecutive queries (the
-scorer's tile), and a key enters the list if it survives for any of them. Lists are written to
-``ids[b, list, :cap]`` (in no particular order); ``count[b, list]`` keeps counting past ``cap`` so that
-the scorer can detect an overflowed list and rescan densely. A program that owns its lists (one
-key split) counts in registers; programs that share lists (key splits) use atomic counters.
-
-Launch configuration: the screen is autotuned (``compiler.autotune.choose_config``, keyed on the
-device, the bucketed key length T, D, RP, G, the key dtype and the mask kind) over ``SCREEN_CONFIGS``,
-which vary only BLOCK_T, num_warps and num_stages. None of them changes the arithmetic the margin
-of ``topk_pipeline.screen_margin`` assumes: each bound is the same D-term fp32-accumulated
-dot (same operand dtype, same input precision; the margin allows any accumulation order and
-tensor-core rounding, MMA_FACTOR) followed by the same (RP + 2)-term sum (any order allowed). So
-every config keeps every key with ``U >= tau``; configs may differ only in which extra keys survive
-and in the order of a list, never in the output of the pipeline. A candidate that fails to compile
-or launch is skipped (``compiler.autotune.fastest_config``).
-"""
+``screen(...)`` bounds every visible key of every query with U (the prepared rows ``g``, their
+coefficients, the key norms rounded up and the rounding margin of ``topk_pipeline.screen_margin``)
+and keeps a key for query s when ``not (U < tau[s])`` (strict pruning; NaN survives). Survivors
+are compacted per refine list (the queries of one scorer tile) into ``ids[b, list, :cap]`` in no
+particular order; ``count[b, list]`` goes on past ``cap`` so that the scorer rescans an overflowed
+list densely. The launch config is tuned per shape (``choose_screen_config`` over
+``defaults.SCREEN_CONFIGS``); every config keeps every key with ``U >= tau``, so the pipeline's
+output does not depend on it."""
 from __future__ import annotations
 
 from typing import Callable
@@ -41,16 +19,8 @@ import triton.language as tl
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active
 from compiler.lowering.scoring.indexer_scores import INTERPRET, key_splits, load_mask_tile, mask_operand
 from compiler.lowering.scoring.tile_arith import group_sum, tile_dot
+from compiler.lowering import defaults
 
-SCREEN_CONFIGS = (
-    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128),
-    LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64),
-    LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=128),
-    LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_T=256),
-    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64),
-    LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=256),
-)
-"""Screen launch candidates; the first is the default (the only one on the CPU / interpreter)."""
 DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 """Key dtypes the screen takes, as ints for the tuning key."""
 
@@ -131,9 +101,9 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
     g [B,S,RP,D] in k's dtype (RP a power of two), alpha/beta [B,S,RP] fp32, e/c [B,S] fp32, tau [B,S]
     fp32, k [B,T,D], nk [B,T] fp32 upper bounds of the key norms, mask None | [B,S,T].
     ``list_queries`` (G) consecutive queries share one list; L = lists_per_batch = ceil(S / G).
-    ``config``: a launch config (e.g. one of SCREEN_CONFIGS); None chooses one by measurement on
-    CUDA (cached per device and bucketed T), SCREEN_CONFIGS[0] elsewhere. Every config gives the
-    same survivor guarantee (module docstring).
+    ``config``: a launch config (e.g. one of defaults.SCREEN_CONFIGS); None chooses one by measurement on
+    CUDA (cached per device and bucketed T), defaults.SCREEN_CONFIGS[0] elsewhere. Every config gives the
+    same survivor guarantee (SPEC C.2).
     """
     B, S, RP, D = g.shape
     T = k.shape[1]
@@ -154,15 +124,15 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
 
 def choose_screen_config(launch: Callable[[LaunchConfig], None], k, mask_kind: int, rp: int,
                          list_queries: int) -> LaunchConfig:
-    """The screen's config for this call's shape: SCREEN_CONFIGS[0] off CUDA or under the
+    """The screen's config for this call's shape: defaults.SCREEN_CONFIGS[0] off CUDA or under the
     interpreter; else the fastest launchable candidate for (device, bucketed T, D, RP, G, dtype,
     mask kind), measured once and cached on disk by ``choose_config``."""
     if k.device.type != "cuda" or interpreter_active():
-        return SCREEN_CONFIGS[0]
+        return defaults.SCREEN_CONFIGS[0]
     T, D = k.shape[1], k.shape[2]
     shape = {"D": D, "RP": rp, "G": list_queries, "mask_kind": mask_kind,
              "dtype": DTYPE_CODES[k.dtype]}
-    return choose_config("dsa_screen", SCREEN_CONFIGS, launch, device=k.device, length=T, shape=shape)
+    return choose_config("dsa_screen", defaults.SCREEN_CONFIGS, launch, device=k.device, length=T, shape=shape)
 
 
 def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids, count,

@@ -1,17 +1,10 @@
-"""Activation frequencies of the certificate's heads, in one Triton kernel.
+"""Activation frequencies of the certificate's heads, in one Triton kernel (SPEC A.3, C.2).
 
-``activation_frequency(q, k, seed_ids, A, samples)``: q [B,S,H,D], k [B,T,D] (one dtype, bf16/fp16/
-fp32), seed_ids [B,G,W] int32 key ids (G = ceil(S / A) query groups of A queries each), samples >= 1.
-Returns p [B,S,H] fp32: for query s of group g = s // A and head h, the fraction of the first
-m = min(samples, W) witness keys ``seed_ids[b, g, :m]`` with q_h . k > 0.
-
-p only steers the plan's choices (runtime.certificate), never its soundness, so the products'
-rounding (fp32 accumulation of ``tl.dot``; tf32 for fp32 inputs on the GPU) is free to differ from
-any other form. A program takes ROWS query-head rows of one group and the group's witnesses
-KEYS at a time, counting the positive products in registers: nothing of size rows x witnesses
-reaches memory (the torch form wrote the products, then their signs, then counted them: about
-1.1 ms at 16384 queries of 64 heads and 256 witnesses on the H200, session 8 profile).
-"""
+``activation_frequency(q, k, seed_ids, A, samples)``: q [B,S,H,D], k [B,T,D] (one dtype,
+bf16/fp16/fp32), seed_ids [B,G,W] int32 key ids (G = ceil(S / A) groups of A queries), samples
+>= 1. Returns p [B,S,H] fp32: for query s of group g = s // A and head h, the fraction of the first
+min(samples, W) witness keys ``seed_ids[b, g, :m]`` with q_h . k > 0. p steers the plan's choices
+only, never its soundness, so the products' rounding may differ from any other form."""
 from __future__ import annotations
 
 import torch
@@ -19,13 +12,9 @@ import triton
 import triton.language as tl
 
 from compiler.lowering.scoring.indexer_scores import INTERPRET
+from compiler.lowering import defaults
 
 __all__ = ["activation_frequency"]
-
-ROWS = 64
-"""Query-head rows per program."""
-KEYS = 64
-"""Witness keys per step of a program's loop."""
 
 
 @triton.jit
@@ -75,9 +64,9 @@ def activation_frequency(q: torch.Tensor, k: torch.Tensor, seed_ids: torch.Tenso
         k = k.contiguous()
     ids = seed_ids if seed_ids.stride(-1) == 1 else seed_ids.contiguous()
     if B * S * H:
-        grid = (B, G, triton.cdiv(A * H, ROWS))
+        grid = (B, G, triton.cdiv(A * H, defaults.ACTIVATION_ROWS))
         _activation_kernel[grid](q, k, ids, out, S, H, A, m, q.stride(0), q.stride(1), q.stride(2),
                                  k.stride(0), k.stride(1), ids.stride(0), ids.stride(1), D=D,
-                                 DP=max(16, triton.next_power_of_2(D)), ROWS=ROWS, KEYS=KEYS,
+                                 DP=max(16, triton.next_power_of_2(D)), ROWS=defaults.ACTIVATION_ROWS, KEYS=defaults.ACTIVATION_KEYS,
                                  TO_FP32=INTERPRET)
     return out

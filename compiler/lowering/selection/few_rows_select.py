@@ -1,32 +1,13 @@
-"""Exact top-kk of a few long rows of order codes, decoded, in one launch: the decode path's selection.
+"""Exact top-kk of a few long rows of order codes, decoded, in one launch: the decode path's
+selection (SPEC C.3).
 
 ``few_rows_topk(codes [R, N] int64, maxima [R, n] int64, kk, T)`` returns (values [R, kk] fp32,
-indices [R, kk] int64) equal to ``decode_codes(torch.topk(codes, kk).values, T)`` (indexer_scores):
-each row's kk largest codes, descending, decoded. Requirements: codes distinct within a row (order
-codes are); ``maxima[r, j]`` the largest code of row r's interleaved chunk j (keys j, j + n, j + 2n,
-...), as the dense scorer writes them (indexer_scores ``score_dense(maxima=...)``);
-1 <= kk <= n <= min(N, KTH_REGISTER_ROW). The codes are scratch: the call overwrites them. Two
-launches (a zeroed pair of counters per row, then the kernel), no host synchronisation.
-
-Why: a decode call scores 1-64 query rows and is bound by host time, not by the GPU. There
-``torch.topk`` over int64 codes costs about 30 launches (H200, one row of 131072 codes: 0.28 ms of
-host time for 0.11 ms on the GPU), and threshold_select's many-row path about 20.
-
-Grid (R, P). Every program of row r finds tau, the kk-th largest of the row's chunk maxima
-(threshold_select's ``_kth_of``); as threshold_select proves, at least kk distinct codes of the row
-are >= tau (the maxima of kk disjoint chunks), so the row's top kk are exactly the top kk of its
-codes >= tau. Program p compacts the codes >= tau of its slice of the row (``chunk`` positions) into
-the row's candidate buffer of N slots, which therefore never overflows; each block of BLOCK codes
-reserves its slots with one atomic add on the row's count. Then the program adds 1 to the row's
-done counter (acquire-release); the program that draws P - 1 finishes the row. By then every
-program of the row has stored its candidates and read its codes (their stores and loads precede
-their release), so the finishing program reads every candidate (its acquire, and loads that bypass
-L1) and may overwrite the codes row. It selects the top kk of the ``count`` candidates: in registers
-when ``count <= WINDOW`` (the kk-th by ``_kth_of``, then the candidates above it and copies of it),
-else with radix_select's one-program radix select; sorts them descending into the codes row
-(radix_select ``_complete_and_sort``) and writes them decoded. The order of the atomics only
-permutes the candidate buffer, whose content as a set is fixed: the result does not depend on it.
-"""
+indices [R, kk] int64) equal to ``decode_codes(torch.topk(codes, kk).values, T)``. Requirements:
+codes distinct within a row; ``maxima[r, j]`` the largest code of row r's interleaved chunk j, as
+``score_dense(maxima=...)`` writes them; 1 <= kk <= n <= min(N, ``defaults.KTH_REGISTER_ROW``). The
+codes are scratch. Two launches, no host synchronisation; the order of the atomics does not show.
+``takes_few_rows`` says when a call takes this path (CUDA, fewer than ``defaults.FEW_ROWS`` rows):
+a decode call is bound by host time, and ``torch.topk`` over codes costs many more launches."""
 from __future__ import annotations
 
 import torch
@@ -36,16 +17,8 @@ import triton.language as tl
 from compiler.autotune import multiprocessor_count
 from compiler.lowering.scoring.indexer_scores import decode_code
 from compiler.lowering.selection.radix_select import _complete_and_sort, _select_row
-from compiler.lowering.selection.threshold_select import FEW_ROWS, KTH_REGISTER_ROW, _kth_of, window
-
-BLOCK = 1024
-"""Codes per step of a program's slice (and of the radix select's passes)."""
-PROGRAMS_PER_SM = 2
-"""Programs per streaming multiprocessor over all rows (at most one per BLOCK codes of a row)."""
-INTERPRETER_PROGRAMS = 3
-"""Programs over all rows off CUDA (the interpreter runs them one after another): several per row,
-so that the atomics and the finishing program are exercised there too."""
-NUM_WARPS = 8
+from compiler.lowering.selection.threshold_select import _kth_of, window
+from compiler.lowering import defaults
 
 
 @triton.jit
@@ -90,10 +63,10 @@ def _few_rows_kernel(codes_ptr, maxima_ptr, cand_ptr, counters_ptr, values_ptr, 
 
 def takes_few_rows(rows: int, N: int, kk: int, n: int, device: torch.device | str) -> bool:
     """Whether ``rows`` rows of N codes with n chunk maxima each take ``few_rows_topk``: CUDA and
-    fewer than threshold_select's FEW_ROWS rows (more take its many-row path), rows of any length
-    with kk <= n <= min(N, KTH_REGISTER_ROW). A row of at most WINDOW codes is selected in
+    fewer than threshold_select's defaults.FEW_ROWS rows (more take its many-row path), rows of any length
+    with kk <= n <= min(N, defaults.KTH_REGISTER_ROW). A row of at most WINDOW codes is selected in
     registers whatever tau leaves; the alternative, ``torch.topk``, costs ~30 launches."""
-    return torch.device(device).type == "cuda" and rows < FEW_ROWS and kk <= n <= min(N, KTH_REGISTER_ROW)
+    return torch.device(device).type == "cuda" and rows < defaults.FEW_ROWS and kk <= n <= min(N, defaults.KTH_REGISTER_ROW)
 
 
 def few_rows_topk(codes: torch.Tensor, maxima: torch.Tensor, kk: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,8 +74,8 @@ def few_rows_topk(codes: torch.Tensor, maxima: torch.Tensor, kk: int, T: int) ->
     and maxima [R, n] int64, last dims contiguous; ``T``: the key count the codes were made with."""
     R, N = codes.shape
     n = maxima.shape[1]
-    if not 1 <= kk <= n <= min(N, KTH_REGISTER_ROW):
-        raise ValueError(f"kk, maxima: expected 1 <= kk <= n <= min(N, {KTH_REGISTER_ROW}) with n = "
+    if not 1 <= kk <= n <= min(N, defaults.KTH_REGISTER_ROW):
+        raise ValueError(f"kk, maxima: expected 1 <= kk <= n <= min(N, {defaults.KTH_REGISTER_ROW}) with n = "
                          f"{n}, N = {N}, got kk = {kk}")
     if maxima.shape[0] != R or codes.stride(1) != 1 or maxima.stride(1) != 1:
         raise ValueError(f"codes, maxima: expected [R, N] and [R, n] with contiguous last dims, got "
@@ -113,13 +86,13 @@ def few_rows_topk(codes: torch.Tensor, maxima: torch.Tensor, kk: int, T: int) ->
         return values, idx
     cand = torch.empty((R, N), dtype=torch.int64, device=codes.device)
     counters = torch.zeros((R, 2), dtype=torch.int32, device=codes.device)
-    blocks = triton.cdiv(N, BLOCK)
-    programs = (PROGRAMS_PER_SM * multiprocessor_count(codes.device) if codes.device.type == "cuda"
-                else INTERPRETER_PROGRAMS)
-    chunk = triton.cdiv(blocks, max(1, min(blocks, triton.cdiv(programs, R)))) * BLOCK
+    blocks = triton.cdiv(N, defaults.FEW_ROWS_BLOCK)
+    programs = (defaults.FEW_ROWS_PROGRAMS_PER_SM * multiprocessor_count(codes.device) if codes.device.type == "cuda"
+                else defaults.FEW_ROWS_INTERPRETER_PROGRAMS)
+    chunk = triton.cdiv(blocks, max(1, min(blocks, triton.cdiv(programs, R)))) * defaults.FEW_ROWS_BLOCK
     _few_rows_kernel[(R, triton.cdiv(N, chunk))](
         codes, maxima, cand, counters, values, idx, N, n, kk, T, chunk,
         codes.stride(0), maxima.stride(0), cand.stride(0), values.stride(0),
-        NP=triton.next_power_of_2(n), BLOCK=BLOCK, WINDOW=window(N, kk), KP=triton.next_power_of_2(kk),
-        num_warps=NUM_WARPS)
+        NP=triton.next_power_of_2(n), BLOCK=defaults.FEW_ROWS_BLOCK, WINDOW=window(N, kk), KP=triton.next_power_of_2(kk),
+        num_warps=defaults.FEW_ROWS_WARPS)
     return values, idx

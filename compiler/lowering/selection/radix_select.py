@@ -1,96 +1,21 @@
-"""Row-gated exact top-K of int64 order codes, in Triton, without host synchronisation.
+"""Row-gated exact top-K of int64 order codes, in Triton, without host synchronisation (SPEC C.4).
 
-Contract of ``select_top_codes(codes [R, N] int64, valid [R] bool, kk, out=None, out_rows=None)``
-(codes may also be given as int32 words, each standing for the code ``(word << 32) + N - 1 -
-position``, as the dense scorer writes them with ``words``; every load goes through ``row_codes_at``):
-for every row i with ``valid[i]``, the kk largest values of ``codes[i]`` as a multiset (a repeated
-kk-th value fills the tail with copies of itself), in descending order, are written to
-``out[out_rows[i]]`` (``out[i]`` when out_rows is None). A row with ``valid[i]`` False does no work
-and writes nothing. Any int64 value is allowed, INT64_MIN and INT64_MAX included. No value is read
-by the host, so a call can be captured in a CUDA graph.
-
-Three stages per row, all exact integer arithmetic.
-
-1. The kk-th largest value ``kth`` by most-significant-digit radix select. ``u = c ^ INT64_MIN``
-   flips the sign bit, so that the unsigned order of the bit patterns of u is the signed order of
-   c. Sixteen passes over the row, 4-bit digits from the top: pass p counts, per digit value, the
-   elements whose higher digits equal the prefix chosen so far; the chosen digit is the largest
-   one whose count of candidates with that digit or above is at least the remaining rank ``k``,
-   and ``k`` drops by the candidates above it. Invariant: the kk-th largest element matches the
-   prefix and is the k-th largest among the matching ones. After 16 digits the prefix is u of the
-   kk-th largest, and ``k`` is how many copies of it belong to the top kk.
-2. One pass writing the ``kk - k`` values strictly greater than ``kth`` into distinct slots
-   ``0 .. kk-k-1`` of the destination row; slots ``kk - k .. kk-1`` are ``kth``.
-3. The destination row is read back into a power-of-two ``[KP]`` register tile (tail padded with
-   INT64_MIN, which sorts last and never displaces a real value), sorted descending by ``tl.sort``
-   and its first kk entries stored.
-
-With ``scratch=True`` and one program per row, stages 1 and 2 read a shrinking prefix of the
-row instead of the whole row 17 times; the caller gives up the row's content. One counting read
-of the row gives the digit counts of pass 0; then each pass p chooses its digit from the counts,
-and one read of the ``m`` candidates (``codes[0:m]``, all matching the prefix before pass p)
-splits them by their digit at pass p: above the chosen digit -> appended to the destination row at
-the running count ``written``; equal -> moved to ``codes[0:kept]`` in row order (and their digits
-of pass p + 1 counted, for the next choice); below -> dropped. Then ``m = kept``. Exactness: the
-candidates after pass p are exactly the elements matching the prefix of passes 0..p, so the
-counts, choices and ``k`` are those of the plain stage 1. An element strictly greater than
-``kth`` matches kth's prefix up to its first differing digit, where its digit is greater: it is
-appended exactly once, at that pass; an element equal to kth is never dropped, and a smaller one
-is never appended. So the destination holds exactly the ``kk - k`` values greater than kth in
-slots ``0 .. kk-k-1`` (it is stage 2's result up to order), and stage 3 follows unchanged.
-In-place safety within one program: a kept element moves to ``kept + (its rank among this
-block's kept elements) <= its own index``, so a block's stores land in that block or before it,
-never in a block not yet read in this pass; inside a block a barrier separates every thread's
-loads from the stores. The next pass reads what other threads stored: a barrier between passes,
-and loads that bypass L1 (``.cg``), as stage 3 does. Reads per row: ``N`` + ``N`` + the sum of
-the candidate counts after passes 0..14 — about 2.07 N on codes with spread-out high digits; a
-row whose candidates share many digits (e.g. all equal) reads up to 17 N, as without scratch,
-but then writes nothing to codes (an element that stays at its index is not stored).
-
-Two launch layouts compute exactly these stages.
-
-* One program per row (``splits == 1``): one kernel; stage 2 places values at a running offset
-  plus an in-block cumulative sum. Best when there are many rows.
-* ``P = splits`` programs per row (few rows): the row is cut into P chunks of whole ``BLOCK``
-  blocks (the last ones shorter or empty), and the stages become 16 + 2 launches over a zeroed
-  int32 tally ``[R, 17, 16]`` and a contiguous int64 state ``[R, 16, 2]`` (prefix, rank after each
-  pass).
-  Count launch p, grid (R, P): each program takes the state after pass p - 2 and the counts of
-  pass p - 1 from ``tally[row, p-1]`` and makes the digit choice of pass p - 1 (program 0 of the
-  row stores the resulting state for the next launch), then counts its chunk's matching digits
-  and adds them to ``tally[row, p]`` with ``tl.atomic_add``. Collect, grid (R, P): each program
-  makes the choice of pass 15 the same way to get ``kth`` and ``k``; for each block it reserves as
-  many slots as it has values greater than ``kth`` by an atomic add on the row's counter
-  ``tally[row, 16, 0]`` and writes them there. Finish, grid (R,): stage 3. Exactness: the chunks
-  partition ``[0, N)``, so the atomic sums in ``tally[row, p]`` are the row's per-digit counts
-  (integer additions, in any order), complete when the launch ends; every program derives the
-  same choices from them, those of the one-program layout; the reserved slot ranges are disjoint
-  and together are ``0 .. kk-k-1``, and stage 3 sorts, so the order of the atomics never shows.
-
-Gating: a program whose row is not valid (or whose destination row lies outside ``out``) runs its
-loops zero times (loop bounds are zero through ``tl.where`` on the loaded flag), branches past
-stage 3 (a scalar ``if``: no tile is loaded, sorted or stored) and masks every other store and
-atomic. The destinations of valid rows must be distinct (two valid rows writing one row
-race). Launch configuration: ``BLOCK`` elements per block, 8 warps, not tuned; the result depends
-on neither BLOCK nor P.
-"""
+``select_top_codes(codes [R, N] int64, valid [R] bool, kk, out=None, out_rows=None, ...)``: for
+every row i with ``valid[i]``, the kk largest values of ``codes[i]`` as a multiset (a repeated
+kk-th value fills the tail), descending, are written to ``out[out_rows[i]]`` (``out[i]`` when
+out_rows is None); a row with ``valid[i]`` False does no work and writes nothing. Codes may also be
+int32 words, each standing for ``(word << 32) + N - 1 - position`` (``row_codes_at``). Any int64
+value is allowed. With ``scratch`` the call may overwrite the codes; the destinations of valid rows
+must be distinct. No value is read by the host: a call can be captured in a CUDA graph. The result
+depends on neither the block size nor the programs per row (``default_splits``)."""
 from __future__ import annotations
 
 import torch
 import triton
+from compiler.lowering import defaults
 import triton.language as tl
 
 from compiler.autotune import interpreter_active, multiprocessor_count
-
-NUM_WARPS = 8
-DEFAULT_BLOCK = 1024
-SCRATCH_SPLIT_MAX_ROWS = 4
-"""With ``scratch`` and no ``splits``, calls of more than this many rows take one program per row:
-in-place compaction reads a row ~2 times where the split layout reads it 17 times. Measured on the
-H200 (rows of 524288 codes): one row 1.0 ms split over 264 programs, 2.4 ms in one program; 1496
-rows in rounds of 256, 84 ms split 2 ways, far less in one program each."""
-PROGRAMS_PER_SM = 2
-"""Target programs per streaming multiprocessor when ``splits`` is chosen automatically."""
 
 
 @triton.jit
@@ -439,17 +364,17 @@ def _check_arguments(codes, valid, kk, out, out_rows, block, splits) -> None:
 
 def default_splits(busy_rows: int, n: int, block: int, device: torch.device) -> int:
     """Programs per row for ``busy_rows`` rows that do work, rows of ``n`` codes, chunks of whole
-    ``block``s: about PROGRAMS_PER_SM programs per SM in all, at least 1, at most one per block.
+    ``block``s: about defaults.RADIX_PROGRAMS_PER_SM programs per SM in all, at least 1, at most one per block.
     1 off CUDA (the interpreter). Reads device properties only, never tensor values."""
     if torch.device(device).type != "cuda":
         return 1
     sms = multiprocessor_count(torch.device(device))
-    return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, max(busy_rows, 1)), triton.cdiv(n, block)))
+    return max(1, min(triton.cdiv(defaults.RADIX_PROGRAMS_PER_SM * sms, max(busy_rows, 1)), triton.cdiv(n, block)))
 
 
 def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
                      out: torch.Tensor | None = None, out_rows: torch.Tensor | None = None,
-                     *, block: int = DEFAULT_BLOCK, splits: int | None = None,
+                     *, block: int = defaults.RADIX_BLOCK, splits: int | None = None,
                      scratch: bool = False) -> torch.Tensor:
     """Top kk of each valid row of ``codes [R, N]`` int64, descending, into ``out``; returns out.
     ``codes`` may be int32 *words* instead: row i's codes are then ``(codes[i, t] << 32) + N - 1 -
@@ -461,7 +386,7 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
     distinct and in ``[0, R')`` — a valid row mapped outside ``out`` writes nothing, since checking
     would need the host). ``block`` (a power of two >= 16) is the chunk length of the passes over a
     row; ``splits`` (an int >= 1) the programs per row; when None, 1 for a ``scratch`` call of
-    more than SCRATCH_SPLIT_MAX_ROWS rows, else ``default_splits(R, N, block, device)``: 1 is one
+    more than defaults.SCRATCH_SPLIT_MAX_ROWS rows, else ``default_splits(R, N, block, device)``: 1 is one
     launch, P > 1 is 19 launches (a zeroed tally, 16 count passes, collect,
     finish) over P chunks of each row. ``scratch=True`` lets a one-program call (splits == 1)
     overwrite the codes rows of valid rows (their content afterwards is unspecified; invalid
@@ -483,7 +408,7 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
     if rows == 0:
         return out
     if splits is None:
-        splits = (1 if scratch and rows > SCRATCH_SPLIT_MAX_ROWS
+        splits = (1 if scratch and rows > defaults.SCRATCH_SPLIT_MAX_ROWS
                   else default_splits(rows, n, block, codes.device))
     rows_arg = out_rows if out_rows is not None else valid
     has_out_rows = out_rows is not None
@@ -493,7 +418,7 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
         kernel[(rows,)](
             codes, valid, out, rows_arg, n, kk, out.shape[0],
             codes.stride(0), out.stride(0), out.stride(1),
-            HAS_OUT_ROWS=has_out_rows, BLOCK=block, KP=kp, num_warps=NUM_WARPS,
+            HAS_OUT_ROWS=has_out_rows, BLOCK=block, KP=kp, num_warps=defaults.RADIX_WARPS,
             **({} if scratch else {"WORDS": words}))
         return out
     chunk = triton.cdiv(triton.cdiv(n, block), splits) * block
@@ -503,13 +428,13 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
         _count_chunk_kernel[(rows, splits)](
             codes, valid, rows_arg, tally, state, n, kk, out.shape[0],
             codes.stride(0), tally.stride(0), chunk, pass_index,
-            HAS_OUT_ROWS=has_out_rows, BLOCK=block, WORDS=words, num_warps=NUM_WARPS)
+            HAS_OUT_ROWS=has_out_rows, BLOCK=block, WORDS=words, num_warps=defaults.RADIX_WARPS)
     _collect_chunk_kernel[(rows, splits)](
         codes, valid, out, rows_arg, tally, state, n, kk, out.shape[0],
         codes.stride(0), tally.stride(0), out.stride(0), out.stride(1), chunk,
-        HAS_OUT_ROWS=has_out_rows, BLOCK=block, WORDS=words, num_warps=NUM_WARPS)
+        HAS_OUT_ROWS=has_out_rows, BLOCK=block, WORDS=words, num_warps=defaults.RADIX_WARPS)
     _finish_row_kernel[(rows,)](
         valid, out, rows_arg, tally, state, kk, out.shape[0],
         tally.stride(0), out.stride(0), out.stride(1),
-        HAS_OUT_ROWS=has_out_rows, KP=kp, num_warps=NUM_WARPS)
+        HAS_OUT_ROWS=has_out_rows, KP=kp, num_warps=defaults.RADIX_WARPS)
     return out

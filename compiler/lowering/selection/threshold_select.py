@@ -1,34 +1,13 @@
-"""Exact top-kk of long rows of int64 order codes: a proven threshold, compaction, a short selection.
+"""Exact top-kk of long rows of int64 order codes: a proven threshold, compaction, a short selection
+(SPEC C.3).
 
-``top_codes(codes, kk)``: codes [..., N] int64, distinct within a row (order codes are), 1 <= kk <= N;
-returns [..., kk], each row's kk largest codes in descending order: exactly
-``torch.topk(codes, kk).values``, with no host synchronisation and a fixed number of launches.
-The rows may also be int32 *words*, the high words of order codes as the dense scorer writes them
-(``score_dense(words=True)``): the code at position t of a row of N is ``(word << 32) + N - 1 - t``,
-rebuilt wherever a kernel reads it (radix_select ``row_codes_at``); half the bytes to read.
-
-Rows of at most ``LONG_ROW_FACTOR * kk`` codes go to ``torch.topk``, and so do calls of fewer than
-``FEW_ROWS`` rows on the GPU (``takes_threshold``). A longer row is cut into n
-interleaved chunks (chunk j holds positions j, j + n, j + 2n, ...), n = ``chunk_count`` (about
-CHUNKS_PER_K * kk, at most N) >= kk, and tau is the kk-th largest chunk maximum (``kth_largest``).
-The maxima are computed here, or passed in: the dense scorer writes them as it scores
-(indexer_scores ``score_dense(maxima=...)``), which saves a read of the row; any partition of
-the row into n >= kk disjoint chunks gives the same guarantee. The kk chunks whose maxima are >= tau are
-disjoint and each holds a code >= tau, so at least kk codes are >= tau: tau <= the row's kk-th
-largest code, and the row's top kk are exactly the top kk of its codes >= tau. Those are compacted
-into a buffer of ``CANDIDATE_FACTOR * kk`` per row, cut into G segments (``compact_segments``):
-segment s belongs to one single-warp program, which scans the tiles of the row it owns and writes
-their codes >= tau in position order, each code's slot found by a scan within the warp (no
-atomics); its count goes on past the segment. They are selected there (``top_candidates``: the
-kk-th in registers, then a sort of the kk); a row with an overflowing segment is selected from its
-whole row by the row-gated exact selector (radix_select), so nothing is ever dropped.
-
-Why interleaved chunks: large scores cluster in position (an indexer favours recent keys, so a
-row's best keys sit at its end). Contiguous chunks would put all of them in a few chunks and tau
-far below the kk-th code; interleaved chunks spread any run of positions over all chunks. Memory
-traffic: one read of the row (the compaction) when the scorer wrote the maxima, two otherwise,
-instead of a full sort-based selection.
-"""
+``top_codes(codes, kk, maxima=None)``: codes [..., N] int64 distinct within a row (order codes
+are), or the int32 high words the dense scorer writes (``score_dense(words=True)``), 1 <= kk <= N;
+returns [..., kk], each row's kk largest codes descending: exactly ``torch.topk(codes, kk).values``,
+with no host synchronisation and a fixed number of launches. ``maxima``: the rows' interleaved
+chunk maxima when the scorer wrote them. Short rows and CUDA calls of few rows take ``torch.topk``
+(``takes_threshold``); a row whose candidates overflow their buffer is selected from the whole row
+by ``radix_select``. ``kth_largest`` and ``top_candidates`` are the steps, usable alone."""
 from __future__ import annotations
 
 import torch
@@ -36,62 +15,8 @@ import triton
 import triton.language as tl
 
 from compiler.lowering.selection.radix_select import row_codes_at, row_codes_at_least, select_top_codes
+from compiler.lowering import defaults
 
-LONG_ROW_FACTOR = 8
-"""Rows longer than LONG_ROW_FACTOR * kk take the threshold path; shorter ones torch.topk."""
-FEW_ROWS = 128
-"""CUDA calls of fewer rows than this take ``torch.topk``: the threshold path cost about 1 ms
-whatever the row count when this was measured (its ~20 launches, and session 8's compaction, one
-warp per row scanning the row in sequence, whose latency grows with the row's length; today's
-compaction shares a row over COMPACT_SEGMENTS programs, and the cut was not re-measured with
-it). H200, rows of 131072 random codes, kk = 2048 (session 8): 1 row 1.01 ms against 0.24 for ``torch.topk``, 8 rows 1.05 / 0.22, 64 rows 1.04 / 0.40, 256 rows
-1.05 / 0.97, 1024 rows 1.18 / 3.23. ``torch.topk``'s time grows with rows x length, so the cut is
-set below the 131072-key break-even (about 256 rows) to hold for rows four times as long."""
-CHUNKS_PER_K = 2
-"""Interleaved chunks per selected code (n = CHUNKS_PER_K * kk): tau is the kk-th of n maxima. On the
-H200 (4096 scorer rows of 131072 keys, kk=2048, random and structured indexers) 2 left 2797-2808
-codes per row on average (at most 2925) for a tau of 0.33 ms; 1 left 15250-15750 (every row
-overflowing any buffer); 4 left 2330-2336 for a tau of 0.63-0.68 ms
-(benchmarks/results/selection_constants_h200.json)."""
-CANDIDATE_FACTOR = 2
-"""Candidate buffer per row, in multiples of kk (an overflowing row is selected from the whole row,
-exactly but slower). 2 kk holds every row of the sweep above (at most 1.43 kk codes >= tau) and its
-final top-kk takes 1.01-1.03 ms against 1.35-1.39 ms for 4 kk (whole selection 4.03-4.15 ms
-against 4.40-4.49)."""
-COMPACT_TILE = 4
-"""Codes per lane in a tile of the compaction (a tile: 32 lanes x COMPACT_TILE consecutive
-positions, one 16-byte load per lane over words). H200, 4096 dense-scorer rows of 131072 keys,
-kk = 2048 (session 14, exploration, random / structured indexer): one warp per segment, 4
-segments, tiles of 4 per lane, 3 stages 0.70 / 0.66 ms, against 1.01-1.11 / 0.73-0.79 for the
-atomic compaction it replaced (each kept code drew its slot by an atomic add on the row's count:
-4 programs of 4 warps per row, steps of 1024, 3 stages); 0.68-0.75 in the benchmark runs
-(``selection_parts_h200.json``). Tiles of 8 and 16 per lane: 0.75-0.83 / 0.73-0.76. Without the
-pipeline (1 stage) 0.83-0.95. 2, 4 or 8 warps per program, each with its own segment, 0.79-1.57. The read floor is 0.51 ms. The atomic form waits on an atomic's round trip for
-about every 64 codes; this one waits on nothing but its loads."""
-COMPACT_STAGES = 3
-"""Pipeline stages of the compaction's loop (``tl.range(num_stages=...)``; see COMPACT_TILE)."""
-COMPACT_SEGMENTS = 4
-"""Segments of a candidate buffer, hence single-warp compaction programs per row (see
-COMPACT_TILE; ``compact_segments``). In the session-14 exploration 8 segments took 0.66 / 0.65 ms,
-but structured rows overflowed a segment (7 of 4096 with tiles dealt round-robin, 1 with the
-rotating deal of ``_compact_kernel``), each then selected by the gated selector; 4 segments
-overflowed none (at most 2925 codes >= tau in a buffer of 4096)."""
-MIN_SEGMENT = 256
-"""Fewest slots in a segment: smaller buffers take fewer segments (``compact_segments``)."""
-INTERPRETER_TILE = 64
-"""Most codes per lane in a compaction tile under the CPU interpreter (``compact_tile``), whose
-cost is per tile rather than per code: on a 2-core x86 CPU, top_codes of rows of 20000 words
-(kk 64) took 2.2 s per row in tiles of 4 (64 rows), and per 16 rows 15.8 s in tiles of 32, 9.7 s
-in tiles of 64, 9.6 s in tiles of 128, against 11.0 s for the atomic form."""
-WINDOW_FACTOR = 2
-"""A candidate row of at most ``window(N, kk)`` codes (the power of two >= WINDOW_FACTOR * kk) is
-selected in registers by ``top_candidates``; longer ones by the row-gated selector."""
-KTH_REGISTER_ROW = 16384
-"""``kth_largest`` holds rows of at most this many values in one program's registers."""
-KTH_WARPS = 4
-"""Warps of a program that finds a kk-th largest in registers (``kth_largest``, ``top_candidates``):
-on the H200, rows of 4096 values, 4 warps took 0.14-0.22 ms per 4096 rows against 0.16-0.27 for 8
-and 0.19-0.32 for 16 (session 8 exploration)."""
 INT64_MIN = -(2**63)
 
 
@@ -159,9 +84,7 @@ def _kth_of(x, kk):
     as a multiset. Two 32-bit words: the kk-th largest high word h (sign bit flipped, so that the
     unsigned order is the signed one); the kk-th value is then the ``need``-th largest low word
     (unsigned) among the values with high word h, ``need`` = kk - #(high words > h). That search
-    runs only when more than ``need`` values share h; otherwise it is their smallest low word.
-    (H200, 4096 rows of 4096 values: 0.14-0.18 ms against 0.34-0.39 for 64 steps on the int64
-    pattern, session 8 exploration.)"""
+    runs only when more than ``need`` values share h; otherwise it is their smallest low word."""
     uh = ((x >> 32).to(tl.int32) ^ -2147483648).to(tl.uint32, bitcast=True)
     h = _kth_word(uh, kk, uh == uh)
     tie = uh == h
@@ -233,15 +156,13 @@ def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
 
 def kth_largest(x: torch.Tensor, kk: int) -> torch.Tensor:
     """[...] int64: the kk-th largest of each row of ``x [..., n]`` int64 (1 <= kk <= n), e.g. tau
-    of the module docstring from the chunk maxima. Rows of at most KTH_REGISTER_ROW values: one
-    Triton program per row holding it in registers (``_kth_largest_kernel``; at 4096 rows of 4096
-    maxima on the H200 0.14-0.18 ms with ``_kth_of``'s two 32-bit words (session 8 exploration),
-    0.33-0.39 with one 64-bit search, against 0.64 for ``torch.topk`` then the row minimum,
-    benchmarks/results/dense_scorer_groups_h200.json, run1); longer rows: ``torch.topk``."""
+    of SPEC C.3 from the chunk maxima. Rows of at most ``defaults.KTH_REGISTER_ROW`` values: one
+    Triton program per row holding it in registers (``_kth_largest_kernel``); longer rows:
+    ``torch.topk``."""
     n = x.shape[-1]
     if not 1 <= kk <= n:
         raise ValueError(f"kk: expected 1 <= kk <= n = {n}, got {kk}")
-    if n > KTH_REGISTER_ROW:
+    if n > defaults.KTH_REGISTER_ROW:
         return torch.topk(x, kk, dim=-1, sorted=False).values.amin(-1)
     rows = x.reshape(-1, n)
     if rows.stride(-1) != 1:
@@ -249,14 +170,14 @@ def kth_largest(x: torch.Tensor, kk: int) -> torch.Tensor:
     out = torch.empty(rows.shape[0], dtype=torch.int64, device=x.device)
     if rows.shape[0]:
         _kth_largest_kernel[(rows.shape[0],)](rows, out, n, kk, rows.stride(0),
-                                              NP=triton.next_power_of_2(n), num_warps=KTH_WARPS)
+                                              NP=triton.next_power_of_2(n), num_warps=defaults.KTH_WARPS)
     return out.view(x.shape[:-1])
 
 
 def window(N: int, kk: int) -> int:
     """Codes of a candidate row that ``top_candidates`` selects in registers: the power of two
-    >= WINDOW_FACTOR * kk (at least kk), at most that of N."""
-    return triton.next_power_of_2(max(kk, min(N, WINDOW_FACTOR * kk)))
+    >= defaults.WINDOW_FACTOR * kk (at least kk), at most that of N."""
+    return triton.next_power_of_2(max(kk, min(N, defaults.WINDOW_FACTOR * kk)))
 
 
 def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bool = False) -> torch.Tensor:
@@ -274,11 +195,8 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
     than the window, rows with a larger count get INT64_MIN written past their codes (one gated
     program per row, ``_pad_tail_kernel``) and take the row-gated selector over the whole row
     (``scratch``: the caller gives up ``cand``'s content, which lets that selector read such a row
-    about twice instead of 17 times); a segmented buffer must fit the window.
-    On the H200, per 4096 rows with kk = 2048: over 2 kk wide buffers (the dense path's) the
-    window kernel took 0.21 ms and the sort 0.51, against 1.04 for ``torch.topk`` (session 8
-    exploration); over 8 kk wide ones ``torch.topk`` took 2.03-2.29 ms (benchmarks/results/
-    selection_parts_h200.json times both forms). No host synchronisation."""
+    about twice instead of 17 times); a segmented buffer must fit the window. No host
+    synchronisation."""
     R, N = cand.shape
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
@@ -294,7 +212,7 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
     if cand.stride(-1) != 1:
         cand = cand.contiguous()
     _top_window_kernel[(R,)](cand, counts, out, N, N // G, kk, cand.stride(0), counts.stride(0), out.stride(0),
-                             NP=np_, num_warps=KTH_WARPS)
+                             NP=np_, num_warps=defaults.KTH_WARPS)
     out = torch.sort(out, dim=-1, descending=True).values
     if np_ < N:
         counts = counts.view(R).contiguous()
@@ -311,37 +229,37 @@ def overflowed(count: torch.Tensor, cap: int) -> torch.Tensor:
 
 def long_row(N: int, kk: int) -> bool:
     """Whether rows of N codes are long enough for the threshold path for kk."""
-    return N > LONG_ROW_FACTOR * kk
+    return N > defaults.LONG_ROW_FACTOR * kk
 
 
 def takes_threshold(rows: int, N: int, kk: int, device: torch.device | str) -> bool:
     """Whether ``rows`` rows of N codes on ``device`` take the threshold path (else ``torch.topk``):
-    long rows, and on CUDA at least FEW_ROWS of them."""
-    return long_row(N, kk) and (torch.device(device).type != "cuda" or rows >= FEW_ROWS)
+    long rows, and on CUDA at least defaults.FEW_ROWS of them."""
+    return long_row(N, kk) and (torch.device(device).type != "cuda" or rows >= defaults.FEW_ROWS)
 
 
 def chunk_count(N: int, kk: int, multiple: int = 1) -> int:
-    """Interleaved chunks per row of N codes: CHUNKS_PER_K * kk rounded up to a multiple of
+    """Interleaved chunks per row of N codes: defaults.CHUNKS_PER_K * kk rounded up to a multiple of
     ``multiple`` (the scorer's key tile when it writes the maxima), at most N."""
-    return min(N, -(-CHUNKS_PER_K * kk // multiple) * multiple)
+    return min(N, -(-defaults.CHUNKS_PER_K * kk // multiple) * multiple)
 
 
 def compact_segments(cap: int) -> int:
-    """Segments of a candidate buffer of ``cap`` slots per row: the most of COMPACT_SEGMENTS, its
-    halves, ..., 1 that divides cap into segments of at least MIN_SEGMENT slots (1 if none)."""
-    G = COMPACT_SEGMENTS
-    while G > 1 and (cap % G or cap // G < MIN_SEGMENT):
+    """Segments of a candidate buffer of ``cap`` slots per row: the most of defaults.COMPACT_SEGMENTS, its
+    halves, ..., 1 that divides cap into segments of at least defaults.MIN_SEGMENT slots (1 if none)."""
+    G = defaults.COMPACT_SEGMENTS
+    while G > 1 and (cap % G or cap // G < defaults.MIN_SEGMENT):
         G //= 2
     return G
 
 
 def compact_tile(N: int, segments: int, device: torch.device | str) -> int:
     """Codes per lane of a compaction tile for rows of N codes in ``segments`` segments (speed
-    only): COMPACT_TILE on CUDA; elsewhere (the interpreter) doubled from COMPACT_TILE up to
-    INTERPRETER_TILE while every segment keeps at least 4 rounds of tiles."""
-    tile = COMPACT_TILE
+    only): defaults.COMPACT_TILE on CUDA; elsewhere (the interpreter) doubled from defaults.COMPACT_TILE up to
+    defaults.INTERPRETER_TILE while every segment keeps at least 4 rounds of tiles."""
+    tile = defaults.COMPACT_TILE
     if torch.device(device).type != "cuda":
-        while tile < INTERPRETER_TILE and 32 * 2 * tile * segments * 4 <= N:
+        while tile < defaults.INTERPRETER_TILE and 32 * 2 * tile * segments * 4 <= N:
             tile *= 2
     return tile
 
@@ -355,7 +273,7 @@ def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, segments: int | Non
     partition of the row's positions deciding which segment takes which (count[r, g] > cap // G:
     the segment, and the row, overflowed; ``overflowed``); slots past them are unspecified.
     ``tile``: codes per lane of a tile, ``stages``: loads in flight (``compact_tile``,
-    COMPACT_STAGES when None; speed only)."""
+    defaults.COMPACT_STAGES when None; speed only)."""
     R, N = rows.shape
     G = compact_segments(cap) if segments is None else segments
     if cap % G:
@@ -368,7 +286,7 @@ def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, segments: int | Non
     if R:
         _compact_kernel[(R, G)](rows, tau, cand, count, N, cap // G, rows.stride(0), tau.stride(0),
                                 cand.stride(0), count.stride(0), TILE=tile,
-                                STAGES=COMPACT_STAGES if stages is None else stages,
+                                STAGES=defaults.COMPACT_STAGES if stages is None else stages,
                                 EVEN=N % (G * 32 * tile) == 0, WORDS=rows.dtype == torch.int32, num_warps=1)
     return cand, count
 
@@ -409,7 +327,7 @@ def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) 
         if maxima.stride(-1) != 1:
             maxima = maxima.contiguous()
     tau = kth_largest(maxima, kk)
-    cand, count = compact(rows, tau, CANDIDATE_FACTOR * kk)
+    cand, count = compact(rows, tau, defaults.THRESHOLD_BUFFER_K * kk)
     out = top_candidates(cand, count, kk)
     select_top_codes(rows, overflowed(count, cand.shape[1]), kk, out=out)
     return out.reshape(*lead, kk)

@@ -9,6 +9,7 @@ wide-range) inputs, so any reassociation of a dot or of the head sum would show 
 import pytest
 import torch
 
+from compiler.lowering import defaults
 from compiler.lowering.scoring import indexer_scores
 from compiler.lowering.scoring.indexer_scores import decode_codes, score_keys, score_tile_shape
 from runtime.dense_scorer import exact_scores
@@ -43,7 +44,7 @@ def triton_scores(q, w, k, keys, rows=None, mask=None, with_keys=False):
 @pytest.mark.parametrize("columns", ["one_query", 32, 128])
 def test_scores_equal_the_runtime_scorer_bitwise_for_every_tile_shape(dtype, H, columns, monkeypatch):
     hp = score_tile_shape(H)[1]
-    monkeypatch.setattr(indexer_scores, "PRODUCT_COLUMNS", hp if columns == "one_query" else columns)
+    monkeypatch.setattr(defaults, "PRODUCT_COLUMNS", hp if columns == "one_query" else columns)
     S, T, D = 5, 150, 32
     q, k, w = general_inputs(S, T, H, D, dtype, seed=H)
     keys = list(range(T - 1, -1, -2)) + list(range(0, T, 2))  # every key, out of order
@@ -117,7 +118,7 @@ def test_the_mask_scan_spans_several_steps(last_visible, unclear):
     """A mask whose first unclear entry and last visible key lie in given scan steps (steps of
     TRIM_BLOCK positions): every code is still the runtime scorer's, hidden keys after the last
     visible one included."""
-    step = indexer_scores.TRIM_BLOCK
+    step = defaults.TRIM_BLOCK
     S, T, H, D = 3, 2 * step + 700, 2, 8
     q, k, w = general_inputs(S, T, H, D, torch.bfloat16, seed=5)
     visible = torch.ones(S, T, dtype=torch.bool)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from triton.runtime.errors import InterpreterError
 
+from compiler.lowering import defaults
 import compiler.lowering.scoring.indexer_scores as score_mod
 from compiler.autotune import LaunchConfig, launchable_configs
 from compiler.lowering.topk_pipeline import (
@@ -14,7 +15,6 @@ from compiler.lowering.topk_pipeline import (
     dense_topk_cuda,
 )
 from compiler.lowering.screen.certificate_screen import (
-    SCREEN_CONFIGS,
     choose_screen_config,
     screen,
 )
@@ -60,19 +60,19 @@ def traced(inputs):
     q, k, w, mask = inputs
     trace, seen = [], set()
     with scorer_launch_configs(seen):
-        out = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace, screen_config=SCREEN_CONFIGS[0])
+        out = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace, screen_config=defaults.SCREEN_CONFIGS[0])
     return dense_topk_cuda(q, k, w, KK, mask), out, trace[0], seen
 
 
 @pytest.fixture(scope="module")
 def per_tile(inputs, traced):
     """The whole certified op once with the first screen candidate of each other key tile
-    (BLOCK_T 64: SCREEN_CONFIGS[1], 256: SCREEN_CONFIGS[3]), under the scorer spy: BLOCK_T ->
+    (BLOCK_T 64: defaults.SCREEN_CONFIGS[1], 256: defaults.SCREEN_CONFIGS[3]), under the scorer spy: BLOCK_T ->
     (screen config, output, the scorer launch configs seen). Shared by the every-config test (the
     answers) and the scorer config test (the launches)."""
     q, k, w, mask = inputs
-    calls, tiles = {}, {dict(SCREEN_CONFIGS[0].meta)["BLOCK_T"]}
-    for config in SCREEN_CONFIGS:
+    calls, tiles = {}, {dict(defaults.SCREEN_CONFIGS[0].meta)["BLOCK_T"]}
+    for config in defaults.SCREEN_CONFIGS:
         tile = dict(config.meta)["BLOCK_T"]
         if tile not in tiles:
             tiles.add(tile)
@@ -92,8 +92,8 @@ def assert_same(a, b):
 
 
 def test_screen_candidates_are_distinct_and_vary_only_tile_warps_and_stages():
-    assert 3 <= len(SCREEN_CONFIGS) <= 6 and len(set(SCREEN_CONFIGS)) == len(SCREEN_CONFIGS)
-    for config in SCREEN_CONFIGS:
+    assert 3 <= len(defaults.SCREEN_CONFIGS) <= 6 and len(set(defaults.SCREEN_CONFIGS)) == len(defaults.SCREEN_CONFIGS)
+    for config in defaults.SCREEN_CONFIGS:
         assert set(config.kwargs()) == {"BLOCK_T", "num_warps", "num_stages"}
 
 
@@ -103,7 +103,7 @@ def test_screen_takes_the_first_candidate_under_the_interpreter_without_launchin
     def launch(config):
         raise AssertionError("no candidate is launched under the interpreter")
 
-    assert choose_screen_config(launch, k, 1, 4, 8) == SCREEN_CONFIGS[0]
+    assert choose_screen_config(launch, k, 1, 4, 8) == defaults.SCREEN_CONFIGS[0]
 
 
 def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(inputs, traced, per_tile):
@@ -113,7 +113,7 @@ def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(i
     p = tr.plan
     nk = round_up_to_float32(key_norm_up(k.float()))
     sets = []
-    for config in SCREEN_CONFIGS:
+    for config in defaults.SCREEN_CONFIGS:
         ids, count = screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
                             lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries,
                             cap=tr.cap, config=config)
@@ -121,8 +121,8 @@ def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(i
         sets.append(survivor_sets(ids, count))
     assert all(s == sets[0] for s in sets[1:])
     # the whole op once per key tile (same survivor sets: same answer)
-    first_tile = dict(SCREEN_CONFIGS[0].meta)["BLOCK_T"]
-    assert sorted(per_tile) == sorted({dict(c.meta)["BLOCK_T"] for c in SCREEN_CONFIGS} - {first_tile})
+    first_tile = dict(defaults.SCREEN_CONFIGS[0].meta)["BLOCK_T"]
+    assert sorted(per_tile) == sorted({dict(c.meta)["BLOCK_T"] for c in defaults.SCREEN_CONFIGS} - {first_tile})
     for _, got, _ in per_tile.values():
         assert_same(got, dense)
     assert max(len(s) for s in sets[0]) < k.shape[1]  # the screen pruned something
@@ -142,20 +142,20 @@ def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs, traced):
                config=config)
         launched.append(config)
 
-    assert launchable_configs([broken, SCREEN_CONFIGS[0]], launch) == (SCREEN_CONFIGS[0],)
-    assert launched == [SCREEN_CONFIGS[0]]
+    assert launchable_configs([broken, defaults.SCREEN_CONFIGS[0]], launch) == (defaults.SCREEN_CONFIGS[0],)
+    assert launched == [defaults.SCREEN_CONFIGS[0]]
     with pytest.raises(InterpreterError, match="power of 2"):
         launchable_configs([broken], launch)
 
 
 def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, traced, per_tile):
     """The certified calls with the first screen candidate (``traced``) and with the first of each
-    other key tile (``per_tile``, SCREEN_CONFIGS[1] among them) launch the key-list scorer with its
+    other key tile (``per_tile``, defaults.SCREEN_CONFIGS[1] among them) launch the key-list scorer with its
     one config and give the dense answer."""
     q = inputs[0]
     dense, out, _, seen = traced
     seen = set(seen)
-    assert SCREEN_CONFIGS[1] in [config for config, _, _ in per_tile.values()]
+    assert defaults.SCREEN_CONFIGS[1] in [config for config, _, _ in per_tile.values()]
     assert_same(out, dense)
     for _, got, launched in per_tile.values():
         assert_same(got, dense)

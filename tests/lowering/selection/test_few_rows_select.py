@@ -3,6 +3,7 @@ the codes, decoded, under TRITON_INTERPRET=1 (integer work only: bitwise on any 
 import pytest
 import torch
 
+from compiler.lowering import defaults
 from compiler.lowering.selection import few_rows_select
 from compiler.lowering.scoring.indexer_scores import decode_codes
 from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
@@ -24,7 +25,7 @@ def same(got, want):
 def test_equals_torch_topk_decoded(kind, N, kk, n, monkeypatch):
     """Slices of 1024 codes (several programs per row, reserving slots by atomics); "periodic" and
     "duplicates" rows leave more candidates than the register window (the radix select finishes)."""
-    monkeypatch.setattr(few_rows_select, "INTERPRETER_PROGRAMS", 5)
+    monkeypatch.setattr(defaults, "FEW_ROWS_INTERPRETER_PROGRAMS", 5)
     codes = rows_of(kind, 3, N, seed=N + kk)
     maxima = chunk_maxima(codes, n)
     want = expected(codes, kk, N)
@@ -75,9 +76,9 @@ def test_takes_few_rows_only_on_cuda_for_few_rows():
     assert not takes_few_rows(1, 131072, 2048, 4096, "cpu")
     assert takes_few_rows(64, 131072, 2048, 4096, "cuda")
     assert takes_few_rows(1, 2048, 2048, 2048, "cuda")  # a row no longer than kk: all candidates
-    assert not takes_few_rows(few_rows_select.FEW_ROWS, 131072, 2048, 4096, "cuda")
+    assert not takes_few_rows(defaults.FEW_ROWS, 131072, 2048, 4096, "cuda")
     assert not takes_few_rows(1, 2048, 2048, 1024, "cuda")  # fewer chunks than kk
-    assert not takes_few_rows(1, 1 << 20, 2048, 2 * few_rows_select.KTH_REGISTER_ROW, "cuda")
+    assert not takes_few_rows(1, 1 << 20, 2048, 2 * defaults.KTH_REGISTER_ROW, "cuda")
 
 
 def test_short_rows_are_selected_in_registers():

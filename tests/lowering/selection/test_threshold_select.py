@@ -3,6 +3,7 @@ against torch.topk, under TRITON_INTERPRET=1 (integer work only: bitwise on any 
 import pytest
 import torch
 
+from compiler.lowering import defaults
 from compiler.lowering.selection import threshold_select
 from compiler.lowering.selection.threshold_select import top_codes
 
@@ -37,11 +38,11 @@ def test_equals_torch_topk(kind, N, kk, tile, min_segment, monkeypatch):
     buffer is cut into 2 or 4 segments (of 1 to 41 slots: many rows overflow one, the gated
     selector answers them)."""
     if tile is not None:
-        monkeypatch.setattr(threshold_select, "COMPACT_TILE", tile)
-        monkeypatch.setattr(threshold_select, "MIN_SEGMENT", min_segment)
-        assert threshold_select.compact_segments(threshold_select.CANDIDATE_FACTOR * kk) > 1
+        monkeypatch.setattr(defaults, "COMPACT_TILE", tile)
+        monkeypatch.setattr(defaults, "MIN_SEGMENT", min_segment)
+        assert threshold_select.compact_segments(defaults.THRESHOLD_BUFFER_K * kk) > 1
     codes = rows_of(kind, 5, N, seed=N + kk)
-    assert N > threshold_select.LONG_ROW_FACTOR * kk  # the threshold path, not the torch.topk shortcut
+    assert N > defaults.LONG_ROW_FACTOR * kk  # the threshold path, not the torch.topk shortcut
     got = top_codes(codes, kk)
     assert torch.equal(got, torch.topk(codes, kk).values)
 
@@ -56,7 +57,7 @@ def test_batch_dims_and_short_rows():
 
 def test_the_overflow_path_is_taken_and_exact(monkeypatch):
     """A candidate buffer of 1 x kk overflows on random rows; the gated selector answers them."""
-    monkeypatch.setattr(threshold_select, "CANDIDATE_FACTOR", 1)
+    monkeypatch.setattr(defaults, "THRESHOLD_BUFFER_K", 1)
     codes = rows_of("random", 4, 900, seed=5)
     assert torch.equal(top_codes(codes, 10), torch.topk(codes, 10).values)
 
@@ -116,12 +117,12 @@ def test_compaction_keeps_the_codes_above_tau(R, N, tile, segments):
 def test_compaction_segments_and_their_errors():
     """Buffers of 2 kk take COMPACT_SEGMENTS segments when large enough, fewer or one when small;
     a segment count that does not divide the buffer is refused before any launch."""
-    assert threshold_select.compact_segments(4096) == threshold_select.COMPACT_SEGMENTS == 4
-    assert threshold_select.compact_segments(2 * threshold_select.MIN_SEGMENT) == 2
+    assert threshold_select.compact_segments(4096) == defaults.COMPACT_SEGMENTS == 4
+    assert threshold_select.compact_segments(2 * defaults.MIN_SEGMENT) == 2
     assert threshold_select.compact_segments(14) == 1
     # Tiles: COMPACT_TILE on CUDA; larger under the interpreter while 4 rounds per segment remain.
-    assert threshold_select.compact_tile(10**6, 4, "cuda") == threshold_select.COMPACT_TILE == 4
-    assert threshold_select.compact_tile(20000, 1, "cpu") == threshold_select.INTERPRETER_TILE
+    assert threshold_select.compact_tile(10**6, 4, "cuda") == defaults.COMPACT_TILE == 4
+    assert threshold_select.compact_tile(20000, 1, "cpu") == defaults.INTERPRETER_TILE
     assert threshold_select.compact_tile(4096, 1, "cpu") == 32 and threshold_select.compact_tile(1000, 4, "cpu") == 4
     with pytest.raises(ValueError, match="segments"):
         threshold_select.compact(distinct_rows(2, 100, seed=0), torch.zeros(2, dtype=torch.int64), 10, segments=3)
@@ -159,26 +160,26 @@ def adversarial_rows(kind, R, N, seed):
 
 
 @pytest.mark.parametrize("kind", ["clustered_at_end", "tied_scores"])
-@pytest.mark.parametrize("factor", [threshold_select.CANDIDATE_FACTOR, 1])
+@pytest.mark.parametrize("factor", [defaults.THRESHOLD_BUFFER_K, 1])
 def test_top_codes_equals_torch_topk_on_adversarial_rows(kind, factor, monkeypatch):
     """4 rows of 600 codes in compaction tiles of 32 (the 60 clustered codes span two), the buffer
     in segments of any size; buffers of 2 kk and of kk (rows overflowing)."""
-    monkeypatch.setattr(threshold_select, "COMPACT_TILE", 1)
-    monkeypatch.setattr(threshold_select, "MIN_SEGMENT", 1)
-    monkeypatch.setattr(threshold_select, "CANDIDATE_FACTOR", factor)
+    monkeypatch.setattr(defaults, "COMPACT_TILE", 1)
+    monkeypatch.setattr(defaults, "MIN_SEGMENT", 1)
+    monkeypatch.setattr(defaults, "THRESHOLD_BUFFER_K", factor)
     codes = adversarial_rows(kind, 4, 600, seed=len(kind) + factor)
     assert all(row.unique().numel() == 600 for row in codes)
     assert torch.equal(top_codes(codes, 20), torch.topk(codes, 20).values)
 
 
 @pytest.mark.parametrize("kind", ["random", "ties", "extremes"])
-@pytest.mark.parametrize("factor", [threshold_select.CANDIDATE_FACTOR, 1])
+@pytest.mark.parametrize("factor", [defaults.THRESHOLD_BUFFER_K, 1])
 def test_int32_words_select_as_their_codes(kind, factor, monkeypatch):
     """Rows of int32 words (the dense scorer's ``words`` output) give the top kk of the codes
     ``(word << 32) + N - 1 - position``: random words, three repeated words (ties broken by
     position only), the extreme words; buffers of 2 kk and of kk (rows overflowing, answered from
     the words by the gated selector); the chunk maxima computed from the words."""
-    monkeypatch.setattr(threshold_select, "CANDIDATE_FACTOR", factor)
+    monkeypatch.setattr(defaults, "THRESHOLD_BUFFER_K", factor)
     g = torch.Generator().manual_seed(len(kind) + factor)
     R, N, kk = 4, 700, 9
     if kind == "random":
@@ -252,7 +253,7 @@ def test_top_candidates_over_segments():
     """A buffer of 4 segments of 8 slots (``compact``'s layout): each segment's codes first,
     garbage after them, segments empty, full and overflowed (that row is flagged by
     ``overflowed`` and left to the caller); a buffer wider than the window cannot be segmented."""
-    N, kk, G = 32, 16, 4
+    N, kk = 32, 16
     assert threshold_select.window(N, kk) == N
     counts = torch.tensor([[0, 0, 0, 0], [8, 8, 8, 8], [1, 7, 0, 5], [3, 8, 2, 9], [8, 0, 0, 1]], dtype=torch.int32)
     cand = distinct_rows(len(counts), N, seed=7)
@@ -286,7 +287,7 @@ def test_kth_largest_of_long_rows_and_batch_dims(monkeypatch):
     want = torch.topk(x, 17, dim=-1).values[..., -1]
     assert torch.equal(threshold_select.kth_largest(x, 17), want)
     assert torch.equal(threshold_select.kth_largest(x[..., :250], 17), torch.topk(x[..., :250], 17, dim=-1).values[..., -1])
-    monkeypatch.setattr(threshold_select, "KTH_REGISTER_ROW", 128)  # rows past the register limit: torch.topk
+    monkeypatch.setattr(defaults, "KTH_REGISTER_ROW", 128)  # rows past the register limit: torch.topk
     assert torch.equal(threshold_select.kth_largest(x, 17), want)
     with pytest.raises(ValueError, match="kk"):
         threshold_select.kth_largest(x, 301)
@@ -313,7 +314,7 @@ def test_few_gpu_rows_take_torch_topk_and_the_rest_the_threshold_path(monkeypatc
     """The path rule: short rows never take the threshold path; long ones do on the CPU (the
     interpreter) whatever their count, and on CUDA from FEW_ROWS rows on. A call that takes
     ``torch.topk`` launches no threshold kernel."""
-    few = threshold_select.FEW_ROWS
+    few = defaults.FEW_ROWS
     assert not threshold_select.takes_threshold(10**6, 8 * 100, 100, "cuda")
     assert threshold_select.takes_threshold(1, 8 * 100 + 1, 100, "cpu")
     assert not threshold_select.takes_threshold(few - 1, 10**6, 100, "cuda")
