@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 
 from benchmarks import dense_roofline as roofline
-from benchmarks.timing import median_ms
+from benchmarks import harness
 from compiler.lowering import defaults
 from compiler.lowering import topk_pipeline as certified
 from runtime.structured_indexer import structured_indexer_inputs
@@ -39,7 +38,7 @@ def measure(S: int, T: int, reps: int) -> dict:
     kk = min(roofline.TOPK, T)
     dense = lambda: certified.dense_topk_cuda(q, k, w, roofline.TOPK, mask)  # noqa: E731
     want = dense()
-    dense_ms = median_ms(dense, reps, device)
+    dense_ms = harness.median_ms(dense, reps, device)
     trace = []
     certified.certified_topk_cuda(q, k, w, roofline.TOPK, mask, config=roofline.PLAN, trace=trace)
     written = trace[0].cand_count.float() / kk
@@ -51,8 +50,8 @@ def measure(S: int, T: int, reps: int) -> dict:
         for factor in FACTORS:
             defaults.CERTIFIED_BUFFER_K = factor
             run = lambda: certified.certified_topk_cuda(q, k, w, roofline.TOPK, mask, config=roofline.PLAN)  # noqa: E731
-            row[f"buffer_{factor}kk_identical"] = roofline.identical(run(), want)
-            ms = median_ms(run, reps, device)
+            row[f"buffer_{factor}kk_identical"] = harness.identical(run(), want)
+            ms = harness.median_ms(run, reps, device)
             row[f"buffer_{factor}kk_ms"] = round(ms, 2)
             row[f"buffer_{factor}kk_x_dense"] = round(dense_ms / ms, 3)
     finally:
@@ -73,11 +72,8 @@ def main(argv=None) -> int:
     for S, T in sizes:
         rows.append(measure(S, T, reps))
         print(json.dumps(rows[-1]), flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    device = torch.cuda.get_device_name() if roofline.DEVICE == "cuda" else "cpu (smoke)"
-    out.write_text(json.dumps({"device": device, "module_factor": defaults.CERTIFIED_BUFFER_K, "rows": rows},
-                              indent=1) + "\n")
+    doc = harness.header(roofline.DEVICE, smoke=args.smoke, buffer_k=defaults.CERTIFIED_BUFFER_K, rows=rows)
+    harness.write_results(args.out, doc, harness.rows_table(rows))
     return 0
 
 

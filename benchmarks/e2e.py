@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.timing import median_ms
+from benchmarks.harness import median_ms
 
 SIZES = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
              q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=128, qk_rope_head_dim=64,

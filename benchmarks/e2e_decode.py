@@ -1,42 +1,27 @@
-"""End to end, as a user meets it at decode: one generated token of a DSA transformers model over a
-KV cache of T tokens, ``torch.compile(model)`` (stock inductor) against
-``torch.compile(model, backend="pulsar_dosa")``, in the same run, on one GPU.
+"""End to end at decode: one generated token of a DSA transformers model over a KV cache of T
+tokens, ``torch.compile(model)`` against ``torch.compile(model, backend="pulsar_dosa")``, one GPU.
 
     python3 benchmarks/e2e_decode.py --out benchmarks/results/e2e_decode_h200.json
     python3 benchmarks/e2e_decode.py --smoke --out /tmp/e2e_decode_smoke.json   # tiny, on the CPU
 
-Models as in benchmarks/e2e.py (``build``: DeepSeek-V3.2's indexer, 64 heads x 128, topk 2048, a
-small rest, random bf16 weights). Per batch size B and context T: one prefill of T random tokens
-per sequence fills a ``DynamicCache`` (run by the pulsar_dosa-compiled model: stock inductor runs
-out of memory on long prefills, benchmarks/results/e2e_dsv32_h200.md). Then per method (compiled
-once, ``dynamic=True``) and size, on a copy of that cache: WARMUP_STEPS untimed steps (they compile
-the decode graph, S = 1), then ``--steps`` greedy decode steps of one token per sequence
-(``use_cache=True``), each timed alone by CUDA events around the call (host time included:
-default-mode torch.compile, no CUDA graphs).
-
-* ``ms``: their median; every step runs at a cache length the compiled model has not run before,
-  as generate runs it.
-* ``ms_seen_lengths``: the median of all WARMUP_STEPS + ``--steps`` steps replayed from the start on
-  a fresh copy, every length run before. The two differ where a compiled model does work per new
-  length (on the H200, stock inductor's steps took 40-60 ms at new lengths against 3-4 ms at seen
-  ones; its profile showed kernel benchmarking, CachingAutotuner, in such steps).
-* methods: ``stock``, ``pulsar_dosa`` (default options: indexer calls too small for the op keep the
-  stock subgraph, ``compiler.policy.keeps_stock``) and ``pulsar_dosa_every_call`` (option
-  ``stock_below=0``: the op on every indexer call, to time what the default declines).
-* ``indexer_rewrites``: the indexer modules whose subgraph the backend replaced in the method's
-  decode graphs so far (0 for stock).
-* ``argmax_agree``: the greedy tokens of the replayed steps equal stock's; ``max_abs_diff``: the
-  largest logit difference of the first step (random weights: near-ties can flip a token).
+Models as in ``e2e.py``. Per batch B and context T a pulsar_dosa prefill fills a ``DynamicCache``;
+per method (compiled once, ``dynamic=True``), on a copy of it: WARMUP_STEPS untimed steps, then
+``--steps`` greedy steps, each timed alone with its host time (default mode, no CUDA graphs).
+Row fields: ``ms`` (median, every step at a cache length not run before, as generate runs it),
+``ms_seen_lengths`` (the steps replayed at lengths run before), ``indexer_rewrites``, and against
+the first method ``argmax_agree`` and ``max_abs_diff``. Methods: ``stock``, ``pulsar_dosa`` (small
+calls keep their stock subgraph, ``compiler.policy.keeps_stock``) and ``pulsar_dosa_every_call``
+(``stock_below=0``).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import os
-import time
 
 import torch
 
+from benchmarks import harness
 from benchmarks.e2e import MODELS, SIZES, SMOKE_SIZES, build, method_module, run_document, sync
 from runtime.pulsar import cache_keyword
 
@@ -53,23 +38,16 @@ def cache_argument(model, cache) -> dict:
 
 def decode_steps(compiled, cache, ids, steps: int, device: str):
     """(per-step ms, logits of each step [steps, B, V], the next ids [B, 1]) of ``steps`` greedy
-    decode steps from ``ids`` [B, 1] over ``cache`` (extended in place)."""
+    decode steps from ``ids`` [B, 1] over ``cache`` (extended in place), each timed alone
+    (``harness.measure``: CUDA events around the call, the host clock off CUDA)."""
     times, logits = [], []
     for _ in range(steps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = compiled(ids, use_cache=True, **cache_argument(compiled, cache))
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            out = compiled(ids, use_cache=True, **cache_argument(compiled, cache))
-            times.append((time.perf_counter() - t0) * 1e3)
-        step = out.logits[:, -1].float()
-        logits.append(step)
-        ids = step.argmax(-1, keepdim=True)
+        step = harness.measure(lambda: compiled(ids, use_cache=True, **cache_argument(compiled, cache)), device,
+                               reps=1, warmup=0)
+        times.append(step.ms)
+        last = step.out.logits[:, -1].float()
+        logits.append(last)
+        ids = last.argmax(-1, keepdim=True)
     return times, torch.stack(logits), ids
 
 

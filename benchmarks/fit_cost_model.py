@@ -1,21 +1,16 @@
-"""Refit the cost model's H200 constants to this repository's latest H200 measurements, offline.
+"""Refit the cost model's H200 constants to the committed H200 measurements, offline (no GPU).
 
     python3 benchmarks/fit_cost_model.py --out benchmarks/results/h200_refit_constants.json
 
-Inputs (committed results, no GPU needed): ``results/dense_roofline_h200.json`` (the dense op's
-scorer and selection times over S x T) and ``results/indexer_zoo_h200.json`` (certified calls: each
-family's plan calibration candidates, and every cell's best fixed budget, with their survival).
-The model (``compiler.cost_model``) is affine in its seven parameters (inverse rates, per-query and
-fixed seconds), so each measured call gives one linear equation, its coefficients read off the
-model itself (``dense_call_time`` / ``certified_call_time`` with one parameter switched on). Fit:
-the dense scorer rate from the scorer's MACs and time, the selection rate from the rest of the dense
-op; then the certified parameters by relative least squares with non-negative values. Writes the
-constants as JSON (``KernelConstants.from_json``; usable as ``python -m compiler.plan --constants
-FILE``), and beside it a markdown summary: the fit's relative errors and each zoo family's plan
-under the current ``H200_FITTED`` and under the refit (decided offline by
-``compiler.plan.choice.choose_layer`` from the zoo's own calibration measurements), with the
-measured ratio to dense of what each plan would run in each cell where the zoo timed it. The defaults do not change: a refit becomes
-``H200_FITTED`` only after the zoo confirms it on the device.
+Inputs: ``results/dense_roofline_h200.json`` (the dense op's scorer and selection times) and
+``results/indexer_zoo_h200.json`` (certified calls with their survival). The model is affine in its
+parameters, so each call gives one linear equation: the dense scorer rate from the scorer's MACs
+and time, the selection rate from the rest of the dense op, then the certified parameters by
+relative least squares with non-negative values. Writes the constants as JSON
+(``KernelConstants.from_json``, ``python -m compiler.plan --constants FILE``) and beside it a
+markdown summary: the fit's errors and each zoo family's plan under ``H200_FITTED`` and under the
+refit (``compiler.plan.choice.choose_layer`` on the zoo's calibration measurements), with the
+measured ratio to dense of what each plan runs in each cell the zoo timed.
 """
 from __future__ import annotations
 
@@ -27,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
 from compiler.cost_model import H200_FITTED, T, IndexerShape, KernelConstants, certified_call_time, dense_call_time
 from compiler.plan.choice import choose_layer
 from compiler.plan.schema import CandidateMeasurement
@@ -174,14 +170,21 @@ def summary(report: dict, plans: dict) -> str:
              "measurements; per cell (S x T) the measured time / dense of what the plan would run there "
              "(1.0: dense; ?: the zoo did not time that budget there), cells in the order "
              f"{', '.join(next(iter(plans['current'].values()))['cells'])}.", "",
-             "| family | current plan (r, from keys) | its cells | refit plan (r, from keys) | its cells |",
-             "|---|---|---|---|---|"]
-    for family, now in plans["current"].items():
-        new = plans["refit"][family]
-        fmt = lambda p: "dense" if p["path"] == "dense" else f"r={p['r']}, {p['min_keys']}"  # noqa: E731
-        cells = lambda p: ", ".join("?" if v is None else f"{v:.2f}" for v in p["cells"].values())  # noqa: E731
-        lines.append(f"| {family} | {fmt(now)} | {cells(now)} | {fmt(new)} | {cells(new)} |")
+             harness.markdown_table(["family", "current plan (r, from keys)", "its cells", "refit plan (r, from keys)",
+                                     "its cells"],
+                                    [[family, plan_cell(now), ratio_cells(now), plan_cell(plans["refit"][family]),
+                                      ratio_cells(plans["refit"][family])] for family, now in plans["current"].items()])]
     return "\n".join(lines) + "\n"
+
+
+def plan_cell(plan: dict) -> str:
+    """A plan's settings as a table cell."""
+    return "dense" if plan["path"] == "dense" else f"r={plan['r']}, {plan['min_keys']}"
+
+
+def ratio_cells(plan: dict) -> str:
+    """A plan's measured ratios per zoo cell as a table cell ("?": the zoo did not time its budget there)."""
+    return ", ".join("?" if v is None else f"{v:.2f}" for v in plan["cells"].values())
 
 
 def main(argv=None) -> int:
@@ -193,12 +196,7 @@ def main(argv=None) -> int:
     roofline, zoo = (json.loads(Path(x).read_text()) for x in (args.roofline, args.zoo))
     constants, report = fit(roofline, zoo)
     plans = {"current": zoo_plans(zoo, H200_FITTED), "refit": zoo_plans(zoo, constants)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(constants.to_dict(), indent=1))
-    text = summary(report, plans)
-    out.with_suffix(".md").write_text(text)
-    print(text)
+    harness.write_results(args.out, constants.to_dict(), summary(report, plans))
     return 0
 
 

@@ -1,50 +1,25 @@
 """Never slower than dense on geometries nobody tuned for: the certified top-K op over the indexer zoo.
 
-One GPU command (about 5-6 minutes on one H200 with a cold autotune cache), from the repository root:
+    PYTHONPATH=. python3 benchmarks/indexer_zoo.py --out benchmarks/results/indexer_zoo_h200.json   # ~5 min
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/indexer_zoo.py --smoke --out /tmp/zoo.json  # CPU
 
-    PYTHONPATH=. python3 benchmarks/indexer_zoo.py --out benchmarks/results/indexer_zoo_h200.json
-
-``--S`` / ``--T`` run other query / key counts (e.g. one S per device call), ``--families`` a subset.
-
-CPU smoke run of the same code at interpreter sizes (Triton under TRITON_INTERPRET=1, the op on the
-CPU runs the runtime reference):
-
-    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/indexer_zoo.py --smoke --out /tmp/zoo.json
-
-For every family of ``runtime.indexer_zoo`` plus the aligned ``structured`` control (the project's
-default generator), at S in {4096, 16384} queries at the end of T in {131072, 524288} keys (causal
-chunk mask), H=64, D=128, topk=2048, bf16, the rows are:
-
-* ``dense``: ``dense_topk_cuda``;
-* ``plan_op``: ``torch.ops.pulsar_dosa.certified_topk`` with the arguments a compiled layer gets from
-  the family's plan (``compiler.policy.layer_settings``). The plan is made once per family by
-  ``compiler.plan.cli.plan_from_calls`` on calibration inputs of the same family drawn with another
-  seed (``--cal-S`` queries at ``--cal-T`` keys), candidates ``--fixed-r``, timed on the GPU;
-* ``noplan_op``: the op with its default arguments (path "auto", the cost model's crossover);
-* ``best_fixed``: ``certified_topk_cuda`` with path "certified" and the fastest of ``--fixed-r``
-  (every candidate's time, pruned fraction and exactness are in the row's ``candidates``).
-
-Each op row gets a fresh runtime guard (its own layer name); its first call is not timed (the issue's
-"the first call may pay the probe": the guard's certified warm-up), then ``--reps`` calls are timed
-one by one (synchronised wall clock); ``ms`` is their median and ``calls_ms`` lists them all, so the
-guard's measured dense and certified calls (the next two) are visible. Dense rows: one untimed call,
-then ``reps`` timed; each fixed r: one untimed call, then ``fixed_reps`` timed. ``identical``: indices equal
-and values bitwise equal to the dense row's. ``pruned``: 1 - refined / screened (query, key) pairs
-of the row's certified calls (0 when none ran). At the smallest cell of every family the certified
-pipeline (r=1) and the plan's op also run with host synchronisation forbidden and from a CUDA graph
-(``graph_checks``). JSON and markdown are rewritten after every row; a ``--budget-s`` deadline stops
-starting new cells (listed under "skipped") so a timeout leaves results.
-"""
+Every family of ``runtime.indexer_zoo`` and the ``structured`` control, S in {4096, 16384} queries
+at the end of T in {131072, 524288} keys (causal), H=64, D=128, topk=2048, bf16 (``--S``, ``--T``,
+``--families``). Rows: ``dense``; ``plan_op`` (the op with the settings of the family's plan, made
+on calibration inputs of another seed); ``noplan_op`` (default settings); ``best_fixed`` (the
+fastest fixed budget). Op rows: a fresh guard, one untimed first call, then ``--reps`` host-paced
+calls (``calls_ms``); ``identical`` to the dense row; ``pruned``. At each family's smallest cell
+the pipeline and the plan op also run with host synchronisation forbidden and from a CUDA graph
+(``graph_checks``). ``--budget-s`` stops starting new cells; JSON after every row."""
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 
 import torch
-import triton
+
+from benchmarks import harness
 
 import compiler  # noqa: F401  (registers torch.ops.pulsar_dosa.certified_topk)
 from compiler import defaults
@@ -85,28 +60,11 @@ def make_inputs(family, S, T, sizes, seed, device):
     return q, k, w, mask, {n: v if isinstance(v, (int, float, str)) else str(v) for n, v in params.items()}
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def timed_calls(fn, reps, device):
-    """(median ms, every call's ms, the last output) of ``reps`` synchronised calls."""
-    times, out = [], None
-    for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        out = fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), times, out
-
-
-def identical(got, want):
-    (gv, gi), (wv, wi) = got, want
-    same_values = torch.equal(torch.isnan(gv), torch.isnan(wv)) and torch.equal(
-        torch.where(torch.isnan(gv), 0, gv.view(torch.int32)), torch.where(torch.isnan(wv), 0, wv.view(torch.int32)))
-    return bool(torch.equal(gi, wi) and same_values)
+    """(median ms, every call's ms, the last output) of ``reps`` synchronised calls, none untimed
+    (``harness.measure``, host-paced: the guard's measured calls are among them)."""
+    t = harness.measure(fn, device, reps, warmup=0, host_paced=True)
+    return t.ms, t.times, t.out
 
 
 def pruned(summary):
@@ -143,7 +101,7 @@ def op_row(name, layer, settings, q, k, w, mask, sizes, device, want):
     ms, calls_ms, out = timed_calls(call, sizes["reps"], device)
     states = GUARD.summaries().get(layer, [])
     return {"method": name, "r": settings.r, "ms": ms, "calls_ms": calls_ms,
-            "identical": identical(out, want) and identical(first, want),
+            "identical": harness.identical(out, want) and harness.identical(first, want),
             "pruned": pruned(TOPK_STATS.summaries().get(layer, {})), "op_arguments": settings.op_arguments(),
             "guard": states[0] if states else None}
 
@@ -160,7 +118,7 @@ def best_fixed_row(q, k, w, mask, sizes, device, dense_out):
 
         call()
         ms, calls_ms, out = timed_calls(call, sizes["fixed_reps"], device)
-        candidates.append({"r": r, "ms": ms, "calls_ms": calls_ms, "identical": identical(out, dense_out),
+        candidates.append({"r": r, "ms": ms, "calls_ms": calls_ms, "identical": harness.identical(out, dense_out),
                            "pruned": stats.pruned_frac})
     best = min(candidates, key=lambda c: c["ms"])
     return {"method": "best_fixed", "r": best["r"], "ms": best["ms"], "identical": all(c["identical"] for c in candidates),
@@ -177,8 +135,8 @@ def graph_check(fn, want):
     graph, out = captured(fn)
     graph.replay()
     torch.cuda.synchronize()
-    result = {"no_sync": no_sync, "identical_eager": None if eager is None else identical(eager, want),
-              "identical_graph": identical(out, want)}
+    result = {"no_sync": no_sync, "identical_eager": None if eager is None else harness.identical(eager, want),
+              "identical_graph": harness.identical(out, want)}
     del graph
     return result
 
@@ -247,9 +205,9 @@ def cell_checks(doc):
 
 
 def render_markdown(doc) -> str:
-    s = doc["sizes"]
+    s, v = doc["sizes"], harness.versions_of(doc)
     lines = [f"# Indexer zoo on {doc['device']}: never slower than dense", "",
-             f"torch {doc['torch']}, triton {doc['triton']}; H={s['H']}, D={s['D']}, topk={s['topk']}, bf16, "
+             f"torch {v['torch']}, triton {v['triton']}; H={s['H']}, D={s['D']}, topk={s['topk']}, bf16, "
              f"S queries at the end of T keys (causal chunk). Produced by `benchmarks/indexer_zoo.py` "
              f"({doc.get('total_s', 0):.0f} s). Op rows: one untimed first call, then {s['reps']} timed calls, "
              f"median; x = ms / dense ms. Targets: plan_op <= 1.05x and noplan_op <= 1.10x dense; identical; "
@@ -302,20 +260,14 @@ def main(argv=None):
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:  # the plan's evidence thresholds, lowered to the smoke sizes so that plans can certify
         defaults.MIN_SCREENED_KEYS, defaults.MIN_CERTIFIED_QUERIES = 1000, 8
-    doc = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
-           "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0],
-           "sizes": sizes, "families": args.families,
-           "constants": (H200_FITTED if device.type == "cuda" else CPU_REFERENCE).to_dict(),
-           "plans": {}, "rows": [], "graph_checks": [], "skipped": []}
-    md_path = args.out.rsplit(".", 1)[0] + ".md"
+    doc = harness.header(device, smoke=args.smoke, sizes=sizes, families=args.families,
+                         constants=(H200_FITTED if device.type == "cuda" else CPU_REFERENCE).to_dict(),
+                         plans={}, rows=[], graph_checks=[], skipped=[])
 
     def write():
         doc["total_s"] = time.perf_counter() - t0
         doc["checks"] = cell_checks(doc)
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
-        with open(md_path, "w") as f:
-            f.write(render_markdown(doc))
+        harness.write_json(args.out, doc)
 
     def emit(row):
         doc["rows"].append(row)
@@ -344,8 +296,8 @@ def main(argv=None):
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     write()
-    print(render_markdown(doc), flush=True)
-    print(f"total {time.perf_counter() - t0:.0f} s; wrote {args.out} and {md_path}", flush=True)
+    harness.write_results(args.out, doc, render_markdown(doc))
+    print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 
 
