@@ -22,8 +22,8 @@ from typing import Mapping
 import sympy
 
 from compiler import defaults
+from runtime import defaults as runtime_defaults
 from runtime.certified_topk import CertifiedTopkConfig
-from runtime.seeds import SAMPLE_PER_KEYS
 
 _RUNTIME_DEFAULTS = CertifiedTopkConfig()
 
@@ -138,7 +138,7 @@ class IndexerShape:
     chunk of that many queries at the end of T keys. ``seeds`` is N0 (defaults to topk + sink + window,
     an upper bound on the seed set of the runtime's default rule), ``anchor_stride`` the spacing of
     densely scored anchor queries; sink, window and anchor_stride default to the runtime's
-    ``CertifiedTopkConfig`` defaults. ``sample``: every query also scores T / SAMPLE_PER_KEYS keys for
+    ``CertifiedTopkConfig`` defaults. ``sample``: every query also scores T / ``SAMPLE_PER_KEYS`` keys for
     its own threshold (``runtime.seeds``; the default above T = 8192 keys).
     """
 
@@ -209,7 +209,7 @@ def certified_query_cost(n, r: int, m, shape: IndexerShape, c: KernelConstants, 
     with budget r, survival m, ``anchors`` anchor queries per query and a ``redo`` fraction."""
     hd, n0 = shape.heads * shape.head_dim, shape.n0
     screened = n - n0
-    sample = T / SAMPLE_PER_KEYS if shape.sample else 0
+    sample = T / runtime_defaults.SAMPLE_PER_KEYS if shape.sample else 0
     return (_exact(c.plan_s_per_query)
             + anchors * n * hd / _exact(c.dense_macs_per_s)
             + (n0 + sample) * hd / _exact(c.refine_macs_per_s)

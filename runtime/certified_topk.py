@@ -27,7 +27,8 @@ from runtime.dense_scorer import (
 )
 from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
 from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32
-from runtime.seeds import (SAMPLE_SIGMAS, SOFT_HIDDEN_BIAS, anchor_rows, sample_keys, sample_rank,
+from runtime import defaults
+from runtime.seeds import (SOFT_HIDDEN_BIAS, anchor_rows, sample_keys, sample_rank,
                            sample_size, seed_mask)
 
 __all__ = ["FALLBACK_REASONS", "PATHS", "CertifiedTopkConfig", "TopkStats", "certified_topk"]
@@ -37,7 +38,6 @@ ROUTED_REASONS = ("nonfinite", "numeric_range", "topk_ge_visible", "dense_cheape
 FALLBACK_REASONS = ROUTED_REASONS + ("overflow", "threshold_miss")
 PATHS = ("dense", "certified")
 """What a call runs: dense scoring of every query, or the certified path (fallbacks per query)."""
-_SCREEN_ELEMENTS = 1 << 22  # bound on the per-chunk screening intermediates
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:
@@ -59,12 +59,12 @@ class CertifiedTopkConfig:
     """
 
     r: int | None = None
-    anchor_stride: int = 16
-    sink: int = 64
-    window: int = 512
-    workspace_frac: float = 0.25
+    anchor_stride: int = defaults.ANCHOR_STRIDE
+    sink: int = defaults.SINK
+    window: int = defaults.WINDOW
+    workspace_frac: float = defaults.WORKSPACE_FRAC
     sample_keys: int | None = None
-    sample_sigmas: float = SAMPLE_SIGMAS
+    sample_sigmas: float = defaults.SAMPLE_SIGMAS
     path: str = "certified"
 
     def __post_init__(self) -> None:
@@ -286,7 +286,7 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices) -> dic
     # Certificate and screen.
     r = default_r(w) if config.r is None else torch.full_like(cb, min(config.r, H))
     plan = plan_certificate(q, w, p, r)
-    chunk = max(1, _SCREEN_ELEMENTS // max(1, cb.numel() * (D + plan.rows.shape[-2] + 1)))
+    chunk = max(1, defaults.SCREEN_ELEMENTS // max(1, cb.numel() * (D + plan.rows.shape[-2] + 1)))
     passes = []
     for start in range(0, T, chunk):
         keys = slice(start, start + chunk)
@@ -359,7 +359,7 @@ def _own_threshold(inputs, config, cb, cs, visible, q, w) -> torch.Tensor:
         return theta
     keys = sample_keys(-(-S // config.anchor_stride), M, T, cb.device)[cs // config.anchor_stride]
     rank = sample_rank(inputs.kk, M, T, config.sample_sigmas)
-    step = max(1, _SCREEN_ELEMENTS // max(1, M * (H + D)))
+    step = max(1, defaults.SCREEN_ELEMENTS // max(1, M * (H + D)))
     for start in range(0, cb.numel(), step):
         rows = slice(start, start + step)
         b, s, kr = cb[rows], cs[rows], keys[rows]

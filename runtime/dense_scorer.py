@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime import defaults
 from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
 
 __all__ = [
@@ -24,7 +25,6 @@ __all__ = [
     "dense_topk",
 ]
 
-_CHUNK_ELEMENTS = 1 << 22  # bound on the [..., H, keys] float32 intermediate per chunk
 
 
 def head_dots(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -64,7 +64,7 @@ def exact_scores(q: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> torch.Ten
     H, M = q.shape[-2], k.shape[-2]
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], w.shape[:-1])
     rows = max(1, lead.numel())
-    chunk = max(1, _CHUNK_ELEMENTS // max(1, rows * max(1, H)))
+    chunk = max(1, defaults.SCORER_CHUNK_ELEMENTS // max(1, rows * max(1, H)))
     if M <= chunk:
         return weighted_relu_sum(w, head_dots(q, k))
     parts = [
@@ -90,7 +90,7 @@ def masked_scores(
         bias = inputs.bias
     else:
         n = b_idx.shape[0]
-        step = max(1, _CHUNK_ELEMENTS // max(1, T * D))
+        step = max(1, defaults.SCORER_CHUNK_ELEMENTS // max(1, T * D))
         parts = [
             exact_scores(
                 inputs.q[b_idx[i : i + step], s_idx[i : i + step]],

@@ -6,7 +6,7 @@ keys it can see ∪ the first ``sink`` ∪ the last ``window`` visible keys (fro
 bias above ``SOFT_HIDDEN_BIAS``), filled with the most recent visible keys while fewer than kk: at
 least kk distinct visible keys whenever the query has more than kk. ``sample_keys``,
 ``sample_size`` and ``sample_rank`` give each query's strided key sample and the rank of its own
-threshold estimate (``SAMPLE_SIGMAS`` binomial deviations low). Which keys are seeds and where the
+threshold estimate (``defaults.SAMPLE_SIGMAS`` binomial deviations low). Which keys are seeds and where the
 threshold lies change speed only, never the result."""
 from __future__ import annotations
 
@@ -14,14 +14,9 @@ import math
 
 import torch
 
-__all__ = ["SOFT_HIDDEN_BIAS", "anchor_rows", "sample_keys", "sample_rank", "sample_size", "seed_mask"]
+from runtime import defaults
 
-SAMPLE_MIN, SAMPLE_MAX, SAMPLE_PER_KEYS = 1024, 4096, 128
-"""Default sample size: T // SAMPLE_PER_KEYS keys clamped to [SAMPLE_MIN, SAMPLE_MAX] (1.6% of the
-keys at T = 65536, 0.8% at T = 131072 and 524288), none below T = 8 * SAMPLE_MIN (where the sample
-would cost more than 1/8 of dense scoring)."""
-SAMPLE_SIGMAS = 4.0
-"""Default safety of the sample rank, in binomial standard deviations."""
+__all__ = ["SOFT_HIDDEN_BIAS", "anchor_rows", "sample_keys", "sample_rank", "sample_size", "seed_mask"]
 
 SOFT_HIDDEN_BIAS = -1e30
 """Additive-mask values below this mark keys that masks hide with a finite value (float32 min)."""
@@ -66,9 +61,10 @@ def seed_mask(
 
 def sample_size(T: int, requested: int | None = None) -> int:
     """M, the strided sample per query: ``requested`` (0 = no own threshold) or the default
-    (``SAMPLE_MIN``); never more than T."""
+    (``defaults.SAMPLE_PER_KEYS``); never more than T."""
     if requested is None:
-        requested = 0 if T < 8 * SAMPLE_MIN else max(SAMPLE_MIN, min(SAMPLE_MAX, T // SAMPLE_PER_KEYS))
+        requested = (0 if T < 8 * defaults.SAMPLE_MIN else
+                     max(defaults.SAMPLE_MIN, min(defaults.SAMPLE_MAX, T // defaults.SAMPLE_PER_KEYS)))
     return min(requested, T)
 
 

@@ -11,7 +11,7 @@ from compiler.cost_model import (CPU_REFERENCE, H200_FITTED, IndexerShape, Kerne
                                  certified_call_time, crossover_length, default_min_keys, dense_call_time, predicted_ratio,
                                  screen_rows)
 from benchmarks import fit_cost_model
-from runtime.seeds import SAMPLE_PER_KEYS
+from runtime.defaults import SAMPLE_PER_KEYS
 
 # Unit rates and no fixed costs: every term of the work model is a count that can be done by hand.
 UNIT = KernelConstants(dense_macs_per_s=1.0, screen_macs_per_s=1.0, refine_macs_per_s=1.0,

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import runtime.attention_reference as reference
+from runtime import defaults
 from runtime.attention_reference import two_interval_attention
 
 
@@ -87,7 +88,7 @@ def test_query_chunking_does_not_change_the_result(monkeypatch):
     prefix_end = torch.randint(0, 12, (2, 9), generator=g)
     segment_start = torch.randint(0, 12, (2, 9), generator=g)
     whole = two_interval_attention(q, k, v, prefix_end, segment_start, scale=0.4, q_start=2)
-    monkeypatch.setattr(reference, "QUERY_CHUNK", 2)
+    monkeypatch.setattr(defaults, "ATTENTION_QUERY_CHUNK", 2)
     chunked = two_interval_attention(q, k, v, prefix_end, segment_start, scale=0.4, q_start=2)
     torch.testing.assert_close(chunked[0], whole[0], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(chunked[1], whole[1], atol=1e-6, rtol=1e-6)
@@ -125,14 +126,14 @@ def test_key_spans_and_chunks_give_the_brute_force_answer_for_any_interval_bound
     segment_start = torch.tensor(data.draw(st.lists(st.lists(bound, min_size=sq, max_size=sq),
                                                     min_size=b, max_size=b)))
     q_start = data.draw(st.integers(0, sk + 1))
-    budget, min_chunk = reference.SCORE_BUDGET, reference.MIN_CHUNK
-    reference.SCORE_BUDGET = hkv * group * sk * data.draw(st.integers(1, sq))
-    reference.MIN_CHUNK = data.draw(st.integers(1, 4))
+    budget, min_chunk = defaults.ATTENTION_SCORE_BUDGET, defaults.ATTENTION_MIN_CHUNK
+    defaults.ATTENTION_SCORE_BUDGET = hkv * group * sk * data.draw(st.integers(1, sq))
+    defaults.ATTENTION_MIN_CHUNK = data.draw(st.integers(1, 4))
     try:
         chunks = reference.query_chunks(segment_start, data.draw(st.integers(1, sq)))
         o, lse = two_interval_attention(q, k, v, prefix_end, segment_start, scale=0.7, q_start=q_start)
     finally:
-        reference.SCORE_BUDGET, reference.MIN_CHUNK = budget, min_chunk
+        defaults.ATTENTION_SCORE_BUDGET, defaults.ATTENTION_MIN_CHUNK = budget, min_chunk
     assert [start for start, _ in chunks] == [0] + [stop for _, stop in chunks[:-1]] and chunks[-1][1] == sq
     want_o, want_lse = brute_force(q, k, v, prefix_end, segment_start, 0.7, q_start)
     torch.testing.assert_close(o.double(), want_o, atol=1e-6, rtol=1e-6)
