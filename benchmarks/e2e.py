@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.timing import median_ms
+from benchmarks.harness import median_ms
 
 SIZES = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
              q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=128, qk_rope_head_dim=64,
@@ -115,7 +115,7 @@ def plan_for(name: str, config, args, device: str) -> Path:
 def method_module(model, method: str, plan: Path | None, smoke: bool = False):
     """``model`` compiled as ``method`` runs it. A smoke run (the CPU) passes ``stock_below=0`` to
     every pulsar_dosa method: there the backend would otherwise keep every stock subgraph
-    (compiler.path_choice.STOCK_BELOW), and the smoke exists to run the ops."""
+    (compiler.defaults.STOCK_BELOW), and the smoke exists to run the ops."""
     if method == "stock":
         return torch.compile(model, dynamic=True)
     options = {**METHOD_OPTIONS, "pulsar_dosa_plan": {"plan": str(plan)}}.get(method, {})

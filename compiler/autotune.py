@@ -1,21 +1,13 @@
 """Triton launch configurations chosen by measurement, keyed on bucketed lengths, cached on disk.
 
-A kernel family offers a list of ``LaunchConfig`` candidates and a ``launch(config)`` callable that
-runs the kernel once on real tensors of the current bucket. ``choose_config``:
-
-* on a non-CUDA device or under the Triton CPU interpreter (``TRITON_INTERPRET=1``) returns the first
-  candidate, without measuring (one config: the interpreter is slow and its timings mean nothing);
-* on a call with less work than ``MIN_TUNED_WORK`` returns the first candidate too, without
-  compiling or measuring the others;
-* otherwise returns the cached choice for the key (kernel, device name, software versions, bucketed
-  length, other shape parameters), or measures every candidate that launches (a candidate that
-  fails to compile or launch is skipped), keeps the fastest and stores it.
-
-Lengths are bucketed to powers of two so that a new sequence length reuses its bucket's choice instead
-of measuring again. The cache is a JSON file (``PULSAR_DOSA_AUTOTUNE_CACHE`` or
-``~/.cache/pulsar_dosa/autotune.json``), written atomically; an unreadable cache file is ignored and
-replaced. The choice only affects speed: every candidate computes the same result.
-"""
+``choose_config(kernel, configs, launch, device=, length=, shape=)``: under ``TRITON_INTERPRET=1``,
+off CUDA, or for a call with less work than ``MIN_TUNED_WORK`` the first candidate, neither compiled
+nor measured beyond it; otherwise the cached choice for (kernel, device name,
+torch and triton versions, power-of-two bucket of the length, the other shape ints), or the fastest
+candidate that launches (a failing one is skipped), measured once and stored. The cache is a JSON
+file (``PULSAR_DOSA_AUTOTUNE_CACHE`` or ``~/.cache/pulsar_dosa/autotune.json``) written atomically;
+an unreadable one is ignored and replaced. The choice changes speed only: every candidate computes
+the same result."""
 from __future__ import annotations
 
 import functools

@@ -1,25 +1,15 @@
-"""Validation and normalisation of the inputs of a DSA lightning-indexer top-K.
+"""Validation and normalisation of the inputs of a DSA lightning-indexer top-K (SPEC A.1).
 
-Contract (SPEC A.1):
-
-* ``q``       [B, S, H, D]  query heads of the indexer (H, D >= 1), float16 / bfloat16 / float32;
-* ``k``       [B, T, D]     keys shared by all heads, same dtypes;
-* ``weights`` [B, S, H]     signed per-head weights with every scale folded in, same dtypes;
-* ``topk``    a positive Python int below 2^63, the op's int64 (``bool`` is refused);
-* ``mask``    None, a bool tensor [B, S, T] (True = visible), or an additive float tensor
-  [B, S, T] (float16 / bfloat16 / float32) where ``-inf`` hides a key and every other value is
-  added to the score of that key.
-
-T and S must be below 2^31 (the kernels index keys and queries in int32). With real tensors, a
-call whose reference workspace (``reference_workspace_bytes``: the [B,S,T] visibility, bias,
-scores and their ordering) exceeds the device's memory is refused before any of it is built.
-
-All floating inputs are upcast to float32 (exact: every accepted dtype embeds in float32).
-``kk = min(topk, T)`` is the number of outputs per query. For an additive mask, a key is visible
-unless its mask value is ``-inf``; ``bias`` holds the mask value at visible keys and 0 at hidden
-keys. A visible bias of ``+inf`` or NaN is kept as it is (the score becomes ``+inf`` / NaN, as in
-``scores + mask``); such query rows are answered by dense scoring.
-"""
+``check_indexer_inputs(q, k, weights, topk, mask)``: q [B,S,H,D] (H, D >= 1), k [B,T,D], weights
+[B,S,H], all float16 / bfloat16 / float32; ``topk`` a positive int (a bool is refused); mask None,
+bool [B,S,T] (True = visible) or additive float [B,S,T] (-inf hides a key, any other value is added
+to its score). A bad argument raises an error naming it. Returns ``IndexerInputs``: the floats
+upcast to float32 (exact), ``visible`` [B,S,T], ``bias`` (the mask value at visible keys, 0 at
+hidden ones; +inf or NaN kept, such rows are answered densely) and ``kk = min(topk, T)``.
+``checked_kk`` checks a call once per signature on meta tensors (no data read). ``topk`` must be
+below 2^63 and T, S below 2^31 (the kernels index keys and queries in int32); with real tensors a
+call whose reference workspace (``reference_workspace_bytes``) exceeds the device's memory is
+refused before any of it is built."""
 from __future__ import annotations
 
 import functools

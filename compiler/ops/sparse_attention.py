@@ -17,7 +17,7 @@ would otherwise be answered with uninitialised memory; the whole
 
 The CPU kernel (and any device without its own) runs the plain-torch reference
 ``runtime.sparse_attention.sparse_attention``; CUDA runs the Triton kernels of
-``compiler/lowering/sparse_attention_triton.py`` (no host synchronisation: capturable in a CUDA
+``compiler/lowering/attention/sparse_attention.py`` (no host synchronisation: capturable in a CUDA
 graph after one warm-up call). The fake kernel supports symbolic sizes.
 
 DSA under a Pulsar layout: the op raises when ``runtime.attention_layout.active_layout()`` is set.
@@ -60,7 +60,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices:
 
 @sparse_attention.register_kernel("cuda")
 def _sparse_attention_cuda(q, k, v, indices, mask, scale, masked_rows):
-    from compiler.lowering.sparse_attention_triton import sparse_attention_triton
+    from compiler.lowering.attention.sparse_attention import sparse_attention_triton
 
     _refuse_pulsar_layout()
     out, _ = sparse_attention_triton(q, k, v, indices, mask, scale=scale, masked_rows=masked_rows)

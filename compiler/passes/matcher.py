@@ -1,17 +1,14 @@
-"""Small toolkit the pattern passes share, for Dynamo (torch-level) FX graphs.
+"""The matchers the pattern passes share, for Dynamo (torch-level) FX graphs; no pass imports another.
 
-* :func:`op_kind`: one name per operation whatever its spelling (``torch.relu``, ``F.relu``,
-  ``x.relu()`` -> "relu"; ``x.float()``, ``x.to(torch.float32)`` -> "cast"; ...).
-* Shapes from ``node.meta["example_value"]`` compared with :func:`same_size`, which never adds
-  a guard (``statically_known_true``): a size that is only equal at run time is "not equal".
-* :func:`skip_layout_preserving`: walk back through ops that change neither values nor the
-  order of the non-unit dims (clone, contiguous, detach, widening casts, views and squeezes that
-  only insert or remove size-1 dims). Permutes are *not* skipped here: a pattern that accepts
-  one must classify it.
-* :func:`escaping_nodes`: the region-safety proof on a networkx digraph of the FX graph, by
-  post-dominators: an interior node whose every path to the graph's end does not go through the
-  anchor would be needed after the rewrite.
-"""
+:func:`op_kind` names an operation whatever its spelling (``torch.relu``, ``F.relu``, ``x.relu()``
+-> "relu"; ``x.float()``, ``x.to(torch.float32)`` -> "cast"). Shapes come from
+``node.meta["example_value"]`` and compare with :func:`same_size`, which never adds a guard.
+:func:`skip_layout_preserving` walks back through ops that change neither values nor the order of
+the non-unit dims. :func:`escaping_nodes` proves a region closed by post-dominators: an interior
+node with a path to the graph's end that avoids the anchor would be needed after the rewrite.
+Attention chains: :data:`SDPA_TARGETS`, :func:`fold_repeat_kv` (GQA ``repeat_kv``),
+:func:`softmax_of`, :func:`single_use`. A step that does not see its pattern raises
+:class:`NotCandidate`; one that sees it in a form that must stay untouched, :class:`NearMiss`."""
 from __future__ import annotations
 
 import operator
@@ -21,7 +18,17 @@ from typing import Any, Iterable
 import networkx as nx
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+
+class NearMiss(Exception):
+    """A candidate that must stay untouched; the message is the reason."""
+
+
+class NotCandidate(Exception):
+    """The anchor does not compute this family's pattern at all (counted, not reported)."""
+
 
 _FUNCTION_KINDS: dict[Any, str] = {
     torch.matmul: "matmul", torch.bmm: "bmm", torch.einsum: "einsum", torch.functional.einsum: "einsum",
@@ -255,3 +262,83 @@ def erase_dead_pure(graph: fx.Graph, nodes: Iterable[Any]) -> None:
             producers = [a for a in n.all_input_nodes]
             graph.erase_node(n)
             work.extend(producers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention chains
+
+SDPA_TARGETS = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+
+
+def repeat_kv_source(node: Any) -> tuple[Any, int, list[fx.Node]]:
+    """``(x, n, nodes)`` when ``node`` repeats every head of 4-D ``x`` n times along dim 1, else ``(node, 1, [])``."""
+    if not isinstance(node, fx.Node):
+        return node, 1, []
+    if (node.op == "call_method" and node.target == "repeat_interleave") or \
+            (node.op == "call_function" and node.target is torch.repeat_interleave):
+        source, repeats = node.args[0], arg(node, 1, "repeats")
+        dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else None)
+        src = tensor_meta(source)
+        if isinstance(repeats, int) and src is not None and src.dim() == 4 and normalize_dim(dim, 4) == 1:
+            return source, repeats, [node]
+        return node, 1, []
+    if op_kind(node) != "reshape" or not isinstance(node.args[0], fx.Node) or op_kind(node.args[0]) != "expand":
+        return node, 1, []
+    expand = node.args[0]
+    index = expand.args[0]
+    if not (isinstance(index, fx.Node) and index.op == "call_function" and index.target is operator.getitem):
+        return node, 1, []
+    source, key = index.args
+    full = slice(None, None, None)
+    src, wide, out = tensor_meta(source), tensor_meta(expand), tensor_meta(node)
+    if key != (full, full, None, full, full) or src is None or wide is None or out is None or src.dim() != 4:
+        return node, 1, []
+    b, h, s, d = src.shape
+    n = wide.shape[2]
+    if wide.dim() != 5 or not all(same_size(x, y) for x, y in zip(wide.shape, (b, h, n, s, d))) \
+            or out.dim() != 4 or not all(same_size(x, y) for x, y in zip(out.shape, (b, h * n, s, d))) \
+            or not isinstance(n, int):
+        return node, 1, []
+    return source, n, [node, expand, index]
+
+
+def fold_repeat_kv(k: Any, v: Any) -> tuple[Any, Any, bool, list[fx.Node]]:
+    """Strip a matching repeat of k and v: ``(k, v, folded, repeat nodes)``."""
+    k_src, k_rep, k_nodes = repeat_kv_source(k)
+    v_src, v_rep, v_nodes = repeat_kv_source(v)
+    if k_rep > 1 and k_rep == v_rep:
+        return k_src, v_src, True, k_nodes + v_nodes
+    return k, v, False, []
+
+
+def single_use(nodes: list[fx.Node]) -> None:
+    """Every interior node feeds exactly one user (the next node of the chain)."""
+    for node in nodes:
+        if len(node.users) != 1:
+            raise NearMiss(f"intermediate {node.name} is used outside the attention chain")
+
+
+def through_inactive_dropout(node: Any, chain: list[fx.Node]) -> Any:
+    """Skip ``F.dropout(x, p=0)`` / ``dropout(x, training=False)`` (appending it to ``chain``)."""
+    if isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.dropout:
+        p, training = arg(node, 1, "p", 0.5), arg(node, 2, "training", True)
+        if not (p == 0 or training is False):
+            raise NearMiss("dropout on the attention weights may be active")
+        chain.append(node)
+        return node.args[0]
+    return node
+
+
+def softmax_of(node: Any) -> tuple[fx.Node | None, list[fx.Node]]:
+    """The softmax that feeds ``node`` through dropout and casts, with the skipped nodes."""
+    chain: list[fx.Node] = []
+    while isinstance(node, fx.Node):
+        node = through_inactive_dropout(node, chain)
+        if op_kind(node) == "softmax":
+            return node, chain
+        if op_kind(node) in ("cast", "contiguous", "clone"):
+            chain.append(node)
+            node = node.args[0]
+            continue
+        return None, chain
+    return None, chain

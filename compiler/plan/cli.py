@@ -4,11 +4,11 @@ Runs the model eagerly on calibration tokens, captures each DSA indexer layer's 
 the backend's own indexer pass (``compiler.plan.capture``), measures per layer the survival m(r), the
 redo fraction and the call time of each candidate budget r with the certified top-K on the device,
 the dense time, the seed gap and slack distributions (``compiler.plan.measure``), lets
-``compiler.path_choice.choose_layer`` choose r, the path and the crossover length (or refuse, with the
+``compiler.plan.choice.choose_layer`` choose r, the path and the crossover length (or refuse, with the
 reason), and writes a versioned JSON plan (``compiler.plan.schema``). ``--plot out.png`` also draws
 m(r) per layer and the predicted speedup.
 
-Candidates: by default the short tile-aligned list r = 1, 3, 7 (``path_choice.short_candidates``);
+Candidates: by default the short tile-aligned list r = 1, 3, 7 (``choice.short_candidates``);
 ``--candidates all`` sweeps every tile-aligned budget, ``--candidates 2,5`` measures those. Times are
 measured when the plan is for the device it is calibrated on (``--device cuda``, or the CPU
 constants on the CPU); with other constants (e.g. ``--constants h200`` on a CPU) the choice rests on
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from compiler.cost_model import CPU_REFERENCE, H200_FITTED, KernelConstants, candidate_rs
-from compiler.path_choice import short_candidates
+from compiler.plan.choice import short_candidates
 from compiler.plan.schema import Plan, save_plan
 
 
@@ -278,7 +278,7 @@ def structured_calls(spec: str, seed: int, device: str) -> tuple[dict, dict]:
     """``--structured B,S,T,H,D,K`` -> ({"structured": [call]}, inputs description)."""
     import torch
 
-    from compiler.plan.capture import CapturedCall
+    from compiler.ops.capture_topk import CapturedCall
     from runtime.structured_indexer import structured_indexer_inputs
 
     B, S, T, H, D, K = parse_structured(spec)
@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     save_plan(plan, args.out)
     for e in plan.layers:
         pruned = "-" if e.predicted_pruned_frac is None else f"{e.predicted_pruned_frac:.3f}"
-        print(f"{e.layer}: path={e.path} r={e.r} crossover={e.crossover} pruned={pruned} "
+        print(f"{e.layer}: path={e.settings.path} r={e.settings.r} min_keys={e.settings.min_keys} pruned={pruned} "
               f"speedup@{plan.design_length}={e.predicted_speedup:.2f}: {e.reason}", file=sys.stderr)
     print(f"wrote {args.out} (sha256 {plan.hash[:16]}...)", file=sys.stderr)
     if args.plot:
