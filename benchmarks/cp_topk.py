@@ -39,7 +39,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.dense_roofline import PLAN, identical
+from benchmarks.dense_roofline import PLAN
+from benchmarks.harness import identical
 from benchmarks.harness import median_ms
 from compiler.certified_topk_cp import shard_kernel
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats

@@ -26,7 +26,7 @@ the mean of v over all keys for an additive ``finfo.min`` mask (every logit equa
 to floating-point rounding.
 
 Two forms. Where k and v are ``kv_b_proj``'s expansion of an MLA latent
-(``compiler.passes.mla_latent``: both transformers DSA models, with or without a cache), the
+(``compiler.passes.matcher.latent_form``: both transformers DSA models, with or without a cache), the
 absorbed op reads the latent rows, the rope key and kv_b_proj's weight instead (the expansion dies
 with the attention; o_proj and everything else stay as they are); otherwise, or where
 ``policy.sparse_attention_form`` picks it, the union op reads k and v. Where the absorbed form
@@ -60,7 +60,7 @@ import compiler.ops.sparse_attention  # noqa: F401  (registers pulsar_dosa::spar
 from compiler.passes.base import Declined, PatternPass, near_miss
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call, is_unit,
                                      normalize_dim, op_kind, same_size, single_use, softmax_of, tensor_meta, value)
-from compiler.passes.mla_latent import LatentKV, NotLatent, latent_form
+from compiler.passes.matcher import LatentKV, NotLatent, latent_form
 from compiler.policy import keeps_stock, sparse_attention_form, stock_threshold
 from runtime.sparse_attention import FLOAT_DTYPES
 

@@ -9,7 +9,7 @@ from runtime.sparse_attention import sparse_attention
 B, H, S, T, DN, DR, DV, DC, K = 2, 3, 10, 20, 6, 4, 5, 7, 6
 
 
-def mla_inputs(dtype=torch.float64, seed=0, s=S, t=T, width=K, low=-1):
+def mla_inputs(dtype=torch.float32, seed=0, s=S, t=T, width=K, low=-1):
     """q, latent, rope key, kv_b weight and indices of a small MLA layer."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, s, DN + DR, generator=g, dtype=torch.float64).to(dtype)
@@ -68,7 +68,9 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="rope_key must be"):
         call(rope_key=rope_key[:, :-1])
     with pytest.raises(TypeError, match="latent must have q's dtype"):
-        call(latent=latent.float())
+        call(latent=latent.half())
+    with pytest.raises(TypeError, match="q must be bfloat16, float16 or float32"):
+        call(q=q.double())
     with pytest.raises(ValueError, match="indices must be"):
         call(indices=indices[:, :-1])
     with pytest.raises(TypeError, match="mask must be a bool tensor"):

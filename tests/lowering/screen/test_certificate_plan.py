@@ -3,6 +3,7 @@ float64 summation order, and a bound that never falls below THE SCORER, on adver
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,6 +126,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 import compiler.lowering.screen.certificate_plan as pt
+from compiler.lowering.defaults import PLAN_COLUMNS
 
 backend = make_backend(GPUTarget("cuda", 90, 32))
 kernel = pt._plan_kernel
@@ -132,7 +134,7 @@ f64 = lambda: torch.empty(8, dtype=torch.float64)
 args = [torch.empty(8, dtype=torch.bfloat16), f64(), f64(), torch.empty(8, dtype=torch.int64), f64(), f64(), f64(),
         f64(), f64(), torch.empty(8, dtype=torch.int8), torch.empty(8, dtype=torch.int8), 64, 128, 8192, 128]
 for r_max in map(int, sys.argv[1:]):
-    meta = dict(R_MAX=r_max, RP=triton.next_power_of_2(r_max), HP=64, CD=pt.PLAN_COLUMNS, num_warps=1, debug=False)
+    meta = dict(R_MAX=r_max, RP=triton.next_power_of_2(r_max), HP=64, CD=PLAN_COLUMNS, num_warps=1, debug=False)
     bound, spec, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(*args, **meta)
     options, signature, constexprs, attrs = kernel._pack_args(backend, meta, bound, spec, opts)
     context = ir.context()
@@ -151,7 +153,7 @@ def test_the_plan_kernel_does_not_unroll_its_budget():
     # IR (built for sm_90 without a GPU, outside the interpreter) must not grow with R_MAX.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", TTIR_LINES, "4", "64"], capture_output=True, text=True, env=env,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
+                         cwd=Path(__file__).resolve().parents[3], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     small, large = map(int, out.stdout.split())
     assert large < 1.2 * small, (small, large)
