@@ -45,7 +45,7 @@ def test_a_synthetic_cache_grows_along_its_token_axis_and_decodes_through_the_ab
     model, config = build("DeepseekV32ForCausalLM", 1, SMOKE_SIZES, "cpu", torch.float32)
     cache = DynamicCache(config=config)
     with torch.no_grad():
-        model(torch.randint(0, config.vocab_size, (2, SYNTHETIC_PROMPT)), past_key_values=cache, use_cache=True)
+        model(torch.randint(0, config.vocab_size, (2, SYNTHETIC_PROMPT)), use_cache=True, **cache_argument(model, cache))
     before = cache.layers[0].keys
     grow_cache(cache, 300, seed=0)
     layer = cache.layers[0]
@@ -56,7 +56,7 @@ def test_a_synthetic_cache_grows_along_its_token_axis_and_decodes_through_the_ab
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="pulsar_dosa", options={"downstream": "eager", "stock_below": 0})
     with torch.no_grad(), collecting() as report:
-        want = model(step, past_key_values=copy.deepcopy(cache), use_cache=True).logits
-        got = compiled(step, past_key_values=copy.deepcopy(cache), use_cache=True).logits
+        want = model(step, use_cache=True, **cache_argument(model, copy.deepcopy(cache))).logits
+        got = compiled(step, use_cache=True, **cache_argument(compiled, copy.deepcopy(cache))).logits
     assert [r.path for r in report.rewrites if r.kind == "sparse_attention"] == ["absorbed"]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)

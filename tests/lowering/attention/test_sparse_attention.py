@@ -115,6 +115,7 @@ def test_never_reads_a_value_back_to_the_host():
         torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")  # inf rows, by design
 @pytest.mark.parametrize("splits", [1, 3])
 def test_a_key_that_is_not_attended_to_never_reaches_the_output(splits):
     q, k, v, indices = inputs(1, 2, 1, 20, 40, 5, seed=9, low=4)
