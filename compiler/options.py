@@ -10,7 +10,7 @@ value and returns it (possibly normalised) or raises; ``CompileOptions(...)`` ru
 :meth:`CompileOptions.uuid` hashes every field (a plan by its content); the backend records it per
 compile (``report.compiles[i]["options_uuid"]``). Compiled code is not looked up by it: every
 option that changes the compiled code does so through the rewritten graph (which ops, their
-``path``/``r``/``min_keys``/``record_stats``/``layer`` arguments), and the graph is what Inductor's
+``path``/``r``/``min_keys``/``record_stats``/``layer``/``precision`` arguments), and the graph is what Inductor's
 FX graph cache keys on; Dynamo guards its cache entries on the backend, and two ``torch.compile``
 calls share compiled code only when their backend and options are equal. So no compiled code
 outlives a changed option.
@@ -23,6 +23,8 @@ import importlib.util
 import json
 import os
 from typing import Any, Callable, Mapping
+
+from runtime.fp8_quant import check_precision
 
 DOWNSTREAMS = ("inductor", "eager", "tensorrt")
 
@@ -136,6 +138,14 @@ class CompileOptions:
                               "compiler.path_choice.sparse_attention_form), 'absorbed' (latent rows, where the "
                               "keys and values are kv_b_proj's expansion of a latent) or 'union' (expanded keys "
                               "and values)")
+    indexer_precision: str = option("bf16", lambda k, v: check_precision(f"option {k!r}", v),
+                                    "what the rewritten indexers score: 'bf16' (the inputs as the model makes "
+                                    "them), 'fp8' (q and k Hadamard-rotated, then E4M3 with one scale per key and "
+                                    "per query head, the query scales folded into the weights: DeepSeek-V3.2's "
+                                    "indexer, SPEC A.10) or 'fp8_unrotated' (the same without the rotation); the "
+                                    "top-K is exact for the scorer of that precision. With an fp8 precision every "
+                                    "indexer call is rewritten (stock_below does not apply: a stock subgraph would "
+                                    "score in the model's precision)")
     capture: bool = option(False, _check_capture,
                            "record each rewritten indexer's inputs instead of optimising (plan calibration, "
                            "compiler.plan.capture)")

@@ -5,7 +5,8 @@ indices) for every input. Per query:
 
 1. Preconditions; a query that fails one is answered by dense scoring over all its visible keys
    and counted under the first failing reason, in this order: "nonfinite" (a non-finite value
-   in q, w, a visible key or a visible bias), "numeric_range" (``rounding.range_is_safe``),
+   in q, w, a visible key or a visible bias, or a visible key whose FP8 scale is not finite and
+   positive), "numeric_range" (``rounding.range_is_safe``),
    "topk_ge_visible" (at most kk visible keys), "dense_cheaper" (path="dense": the caller chose
    dense scoring; ``compiler.path_choice`` decides which path a call takes).
 2. Every ``anchor_stride``-th query is an anchor: dense, exact already.
@@ -15,6 +16,8 @@ indices) for every input. Per query:
    sample of keys (``seeds.sample_rank``), which may exceed tau_K.
 4. Certificate (``runtime.certificate``): U_num(k) >= the float32 score s^(k); the comparison value
    c(k) = round_up_to_float32(next_up(U_num + bias)) >= fl32(s^ + bias) (``runtime.rounding``).
+   FP8 inputs (``key_scale``, SPEC A.10): the certificate bounds the unscaled sum and U_num is
+   replaced by ``rounding.scaled_bound_up(U_num, scale)`` >= the scaled score before the bias.
 5. Screen: survivors V = {visible non-seed keys with c(k) >= tau}; pruned keys have score < tau.
 6. Refine: THE SCORER on V (bitwise the dense values); second sieve C = {k in V : score >= tau}.
 7. Final: THE ORDER over seeds U C, when at least kk keys of seeds U C score >= tau; otherwise
@@ -50,11 +53,12 @@ from runtime.dense_scorer import (
     exact_scores,
     head_dots,
     masked_scores,
+    scaled_scores,
     select_topk,
     weighted_relu_sum,
 )
 from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
-from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32
+from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32, scaled_bound_up
 from runtime.seeds import (SAMPLE_SIGMAS, SOFT_HIDDEN_BIAS, anchor_rows, sample_keys, sample_rank,
                            sample_size, seed_mask)
 
@@ -197,6 +201,8 @@ def _route(inputs: IndexerInputs, config: CertifiedTopkConfig,
     B, S = inputs.q.shape[:2]
     q, w, k, visible = inputs.q, inputs.weights, inputs.k, inputs.visible
     key_finite = torch.isfinite(k).all(-1)
+    if inputs.key_scale is not None:  # the scale step is monotone only for finite positive scales
+        key_finite &= torch.isfinite(inputs.key_scale) & (inputs.key_scale > 0)
     nonfinite = ~(torch.isfinite(q).all(-1).all(-1) & torch.isfinite(w).all(-1))
     nonfinite |= (visible & ~key_finite[:, None, :]).any(-1)
     if inputs.bias is not None:
@@ -256,18 +262,19 @@ def certified_topk(
     topk: int,
     mask: torch.Tensor | None = None,
     *,
+    key_scale: torch.Tensor | None = None,
     config: CertifiedTopkConfig | None = None,
     stats: TopkStats | None = None,
     shared_bound: SharedBound | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-K of the DSA indexer scores, identical to ``dense_topk`` (module docstring).
 
-    Inputs as in ``check_indexer_inputs``. Returns (values [B,S,kk] float32, indices [B,S,kk]
-    int64), kk = min(topk, T). ``stats`` (optional) accumulates counters without host sync.
-    ``shared_bound`` (optional) is called at most once (not when no query is certified); with it,
-    rows may be short (module docstring, "Shared bound").
+    Inputs as in ``check_indexer_inputs`` (``key_scale``: FP8 inputs, SPEC A.10). Returns (values
+    [B,S,kk] float32, indices [B,S,kk] int64), kk = min(topk, T). ``stats`` (optional) accumulates
+    counters without host sync. ``shared_bound`` (optional) is called at most once (not when no
+    query is certified); with it, rows may be short (module docstring, "Shared bound").
     """
-    inputs = check_indexer_inputs(q, k, weights, topk, mask)
+    inputs = check_indexer_inputs(q, k, weights, topk, mask, key_scale)
     if config is None:
         config = CertifiedTopkConfig()
     if not isinstance(config, CertifiedTopkConfig):
@@ -312,7 +319,8 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices, shared
     seed_idx, seed_valid = _compact(seeds)
     seed_keys = seed_idx.clamp_max(T - 1)
     seed_dots = head_dots(q, inputs.k[cb[:, None], seed_keys])
-    seed_scores = _with_bias(inputs, weighted_relu_sum(w, seed_dots), cb, cs, seed_keys)
+    seed_scores = scaled_scores(inputs, weighted_relu_sum(w, seed_dots), cb, seed_keys)
+    seed_scores = _with_bias(inputs, seed_scores, cb, cs, seed_keys)
     seed_scores = torch.where(seed_valid, seed_scores, float("-inf"))
     proven = seed_scores.topk(kk, dim=-1).values[:, -1]  # <= tau_K: b of the module docstring
     if shared_bound is not None:
@@ -331,6 +339,8 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices, shared
     for start in range(0, T, chunk):
         keys = slice(start, start + chunk)
         bound = evaluate_bound(plan, inputs.k[cb, keys], key_norm[cb, keys])
+        if inputs.key_scale is not None:
+            bound = scaled_bound_up(bound, inputs.key_scale[cb, keys])
         if inputs.bias is not None:
             bound = next_up(bound + inputs.bias[cb, cs, keys].to(torch.float64))
         passes.append(~(round_up_to_float32(bound) < tau[:, None]))  # prune only on strict <
@@ -359,7 +369,7 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices, shared
     surv_idx, surv_valid = _compact(survive[ok])
     surv_keys = surv_idx.clamp_max(T - 1)
     surv_scores = exact_scores(q[ok], w[ok], inputs.k[ob[:, None], surv_keys])
-    surv_scores = _with_bias(inputs, surv_scores, ob, os_, surv_keys)
+    surv_scores = _with_bias(inputs, scaled_scores(inputs, surv_scores, ob, surv_keys), ob, os_, surv_keys)
     written = surv_valid & (surv_scores >= tau_ok[:, None])
     reached = written.sum(-1) + (seed_scores[ok] >= tau_ok[:, None]).sum(-1)
     missed = (reached < kk) & (tau_ok > proven[ok])
@@ -405,7 +415,8 @@ def _own_threshold(inputs, config, cb, cs, visible, q, w) -> torch.Tensor:
     for start in range(0, cb.numel(), step):
         rows = slice(start, start + step)
         b, s, kr = cb[rows], cs[rows], keys[rows]
-        scores = _with_bias(inputs, exact_scores(q[rows], w[rows], inputs.k[b[:, None], kr]), b, s, kr)
+        scores = scaled_scores(inputs, exact_scores(q[rows], w[rows], inputs.k[b[:, None], kr]), b, kr)
+        scores = _with_bias(inputs, scores, b, s, kr)
         scores = torch.where(visible[rows].gather(1, kr), scores, float("-inf"))
         kth = scores.topk(rank, dim=-1).values[:, -1]
         theta[rows] = torch.where(torch.isfinite(kth), kth, float("-inf"))

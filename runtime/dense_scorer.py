@@ -7,7 +7,11 @@ so a key's value is bitwise identical whichever path computed it):
                          starting from x = 0 (each product and each sum rounded to float32,
                          no fused multiply-add, no blocking that depends on the tensor layout)
     s   = sum_h w_h * relu(x_h)   float32, s <- s + w_h * relu(x_h) for h = 0, ..., H-1 from 0
+    s   = s * a          float32 multiply, FP8 inputs only (SPEC A.10): a = the key's scale
     score = s + bias     float32 add, only when an additive mask is given; hidden keys: -inf
+
+On FP8 inputs (E4M3 q and k, weights with the query scales folded in, one scale per key) each
+product q[d] * k[d] is exact in float32; the sums round as above. That is the FP8 scorer.
 
 Every step is an elementwise IEEE operation, so the value of one (query, key) pair does not
 depend on which other keys or queries are scored together, on chunking, or on broadcasting.
@@ -27,6 +31,7 @@ __all__ = [
     "head_dots",
     "weighted_relu_sum",
     "exact_scores",
+    "scaled_scores",
     "masked_scores",
     "select_topk",
     "dense_topk",
@@ -82,18 +87,29 @@ def exact_scores(q: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> torch.Ten
     return torch.cat(parts, dim=-1)
 
 
+def scaled_scores(inputs: IndexerInputs, scores: torch.Tensor, b_idx: torch.Tensor,
+                  key_idx: torch.Tensor) -> torch.Tensor:
+    """THE SCORER's scale step: ``scores`` [N,L] times the scale of key ``key_idx`` [N,L] (or [1,L])
+    of batch row ``b_idx`` [N] (float32 multiply); unchanged without FP8 inputs."""
+    if inputs.key_scale is None:
+        return scores
+    return scores * inputs.key_scale[b_idx[:, None], key_idx]
+
+
 def masked_scores(
     inputs: IndexerInputs,
     b_idx: torch.Tensor | None = None,
     s_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Scores of every key for some query rows: scorer + bias at visible keys, -inf at hidden.
+    """Scores of every key for some query rows: scorer (+ scale) + bias at visible keys, -inf at hidden.
 
     Without indices: all rows, [B,S,T]. With b_idx, s_idx (int64 [n]): those rows, [n,T].
     """
     B, S, T, H, D = inputs.shape
     if b_idx is None:
         scores = exact_scores(inputs.q, inputs.weights, inputs.k[:, None])
+        if inputs.key_scale is not None:
+            scores = scores * inputs.key_scale[:, None, :]
         visible = inputs.visible
         bias = inputs.bias
     else:
@@ -108,6 +124,7 @@ def masked_scores(
             for i in range(0, n, step)
         ]
         scores = torch.cat(parts, dim=0) if parts else inputs.q.new_zeros((0, T))
+        scores = scaled_scores(inputs, scores, b_idx, torch.arange(T, device=scores.device)[None])
         visible = inputs.visible[b_idx, s_idx]
         bias = None if inputs.bias is None else inputs.bias[b_idx, s_idx]
     if bias is not None:
@@ -137,11 +154,12 @@ def dense_topk(
     weights: torch.Tensor,
     topk: int,
     mask: torch.Tensor | None = None,
+    key_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense reference: score every key with THE SCORER, select with THE ORDER.
 
-    Inputs as in ``check_indexer_inputs``. Returns (values [B,S,kk] float32, indices [B,S,kk]
-    int64), kk = min(topk, T).
+    Inputs as in ``check_indexer_inputs`` (``key_scale``: FP8 inputs). Returns (values [B,S,kk]
+    float32, indices [B,S,kk] int64), kk = min(topk, T).
     """
-    inputs = check_indexer_inputs(q, k, weights, topk, mask)
+    inputs = check_indexer_inputs(q, k, weights, topk, mask, key_scale)
     return select_topk(masked_scores(inputs), inputs.visible, inputs.kk)

@@ -53,6 +53,13 @@ U_num = next_up(fl(U^ + margin)) >= U^ + margin (next_up of a nearest-rounded va
 below the exact value), hence s^ <= U_num, and the fp32 comparison value is
 round_up_to_float32(next_up(fl(U_num + b))).
 
+5. The FP8 scorer (SPEC A.10): E4M3 inputs embed exactly in float32, so items 1-4 hold verbatim
+   for s^ = THE SCORER on (q8, w', k8); its score is fl32(s^ a) with the key's scale a > 0
+   (finite). Rounding to nearest is monotone and a > 0, so s^ <= U_num gives
+   fl32(s^ a) <= Y = round_up_to_float32(next_up(fl64(U_num a))) (Y >= U_num a >= s^ a, and the
+   nearest float32 to s^ a is at most the smallest float32 above it): ``scaled_bound_up``. No
+   margin term is added for the scale, and Y takes the place of U_num before the bias.
+
 The margin is relative to the absolute masses, never to |U| (exact-slack keys have U = s). At
 D = 128, H = 64 its leading term is gamma_195(u32) = 1.2e-5 times M_s ||k||; SPEC A.8 measured
 the float32 scorer error at up to 1.6e-7 M_s ||k|| and found that a margin of ~200x that
@@ -70,6 +77,7 @@ __all__ = [
     "next_up",
     "round_up_to_float32",
     "key_norm_up",
+    "scaled_bound_up",
     "margin_coefficients",
     "range_is_safe",
 ]
@@ -107,6 +115,13 @@ def key_norm_up(k: torch.Tensor) -> torch.Tensor:
     k64 = k.to(torch.float64)
     norm = torch.sqrt((k64 * k64).sum(-1))
     return next_up(norm * (1.0 + 2.0 * gamma(D + 2, U64)))
+
+
+def scaled_bound_up(bound: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Y = round_up_to_float32(next_up(bound * scale)) as float64 (item 5): a float32 value at least
+    fl32(s^ * scale) for every float32 s^ <= ``bound`` (float64) when ``scale`` (float32, broadcast)
+    is finite and positive."""
+    return round_up_to_float32(next_up(bound * scale.to(torch.float64))).to(torch.float64)
 
 
 def margin_coefficients(

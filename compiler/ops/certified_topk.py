@@ -2,7 +2,8 @@
 
 Schema (:data:`SCHEMA`, written once; ``pulsar_dosa::capture_topk`` shares it):
 ``certified_topk(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="",
-SymInt r=-1, SymInt min_keys=-1, str path="auto", bool record_stats=True) -> (Tensor, Tensor)``
+SymInt r=-1, SymInt min_keys=-1, str path="auto", bool record_stats=True, str precision="bf16",
+Tensor? k_scale=None) -> (Tensor, Tensor)``
 
 q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or [B,S,T]
 (bool: True = visible; or additive float, -inf = hidden), all on one device. ``topk`` is a
@@ -15,6 +16,14 @@ order). ``layer`` is the module path the statistics and the runtime guard are fi
 ``r`` = -1 takes the runtime's per-query rule; ``path`` ("auto", "dense" or "certified") and
 ``min_keys`` (the crossover key length under "auto"; -1: the cost model's) are resolved per call by
 ``compiler.path_choice.call_path``.
+
+``precision`` (``runtime.fp8_quant.PRECISIONS``): "bf16" scores the inputs as given; "fp8" and
+"fp8_unrotated" quantise q and k to E4M3 as DeepSeek-V3.2 does (``runtime.fp8_quant``; "fp8" with
+the Hadamard rotation, both need D a power of two) and return exactly the dense top-K of the FP8
+scorer on the quantised inputs (SPEC A.10: ``dense_topk(q8, k8, w', topk, mask, key_scale)``),
+certified path included. ``k_scale`` [B,T] fp32 (fp8 precisions only): k is then already quantised
+(float8_e4m3fn, e.g. an FP8 indexer key cache, ``runtime.fp8_key_cache``) with these scales, by the
+same precision; only q is quantised.
 
 Every kernel starts with the same checks (:func:`check_call`: devices, types, ranks, shapes,
 dtypes, the scalar arguments; a clear error naming the argument) and answers empty inputs
@@ -35,10 +44,12 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from compiler.lowering.stats import TOPK_STATS
 from compiler.path_choice import call_path, check_choice
 from runtime.certified_topk import CertifiedTopkConfig, certified_topk as reference_certified_topk
+from runtime.fp8_quant import check_precision, quantize_keys, quantize_queries, rotates
 from runtime.indexer_inputs import checked_kk
 
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
-          'SymInt r=-1, SymInt min_keys=-1, str path="auto", bool record_stats=True) -> (Tensor, Tensor)')
+          'SymInt r=-1, SymInt min_keys=-1, str path="auto", bool record_stats=True, str precision="bf16", '
+          'Tensor? k_scale=None) -> (Tensor, Tensor)')
 """The schema of ``certified_topk`` and of every op that stands in for it (``capture_topk``)."""
 _ARGUMENTS = torch._C.parse_schema("pulsar_dosa::certified_topk" + SCHEMA).arguments
 
@@ -75,7 +86,7 @@ def check_devices(a: dict[str, Any]) -> None:
     q = a["q"]
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q: expected a torch.Tensor [B,S,H,D], got {type(q).__name__}")
-    for name in ("k", "weights", "mask"):
+    for name in ("k", "weights", "mask", "k_scale"):
         x = a[name]
         if isinstance(x, torch.Tensor) and x.device != q.device:
             raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
@@ -95,10 +106,28 @@ def check_call(a: dict[str, Any]) -> int:
     check_devices(a)
     check_topk_type(a["topk"])
     check_choice("path", a["path"])
+    precision = check_precision("precision", a["precision"])
     for name in ("r", "min_keys"):
         if a[name] < -1:
             raise ValueError(f"{name}: expected -1 (default) or a non-negative int, got {a[name]}")
-    return checked_kk(a["q"], a["k"], a["weights"], a["topk"], a["mask"])
+    q, k, k_scale = a["q"], a["k"], a["k_scale"]
+    if precision != "bf16" and isinstance(q, torch.Tensor) and q.dim() == 4 and rotates(precision):
+        D = q.shape[3]
+        if D < 1 or D & (D - 1):
+            raise ValueError(f"q: precision {precision!r} rotates q and k by a Hadamard transform, which needs a "
+                             f"head dimension D that is a power of two, got D={D}")
+    if k_scale is None:
+        return checked_kk(q, k, a["weights"], a["topk"], a["mask"])
+    if precision == "bf16":
+        raise ValueError("k_scale: pre-quantised keys are scored by an fp8 precision, got precision='bf16'")
+    if not isinstance(k, torch.Tensor) or k.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"k: expected float8_e4m3fn keys [B,T,D] with k_scale, got {getattr(k, 'dtype', type(k))}")
+    if not isinstance(k_scale, torch.Tensor) or k_scale.dtype != torch.float32 or k_scale.shape != k.shape[:2]:
+        raise ValueError(f"k_scale: expected float32 [B,T] = {tuple(k.shape[:2])} (k's), got "
+                         f"{getattr(k_scale, 'dtype', type(k_scale).__name__)} {tuple(getattr(k_scale, 'shape', ()))}")
+    keys = torch.empty(k.shape, dtype=torch.float32, device="meta")  # the keys k stands for
+    meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in (q, a["weights"], a["mask"])]
+    return checked_kk(meta[0], keys, meta[1], a["topk"], meta[2])
 
 
 Kernel = Callable[[dict[str, Any], int, CertifiedTopkConfig, Any], tuple[torch.Tensor, torch.Tensor]]
@@ -124,14 +153,31 @@ def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch
         return kernel(a, kk, config, call_stats)
 
 
+def scored_operands(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q, k, weights, k_scale) that the scorer reads: the call's own for "bf16" (k_scale None); for
+    an fp8 precision the E4M3 quantisation of ``runtime.fp8_quant`` (q8, k8 or the given FP8 keys,
+    w' with the query scales folded in, the key scales)."""
+    precision = a["precision"]
+    if precision == "bf16":
+        return a["q"], a["k"], a["weights"], None
+    q8, w8 = quantize_queries(a["q"], a["weights"], precision)
+    k8, k_scale = quantize_keys(a["k"], precision) if a["k_scale"] is None else (a["k"], a["k_scale"])
+    return q8, k8, w8, k_scale
+
+
 def _reference_kernel(a, kk, config, stats):
-    return reference_certified_topk(a["q"], a["k"], a["weights"], a["topk"], a["mask"], config=config, stats=stats)
+    q, k, w, k_scale = scored_operands(a)
+    return reference_certified_topk(q, k, w, a["topk"], a["mask"], key_scale=k_scale, config=config, stats=stats)
 
 
 def _cuda_kernel(a, kk, config, stats):
     from compiler.lowering.certified_topk_triton import checked_certified_topk_cuda
+    from compiler.lowering.dsa_score_triton import check_fp8_head_dim
 
-    return checked_certified_topk_cuda(a["q"], a["k"], a["weights"], kk, a["mask"], config=config, stats=stats)
+    if a["precision"] != "bf16":
+        check_fp8_head_dim(a["q"].shape[3])
+    q, k, w, k_scale = scored_operands(a)
+    return checked_certified_topk_cuda(q, k, w, kk, a["mask"], k_scale=k_scale, config=config, stats=stats)
 
 
 def _default(*args, **kwargs):

@@ -544,9 +544,10 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
             sizes = [insert_call(graph, "call_method", "size", (node, dim), like=anchor)
                      for node, dim in ((q, 0), (q, 1), (k, 1))]
             mask = insert_call(graph, "call_method", "expand", (mask, *sizes), like=anchor)
+        precision = {} if options.indexer_precision == "bf16" else {"precision": options.indexer_precision}
         op = insert_call(graph, "call_function", _indexer_op(options), (q, k, w, match.topk, mask),
-                         {"layer": match.module, **settings.op_kwargs(), "record_stats": options.record_stats},
-                         like=anchor)
+                         {"layer": match.module, **settings.op_kwargs(), "record_stats": options.record_stats,
+                          **precision}, like=anchor)
     return op
 
 
@@ -567,6 +568,8 @@ class IndexerPass(PatternPass):
     def settings(self, ctx, match):
         q_shape, device_type = _fixed_shape(match.q), value(match.q.node).device.type
         settings = indexer_settings(ctx.options, match.module, q_shape, value(match.topk), device_type)
+        if ctx.options.indexer_precision != "bf16":  # the stock subgraph would score in the model's precision
+            return settings
         threshold = stock_threshold(ctx.options, KIND, device_type, ctx.cuda_graphs)
         why = keeps_stock(threshold, q_shape[0] * q_shape[1] * _fixed_shape(match.k)[1] * q_shape[2])
         if why is not None:
@@ -581,4 +584,5 @@ class IndexerPass(PatternPass):
         shapes = {"q": q.shape, "k": k.shape, "weights": w.shape}
         if op.args[4] is not None:
             shapes["mask"] = value(op.args[4]).shape
-        return dict(variant=match.variant, shapes=shapes, topk=str(value(match.topk)), **settings.report_fields())
+        return dict(variant=match.variant, shapes=shapes, topk=str(value(match.topk)),
+                    precision=op.kwargs.get("precision", "bf16"), **settings.report_fields())

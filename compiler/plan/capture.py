@@ -2,8 +2,9 @@
 
 With the option ``capture=True`` the DSA indexer pass puts ``torch.ops.pulsar_dosa.capture_topk``
 where it would put ``certified_topk`` (same schema). That op records its inputs into the recorder of
-the enclosing ``capturing()`` block and answers with ``runtime.dense_scorer.dense_topk``, so the model
-computes exactly what it computes uncompiled. Layers are therefore found and named by the same
+the enclosing ``capturing()`` block and answers with ``runtime.dense_scorer.dense_topk`` (of the call's
+precision: the FP8 scorer's inputs for an fp8 one), so the model computes exactly what it computes
+uncompiled (compiled, for an fp8 precision). Layers are therefore found and named by the same
 pattern matching and module paths as a normal compile: no model-specific hooks.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from compiler.ops.certified_topk import SCHEMA, fake_certified_topk, op_arguments
+from compiler.ops.certified_topk import SCHEMA, fake_certified_topk, op_arguments, scored_operands
 from runtime.dense_scorer import dense_topk
 
 
@@ -56,13 +57,15 @@ def capturing() -> Iterator[CaptureRecorder]:
 
 
 def _capture_topk(*args, **kwargs):
-    """Record the inputs under ``layer`` and return ``dense_topk`` (values float32, indices int64)."""
+    """Record the inputs under ``layer`` and return ``dense_topk`` of the scored operands (values
+    float32, indices int64)."""
     a = op_arguments(args, kwargs)
     if not _ACTIVE:
         raise RuntimeError("pulsar_dosa.capture_topk ran outside compiler.plan.capture.capturing(): "
                            "compile with capture=True only to calibrate plans")
     _ACTIVE[-1].record(a["layer"], a["q"], a["k"], a["weights"], a["topk"], a["mask"])
-    return dense_topk(a["q"], a["k"], a["weights"], a["topk"], a["mask"])
+    q, k, w, k_scale = scored_operands(a)
+    return dense_topk(q, k, w, a["topk"], a["mask"], k_scale)
 
 
 capture_topk = torch.library.custom_op("pulsar_dosa::capture_topk", _capture_topk, mutates_args=(),
