@@ -1,0 +1,109 @@
+"""The FP8 scorer's rounding margins (SPEC A.10): the CPU scale step (``rounding.scaled_bound_up``) on
+adversarial values, and the GPU bound ``fp8_dot_error`` against an emulation of the FP8 tensor-core
+model it assumes (aligned truncation to FP8_MMA_BITS fraction bits, steps of at least FP8_MMA_STEP
+products, promotion to fp32 every FP8_PROMOTE products): sound on worst-case sums, not vacuous, and
+broken without the promotion, which is why the scorer asks for it."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from compiler.lowering.certified_topk_triton import FP8_MMA_BITS, FP8_MMA_STEP, fp8_dot_error
+from compiler.lowering.dsa_score_triton import FP8_PROMOTE
+from runtime.rounding import next_up, scaled_bound_up
+
+
+def test_scaled_bound_up_is_a_float32_above_the_scaled_score_on_adversarial_values():
+    g = torch.Generator().manual_seed(0)
+    n = 200_000
+    s = (torch.randn(n, generator=g) * 2.0 ** torch.randint(-140, 120, (n,), generator=g)).float()
+    s[:1000] = 0.0
+    a = (torch.rand(n, generator=g) + 0.5) * 2.0 ** torch.randint(-149, 127, (n,), generator=g).float()
+    a = a.float().clamp_min(2.0**-149)
+    s64 = s.double()
+    for bound in (s64, next_up(s64), s64 + s64.abs() * 2.0**-40):
+        y = scaled_bound_up(bound, a)
+        assert y.dtype == torch.float64 and torch.equal(y.float().double(), y)
+        assert bool(((s * a).double() <= y).all())  # fl32(s a) <= Y, overflow to +inf included
+
+
+def emulated_fp8_dot(products: list[float], promote: int, step: int, bits: int) -> float:
+    """The FP8 tensor-core model of SPEC A.10 on exact products (float64 holds them exactly): every
+    ``promote`` products summed from zero in steps of ``step`` products (and the running sum after
+    the first), each term truncated toward zero to a multiple of 2^(E - bits), E the exponent of
+    the step's largest term, and each step's sum to ``bits`` fraction bits; the interval results go
+    to float32 and are added in float32."""
+    def exponent(v):
+        return math.frexp(abs(v))[1] - 1
+
+    def truncated(v, e):
+        unit = 2.0 ** (e - bits)
+        return math.trunc(v / unit) * unit
+
+    total = np.float32(0.0)
+    for lo in range(0, len(products), promote):
+        running = None
+        for i in range(lo, min(lo + promote, len(products)), step):
+            terms = products[i:min(i + step, lo + promote)] + ([] if running is None else [running])
+            nonzero = [t for t in terms if t != 0.0]
+            e = max(exponent(t) for t in nonzero) if nonzero else 0
+            summed = sum(truncated(t, e) for t in terms)
+            running = truncated(summed, exponent(summed)) if summed else 0.0
+        total = np.float32(total + np.float32(running))
+    return float(total)
+
+
+def e4m3(values):
+    return torch.as_tensor(values, dtype=torch.float32).to(torch.float8_e4m3fn).double()
+
+
+def worst_cases(D: int):
+    """(q, k) pairs whose modelled sums drop the most: one large product per promotion interval and
+    products just below the truncation unit after it; cancelling halves; random rows."""
+    g = torch.Generator().manual_seed(1)
+    cases = []
+    big, small = 448.0, 3.75  # 448^2 has exponent 17; 4 * 3.75 = 15 sits just below 2^(17-13)
+    q = e4m3([big if d % FP8_PROMOTE == 0 else 4.0 for d in range(D)])
+    k = e4m3([big if d % FP8_PROMOTE == 0 else small for d in range(D)])
+    cases.append((q, k))
+    cases.append((q, k * torch.where(torch.arange(D) % 2 == 0, 1.0, -1.0).double()))
+    for _ in range(20):
+        scale = 2.0 ** torch.randint(-6, 7, (2, D), generator=g)
+        cases.append((e4m3(torch.randn(D, generator=g) * scale[0]), e4m3(torch.randn(D, generator=g) * scale[1])))
+    return cases
+
+
+@pytest.mark.parametrize("D", [32, 128])
+def test_fp8_dot_error_bounds_the_modelled_tensor_core_sums(D):
+    phi = fp8_dot_error(D)
+    worst = 0.0
+    for q, k in worst_cases(D):
+        products = (q * k).tolist()
+        exact = sum(products)  # multiples of 2^-18 below 2^26: exact in float64
+        mass = sum(abs(p) for p in products)
+        for step in (FP8_MMA_STEP, 8, 16, FP8_PROMOTE):
+            err = abs(emulated_fp8_dot(products, FP8_PROMOTE, step, FP8_MMA_BITS) - exact)
+            assert err <= phi * mass
+            worst = max(worst, err / (phi * mass))
+    assert worst > 0.3  # the worst case comes within a small factor: the bound is not vacuous
+
+
+def test_without_promotion_the_running_sum_swamps_later_products_beyond_the_bound():
+    """One interval of large products, then products just below the running sum's truncation unit:
+    with promotion each later interval is summed from zero (exactly); without it they are dropped."""
+    D = 128
+    q = e4m3([448.0] * FP8_PROMOTE + [32.0] * (D - FP8_PROMOTE))
+    k = e4m3([448.0] * FP8_PROMOTE + [15.0] * (D - FP8_PROMOTE))  # 480 < 2^(22 - 13)
+    products = (q * k).tolist()
+    exact, mass = sum(products), sum(abs(p) for p in products)
+    promoted = emulated_fp8_dot(products, FP8_PROMOTE, FP8_MMA_STEP, FP8_MMA_BITS)
+    unpromoted = emulated_fp8_dot(products, D, FP8_MMA_STEP, FP8_MMA_BITS)
+    assert abs(promoted - exact) <= fp8_dot_error(D) * mass
+    assert abs(unpromoted - exact) > fp8_dot_error(D) * mass
+
+
+def test_the_fp8_factor_at_deepseek_v32_sizes():
+    """D = 128: 47 truncations per interval of 32 products at 2^-13, about 190x the bf16 factor."""
+    assert fp8_dot_error(128) == pytest.approx(47 * 2.0**-13, rel=2e-2)
+    assert FP8_PROMOTE == 32 and FP8_MMA_BITS == 13 and FP8_MMA_STEP == 4
