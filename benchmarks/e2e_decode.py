@@ -30,8 +30,10 @@ default-mode torch.compile, no CUDA graphs).
   stock subgraph, ``compiler.path_choice.keeps_stock``; the sparse attention of an MLA layer at
   decode takes the absorbed form, which reads the latent cache instead of expanding it),
   ``pulsar_dosa_every_call`` (option ``stock_below=0``: the op on every indexer call, to time what
-  the default declines) and ``pulsar_dosa_union`` (option ``sparse_form="union"``: the sparse
-  attention on the expanded keys and values).
+  the default declines), ``pulsar_dosa_union`` (option ``sparse_form="union"``: the sparse
+  attention on the expanded keys and values) and ``pulsar_dosa_fp8`` (option
+  ``indexer_precision="fp8"``: every indexer call quantises q and the model's bf16 indexer key cache
+  to E4M3 and scores in FP8; the transformers model keeps no FP8 key cache, SPEC A.10).
 * ``attention_forms``: the forms of the sparse-attention rewrites in the method's decode graphs.
 * ``indexer_rewrites``: the indexer modules whose subgraph the backend replaced in the method's
   decode graphs so far (0 for stock).
@@ -224,7 +226,7 @@ def main(argv=None) -> int:
     p.add_argument("--shape", default="small", choices=list(SHAPES), help="model sizes (module docstring)")
     p.add_argument("--models", nargs="+", default=[SHAPES["small"]["models"][0]], choices=SHAPES["small"]["models"])
     p.add_argument("--methods", nargs="+", default=None,
-                   choices=["stock", "pulsar_dosa", "pulsar_dosa_every_call", "pulsar_dosa_union"],
+                   choices=["stock", "pulsar_dosa", "pulsar_dosa_every_call", "pulsar_dosa_union", "pulsar_dosa_fp8"],
                    help="pulsar_dosa_every_call: the op on every indexer call (option stock_below=0); "
                         "pulsar_dosa_union: option sparse_form='union'. Default: stock and pulsar_dosa (small), "
                         "and pulsar_dosa_union (v32)")

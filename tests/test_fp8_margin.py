@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.fp8_dot_check import adversarial_pairs
 from compiler.lowering.certified_topk_triton import FP8_MMA_BITS, FP8_MMA_STEP, fp8_dot_error
 from compiler.lowering.dsa_score_triton import FP8_PROMOTE
 from runtime.rounding import next_up, scaled_bound_up
@@ -54,38 +55,19 @@ def emulated_fp8_dot(products: list[float], promote: int, step: int, bits: int) 
     return float(total)
 
 
-def e4m3(values):
-    return torch.as_tensor(values, dtype=torch.float32).to(torch.float8_e4m3fn).double()
-
-
-def worst_cases(D: int):
-    """(q, k) pairs whose modelled sums drop the most: one large product per promotion interval and
-    products just below the truncation unit after it; cancelling halves; random rows."""
-    g = torch.Generator().manual_seed(1)
-    cases = []
-    big, small = 448.0, 3.75  # 448^2 has exponent 17; 4 * 3.75 = 15 sits just below 2^(17-13)
-    q = e4m3([big if d % FP8_PROMOTE == 0 else 4.0 for d in range(D)])
-    k = e4m3([big if d % FP8_PROMOTE == 0 else small for d in range(D)])
-    cases.append((q, k))
-    cases.append((q, k * torch.where(torch.arange(D) % 2 == 0, 1.0, -1.0).double()))
-    for _ in range(20):
-        scale = 2.0 ** torch.randint(-6, 7, (2, D), generator=g)
-        cases.append((e4m3(torch.randn(D, generator=g) * scale[0]), e4m3(torch.randn(D, generator=g) * scale[1])))
-    return cases
-
-
 @pytest.mark.parametrize("D", [32, 128])
 def test_fp8_dot_error_bounds_the_modelled_tensor_core_sums(D):
     phi = fp8_dot_error(D)
     worst = 0.0
-    for q, k in worst_cases(D):
-        products = (q * k).tolist()
-        exact = sum(products)  # multiples of 2^-18 below 2^26: exact in float64
-        mass = sum(abs(p) for p in products)
-        for step in (FP8_MMA_STEP, 8, 16, FP8_PROMOTE):
-            err = abs(emulated_fp8_dot(products, FP8_PROMOTE, step, FP8_MMA_BITS) - exact)
-            assert err <= phi * mass
-            worst = max(worst, err / (phi * mass))
+    for q8, k8 in adversarial_pairs(D, random_pairs=16).values():
+        for q, k in zip(q8.double(), k8.double()):
+            products = (q * k).tolist()
+            exact = sum(products)  # multiples of 2^-18 below 2^26: exact in float64
+            mass = sum(abs(p) for p in products)
+            for step in (FP8_MMA_STEP, 8, 16, FP8_PROMOTE):
+                err = abs(emulated_fp8_dot(products, FP8_PROMOTE, step, FP8_MMA_BITS) - exact)
+                assert err <= phi * mass
+                worst = max(worst, err / (phi * mass))
     assert worst > 0.3  # the worst case comes within a small factor: the bound is not vacuous
 
 
@@ -93,8 +75,7 @@ def test_without_promotion_the_running_sum_swamps_later_products_beyond_the_boun
     """One interval of large products, then products just below the running sum's truncation unit:
     with promotion each later interval is summed from zero (exactly); without it they are dropped."""
     D = 128
-    q = e4m3([448.0] * FP8_PROMOTE + [32.0] * (D - FP8_PROMOTE))
-    k = e4m3([448.0] * FP8_PROMOTE + [15.0] * (D - FP8_PROMOTE))  # 480 < 2^(22 - 13)
+    q, k = (x[0].double() for x in adversarial_pairs(D)["unpromoted_tail"])
     products = (q * k).tolist()
     exact, mass = sum(products), sum(abs(p) for p in products)
     promoted = emulated_fp8_dot(products, FP8_PROMOTE, FP8_MMA_STEP, FP8_MMA_BITS)
