@@ -315,10 +315,13 @@ ALWAYS_STOCK = math.inf
 
 def stock_threshold(options, kind: str, device_type: str, cuda_graphs: bool) -> float:
     """The product count below which pass family ``kind`` keeps the stock subgraph (``options``:
-    the backend's CompileOptions): its ``stock_below`` when given; else 0 when the compile asks for
-    the indexer op itself (a forced ``certified`` path, or ``capture``, which records every call);
-    else ``STOCK_BELOW`` of the device type (``ALWAYS_STOCK`` where none is listed), 0 for a listed
-    one under CUDA graphs (the host cost is then paid once, at capture)."""
+    the backend's CompileOptions): 0 for the indexer with an fp8 ``indexer_precision`` (the stock
+    subgraph would score in the model's precision); else its ``stock_below`` when given; else 0 when
+    the compile asks for the indexer op itself (a forced ``certified`` path, or ``capture``, which
+    records every call); else ``STOCK_BELOW`` of the device type (``ALWAYS_STOCK`` where none is
+    listed), 0 for a listed one under CUDA graphs (the host cost is then paid once, at capture)."""
+    if kind == "dsa_indexer" and options.indexer_precision != "bf16":
+        return 0
     if options.stock_below is not None:
         return options.stock_below
     if kind == "dsa_indexer" and (options.capture or options.certified != "auto"):

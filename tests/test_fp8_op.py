@@ -8,6 +8,7 @@ import torch
 import compiler
 from compiler.demo import build_model, indexers, tiny_config
 from compiler.options import CompileOptions
+from compiler.path_choice import stock_threshold
 from runtime.dense_scorer import dense_topk
 from runtime.fp8_key_cache import Fp8KeyCache
 from runtime.fp8_quant import quantize_indexer_inputs
@@ -79,11 +80,14 @@ def test_bad_fp8_arguments_are_clear_errors():
     assert_same(unrotated, fp8_reference(q[..., :24], k[..., :24], w, 4, None, "fp8_unrotated"))
 
 
-def test_the_option_validates_and_changes_the_uuid():
+def test_the_option_validates_changes_the_uuid_and_rewrites_every_indexer_call():
     assert CompileOptions().indexer_precision == "bf16"
-    assert CompileOptions.from_user({"indexer_precision": "fp8"}).uuid() != CompileOptions().uuid()
+    fp8 = CompileOptions.from_user({"indexer_precision": "fp8", "stock_below": 7})
+    assert fp8.uuid() != CompileOptions(stock_below=7).uuid()
     with pytest.raises(ValueError, match="option 'indexer_precision': expected one of"):
         CompileOptions.from_user({"indexer_precision": "e4m3"})
+    assert stock_threshold(fp8, "dsa_indexer", "cpu", cuda_graphs=False) == 0
+    assert stock_threshold(fp8, "sparse_attention", "cpu", cuda_graphs=False) == 7
 
 
 def test_compiled_model_scores_every_indexer_call_in_fp8():

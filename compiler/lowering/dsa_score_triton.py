@@ -14,6 +14,12 @@ Under ``TRITON_INTERPRET=1`` (the CPU tests) the same kernel computes the dot an
 ``compiler/lowering/tile_arith.py``'s sequential form instead (ascending d, then ascending h, every operation
 rounded to fp32): exactly runtime.dense_scorer's THE SCORER, on every CPU and in every tile.
 
+The FP8 scorer (SPEC A.10; ``k_scale`` given, q and k float8_e4m3fn, ``check_fp8``): the tile's
+``tl.dot`` multiplies E4M3 operands on the FP8 tensor cores, their partial sums promoted to fp32
+registers every FP8_PROMOTE products, and the head sum goes through ``scale_and_bias`` (times the
+key's scale, plus the bias: one fma); launched with ``FP8_SCORER_CONFIG``. Its interpreter form is
+runtime.dense_scorer's FP8 scorer bitwise (E4M3 products are exact in fp32).
+
 Each score is written as a 64-bit *order code* (`order_code` below): a monotone int32 code of the
 fp32 value in the high word (hidden keys lowest, NaN highest, -0.0 folded into +0.0) and
 ``T - 1 - key`` in the low word, so that a descending sort of codes is THE ORDER of the contract

@@ -7,6 +7,8 @@ that the upper bound of query s on key t is
     U[s, t] = sum_rho (alpha[s, rho] relu(x) + beta[s, rho] min(x, 0)) + e[s] nk[t] + c[s]
               (x = g[s, rho] . k[t]; then + the additive mask)
 
+(E4M3 keys, SPEC A.10: U in the units of the unscaled sum, the keys multiplied as bf16, then the
+scorer's own last step ``scale_and_bias``: times the key's scale, plus the mask)
 with ``nk[t] >= ||k[t]||`` (rounded up) and ``e[s]`` the norm coefficient *including* the rounding
 margin (certified_topk_triton.screen_margin) and ``c[s]`` its absolute part. The rows are loaded once and reused for every key
 tile; each key tile costs one ``tl.dot`` of ``[BLOCK_SS * RP, D] x [D, BLOCK_T]`` (under

@@ -568,8 +568,6 @@ class IndexerPass(PatternPass):
     def settings(self, ctx, match):
         q_shape, device_type = _fixed_shape(match.q), value(match.q.node).device.type
         settings = indexer_settings(ctx.options, match.module, q_shape, value(match.topk), device_type)
-        if ctx.options.indexer_precision != "bf16":  # the stock subgraph would score in the model's precision
-            return settings
         threshold = stock_threshold(ctx.options, KIND, device_type, ctx.cuda_graphs)
         why = keeps_stock(threshold, q_shape[0] * q_shape[1] * _fixed_shape(match.k)[1] * q_shape[2])
         if why is not None:
