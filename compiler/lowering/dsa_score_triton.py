@@ -18,7 +18,9 @@ The FP8 scorer (SPEC A.10; ``k_scale`` given, q and k float8_e4m3fn, ``check_fp8
 ``tl.dot`` multiplies E4M3 operands on the FP8 tensor cores, their partial sums promoted to fp32
 registers every FP8_PROMOTE products, and the head sum goes through ``scale_and_bias`` (times the
 key's scale, plus the bias: one fma); launched with ``FP8_SCORER_CONFIG``. Its interpreter form is
-runtime.dense_scorer's FP8 scorer bitwise (E4M3 products are exact in fp32).
+runtime.dense_scorer's FP8 scorer bitwise (E4M3 products are exact in fp32). With SEQUENTIAL off, the
+interpreter hands the E4M3 operands to ``tl.dot`` as they are (it multiplies them in float32 and
+ignores the promotion interval, a hardware matter).
 
 Each score is written as a 64-bit *order code* (`order_code` below): a monotone int32 code of the
 fp32 value in the high word (hidden keys lowest, NaN highest, -0.0 folded into +0.0) and
@@ -593,7 +595,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         0 if k_scale is None else k_scale.stride(0),
         ids.stride(0), ids.stride(1), counts.stride(0), msb, mss, mst, out.stride(0), out.stride(1),
         0 if rows is None else rows.stride(0),
-        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET,
+        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET and not fp8,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
         TF32=tf32_scores(q.dtype), FP8=fp8, TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=TRIM_BLOCK,
         **scorer_config(q.dtype).kwargs(),
@@ -644,7 +646,7 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
         0 if k_scale is None else k_scale.stride(0),
         msb, mss, mst, out.stride(0), out.stride(1), 0 if rows is None else rows.stride(0),
         0 if maxima is None else maxima.stride(0), 0 if maxima is None else maxima.stride(1),
-        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, TO_FP32=INTERPRET, ROWS=rows is not None,
+        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, TO_FP32=INTERPRET and not fp8, ROWS=rows is not None,
         SEQUENTIAL=SEQUENTIAL, TF32=tf32_scores(q.dtype), FP8=fp8, MAXIMA=maxima is not None, WORDS=words,
         **scorer_config(q.dtype).kwargs(),
     )
