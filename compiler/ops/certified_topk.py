@@ -19,7 +19,8 @@ order). ``layer`` is the module path the statistics and the runtime guard are fi
 
 ``precision`` (``runtime.fp8_quant.PRECISIONS``): "bf16" scores the inputs as given; "fp8" and
 "fp8_unrotated" quantise q and k to E4M3 as DeepSeek-V3.2 does (``runtime.fp8_quant``; "fp8" with
-the Hadamard rotation, both need D a power of two) and return exactly the dense top-K of the FP8
+the Hadamard rotation, which needs D a power of two; CUDA's FP8 scorer needs a power of two >= 32
+for both) and return exactly the dense top-K of the FP8
 scorer on the quantised inputs (SPEC A.10: ``dense_topk(q8, k8, w', topk, mask, key_scale)``),
 certified path included. ``k_scale`` [B,T] fp32 (fp8 precisions only): k is then already quantised
 (float8_e4m3fn, e.g. an FP8 indexer key cache, ``runtime.fp8_key_cache``) with these scales, by the
