@@ -119,6 +119,42 @@ def layer_report(layer: int, S: int, T: int, topk: int, rs: list[int], groups: l
             "certificate": rows, "groups": grouped}
 
 
+def render(result: dict, md: Path) -> None:
+    """A markdown table and a plot (``md`` with .png) of a result."""
+    lines = [f"# Certificate slack on the trained DSA measuring model (T={result['T']}, last {result['S']} queries)", "",
+             "Pruned share of screened keys per r at the seed threshold / at the oracle tau_K; 'groups m': all positive "
+             "heads exact, negative heads credited by m group terms, at tau_K. Medians over keys below tau_K "
+             "(score units): gap tau_K - s, bound excess U - s, negative mass, positive residual E||k||.", "",
+             "| layer | K | positive heads | seed gap | r: pruned at seed / oracle | groups m: pruned | "
+             "r=8: gap, excess, negative mass, residual |", "|---|---|---|---|---|---|---|"]
+    for row in result["layers"]:
+        cert = "; ".join(f"{c['r']}: {c['pruned_at_tau_seed']:.2f}/{c['pruned_at_tau_k']:.2f}" for c in row["certificate"])
+        groups = "; ".join(f"{g['m']}: {g['pruned_at_tau_k']:.2f}" for g in row["groups"])
+        r8 = next((c for c in row["certificate"] if c["r"] == 8), None)
+        slack = "-" if r8 is None else (f"{r8['median_gap']:.3g}, {r8['median_excess']:.3g}, "
+                                        f"{r8['median_negative_mass']:.3g}, {r8['median_positive_residual']:.3g}")
+        lines.append(f"| {row['layer']} | {row['topk']} | {row['positive_heads']:.2f} | {row['seed_gap']:.2f} | "
+                     f"{cert} | {groups} | {slack} |")
+    md.write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    for ax, topk in zip(axes, sorted({r["topk"] for r in result["layers"]}, reverse=True)):
+        for row in (r for r in result["layers"] if r["topk"] == topk):
+            rs = [c["r"] for c in row["certificate"]]
+            line, = ax.plot(rs, [c["pruned_at_tau_k"] for c in row["certificate"]], "o-", label=f"layer {row['layer']}")
+            ax.plot(rs, [c["pruned_at_tau_seed"] for c in row["certificate"]], "x:", color=line.get_color())
+        ax.set(xscale="log", xlabel="retained heads r", title=f"K={topk}: pruned at tau_K (o) and at tau_seed (x)",
+               ylim=(-0.02, 1.02))
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("share of screened keys pruned")
+    fig.tight_layout()
+    fig.savefig(md.with_suffix(".png"), dpi=110)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -130,7 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--groups", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", help="DSA checkpoint directory (default: the trained measuring model)")
+    parser.add_argument("--render", type=Path, help="only write the markdown (and .png) of an existing --out JSON here")
     args = parser.parse_args(argv)
+    if args.render is not None:
+        render(json.loads(args.out.read_text()), args.render)
+        return
     if not args.out.parent.is_dir():
         parser.error(f"--out: directory {args.out.parent} does not exist")
     if args.S > args.T or args.S < 1:
@@ -149,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
             args.out.write_text(json.dumps(result, indent=1))
     result["seconds"] = round(time.time() - t0, 1)
     args.out.write_text(json.dumps(result, indent=1))
+    render(result, args.out.with_suffix(".md"))
 
 
 if __name__ == "__main__":

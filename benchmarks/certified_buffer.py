@@ -8,7 +8,7 @@ chunk of S queries at the end of T keys, the structured geometry's plan (r=1, ce
 (S, T) = (16384, 131072) and (4096, 524288). Per size: the dense op's time, the candidates each
 row wrote (keys with s >= tau; mean, 99.9th percentile and maximum, in multiples of kk) and the
 rows redone densely at the module's buffer; then, for buffers of 8, 4, 3 and 2 kk
-(``certified_topk_triton.CANDIDATE_FACTOR``, restored after), the certified op's time, its ratio
+(``defaults.CERTIFIED_BUFFER_K``, restored after), the certified op's time, its ratio
 to dense and whether its output is identical to dense's (indices equal, values bitwise). A row
 whose candidates overflow the buffer is redone densely, so a small buffer stays exact and costs
 time only where rows overflow.
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 
 from benchmarks import dense_roofline as roofline
-from benchmarks.timing import median_ms
-from compiler.lowering import certified_topk_triton as certified
+from benchmarks import harness
+from compiler.lowering import defaults
+from compiler.lowering import topk_pipeline as certified
 from runtime.structured_indexer import structured_indexer_inputs
 
 FACTORS = (8, 4, 3, 2)
@@ -38,24 +38,24 @@ def measure(S: int, T: int, reps: int) -> dict:
     kk = min(roofline.TOPK, T)
     dense = lambda: certified.dense_topk_cuda(q, k, w, roofline.TOPK, mask)  # noqa: E731
     want = dense()
-    dense_ms = median_ms(dense, reps, device)
+    dense_ms = harness.median_ms(dense, reps, device)
     trace = []
     certified.certified_topk_cuda(q, k, w, roofline.TOPK, mask, config=roofline.PLAN, trace=trace)
     written = trace[0].cand_count.float() / kk
     row = {"S": S, "T": T, "dense_ms": round(dense_ms, 2), "candidates_mean_kk": round(float(written.mean()), 3),
            "candidates_q999_kk": round(float(written.quantile(0.999)), 3),
            "candidates_max_kk": round(float(written.max()), 3), "redo_rows": int(trace[0].redo.sum())}
-    saved = certified.CANDIDATE_FACTOR
+    saved = defaults.CERTIFIED_BUFFER_K
     try:
         for factor in FACTORS:
-            certified.CANDIDATE_FACTOR = factor
+            defaults.CERTIFIED_BUFFER_K = factor
             run = lambda: certified.certified_topk_cuda(q, k, w, roofline.TOPK, mask, config=roofline.PLAN)  # noqa: E731
-            row[f"buffer_{factor}kk_identical"] = roofline.identical(run(), want)
-            ms = median_ms(run, reps, device)
+            row[f"buffer_{factor}kk_identical"] = harness.identical(run(), want)
+            ms = harness.median_ms(run, reps, device)
             row[f"buffer_{factor}kk_ms"] = round(ms, 2)
             row[f"buffer_{factor}kk_x_dense"] = round(dense_ms / ms, 3)
     finally:
-        certified.CANDIDATE_FACTOR = saved
+        defaults.CERTIFIED_BUFFER_K = saved
     return row
 
 
@@ -72,11 +72,8 @@ def main(argv=None) -> int:
     for S, T in sizes:
         rows.append(measure(S, T, reps))
         print(json.dumps(rows[-1]), flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    device = torch.cuda.get_device_name() if roofline.DEVICE == "cuda" else "cpu (smoke)"
-    out.write_text(json.dumps({"device": device, "module_factor": certified.CANDIDATE_FACTOR, "rows": rows},
-                              indent=1) + "\n")
+    doc = harness.header(roofline.DEVICE, smoke=args.smoke, buffer_k=defaults.CERTIFIED_BUFFER_K, rows=rows)
+    harness.write_results(args.out, doc, harness.rows_table(rows))
     return 0
 
 

@@ -7,22 +7,22 @@ The structured indexer (``runtime.structured_indexer``, H=64, D=128, bf16) with 
 the end of T keys, topk=2048: both ops are checked equal (indices, values bitwise), timed whole
 (CUDA events, median of 3), then profiled once each with ``torch.profiler``: every kernel's name,
 launches and device milliseconds, largest first, and their sum. Then the plan alone for budgets
-r = 1 and 7: the Triton form (``plan_triton``, what CUDA calls run), the torch form
+r = 1 and 7: the Triton form (``certificate_plan``, what CUDA calls run), the torch form
 (``runtime.certificate``) and the whole ``plan_screen``; and the activation-frequency kernel.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 
-from benchmarks.dense_roofline import PLAN, identical
-from benchmarks.timing import median_ms
-from compiler.lowering.activation_triton import activation_frequency
-from compiler.lowering.certified_topk_triton import P_SAMPLE, certified_topk_cuda, dense_topk_cuda, plan_screen
-from compiler.lowering.plan_triton import plan_certificate_triton
+from benchmarks import harness
+from benchmarks.dense_roofline import PLAN
+from compiler.lowering import defaults
+from compiler.lowering.screen.certificate_plan import plan_certificate_triton
+from compiler.lowering.screen.head_activation import activation_frequency
+from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda, plan_screen
 from runtime.certificate import plan_certificate
 from runtime.structured_indexer import structured_indexer_inputs
 
@@ -55,14 +55,12 @@ def main(argv=None) -> int:
     q, k, w, _ = structured_indexer_inputs(1, S, T, H, D, dtype=torch.bfloat16, device=device)
     w = w.float()
     mask = torch.ones(S, T, dtype=torch.bool, device=device).tril(T - S)[None]
-    ms = lambda fn: round(median_ms(fn, 3, device), 2)  # noqa: E731
+    ms = lambda fn: round(harness.median_ms(fn, 3, device), 2)  # noqa: E731
     dense = lambda: dense_topk_cuda(q, k, w, topk, mask)  # noqa: E731
     certified = lambda: certified_topk_cuda(q, k, w, topk, mask, config=PLAN)  # noqa: E731
     want, got = dense(), certified()
-    doc = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)",
-           "S": S, "T": T, "H": H, "D": D, "topk": topk,
-           "identical": identical(got, want),
-           "dense_ms": ms(dense), "certified_ms": ms(certified)}
+    doc = harness.header(device, S=S, T=T, H=H, D=D, topk=topk, identical=harness.identical(got, want),
+                         dense_ms=ms(dense), certified_ms=ms(certified))
     print(json.dumps(doc), flush=True)
     for name, fn in (("certified", certified), ("dense", dense)):
         doc[f"{name}_kernels"], doc[f"{name}_kernels_total_ms"] = kernel_table(fn, device)
@@ -76,15 +74,14 @@ def main(argv=None) -> int:
             "plan_screen": ms(lambda: plan_screen(q, w, k.dtype, p_act, r, r_max))}
     groups = -(-S // PLAN.anchor_stride)
     seeds = torch.randint(0, T, (1, groups, topk + topk // 4 + 1), dtype=torch.int32, device=device)
-    doc["activation_ms"] = ms(lambda: activation_frequency(q, k, seeds, PLAN.anchor_stride, P_SAMPLE))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
-    for name in ("certified", "dense"):
-        print(f"{name}: {doc[f'{name}_kernels_total_ms']} ms of kernels", flush=True)
-        for row in doc[f"{name}_kernels"][:12]:
-            print("  ", row, flush=True)
-    print(json.dumps({"plan_ms": doc["plan_ms"], "activation_ms": doc["activation_ms"]}), flush=True)
+    doc["activation_ms"] = ms(lambda: activation_frequency(q, k, seeds, PLAN.anchor_stride,
+                                                           defaults.ACTIVATION_SAMPLES))
+    tables = [f"{name}: {doc[f'{name}_kernels_total_ms']} ms of kernels\n\n"
+              + harness.markdown_table(["kernel", "launches", "device ms"], doc[f"{name}_kernels"][:12])
+              for name in ("certified", "dense")]
+    plans = harness.markdown_table(["r", "triton ms", "torch ms", "plan_screen ms"],
+                                   [[r, *t.values()] for r, t in doc["plan_ms"].items()])
+    harness.write_results(args.out, doc, "\n\n".join([*tables, plans, f"activation ms: {doc['activation_ms']}"]))
     return 0 if doc["identical"] else 1
 
 

@@ -39,8 +39,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.dense_roofline import PLAN, identical
-from benchmarks.timing import median_ms
+from benchmarks.dense_roofline import PLAN
+from benchmarks.harness import identical
+from benchmarks.harness import median_ms
 from compiler.certified_topk_cp import shard_kernel
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.certified_topk_cp import merge_candidates, shard_candidates
@@ -130,7 +131,7 @@ def measure(name: str, sizes: dict) -> list[dict]:
     device = torch.device(sizes["device"])
     kernel, topk = shard_kernel(device), sizes["topk"]
     if device.type == "cuda":
-        from compiler.lowering.certified_topk_triton import dense_topk_cuda as dense
+        from compiler.lowering.topk_pipeline import dense_topk_cuda as dense
     else:
         dense = dense_topk
     want = dense(q, k, w, topk, mask)

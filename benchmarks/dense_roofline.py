@@ -5,62 +5,30 @@
     python3 benchmarks/dense_roofline.py --decode-only --out /tmp/decode.json
     python3 benchmarks/dense_roofline.py --fp8 --out benchmarks/results/dense_roofline_fp8_h200.json
 
-Measured in the same run: the bf16 matmul rate (8192^3, random data) and the copy bandwidth, then
-per (S, T) with H=64, D=128, topk=2048, bf16, causal chunk of S queries at the end of T keys:
-``score_ms`` (the dense Triton scorer writing every order code, and for long rows, as the dense
-path does, the chunk maxima and each code's int32 high word instead of the code), ``select_ms``
-(the exact selection of the top-kk codes from them; both timed on the dense path's first chunk of
-query rows and scaled to S), ``ms`` (the whole ``dense_topk_cuda`` call) and ``score_tflops`` = 2 S T H D /
-score time; ``torch_gemm_topk`` = the plain-torch baseline (cuBLAS GEMMs for the logits and the
-head sum, ``torch.topk``; not exact: ``same_index_fraction`` = the fraction of its selected keys
-that the dense op also selects); ``certified_plan`` = the certified pipeline with the structured
-geometry's plan (r=1; every T of the grid is above its crossover); ``identical``: indices equal to
-dense's and values bitwise (on dense rows: the selection of the timed chunk of codes equals
-``torch.topk`` of them). Decode rows call the op with that plan's arguments, which must score
-decode densely.
-
-``--sweep`` times the scorer alone over launch configs and product columns, unmasked and under the
-causal chunk mask, checks that each computes the same scores as the default (within fp32
-reassociation) and that a key scores to the same bits in dense scoring and in the key-list
-scorer's row list (refine/redo use); times the key-list scorer's mask scan step (``TRIM_BLOCK``)
-against warps (the scan step changes no code); and times fp32 operands (tf32 products) under the mask against bf16 over
-several configs, with the whole dense op's ratio for the default fp32 config.
-
-``--fp8`` (SPEC A.10) measures the FP8 indexer instead, against the FP8 matmul rate measured in the
-same run (``torch._scaled_mm`` of 8192^3 E4M3, bf16 out: ``fp8_matmul_tflops``, and
-``fp8_matmul_fast_accum_tflops`` without cuBLAS's promotion; ``fp8_rate_frac`` takes the larger):
-``fp8_dot_check``
-(the FP8 tensor-core model of the GPU margin on adversarial sums, ``benchmarks/fp8_dot_check.py``:
-``holds`` must be true, else the certified FP8 path is not proven on this device); ``fp8_scorer_form``
-rows (the FP8 scorer's launch configs, S=4096, T=131072; ``row_list_bitwise``: dense and key-list
-scorer agree in that form); then per (S, T), on the grid's bf16 inputs, ``fp8_dense``: ``quant_ms``
-(q and k quantised, ``runtime.fp8_quant``), ``score_ms`` / ``select_ms`` / ``score_tflops`` as for
-bf16 with ``fp8_rate_frac`` = score_tflops / the FP8 matmul rate, ``ms`` (``dense_topk_cuda`` on the
-quantised inputs), ``op_ms`` (the op with ``precision="fp8"``, path dense: quantisation included),
-``bf16_dense_ms`` and ``speedup_vs_bf16`` = bf16_dense_ms / op_ms, ``identical`` (the selection equals
-``torch.topk`` of the codes; the op equals the dense path on its quantised inputs);
-``fp8_certified_plan``: the certified FP8 path with the structured plan on quantised structured inputs
-(``identical`` to dense FP8, ``speedup``, ``pruned_frac``); ``fp8_overlap``: per row, the fraction of
-the FP8 top-kk that the bf16 top-kk also selects (``mean``, ``min``) on the structured inputs, the
-Gaussian ones, and the zoo's ``random_indexer`` and ``trained`` families (an ``error`` where a family
-is not available at that size).
-"""
+The bf16 matmul rate and copy bandwidth (``harness.ceilings``), then per (S, T), H=64, D=128,
+topk=2048, bf16, a causal chunk of S queries at the end of T keys: ``score_ms`` and ``select_ms``
+(the dense path's scorer and selection, timed on its first chunk of rows and scaled to S), ``ms``
+(the whole ``dense_topk_cuda``), ``score_tflops``; ``torch_gemm_topk`` (cuBLAS and ``torch.topk``,
+not exact: ``same_index_fraction``); ``certified_plan`` (the structured plan's r=1, forced);
+``identical`` to dense. Decode rows time the op, the dense path and the transformers indexer.
+``--sweep`` times the scorer's forms and fp32 operands, checking every form's scores. ``--fp8``
+(SPEC A.10): the FP8 matmul rates, ``fp8_dot_check``, the FP8 scorer's forms, then per (S, T)
+``fp8_dense``, ``fp8_certified_plan`` and ``fp8_overlap`` (rows described in benchmarks/README.md)."""
 from __future__ import annotations
 
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
-import triton
 
-from benchmarks.timing import median_ms
+from benchmarks import harness
+from compiler.lowering import defaults
 from compiler.autotune import LaunchConfig
-from compiler.lowering import dsa_score_triton as scorer
-from compiler.lowering.certified_topk_triton import (_all_keys, certified_topk_cuda, dense_codes,
+from compiler.lowering.scoring import indexer_scores as scorer
+from compiler.lowering.topk_pipeline import (_all_keys, certified_topk_cuda, dense_codes,
                                                      dense_chunk_rows, dense_topk_cuda, scorer_chunks)
-from compiler.lowering.threshold_select import codes_of_words, top_codes
+from compiler.lowering.selection.threshold_select import codes_of_words, top_codes
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.fp8_quant import quantize_indexer_inputs
 
@@ -73,36 +41,28 @@ PLAN_CROSSOVER = 32725
 
 
 def timed(fn, reps=5, warmup=1):
-    """Median ms of ``reps`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    return median_ms(fn, reps, DEVICE)
+    """Median device ms of ``reps`` calls after ``warmup`` calls (``harness.measure``)."""
+    return harness.measure(fn, DEVICE, reps, warmup=warmup).ms
 
 
-def ceilings():
-    x = torch.empty(2 << 30, dtype=torch.uint8, device=DEVICE)
-    y = torch.empty_like(x)
-    copy_ms = timed(lambda: y.copy_(x))
-    del x, y
-    a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
-    mm_ms = timed(lambda: a @ b, reps=10)
-    out = {"copy_GBps": round(2 * (2 << 30) / copy_ms / 1e6), "bf16_matmul_tflops": round(2 * 8192**3 / mm_ms / 1e9, 1)}
+def fp8_matmul_rates(device) -> dict:
+    """The FP8 matmul rates measured in the same run (``torch._scaled_mm`` of 8192^3 E4M3, bf16 out):
+    ``fp8_matmul_tflops`` with cuBLAS's promotion, ``fp8_matmul_fast_accum_tflops`` without; empty
+    off CUDA, an ``fp8_matmul_error`` where this torch lacks that form of ``_scaled_mm``."""
+    if torch.device(device).type != "cuda":
+        return {}
+    a, b = (torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) for _ in range(2))
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # mat2 column-major
+    one = torch.ones((), device=device)
+    out = {}
     try:
-        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # mat2 column-major
-        one = torch.ones((), device=DEVICE)
         for key, fast in (("fp8_matmul_tflops", False), ("fp8_matmul_fast_accum_tflops", True)):
-            fp8_ms = timed(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16, use_fast_accum=fast),
-                           reps=10)
-            out[key] = round(2 * 8192**3 / fp8_ms / 1e9, 1)
+            ms = timed(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16, use_fast_accum=fast),
+                       reps=10)
+            out[key] = round(2 * 8192**3 / ms / 1e9, 1)
     except Exception as exc:  # a torch without this form of _scaled_mm: recorded
         out["fp8_matmul_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     return out
-
-
-def identical(got, want) -> bool:
-    """Top-K results ``(values, indices)`` equal: indices equal, values bitwise."""
-    return bool(torch.equal(got[1], want[1]) and torch.equal(got[0].view(torch.int32), want[0].view(torch.int32)))
 
 
 def random_inputs(S, T, dtype=torch.bfloat16, seed=0, exact=False, B=1):
@@ -141,8 +101,8 @@ def dense_maxima(S, T, kk, dtype=torch.bfloat16):
 
 def scorer_form(config, columns):
     """Set the scorer's launch config and product columns (module constants); return a label."""
-    scorer.SCORER_CONFIG = config
-    scorer.PRODUCT_COLUMNS = columns
+    defaults.SCORER_CONFIG = config
+    defaults.PRODUCT_COLUMNS = columns
     meta = dict(config.meta)
     return f"BT{meta['BLOCK_T']} w{config.num_warps} s{config.num_stages} cols{columns}"
 
@@ -169,7 +129,7 @@ def sweep(emit, S=4096, T=131072):
     q, k, w = random_inputs(S, T, exact=DEVICE != "cuda")
     mask = causal_chunk_mask(S, T)
     flops = 2 * S * T * H * D
-    default = (scorer.SCORER_CONFIG, scorer.PRODUCT_COLUMNS)
+    default = (defaults.SCORER_CONFIG, defaults.PRODUCT_COLUMNS)
     base = scorer.decode_codes(all_codes(q, w, k), T)[0]
     bound = (w.abs()[0, :64, :, None] * torch.einsum("shd,td->sht", q[0, :64].float().abs(), k[0].float().abs())).sum(1)
     rows = torch.randperm(S, device=DEVICE)[:64].sort().values
@@ -190,11 +150,11 @@ def sweep(emit, S=4096, T=131072):
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
     label = scorer_form(*default)
-    step = scorer.TRIM_BLOCK
+    step = defaults.TRIM_BLOCK
     want = listed_codes(q, w, k, mask)
     for warps, trim_block in SCAN_STEPS:
-        scorer.SCORER_CONFIG = LaunchConfig.of(num_warps=warps, num_stages=3, BLOCK_T=dict(default[0].meta)["BLOCK_T"])
-        scorer.TRIM_BLOCK = trim_block
+        defaults.SCORER_CONFIG = LaunchConfig.of(num_warps=warps, num_stages=3, BLOCK_T=dict(default[0].meta)["BLOCK_T"])
+        defaults.TRIM_BLOCK = trim_block
         row = {"kind": "mask_scan", "warps": warps, "trim_block": trim_block, "S": S, "T": T}
         try:
             got = listed_codes(q, w, k, mask)
@@ -207,15 +167,15 @@ def sweep(emit, S=4096, T=131072):
         emit(row)
     del want
     scorer_form(*default)
-    scorer.TRIM_BLOCK = step
+    defaults.TRIM_BLOCK = step
     bf16_ms = timed(lambda: all_codes(q, w, k, mask))
     bf16_op_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
     q32, k32 = q.float(), k.float()
     exact = torch.einsum("shd,td->sht", q32[0, :64].double(), k32[0].double())
     exact = (w[0, :64, :, None].double() * exact.clamp_min(0)).sum(1)
-    chosen = scorer.FP32_SCORER_CONFIG
+    chosen = defaults.FP32_SCORER_CONFIG
     for config in FP32_CONFIGS:
-        scorer.FP32_SCORER_CONFIG = config
+        defaults.FP32_SCORER_CONFIG = config
         row = {"kind": "fp32_tf32", "form": scorer_form(config, default[1]), "S": S, "T": T}
         try:
             codes = all_codes(q32, w, k32)
@@ -233,7 +193,7 @@ def sweep(emit, S=4096, T=131072):
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
-    scorer.FP32_SCORER_CONFIG = chosen
+    defaults.FP32_SCORER_CONFIG = chosen
     scorer_form(*default)
 
 
@@ -295,7 +255,7 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
                 want = dense_topk_cuda(sq, sk, sw, TOPK, mask)
                 dense_ms = timed(lambda: dense_topk_cuda(sq, sk, sw, TOPK, mask), reps=3)
                 got = certified_topk_cuda(sq, sk, sw, TOPK, mask, config=PLAN)
-                same = identical(got, want)
+                same = harness.identical(got, want)
                 ms = timed(lambda: certified_topk_cuda(sq, sk, sw, TOPK, mask, config=PLAN), reps=3)
                 emit({"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "certified_plan", "ms": round(ms, 2),
                       "dense_ms_same_inputs": round(dense_ms, 2), "speedup": round(dense_ms / ms, 2),
@@ -317,32 +277,6 @@ def stock_decode_topk(q, k, w, kk):
     return torch.matmul(w.float().unsqueeze(-2), scores).squeeze(-2).topk(kk, dim=-1).indices
 
 
-def per_call_ms(fn, calls=100):
-    """Wall ms per call of ``calls`` calls back to back, one synchronisation at the end: what a
-    decode loop sees when the host, not the GPU, sets the pace."""
-    fn()
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3 / calls
-
-
-def graph_ms(fn):
-    """GPU ms of one call replayed from a CUDA graph (no host time), or None off CUDA."""
-    if DEVICE != "cuda":
-        return None
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return timed(graph.replay, reps=20)
-
-
 def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=20, loop_calls=None):
     """Decode: B sequences of one query each over its own T keys (``decode_inputs``). ``op_ms``: the
     op as a compiled model calls it with the structured plan (path "auto", r=1, the plan's
@@ -352,7 +286,7 @@ def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=
     (``stock_decode_topk``) eager and under ``torch.compile``, what the user runs without this
     backend; ``stock_same_index_fraction``: the fraction of its indices that are the op's (not exact:
     its sums round differently). Each time alone (CUDA events around one call), then ``*_loop_ms``
-    (``per_call_ms``: calls back to back, the host's pace) and ``*_graph_ms`` (``graph_ms``: the GPU's
+    (``harness.loop_ms``: calls back to back, the host's pace) and ``*_graph_ms`` (``harness.graph_ms``: the GPU's
     time, as under CUDA graphs). ``identical``: the op's output equals ``torch.topk`` of every key's
     order code (``all_codes``), decoded. ``loop_calls``: the calls behind ``*_loop_ms`` (None: 5 reps)."""
     stock_compiled = torch.compile(stock_decode_topk) if DEVICE == "cuda" else None
@@ -368,14 +302,15 @@ def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=
             offset = torch.arange(B, device=q.device)[:, None, None] * T  # per-row sets, flattened
             stock_same = torch.isin(stock() + offset, got[1] + offset).float().mean()
             row = {"S": 1, "B": B, "T": T, "H": H, "D": D, "topk": TOPK, "method": "decode",
-                   "identical": identical(got, want), "stock_same_index_fraction": round(float(stock_same), 4)}
+                   "identical": harness.identical(got, want), "stock_same_index_fraction": round(float(stock_same), 4)}
             forms = {"op": op, "dense": lambda: dense_topk_cuda(q, k, w, TOPK), "stock": stock}
             if stock_compiled is not None:
                 forms["stock_compiled"] = lambda: stock_compiled(q, k, w, kk)
             for name, fn in forms.items():
                 row[f"{name}_ms"] = round(timed(fn, reps=reps), 3)
-                row[f"{name}_loop_ms"] = round(per_call_ms(fn, calls=5 * reps if loop_calls is None else loop_calls), 3)
-                gpu = graph_ms(fn) if name != "stock_compiled" else None
+                calls = 5 * reps if loop_calls is None else loop_calls
+                row[f"{name}_loop_ms"] = round(harness.loop_ms(fn, DEVICE, calls), 3)
+                gpu = harness.graph_ms(fn, DEVICE) if name != "stock_compiled" else None
                 if gpu is not None:
                     row[f"{name}_graph_ms"] = round(gpu, 3)
             emit(row)
@@ -396,9 +331,9 @@ def fp8_forms(emit, S=4096, T=131072):
     q8, k8, w8, ks = quantize_indexer_inputs(q, k, w, "fp8")
     mask = causal_chunk_mask(S, T)
     rows = torch.randperm(S, device=DEVICE)[:64].sort().values
-    chosen = scorer.FP8_SCORER_CONFIG
+    chosen = defaults.FP8_SCORER_CONFIG
     for config in FP8_FORMS:
-        scorer.FP8_SCORER_CONFIG = config
+        defaults.FP8_SCORER_CONFIG = config
         meta = dict(config.meta)
         row = {"kind": "fp8_scorer_form", "form": f"BT{meta['BLOCK_T']} w{config.num_warps} s{config.num_stages}",
                "S": S, "T": T}
@@ -412,7 +347,7 @@ def fp8_forms(emit, S=4096, T=131072):
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
-    scorer.FP8_SCORER_CONFIG = chosen
+    defaults.FP8_SCORER_CONFIG = chosen
 
 
 def fp8_family_inputs(family, S, T, gaussian, structured_inputs):
@@ -458,7 +393,7 @@ def fp8_grid(emit, lengths_s, lengths_t, structured_inputs, rate):
             fp8_dense = lambda: dense_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks)
             fp8_op = lambda: op(q, k, w, TOPK, mask, path="dense", record_stats=False, precision="fp8")
             want = fp8_dense()
-            same = same and identical(fp8_op(), want)
+            same = same and harness.identical(fp8_op(), want)
             ms, op_ms = timed(fp8_dense, reps=3), timed(fp8_op, reps=3)
             bf16_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
             tflops = 2 * S * T * H * D / score_ms / 1e9
@@ -491,7 +426,7 @@ def fp8_certified_row(S, T, q, k, w, mask):
     want = dense_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks)
     dense_ms = timed(lambda: dense_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks), reps=3)
     stats = TopkStats()
-    same = identical(certified_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks, config=PLAN, stats=stats), want)
+    same = harness.identical(certified_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks, config=PLAN, stats=stats), want)
     ms = timed(lambda: certified_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks, config=PLAN), reps=3)
     return {"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "fp8_certified_plan", "ms": round(ms, 2),
             "dense_ms_same_inputs": round(dense_ms, 2), "speedup": round(dense_ms / ms, 2), "identical": same,
@@ -526,24 +461,29 @@ def main(argv=None):
     if args.smoke:
         H, D, TOPK, DEVICE = 4, 32 if args.fp8 else 16, 8, "cpu"
         scorer.SEQUENTIAL = False  # exercise the GPU forms of the scorer with the interpreter's dot
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)",
-           "versions": {"torch": torch.__version__, "triton": triton.__version__},
-           **(ceilings() if DEVICE == "cuda" else {}), "rows": []}
+    rates = fp8_matmul_rates(DEVICE) if args.fp8 else {}
+    doc = harness.header(DEVICE, smoke=args.smoke, **harness.ceilings(DEVICE), **rates, rows=[])
     print(json.dumps({k: v for k, v in doc.items() if k != "rows"}), flush=True)
 
     def emit(row):
         doc["rows"].append(row)
         print(json.dumps(row), flush=True)
-        out.write_text(json.dumps(doc, indent=1))
+        harness.write_json(args.out, doc)
 
     if args.sweep:
         sweep(emit, *((16, 512) if args.smoke else ()))
-        return 0
-    if args.decode_only:
+    elif args.decode_only:
         decode(emit, *(((256,), (1, 3), True, 1, 1) if args.smoke else ()))
-        return 0
+    else:
+        fp8_rate = max((v for key, v in rates.items() if key != "fp8_matmul_error"), default=None)
+        run_grid(emit, args, fp8_rate)
+    harness.write_results(args.out, doc, harness.rows_table(doc["rows"]))
+    return 0
+
+
+def run_grid(emit, args, fp8_rate=None) -> None:
+    """The grid of ``args.S`` x ``args.T`` (on structured inputs unless ``--no-structured``), then decode;
+    with ``--fp8`` the FP8 rows instead (``fp8_rate``: the larger FP8 matmul rate, or None)."""
     structured_inputs = None
     if not args.no_structured:
         from runtime.structured_indexer import structured_indexer_inputs
@@ -554,12 +494,10 @@ def main(argv=None):
         structured_inputs = (q, k, w.float())
         print(f"structured inputs in {time.perf_counter() - start:.1f} s", flush=True)
     if args.fp8:
-        rates = [doc[key] for key in ("fp8_matmul_tflops", "fp8_matmul_fast_accum_tflops") if key in doc]
-        fp8(emit, args.S, args.T, structured_inputs, max(rates) if rates else None)
-        return 0
+        fp8(emit, args.S, args.T, structured_inputs, fp8_rate)
+        return
     grid(emit, args.S, args.T, structured_inputs)
     decode(emit, *(((256,), (1, 3), True, 1, 1) if args.smoke else ()))
-    return 0
 
 
 if __name__ == "__main__":

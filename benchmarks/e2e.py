@@ -23,9 +23,8 @@ Methods: ``stock`` = torch.compile(model); ``pulsar_dosa`` = the backend with it
 the expanded keys and values, where the default takes MLA's absorbed form at 128 heads);
 ``pulsar_dosa_plan`` = the backend with a per-layer plan made by ``python -m compiler.plan`` on
 ``--plan-tokens`` random tokens (random-init indexers do not prune, so the plan should say dense);
-``pulsar_dosa_fp8`` = the backend with option ``indexer_precision="fp8"`` (the indexer quantised to
-E4M3 and scored on the FP8 tensor cores as DeepSeek-V3.2 does, SPEC A.10; its argmax agreement with
-stock is the agreement of the FP8 indexer with the bf16 one, through the whole model).
+``pulsar_dosa_fp8`` = the backend with option ``indexer_precision="fp8"`` (the indexer in E4M3 as
+DeepSeek-V3.2 scores it, SPEC A.10; its argmax agreement is the FP8 indexer's against bf16's).
 ``argmax_agree``: the last position's argmax equals stock's (null where stock failed), with the
 largest absolute logit difference; the models have random weights, so near-ties can flip an
 argmax without any error: read it with ``max_abs_diff``.
@@ -43,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.timing import median_ms
+from benchmarks.harness import median_ms
 
 SIZES = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
              q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=128, qk_rope_head_dim=64,
@@ -119,7 +118,7 @@ def plan_for(name: str, config, args, device: str) -> Path:
 def method_module(model, method: str, plan: Path | None, smoke: bool = False):
     """``model`` compiled as ``method`` runs it. A smoke run (the CPU) passes ``stock_below=0`` to
     every pulsar_dosa method: there the backend would otherwise keep every stock subgraph
-    (compiler.path_choice.STOCK_BELOW), and the smoke exists to run the ops; and it compiles with
+    (compiler.defaults.STOCK_BELOW), and the smoke exists to run the ops; and it compiles with
     eager downstreams (Dynamo's "eager" backend for stock, ``downstream="eager"`` for the others):
     inductor's CPU code generation would take minutes."""
     if method == "stock":

@@ -1,55 +1,35 @@
-"""End to end, as a user meets it at decode: one generated token of a DSA transformers model over a
-KV cache of T tokens, ``torch.compile(model)`` (stock inductor) against
-``torch.compile(model, backend="pulsar_dosa")``, in the same run, on one GPU.
+"""End to end at decode: one generated token of a DSA transformers model over a KV cache of T
+tokens, ``torch.compile(model)`` against ``torch.compile(model, backend="pulsar_dosa")``, one GPU.
 
     python3 benchmarks/e2e_decode.py --out benchmarks/results/e2e_decode_h200.json
     python3 benchmarks/e2e_decode.py --shape v32 --out benchmarks/results/e2e_decode_v32_h200.json
     python3 benchmarks/e2e_decode.py --smoke --out /tmp/e2e_decode_smoke.json   # tiny, on the CPU
 
-Models as in benchmarks/e2e.py (``--shape``: ``small``, DeepSeek-V3.2's indexer and a small rest,
-or ``v32``, one DeepSeek-V3.2-shaped layer with 128 MLA heads; random bf16 weights). Per batch
-size B and context T a ``DynamicCache`` of T tokens per sequence: ``small`` fills it with one
-prefill of T random tokens per sequence (run by the pulsar_dosa-compiled model: stock inductor
-runs out of memory on long prefills, benchmarks/results/e2e_dsv32_h200.md); ``v32`` (B = 1 and 64
-at T = 131072 by default: 64 prefills of 128K tokens would take minutes) runs a prefill of
-SYNTHETIC_PROMPT tokens and grows every cached tensor to T along its token axis with random values
-of the same mean and spread (``grow_cache``): decode then costs what it costs over a real cache of
-T tokens, with random contents. Then per method (compiled
-once, ``dynamic=True``) and size, on a copy of that cache: WARMUP_STEPS untimed steps (they compile
-the decode graph, S = 1), then ``--steps`` greedy decode steps of one token per sequence
-(``use_cache=True``), each timed alone by CUDA events around the call (host time included:
-default-mode torch.compile, no CUDA graphs).
-
-* ``ms``: their median; every step runs at a cache length the compiled model has not run before,
-  as generate runs it.
-* ``ms_seen_lengths``: the median of all WARMUP_STEPS + ``--steps`` steps replayed from the start on
-  a fresh copy, every length run before. The two differ where a compiled model does work per new
-  length (on the H200, stock inductor's steps took 40-60 ms at new lengths against 3-4 ms at seen
-  ones; its profile showed kernel benchmarking, CachingAutotuner, in such steps).
-* methods: ``stock``, ``pulsar_dosa`` (default options: indexer calls too small for the op keep the
-  stock subgraph, ``compiler.path_choice.keeps_stock``; the sparse attention of an MLA layer at
-  decode takes the absorbed form, which reads the latent cache instead of expanding it),
-  ``pulsar_dosa_every_call`` (option ``stock_below=0``: the op on every indexer call, to time what
-  the default declines), ``pulsar_dosa_union`` (option ``sparse_form="union"``: the sparse
-  attention on the expanded keys and values) and ``pulsar_dosa_fp8`` (option
-  ``indexer_precision="fp8"``: every indexer call quantises q and the model's bf16 indexer key cache
-  to E4M3 and scores in FP8; the transformers model keeps no FP8 key cache, SPEC A.10).
-* ``attention_forms``: the forms of the sparse-attention rewrites in the method's decode graphs.
-* ``indexer_rewrites``: the indexer modules whose subgraph the backend replaced in the method's
-  decode graphs so far (0 for stock).
-* ``argmax_agree``: the greedy tokens of the replayed steps equal stock's; ``max_abs_diff``: the
-  largest logit difference of the first step (random weights: near-ties can flip a token).
+Models as in ``e2e.py`` (``--shape small``, or ``v32``: one DeepSeek-V3.2-shaped layer, whose
+caches of B = 1 and 64 at T = 131072 grow from a SYNTHETIC_PROMPT-token prefill with random values
+of the same mean and spread, ``grow_cache``). Per batch B and context T a ``DynamicCache``; per
+method (compiled once, ``dynamic=True``), on a copy of it: WARMUP_STEPS untimed steps, then
+``--steps`` greedy steps, each timed alone with its host time (default mode, no CUDA graphs).
+Row fields: ``ms`` (median, every step at a cache length not run before, as generate runs it),
+``ms_seen_lengths`` (the steps replayed at lengths run before), ``indexer_rewrites``,
+``attention_forms`` (the sparse-attention forms in the decode graphs), and against the first method
+``argmax_agree`` and ``max_abs_diff``. Methods: ``stock``, ``pulsar_dosa`` (small calls keep their
+stock subgraph, ``compiler.policy.keeps_stock``; an MLA layer's sparse attention at decode takes
+the absorbed form), ``pulsar_dosa_every_call`` (``stock_below=0``), ``pulsar_dosa_union``
+(``sparse_form="union"``) and ``pulsar_dosa_fp8`` (``indexer_precision="fp8"``: every indexer call
+quantises q and the model's bf16 indexer key cache; transformers keeps no FP8 key cache).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import os
-import time
 
 import torch
 
+from benchmarks import harness
 from benchmarks.e2e import SHAPES, SMOKE_SIZES, build, method_module, run_document, sync
+from runtime.pulsar import cache_keyword
 
 WARMUP_STEPS = 2
 """Untimed steps first: the first compiles the decode graph for one cache length, the second
@@ -80,25 +60,24 @@ def grow_cache(cache, length: int, seed: int) -> None:
         raise ValueError(f"the grown cache holds {cache.get_seq_length()} tokens, expected {length}")
 
 
+def cache_argument(model, cache) -> dict:
+    """``{name: cache}`` for the cache argument of ``model`` (compiled or not): ``cache`` in
+    transformers versions that renamed ``past_key_values``."""
+    return {cache_keyword(type(getattr(model, "_orig_mod", model))): cache}
+
+
 def decode_steps(compiled, cache, ids, steps: int, device: str):
     """(per-step ms, logits of each step [steps, B, V], the next ids [B, 1]) of ``steps`` greedy
-    decode steps from ``ids`` [B, 1] over ``cache`` (extended in place)."""
+    decode steps from ``ids`` [B, 1] over ``cache`` (extended in place), each timed alone
+    (``harness.measure``: CUDA events around the call, the host clock off CUDA)."""
     times, logits = [], []
     for _ in range(steps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = compiled(ids, past_key_values=cache, use_cache=True)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            out = compiled(ids, past_key_values=cache, use_cache=True)
-            times.append((time.perf_counter() - t0) * 1e3)
-        step = out.logits[:, -1].float()
-        logits.append(step)
-        ids = step.argmax(-1, keepdim=True)
+        step = harness.measure(lambda: compiled(ids, use_cache=True, **cache_argument(compiled, cache)), device,
+                               reps=1, warmup=0)
+        times.append(step.ms)
+        last = step.out.logits[:, -1].float()
+        logits.append(last)
+        ids = last.argmax(-1, keepdim=True)
     return times, torch.stack(logits), ids
 
 
@@ -124,7 +103,7 @@ def fill_caches(model, config, args, device: str, emit) -> dict:
             try:
                 cache = DynamicCache(config=config)
                 with torch.no_grad():
-                    filler(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    filler(prompt, use_cache=True, logits_to_keep=1, **cache_argument(filler, cache))
                 if args.synthetic:
                     grow_cache(cache, T, seed=T + B)
                 sync(device)

@@ -20,7 +20,7 @@ mask = (torch.arange(T)[None, :] <= (T - S + torch.arange(S))[:, None]).expand(B
 out = {}
 for path in ("dense", "certified", "dense", "certified", "auto"):
     t0 = time.time()
-    v, i = torch.ops.pulsar_dosa.certified_topk(q, k, w, K, mask, "", 8, -1, path, False)
+    v, i = torch.ops.pulsar_dosa.certified_topk(q, k, w, K, mask, "", path, 8, None, False)
     torch.cuda.synchronize()
     out.setdefault(path, []).append(round(time.time() - t0, 3))
     print(json.dumps({"path": path, "s": out[path][-1]}), flush=True)

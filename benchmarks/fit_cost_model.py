@@ -1,21 +1,16 @@
-"""Refit the cost model's H200 constants to this repository's latest H200 measurements, offline.
+"""Refit the cost model's H200 constants to the committed H200 measurements, offline (no GPU).
 
     python3 benchmarks/fit_cost_model.py --out benchmarks/results/h200_refit_constants.json
 
-Inputs (committed results, no GPU needed): ``results/dense_roofline_h200.json`` (the dense op's
-scorer and selection times over S x T) and ``results/indexer_zoo_h200.json`` (certified calls: each
-family's plan calibration candidates, and every cell's best fixed budget, with their survival).
-The model (``compiler.cost_model``) is affine in its seven parameters (inverse rates, per-query and
-fixed seconds), so each measured call gives one linear equation, its coefficients read off the
-model itself (``dense_call_time`` / ``certified_call_time`` with one parameter switched on). Fit:
-the dense scorer rate from the scorer's MACs and time, the selection rate from the rest of the dense
-op; then the certified parameters by relative least squares with non-negative values. Writes the
-constants as JSON (``KernelConstants.from_json``; usable as ``python -m compiler.plan --constants
-FILE``), and beside it a markdown summary: the fit's relative errors and each zoo family's plan
-under the current ``H200_FITTED`` and under the refit (decided offline by
-``compiler.path_choice.choose_layer`` from the zoo's own calibration measurements), with the
-measured ratio to dense of what each plan would run in each cell where the zoo timed it. The defaults do not change: a refit becomes
-``H200_FITTED`` only after the zoo confirms it on the device.
+Inputs: ``results/dense_roofline_h200.json`` (the dense op's scorer and selection times) and
+``results/indexer_zoo_h200.json`` (certified calls with their survival). The model is affine in its
+parameters, so each call gives one linear equation: the dense scorer rate from the scorer's MACs
+and time, the selection rate from the rest of the dense op, then the certified parameters by
+relative least squares with non-negative values. Writes the constants as JSON
+(``KernelConstants.from_json``, ``python -m compiler.plan --constants FILE``) and beside it a
+markdown summary: the fit's errors and each zoo family's plan under ``H200_FITTED`` and under the
+refit (``compiler.plan.choice.choose_layer`` on the zoo's calibration measurements), with the
+measured ratio to dense of what each plan runs in each cell the zoo timed.
 """
 from __future__ import annotations
 
@@ -27,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
 from compiler.cost_model import H200_FITTED, T, IndexerShape, KernelConstants, certified_call_time, dense_call_time
-from compiler.path_choice import choose_layer
+from compiler.plan.choice import choose_layer
 from compiler.plan.schema import CandidateMeasurement
+from compiler.topk_settings import TopkSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CERTIFIED_FIELDS = ("dense_macs_per_s", "screen_macs_per_s", "refine_macs_per_s", "select_keys_per_s",
@@ -135,12 +132,18 @@ def zoo_plans(zoo: dict, constants: KernelConstants) -> dict:
         choice = choose_layer(candidates, plan["dense_ms"], [(1, sizes["cal_S"], sizes["cal_T"])], heads=sizes["H"],
                               head_dim=sizes["D"], topk=sizes["topk"], constants=constants,
                               design_length=sizes["design_length"], queries=sizes["plan_queries"])
-        plans[family] = {"path": choice.path, "r": choice.r, "crossover": choice.crossover,
-                         "cells": _measured(zoo, family, choice)}
+        plans[family] = {**choice.settings.op_arguments(), "cells": _measured(zoo, family, choice.settings)}
     return plans
 
 
-def _measured(zoo: dict, family: str, choice) -> dict:
+def recorded_settings(plan: dict) -> TopkSettings:
+    """The settings of a plan that a zoo run recorded (results files from before the settings
+    object spell path "auto" as "certified" and min_keys as "crossover")."""
+    path = "auto" if plan["path"] == "certified" else plan["path"]
+    return TopkSettings(path, plan["r"], plan.get("min_keys", plan.get("crossover")))
+
+
+def _measured(zoo: dict, family: str, settings: TopkSettings) -> dict:
     """Per zoo cell "SxT": the measured time / dense of what the plan would run there (1.0 when
     dense), or None when the zoo did not time that budget in that cell (it keeps the plan's own r
     and the best fixed r)."""
@@ -150,10 +153,10 @@ def _measured(zoo: dict, family: str, choice) -> dict:
             rows.setdefault((row["S"], row["T"]), {})[row["method"]] = row
     cells = {}
     for (S, T_keys), m in sorted(rows.items()):
-        if choice.path != "certified" or T_keys < choice.crossover:
+        if settings.path == "dense" or T_keys < settings.min_keys:
             ratio = 1.0
         else:
-            timed = [m[k] for k in ("plan_op", "best_fixed") if k in m and m[k].get("r") == choice.r]
+            timed = [m[k] for k in ("plan_op", "best_fixed") if k in m and m[k].get("r") == settings.r]
             ratio = round(timed[0]["ms"] / m["dense"]["ms"], 3) if timed else None
         cells[f"{S}x{T_keys}"] = ratio
     return cells
@@ -161,20 +164,27 @@ def _measured(zoo: dict, family: str, choice) -> dict:
 
 def summary(report: dict, plans: dict) -> str:
     """The fit's errors and the zoo's plans under both constants, as markdown."""
-    lines = [f"# Cost model refit (offline, `benchmarks/fit_cost_model.py`)", "",
+    lines = ["# Cost model refit (offline, `benchmarks/fit_cost_model.py`)", "",
              f"{report['points']} certified calls; relative error max {report['max_rel_error']:.2f}, "
              f"rms {report['rms_rel_error']:.2f}. Plans decided offline from each zoo family's calibration "
              "measurements; per cell (S x T) the measured time / dense of what the plan would run there "
              "(1.0: dense; ?: the zoo did not time that budget there), cells in the order "
              f"{', '.join(next(iter(plans['current'].values()))['cells'])}.", "",
-             "| family | current plan (r, from keys) | its cells | refit plan (r, from keys) | its cells |",
-             "|---|---|---|---|---|"]
-    for family, now in plans["current"].items():
-        new = plans["refit"][family]
-        fmt = lambda p: "dense" if p["path"] == "dense" else f"r={p['r']}, {p['crossover']}"  # noqa: E731
-        cells = lambda p: ", ".join("?" if v is None else f"{v:.2f}" for v in p["cells"].values())  # noqa: E731
-        lines.append(f"| {family} | {fmt(now)} | {cells(now)} | {fmt(new)} | {cells(new)} |")
+             harness.markdown_table(["family", "current plan (r, from keys)", "its cells", "refit plan (r, from keys)",
+                                     "its cells"],
+                                    [[family, plan_cell(now), ratio_cells(now), plan_cell(plans["refit"][family]),
+                                      ratio_cells(plans["refit"][family])] for family, now in plans["current"].items()])]
     return "\n".join(lines) + "\n"
+
+
+def plan_cell(plan: dict) -> str:
+    """A plan's settings as a table cell."""
+    return "dense" if plan["path"] == "dense" else f"r={plan['r']}, {plan['min_keys']}"
+
+
+def ratio_cells(plan: dict) -> str:
+    """A plan's measured ratios per zoo cell as a table cell ("?": the zoo did not time its budget there)."""
+    return ", ".join("?" if v is None else f"{v:.2f}" for v in plan["cells"].values())
 
 
 def main(argv=None) -> int:
@@ -186,12 +196,7 @@ def main(argv=None) -> int:
     roofline, zoo = (json.loads(Path(x).read_text()) for x in (args.roofline, args.zoo))
     constants, report = fit(roofline, zoo)
     plans = {"current": zoo_plans(zoo, H200_FITTED), "refit": zoo_plans(zoo, constants)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(constants.to_dict(), indent=1))
-    text = summary(report, plans)
-    out.with_suffix(".md").write_text(text)
-    print(text)
+    harness.write_results(args.out, constants.to_dict(), summary(report, plans))
     return 0
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from compiler.lowering.certified_topk_triton import fp8_dot_error
-from compiler.lowering.dsa_score_triton import FP8_PROMOTE, decode_codes, score_dense
+from compiler.lowering.scoring.indexer_scores import FP8_PROMOTE, decode_codes, score_dense
+from compiler.lowering.topk_pipeline import fp8_dot_error
 
 __all__ = ["adversarial_pairs", "dot_check"]
 

@@ -1,34 +1,26 @@
-"""How many keys a fused selection would emit, for three bounds on a row's kk-th score.
+"""How many keys a fused selection would emit, for three bounds on a row's kk-th score (CPU).
 
-    python3 benchmarks/fused_bounds.py --out benchmarks/results/fused_bounds_cpu.json   # ~5 min, 2 CPU cores
+    python3 benchmarks/fused_bounds.py --out benchmarks/results/fused_bounds_cpu.json   # ~5 min, 2 cores
     python3 benchmarks/fused_bounds.py --smoke --out /tmp/fused_bounds.json
 
-A design measurement for fusing the dense path's selection into its scorer (benchmarks/README.md,
-session 13): score the keys of half the scorer's groups first, bound the row's kk-th score from
-them, and let the other half emit only its keys at or above the bound instead of writing every
-key's word. The scorer's groups are ranges of interleaved chunk indices (threshold_select: chunk j
-holds positions j, j + n, j + 2n, ...), so the first half is the positions whose chunk index is
-below n / 2, spread over the whole row. Per row of exact fp32 scores
-(``runtime.dense_scorer.exact_scores``) of S queries over T keys (all visible), in units of kk:
-
-- ``chunks_<c>kk``: n = c kk chunks; the bound is the kk-th largest of the first half's chunk
-  maxima. ``emitted``: the second half's keys >= the bound; ``total``: those plus the first
-  half's keys >= today's tau (the kk-th largest of all n maxima), the buffer the fused form fills;
-  ``today_kept``: the keys >= today's tau, the buffer today's compaction fills.
-- ``exact_half_kth``: the bound is the first half's exact kk-th largest score; ``total`` adds the
-  first half's kk.
-
-Every bound is at most the row's kk-th score, so every row's total is at least kk: checked in the
-run (``total_min`` >= 1). Inputs: Gaussian q, k, w (``gaussian``) and the indexer zoo's families.
+A design measurement for a selection fused into the dense scorer: score half the scorer's groups
+(the positions of chunk index below n / 2, spread over the row), bound the row's kk-th score from
+them, and let the other half emit its keys at or above the bound. Per row of exact fp32 scores of S
+queries over T visible keys, in units of kk: ``chunks_<c>kk``: the bound is the kk-th largest of the
+first half's maxima of c kk interleaved chunks; ``emitted`` the second half's keys >= it, ``total``
+those plus the first half's keys >= today's tau (the buffer a fused form fills), ``today_kept`` the
+keys >= today's tau; ``exact_half_kth``: the first half's exact kk-th. Every bound is at most the
+row's kk-th score, so every total is at least kk: checked (``total_min`` >= 1). Inputs: Gaussian
+q, k, w and the indexer zoo's families.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 
+from benchmarks import harness
 from runtime.dense_scorer import exact_scores
 from runtime.indexer_zoo import zoo_inputs
 
@@ -88,7 +80,7 @@ def main(argv=None) -> int:
     S, T, H, D, kk = (3, 4096, 8, 16, 64) if args.smoke else (24, 131072, 64, 128, 2048)
     if T % (max(CHUNKS_PER_K) * kk):
         raise ValueError(f"T = {T} must be a multiple of {max(CHUNKS_PER_K)} kk = {max(CHUNKS_PER_K) * kk}")
-    result = {"S": S, "T": T, "H": H, "D": D, "kk": kk, "rows": []}
+    result = harness.header("cpu", S=S, T=T, H=H, D=D, kk=kk, rows=[])
     for family in args.families:
         q, k, w = inputs(family, S, T, H, D)
         scores = exact_scores(q.float(), w, k[:, None].float())[0]
@@ -97,14 +89,11 @@ def main(argv=None) -> int:
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
     result["every_bound_below_the_kth"] = all(r["total"]["min"] >= 1 for r in result["rows"])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print("| inputs | bound | emitted mean (max), kk | buffer mean (max), kk | today's buffer, kk |")
-    print("|---|---|---|---|---|")
-    for r in result["rows"]:
-        today = r.get("today_kept", {}).get("mean", "")
-        print(f"| {r['inputs']} | {r['bound']} | {r['emitted']['mean']} ({r['emitted']['max']}) | "
-              f"{r['total']['mean']} ({r['total']['max']}) | {today} |")
+    table = harness.markdown_table(
+        ["inputs", "bound", "emitted mean (max), kk", "buffer mean (max), kk", "today's buffer, kk"],
+        [[r["inputs"], r["bound"], f"{r['emitted']['mean']} ({r['emitted']['max']})",
+          f"{r['total']['mean']} ({r['total']['max']})", r.get("today_kept", {}).get("mean")] for r in result["rows"]])
+    harness.write_results(args.out, result, table)
     return 0 if result["every_bound_below_the_kth"] else 1
 
 

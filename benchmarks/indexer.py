@@ -1,19 +1,15 @@
 """DSA indexer top-K on one GPU: inductor_dense vs triton_dense vs certified (+ decode rows).
 
-Run on a CUDA machine from the repository root, then render the tables:
-
     PYTHONPATH=. python3 benchmarks/indexer.py --out benchmarks/results/indexer_h200.json
     PYTHONPATH=. python3 benchmarks/indexer.py --render benchmarks/results/indexer_h200.json
 
-Every row: median ms (CUDA events, warm-up excluded), peak memory above the inputs, and
-``identical`` (indices equal to triton_dense's in the same run; for certified also bitwise-equal
-values). Per input the certified pipeline is traced once (path forced to "certified") to report
-the pruned fraction, survivors, the seed gap b = tau* - tau and the bound slack delta = U - s
-(SPEC A.6), both also in units of the query's score standard deviation sigma.
-Inputs: ``transformers_random`` (activations of a random-init transformers DeepseekV32Indexer) and
-``structured`` (runtime.structured_indexer, parameters recorded in the JSON). Mask: a chunk of S
-queries at the end of a T-key context, causal inside the chunk.
-"""
+Every row: median device ms (warm-up excluded), peak memory above the inputs, and ``identical``
+(indices equal to triton_dense's; for certified also values bitwise). Per input one traced certified
+call reports the pruned fraction, survivors, the seed gap b = tau* - tau and the bound slack delta
+= U - s (SPEC A.6), also in units of the query's score standard deviation. Inputs:
+``transformers_random`` (a random-init transformers DeepseekV32Indexer) and ``structured``
+(``runtime.structured_indexer``); a causal chunk of S queries at the end of T keys. Tables are
+written beside the JSON; ``--render`` prints those of a results file."""
 from __future__ import annotations
 
 import argparse
@@ -23,15 +19,15 @@ import time
 
 import torch
 import torch.nn.functional as F
-import triton
 
-from compiler.lowering.certified_topk_triton import (
+from benchmarks import harness
+from compiler.lowering.topk_pipeline import (
     certified_topk_cuda,
     dense_topk_cuda,
 )
-from compiler.lowering.dsa_score_triton import score_keys
-from compiler.lowering.dsa_screen_triton import screen
-from compiler.path_choice import GUARD
+from compiler.lowering.scoring.indexer_scores import score_keys
+from compiler.lowering.screen.certificate_screen import screen
+from compiler.ops.guard import GUARD
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.rounding import key_norm_up, round_up_to_float32
 from runtime.structured_indexer import structured_indexer_inputs
@@ -43,37 +39,10 @@ BREAKDOWN = {}
 
 
 def timed(fn, budget_ms=2000.0, max_reps=10):
-    """(median ms over repeated runs after one warm-up run, peak GiB above the memory allocated
-    before the timed runs, the last result)."""
-    out = fn()
-    torch.cuda.synchronize()
-    out = None
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    t_end = time.perf_counter() + budget_ms / 1e3
-    while len(times) < max_reps and (len(times) < 2 or time.perf_counter() < t_end):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        out = None
-        a.record()
-        out = fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
-    return statistics.median(times), peak, out
-
-
-def ceilings():
-    """Device-to-device copy bandwidth (read + write) and bf16 matmul rate, measured here."""
-    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    ms, _, _ = timed(lambda: y.copy_(x), 500)
-    del x, y
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    mm_ms, _, _ = timed(lambda: a @ b, 500)
-    return {"copy_GBps": 2 * (2 << 30) / ms / 1e6, "bf16_matmul_TFLOPs": 2 * 8192**3 / mm_ms / 1e9}
+    """(median ms after one warm-up call, within ``budget_ms`` and at least 2 calls, peak GiB above
+    the memory allocated before the timed calls, the last result): ``harness.measure``."""
+    t = harness.measure(fn, "cuda", max_reps, budget_s=budget_ms / 1e3)
+    return t.ms, t.peak_gib, t.out
 
 
 def causal_chunk_mask(S, T):
@@ -241,7 +210,7 @@ def kernel_breakdown(fn, top=12):
 
 def auto_op(q, k, w, mask, layer):
     """The op as a compiled layer without a plan calls it: path "auto" (the cost model's crossover,
-    then the runtime guard of ``layer``, compiler.path_choice)."""
+    then the runtime guard of ``layer``, compiler.ops.guard)."""
     return torch.ops.pulsar_dosa.certified_topk(q, k, w, TOPK, mask, layer)
 
 
@@ -274,7 +243,7 @@ def run_config(S, T, H, inputs, kk, ceil, rows, do_inductor):
         q, k, w, TOPK, mask, config=CertifiedTopkConfig(path="certified")))
     screen_ms, refine_ms = stage_times(q, k, w, mask, tr)
     rp = tr.plan.g.shape[2]
-    floor_ms = 2 * S * T * D * (diag["r_rows"]) / (ceil["bf16_matmul_TFLOPs"] * 1e9)
+    floor_ms = 2 * S * T * D * (diag["r_rows"]) / (ceil["bf16_matmul_tflops"] * 1e9)
     rows.append({**base, "method": "certified_forced", "ms": forced_ms, "peak_mem_gib": forced_mem,
                  "identical": bool(torch.equal(fi, di) and torch.equal(fv, dv)), **common,
                  "screen_ms": screen_ms, "refine_ms": refine_ms, "screen_rows_padded": rp,
@@ -344,10 +313,11 @@ def _fmt(x, nd=1):
 def render_markdown(doc) -> str:
     """The results JSON as markdown tables (prefill, decode, kernel breakdown)."""
     rows = [r for r in doc["rows"] if "error" not in r]
-    c = doc["ceilings"]
-    out = [f"Device: {doc['device']}, torch {doc['torch']}, triton {doc['triton']}. Ceilings measured "
+    c, v = doc["ceilings"], harness.versions_of(doc)
+    matmul = c.get("bf16_matmul_tflops", c.get("bf16_matmul_TFLOPs"))  # the key of results before the harness
+    out = [f"Device: {doc['device']}, torch {v['torch']}, triton {v['triton']}. Ceilings measured "
            f"in the same run: device copy {c['copy_GBps']:.0f} GB/s (read + write), bf16 matmul "
-           f"{c['bf16_matmul_TFLOPs']:.0f} TFLOP/s. D = {D}, topk = {TOPK}, bf16, causal chunk mask.",
+           f"{matmul:.0f} TFLOP/s. D = {D}, topk = {TOPK}, bf16, causal chunk mask.",
            "", "pruned = 1 - keys refined / keys visible (a survivor list serves the scorer's tile of "
            "G = 128 / H queries; an overflowed list counts as every key: shown as 0 when negative); "
            "survivors/query = keys refined per query; b = tau* - tau (seed gap), delta = median of "
@@ -430,9 +400,8 @@ def main():
     if not ARGS.out:
         ap.error("--out is required to run the benchmark")
     t0 = time.perf_counter()
-    ceil = {} if ARGS.quick else ceilings()
-    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "ceilings": ceil, "rows": [], "skipped": []}
+    ceil = {} if ARGS.quick else harness.ceilings("cuda")
+    doc = harness.header("cuda", ceilings=ceil, rows=[], skipped=[])
     print(json.dumps(ceil))
     configs = [(S, T, H, x) for H in ARGS.H for x in ARGS.inputs for S in sorted(ARGS.S, reverse=True)
                for T in sorted(ARGS.T, key=lambda t: (t != 131072, -t))]
@@ -452,13 +421,11 @@ def main():
         for r in doc["rows"][n0:]:
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                    if k not in ("diagnostics", "input_params")}, flush=True)
-        with open(ARGS.out, "w") as f:
-            json.dump(doc, f, indent=1)
+        harness.write_json(ARGS.out, doc)
         doc["breakdown"] = BREAKDOWN
     for name, bd in BREAKDOWN.items():
         print(name, round(bd["total_ms"], 2), [(n[:50], round(t, 2)) for n, t in bd["kernels"]])
-    with open(ARGS.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    harness.write_results(ARGS.out, doc, render_markdown(doc))
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 

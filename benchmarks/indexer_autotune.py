@@ -1,53 +1,39 @@
-"""Certified DSA top-K on one GPU with the screen's default launch config vs its autotuned one.
-
-Run on a CUDA machine from the repository root (writes JSON and markdown after every row):
+"""Certified DSA top-K on one GPU with the screen's default launch config against its autotuned one.
 
     PYTHONPATH=. python3 benchmarks/indexer_autotune.py --out-dir benchmarks/results
 
-Inputs: ``structured`` (runtime.structured_indexer, the generator defaults and seed of
-benchmarks/indexer.py), bf16, D = 128, topk = 2048, a causal chunk mask of S queries at the end of
-T keys. For each retained budget r: the tuning itself (``choose_screen_config`` on an empty cache
-file: compiling and launching every candidate once, then measuring; the default candidate is
-already compiled by then); the screen kernel alone under every candidate of
-dsa_screen_triton.SCREEN_CONFIGS; then ``certified_topk_cuda`` (path "certified") with
-the default config and with the tuned one. Every certified row records ``identical``: indices
-equal to ``dense_topk_cuda``'s and values bitwise equal. Median ms over CUDA-event timings after a
-warm-up run.
+Structured inputs (``runtime.structured_indexer``, seed 0), bf16, D = 128, topk = 2048, a causal
+chunk of S queries at the end of T keys. Per retained budget r: the tuning itself
+(``choose_screen_config`` on an empty cache file), the screen kernel alone under every candidate
+of ``compiler.lowering.defaults.SCREEN_CONFIGS``, then ``certified_topk_cuda`` with the default,
+the tuned and the automatic config, each checked ``identical`` to ``dense_topk_cuda`` (indices,
+values bitwise). Median device ms after a warm-up call; JSON and markdown after every row.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-import triton
+
+from benchmarks import harness
 
 D = 128
 TOPK = 2048
 
 
 def timed(fn, reps=7):
-    """(median ms over ``reps`` runs after one warm-up run, the last result)."""
-    out = fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        out = fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times), out
+    """(median device ms of ``reps`` calls after one warm-up call, the last result): ``harness.measure``."""
+    t = harness.measure(fn, "cuda", reps)
+    return t.ms, t.out
 
 
 def render_markdown(doc) -> str:
-    lines = [f"Device: {doc['device']}, torch {doc['torch']}, triton {doc['triton']}. "
+    v = harness.versions_of(doc)
+    lines = [f"Device: {doc['device']}, torch {v['torch']}, triton {v['triton']}. "
              f"Shape: {doc['shape']}.", ""]
     if "dense_ms" in doc:
         lines.append(f"triton_dense (dense_topk_cuda): {doc['dense_ms']:.1f} ms")
@@ -93,14 +79,14 @@ def main():
     # A fresh tuning cache, so that the measured tuning time is a cold one.
     os.environ["PULSAR_DOSA_AUTOTUNE_CACHE"] = str(Path(tempfile.mkdtemp()) / "autotune.json")
 
-    from compiler.lowering.certified_topk_triton import (
+    from compiler.lowering import defaults
+    from compiler.lowering.topk_pipeline import (
         certified_topk_cuda,
         dense_topk_cuda,
         key_norms,
     )
-    from compiler.lowering.dsa_score_triton import mask_operand
-    from compiler.lowering.dsa_screen_triton import (
-        SCREEN_CONFIGS,
+    from compiler.lowering.scoring.indexer_scores import mask_operand
+    from compiler.lowering.screen.certificate_screen import (
         choose_screen_config,
         screen,
     )
@@ -108,13 +94,11 @@ def main():
     from runtime.structured_indexer import structured_indexer_inputs
 
     S, T, H = args.S, args.T, args.H
-    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__,
-           "shape": {"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "dtype": "bfloat16",
-                     "input": "structured", "mask": "causal chunk"}, "runs": []}
+    doc = harness.header("cuda", shape={"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "dtype": "bfloat16",
+                                        "input": "structured", "mask": "causal chunk"}, runs=[])
 
     def save():
-        (out_dir / "indexer_autotune_h200.json").write_text(json.dumps(doc, indent=1))
+        harness.write_json(out_dir / "indexer_autotune_h200.json", doc)
         (out_dir / "indexer_autotune_h200.md").write_text(
             "# Screen launch config: default vs autotuned (certified top-K, one H200)\n\n"
             + render_markdown(doc))
@@ -135,7 +119,7 @@ def main():
         doc["runs"].append(run)
         trace = []
         certified_topk_cuda(q, k, w, TOPK, mask, config=cfg, trace=trace,
-                            screen_config=SCREEN_CONFIGS[0])
+                            screen_config=defaults.SCREEN_CONFIGS[0])
         tr = trace[0]
         p = tr.plan
         run["screen_rows"] = p.g.shape[2]
@@ -150,13 +134,14 @@ def main():
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         kind = mask_operand(mask, 1, S, T)[0]
-        tuned = choose_screen_config(launch, k, kind, p.g.shape[2], tr.list_queries)
+        tuned = choose_screen_config(launch, k, kind, p.g.shape[2], tr.list_queries,
+                                     work=S * T * p.g.shape[2] * k.shape[2])
         torch.cuda.synchronize()
         run["tuning_s"] = time.perf_counter() - t1
         run["tuned_config"] = label(tuned)
         print(f"r={r} tuned {label(tuned)} in {run['tuning_s']:.2f} s", flush=True)
         save()
-        for config in SCREEN_CONFIGS:
+        for config in defaults.SCREEN_CONFIGS:
             try:
                 ms, _ = timed(lambda: launch(config), 10)
                 run["screen"].append({"config": label(config), "ms": ms})
@@ -166,12 +151,11 @@ def main():
             print(f"r={r} screen {run['screen'][-1]}", flush=True)
         save()
 
-        for which, config in (("default", SCREEN_CONFIGS[0]), ("tuned", tuned),
+        for which, config in (("default", defaults.SCREEN_CONFIGS[0]), ("tuned", tuned),
                               ("auto (screen_config=None)", None)):
             ms, (cv, ci) = timed(lambda: certified_topk_cuda(q, k, w, TOPK, mask, config=cfg,
                                                              screen_config=config), 5)
-            same = bool(torch.equal(ci, di) and torch.equal(cv.view(torch.int32),
-                                                            dv.view(torch.int32)))
+            same = harness.identical((cv, ci), (dv, di))
             run["certified"].append({"which": which, "config": label(tuned if config is None
                                                                      else config),
                                      "ms": ms, "identical": same})

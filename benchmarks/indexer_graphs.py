@@ -1,25 +1,16 @@
 """The indexer top-K inside CUDA graphs on one GPU: no host synchronisation, same answer, time.
 
-Run on a CUDA machine from the repository root, then render the table:
-
     PYTHONPATH=. python3 benchmarks/indexer_graphs.py --out benchmarks/results/indexer_graphs_h200.json
     PYTHONPATH=. python3 benchmarks/indexer_graphs.py --render benchmarks/results/indexer_graphs_h200.json
 
-Every method is, after two warm-up calls (which also tune the screen's launch config):
-1. run eagerly under ``torch.cuda.set_sync_debug_mode("error")``: any host synchronisation
-   raises, so ``no_sync`` says the call never waited on the device;
-2. captured in a ``torch.cuda.CUDAGraph`` and replayed; ``identical`` compares the replay's output
-   (and the eager one) with ``dense_topk_cuda`` run eagerly: indices equal and values bitwise;
-3. timed: median of eager calls and of graph replays (CUDA events).
-
-Cases: prefill of a chunk of S queries at the end of T keys (causal inside the chunk) on the
-structured inputs (the certified path; the op as a compiled model calls it: path "auto" with the
-cost model's crossover and r left to the runtime, or with a plan's r = 1 and crossover) and on
-the random-init transformers indexer with the path forced to "certified" (most rows are answered
-by the on-device dense redo); decode of one query: the op as a compiled model calls it
-(``decode_op``, certified from every length: the path choice must send it to dense scoring), the
-transformers pattern in plain torch (``decode_dense``) and the dense Triton path, all captured. Selector rows: the gated
-exact selector (select_codes_triton) against torch.topk on random codes.
+Every method, after two warm-up calls, is run under ``torch.cuda.set_sync_debug_mode("error")``
+(``no_sync``: it never waited on the device), captured in a CUDA graph and replayed (``identical``:
+eager and replayed outputs equal ``dense_topk_cuda``'s, indices and values bitwise), then timed
+(median of eager calls and of replays). Cases: a causal chunk of S queries at the end of T keys on
+structured inputs (the op as a compiled model calls it: "auto" with the cost model's crossover, or
+a plan's r = 1) and on a random-init transformers indexer forced certified (mostly redone densely);
+decode of one query (the op, the transformers pattern in plain torch, the dense path); and the
+gated radix selector against ``torch.topk`` on random codes.
 """
 from __future__ import annotations
 
@@ -28,17 +19,14 @@ import json
 import time
 
 import torch
-import triton
 
 import compiler.ops.certified_topk  # noqa: F401  (registers torch.ops.pulsar_dosa)
-import compiler.lowering.certified_topk_triton as certified_topk_triton
+from benchmarks import harness
+from benchmarks.harness import median_ms
 from benchmarks.indexer import D, TOPK, causal_chunk_mask, decode_dense, transformers_random
-from benchmarks.timing import median_ms
-from compiler.lowering.certified_topk_triton import (
-    certified_topk_cuda,
-    dense_topk_cuda,
-)
-from compiler.lowering.select_codes_triton import DEFAULT_BLOCK, default_splits, select_top_codes
+from compiler.lowering import defaults
+from compiler.lowering.selection.radix_select import default_splits, select_top_codes
+from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.structured_indexer import structured_indexer_inputs
 
@@ -75,11 +63,8 @@ def captured(fn):
 
 
 def same(out, ref):
-    """Indices equal and, when ``out`` carries values, values bitwise equal."""
-    if isinstance(out, torch.Tensor):
-        return bool(torch.equal(out, ref[1]))
-    return bool(torch.equal(out[1], ref[1]) and torch.equal(out[0].view(torch.int32),
-                                                                 ref[0].view(torch.int32)))
+    """Indices equal and, when ``out`` carries values, values bitwise equal (``harness.identical``)."""
+    return harness.identical(out, ref[1] if isinstance(out, torch.Tensor) else ref)
 
 
 def measure(fn, ref, reps):
@@ -113,9 +98,9 @@ def prefill_rows(S, T, H, inputs, reps, rows):
                "certified": lambda: certified_topk_cuda(q, k, w, TOPK, mask, config=CERTIFIED)}
     if inputs == "structured":
         methods["op_auto_crossover"] = lambda: torch.ops.pulsar_dosa.certified_topk(
-            q, k, w, TOPK, mask, "graphs.auto", -1, 65536, "auto", True)
+            q, k, w, TOPK, mask, "graphs.auto", path="auto", min_keys=65536)
         methods["op_plan_r1"] = lambda: torch.ops.pulsar_dosa.certified_topk(
-            q, k, w, TOPK, mask, "graphs.plan_r1", 1, PLAN_CROSSOVER, "auto", True)
+            q, k, w, TOPK, mask, "graphs.plan_r1", path="auto", r=1, min_keys=PLAN_CROSSOVER)
     for name, fn in methods.items():
         rows.append({**base, "method": name, **measure(fn, ref, reps)})
         print(rows[-1], flush=True)
@@ -145,7 +130,7 @@ def select_rows(R, N, reps, rows):
     base = {"case": "select", "input": "random_codes", "S": R, "T": N, "H": None}
     every = torch.ones(R, dtype=torch.bool, device="cuda")
     one = torch.arange(R, device="cuda") == 0
-    split = default_splits(1, N, DEFAULT_BLOCK, codes.device)
+    split = default_splits(1, N, defaults.RADIX_BLOCK, codes.device)
     variants = (("select_all_rows_p1", every, 1, False), ("select_one_row_p1", one, 1, False),
                 ("select_one_row_split", one, split, False),
                 ("select_all_rows_p1_scratch (incl. a copy of the codes)", every, 1, True),
@@ -170,7 +155,8 @@ def select_rows(R, N, reps, rows):
 
 
 def render_markdown(doc) -> str:
-    out = [f"Device: {doc['device']}, torch {doc['torch']}, triton {doc['triton']}. D = {D}, "
+    v = harness.versions_of(doc)
+    out = [f"Device: {doc['device']}, torch {v['torch']}, triton {v['triton']}. D = {D}, "
            f"topk = {TOPK}, bf16, causal chunk mask.", "",
            "| case | input | H | S | T | method | no host sync | identical (eager / graph) | "
            "eager ms | graph ms |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -205,8 +191,7 @@ def main():
     if not args.out:
         ap.error("--out is required to run the benchmark")
     t0 = time.perf_counter()
-    doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "rows": []}
+    doc = harness.header("cuda", rows=[])
     jobs = ([("select", N) for N in (131072, 524288)] + [("decode", T) for T in args.decode_T]
             + [("prefill", c) for c in args.prefill])
     for kind, spec in jobs:
@@ -222,9 +207,8 @@ def main():
             doc["rows"].append({"case": kind, "spec": str(spec), "error": repr(exc)[:500]})
             print(doc["rows"][-1], flush=True)
             torch.cuda.empty_cache()
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
-    print(render_markdown(doc))
+        harness.write_json(args.out, doc)
+    harness.write_results(args.out, doc, render_markdown(doc))
     print(f"total {time.perf_counter() - t0:.0f} s")
 
 

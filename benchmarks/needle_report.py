@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from benchmarks import harness
+
 CHALLENGER, BASELINE = "novelty", "max_idf"
 QUADRANTS = (("dev", "dev"), ("dev", "held_out"), ("held_out", "dev"), ("held_out", "held_out"))
 
@@ -100,7 +102,7 @@ def markdown(result: dict) -> str:
         "Needles at uniformly random sentence (prose) or line (code) boundaries, never in the last block.",
         f"Captured = {settings['captured']}. Dev = dev source and dev template (what `novelty` was designed on); "
         "held out = a held-out source or template. Packages: "
-        + ", ".join(f"{k} {v}" for k, v in result["packages"].items()) + f"; Python {result['python']}.",
+        + ", ".join(f"{k} {v}" for k, v in {**harness.versions_of(result), **result["packages"]}.items()) + ".",
         "",
         "## Capture against the summary budget",
         "",

@@ -1,54 +1,23 @@
-"""End-to-end Pulsar generation on one device: HF ``generate`` against ``runtime.pulsar.generate``
-on the uncompiled model and on the model compiled with ``backend="pulsar_dosa"``.
+"""End-to-end Pulsar generation on one device: HF ``generate`` against ``runtime.pulsar.generate`` on
+the uncompiled model and on the model compiled with ``backend="pulsar_dosa"``.
 
-Model: ``transformers.LlamaForCausalLM`` with Llama-3.1-8B layer shapes (hidden 4096, 32 query and
-8 key-value heads of dim 128, MLP 14336, vocabulary 128256, RoPE theta 500000 with llama3 scaling),
-``--layers 2``, random weights (seed 0), bf16. Inputs: uniform random context ids of L tokens and 16
-query ids (the work of every mode depends on the lengths only: summary budgets are fixed by ratio
-and chunk, not by content), greedy decoding of 8 new tokens, no stop id (the model has no eos id,
-so every run generates all 8 tokens).
-
-Rows (``"how"``): ``hf_generate`` (``model.generate`` on ``[context ‖ query]``, sdpa attention, the
-stock path; dense only), ``generate_eager`` (``runtime.pulsar.generate`` on the uncompiled model)
-and ``generate_compiled`` (on ``torch.compile(model, backend="pulsar_dosa")``, downstream
-``--downstream``), for modes dense / star / pulsar with block size L/4, at every L. ``ms`` is the
-median of ``--reps`` runs (default 5) after one warm-up run (which compiles and autotunes); before
-every timed run Python's garbage is collected and the device synchronised, outside the timing.
-The parts of ``generate``, each then timed alone the same way (median of ``--reps``): ``layout_ms``
-the phase-1 layout assembly on the device (summaries included), ``phase1_ms`` the context encoding
-and KV drop, ``phase2_decode_ms`` phase 2 and decoding over the kept KV (``ms`` is about their sum; layout
-assembly would count as phase 2 in ``ms - phase1_ms``). ``packed_tokens`` and ``attention_pairs``
-the phase-1 tokens and visible (query, key) pairs of the layout (the work that separates the
-modes); ``tokens`` the generated ids. Per length: HF generate, then the uncompiled rows, then the
-compiled rows (the first compiled rows include the compiles in their warm-up).
-``notes.two_interval_kernel`` records the two-interval kernel ``runtime.attention_layout`` finds
-for the device before anything imports ``compiler``: what an uncompiled model gets (on CUDA the
-Triton kernel, through the installed package's entry point).
-
-Checks (reported, not asserted: random weights give near-tied logits, and a last-bit difference
-between kernels can pick another token): per mode and L, ``generate_eager`` and
-``generate_compiled`` tokens equal; in dense mode, ``generate_eager`` and ``hf_generate`` tokens
-equal. Targets (``meets_target``): dense ``generate_eager`` within 10% of ``hf_generate``; star
-and pulsar ``generate_eager`` within 10% of ``generate_compiled``.
-
-Results are written after every row (JSON and a markdown table), so a run stopped by
-``--budget-s`` (remaining rows recorded as skipped) or killed still leaves what it measured.
-
-    python benchmarks/pulsar_e2e.py --out benchmarks/results/pulsar_e2e_h200.json \\
-        --md benchmarks/results/pulsar_e2e_h200.md                  # one H200, ~4 min
+    python benchmarks/pulsar_e2e.py --out benchmarks/results/pulsar_e2e_h200.json --md benchmarks/results/pulsar_e2e_h200.md
     python benchmarks/pulsar_e2e.py --smoke                         # CPU, tiny model, ~1 min
 
-``--profile FILE`` adds, after the rows, one torch.profiler trace of ``generate`` per mode on the
-uncompiled and the compiled model at the first length (top operators of each), to see where two
-whole calls differ when their parts do not.
-"""
+A ``LlamaForCausalLM`` of Llama-3.1-8B layer shapes (``--layers 2``, random weights, bf16), random
+context ids of L tokens, 16 query ids, 8 greedy new tokens. Rows: ``hf_generate`` (dense only),
+``generate_eager`` and ``generate_compiled`` for modes dense / star / pulsar (block L/4); ``ms``
+is the median of ``--reps`` host-paced runs after a warm-up, garbage collected before each; the
+parts ``layout_ms``, ``phase1_ms``, ``phase2_decode_ms`` each timed alone; ``packed_tokens`` and
+``attention_pairs`` the work. Checks (reported: random weights tie logits): eager and compiled
+tokens equal, dense eager and HF equal. Targets: eager within 10% of its baseline. Results after
+every row; ``--budget-s`` records the rest as skipped; ``--profile FILE`` adds profiler traces."""
 from __future__ import annotations
 
 import argparse
 import gc
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -56,10 +25,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from benchmarks.timing import timed
+from benchmarks import harness
 from runtime.attention_layout import attention_kernel
 from runtime.pulsar import PulsarConfig, decode, encode_context, generate
 
@@ -207,11 +175,9 @@ class Recorder:
         return result
 
     def payload(self) -> dict:
-        return {"benchmark": "pulsar_e2e", "device": device_name(self.settings.device),
-                "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                             "triton": triton_version(), "python": platform.python_version()},
-                "settings": asdict(self.settings), "notes": self.notes, "rows": self.rows,
-                "checks": self.checks(), "targets": self.targets(), "elapsed_s": round(self.elapsed(), 1)}
+        return harness.header(self.settings.device, benchmark="pulsar_e2e", settings=asdict(self.settings),
+                              notes=self.notes, rows=self.rows, checks=self.checks(), targets=self.targets(),
+                              elapsed_s=round(self.elapsed(), 1))
 
     def write(self) -> None:
         if self.out is not None:
@@ -222,18 +188,6 @@ class Recorder:
         if self.md is not None:
             self.md.parent.mkdir(parents=True, exist_ok=True)
             self.md.write_text(markdown(self.payload()))
-
-
-def device_name(device: str) -> str:
-    return torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else platform.processor() or "cpu"
-
-
-def triton_version() -> Optional[str]:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return triton.__version__
 
 
 def markdown(payload: dict) -> str:
@@ -298,7 +252,8 @@ def run_row(recorder: Recorder, how: str, mode: str, length: int, device: torch.
         recorder.add({**row, "error": f"skipped: time budget of {recorder.settings.budget_s:.0f} s spent"})
         return
     try:
-        row["ms"], tokens = timed(run, device, recorder.settings.reps, before=gc.collect)
+        timing = harness.measure(run, device, recorder.settings.reps, host_paced=True, before=gc.collect)
+        row["ms"], tokens = timing.ms, timing.out
         row["tokens"] = [int(t) for t in tokens]
         if parts is not None:  # warmed up by the runs above
             row.update(parts())
@@ -318,7 +273,8 @@ def part_times(model, context_ids: torch.Tensor, query_ids: torch.Tensor, config
     """``PARTS``: median ms of each part of ``generate`` run alone as ``generate`` runs it (no
     warm-up: run after ``generate`` itself), each part fed the previous part's result."""
     def median(fn: Callable[[], object]) -> tuple[float, object]:
-        return timed(fn, device, settings.reps, before=gc.collect, warmup=False)
+        timing = harness.measure(fn, device, settings.reps, warmup=0, host_paced=True, before=gc.collect)
+        return timing.ms, timing.out
 
     layout_ms, layout = median(lambda: config.layout(context_ids.to(device)))
     phase1_ms, kept = median(lambda: encode_context(model, context_ids, layout))

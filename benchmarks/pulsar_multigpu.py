@@ -1,45 +1,17 @@
 """Pulsar over several devices: correctness against the one-device driver, phase-1 and phase-2 latency.
 
-Model: a Llama-shaped ``transformers.LlamaForCausalLM`` with random weights (default: Llama-3.1-8B
-layer shapes, hidden 4096, 32 query / 8 key-value heads of dim 128, MLP 14336, ``--layers 2``,
-vocabulary 32000, bf16, RoPE as the LlamaConfig default), compiled with the ``pulsar_dosa``
-backend (downstream eager) so its attention follows the Pulsar layout (the Triton two-interval
-kernel on CUDA, the plain-torch reference on CPU). Inputs: uniform random token ids, one block
-per rank (block size ``ceil(L / ranks)``), a query of ``--query-tokens`` and greedy decoding of
-``--new-tokens``.
-
-For every length it runs ``dense`` on one device (the whole context, one causal input) and
-``star`` and ``pulsar`` both on one device (``runtime.pulsar``: the reference) and over the ranks,
-and reports per row: ``phase1_ms`` (layout assembly and context encoding; over ranks the slowest
-rank), ``phase2_ms`` (the query forward up to the first generated token), ``decode_ms_per_token``,
-``tokens_equal`` (generated ids identical to the one-device driver's), ``kv_max_abs_diff`` (kept
-KV of every layer, gathered in block order, against the one-device driver's; ``kv_max_abs`` gives
-its scale) and ``tokens``. The sharded computation is exact in real arithmetic; in floating point a
-rank's forward packs fewer tokens than the one-device forward, so matmul and attention tiles round
-differently: in fp32 the differences stay at rounding level, in bf16 they reach the last bit of
-the KV, and greedy decoding of a random-weight model (nearly flat logits) can then pick another
-token. ``--dtype float32`` separates such rounding from a logic error.
-
-Ways to run:
-
-* over processes, one rank per device: ``torchrun --nproc-per-node N benchmarks/pulsar_multigpu.py``
-  or ``--world-size N`` (spawns N processes); NCCL on CUDA (rank r on GPU r), ``--device cpu
-  --backend gloo`` on CPU. Phase 1 has no communication; phase 2 and decode all-gather each
-  layer's partial (o, lse) and merge them (``runtime.distributed``). The kept KV is sent to rank 0.
-* ``--ranks-in-turn N``: one device, one process, rows marked ``simulated``. Each rank's phase 1
-  runs in turn (timed per rank; the per-device latency is the slowest rank); in phase 2 and decode
-  every attention layer computes each rank's partial over its own kept KV (the owner rank, holding
-  the last block, also sees the new tokens) and merges them with
-  ``runtime.lse_merge.merge_partials``, one rank after another on the one device, so ``phase2_ms``
-  is the time of all ranks' work in sequence, without communication.
-
-Every process sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1
-before anything initialises.
-
     PYTHONPATH=. python3 benchmarks/pulsar_multigpu.py --ranks-in-turn 4 --out r.json --md r.md
     PYTHONPATH=. torchrun --nproc-per-node 4 benchmarks/pulsar_multigpu.py --out r.json --md r.md
     PYTHONPATH=. python3 benchmarks/pulsar_multigpu.py --tiny --device cpu --backend gloo --world-size 2
-"""
+
+A Llama-shaped ``LlamaForCausalLM`` (random weights, compiled with the ``pulsar_dosa`` backend),
+random ids, one block per rank. Per length: ``dense`` on one device, ``star`` and ``pulsar`` on one
+device and over the ranks: ``phase1_ms`` (the slowest rank), ``phase2_ms``, ``decode_ms_per_token``,
+``tokens_equal`` and ``kv_max_abs_diff`` against the one-device driver (bf16 tiles round
+differently; ``--dtype float32`` separates rounding from logic). Over processes (torchrun or
+``--world-size``; NCCL on CUDA, gloo on the CPU) phase 2 all-gathers each layer's partial (o, lse);
+``--ranks-in-turn N`` runs the ranks one after another on one device (rows ``simulated``). Every
+process turns NVLink multicast off (``MULTICAST_OFF``) before anything initialises."""
 from __future__ import annotations
 
 import os
@@ -49,9 +21,7 @@ os.environ.update(MULTICAST_OFF)
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
 import socket  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 from typing import Callable, Optional, Sequence  # noqa: E402
@@ -59,11 +29,10 @@ from typing import Callable, Optional, Sequence  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
 from compiler.backend import pulsar_dosa  # noqa: E402
-from benchmarks.timing import timed  # noqa: E402
 from runtime.attention_layout import QueryPhase, attention_kernel  # noqa: E402
 from runtime.distributed import encode_rank_context, gather_and_merge, rank_blocks, restrict_layout  # noqa: E402
 from runtime.lse_merge import merge_partials  # noqa: E402
@@ -399,19 +368,24 @@ def benchmark_rows(model, settings: Settings, ranks: int, device: torch.device, 
 
 
 def environment(device: torch.device, backend: Optional[str]) -> dict:
-    import triton
+    """The results header (``harness.header``), the process group's backend and the multicast settings."""
+    return harness.header(device, backend=backend, multicast_env={k: os.environ.get(k) for k in MULTICAST_OFF})
 
-    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-            "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "backend": backend,
-            "multicast_env": {k: os.environ.get(k) for k in MULTICAST_OFF}}
+
+def timed(fn: Callable[[], object], device: torch.device, reps: int,
+          before: Callable[[], None] = lambda: None) -> tuple[float, object]:
+    """(median wall ms of ``reps`` synchronised calls after one warm-up, the last result):
+    ``harness.measure``, host-paced; ``before`` runs untimed ahead of each call (a barrier)."""
+    timing = harness.measure(fn, device, reps, host_paced=True, before=before)
+    return timing.ms, timing.out
 
 
 def markdown(result: dict) -> str:
     s = result["sizes"]
     shape = s["model"]
+    versions = result["environment"]["versions"]
     lines = [f"Pulsar over ranks on {result['environment']['device']} ({result['how']}; torch "
-             f"{result['environment']['torch']}, transformers {result['environment']['transformers']}). "
+             f"{versions['torch']}, transformers {versions.get('transformers')}). "
              f"LlamaForCausalLM, random weights, {shape['layers']} layers of hidden {shape['hidden']}, "
              f"{shape['heads']}/{shape['kv_heads']} heads of dim {shape['head_dim']}, MLP {shape['mlp']}, "
              f"vocab {shape['vocab']}, {s['dtype']}; one block per rank, sink {s['sink']}, chunk {s['chunk']}, "
@@ -438,8 +412,7 @@ def markdown(result: dict) -> str:
 def write_outputs(result: dict, out: Optional[str], md: Optional[str]) -> None:
     """Write the JSON and Markdown files (when paths are given)."""
     if out:
-        with open(out, "w", encoding="utf-8") as fh:
-            json.dump(result, fh, indent=1)
+        harness.write_json(out, result)
     if md:
         with open(md, "w", encoding="utf-8") as fh:
             fh.write(markdown(result))

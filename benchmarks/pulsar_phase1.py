@@ -1,37 +1,28 @@
 """Phase-1 (context encoding) cost of dense, Star, Pulsar and Pulsar with a shared spine.
 
-A Llama-shaped decoder stack with random bf16 weights (Llama-3.1-8B layer shapes: hidden 4096,
-32 query heads, 8 key/value heads, head dim 128, MLP 14336; ``--layers`` of them, RoPE theta
-500000 without frequency scaling) encodes the assembled phase-1 inputs of
-``runtime.assembly.assemble`` with the Triton two-interval attention kernel, and keeps the KV of
-each input's own block. For every mode and context length it reports:
-
-* ``phase1_flops_per_device``: matmul FLOPs of the largest per-host input (dense: the whole
-  context on one device; pulsar+spine: everything packed on one device, the one-device total).
-  Linear layers 2·tokens·weights; attention 4·heads·head_dim per visible (query, key) pair of the
-  two-interval rule. Embedding, norms, RoPE and softmax are not counted.
-* ``phase1_ms``: measured time of that input's forward (median of ``--reps`` after one warm-up).
-* ``phase1_flops_all_devices``: the sum over all hosts' inputs.
-
-The same run checks the kernels against the torch references at model sizes and measures the
-ceilings (bf16 matmul rate; torch's flash attention on the same causal problem).
-
     PYTHONPATH=. python3 benchmarks/pulsar_phase1.py --out results.json --md results.md
     PYTHONPATH=. TRITON_INTERPRET=1 python3 benchmarks/pulsar_phase1.py --tiny   # CPU smoke run
+
+A decoder stack of Llama-3.1-8B layer shapes (``--layers`` of them, random bf16 weights) encodes
+the assembled phase-1 inputs of ``runtime.assembly.assemble`` with the Triton two-interval
+attention kernel. Per mode and context length: ``phase1_flops_per_device`` (matmul FLOPs of the
+largest per-host input: linear layers 2·tokens·weights, attention 4·heads·head_dim per visible
+pair), ``phase1_ms`` (that input's forward, median of ``--reps`` after a warm-up) and
+``phase1_flops_all_devices``. The same run checks the kernels against the torch references at
+model sizes and measures the ceilings (bf16 matmul rate; torch's flash attention on the same
+causal problem).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-import triton
 
-from compiler.lowering.flash_attention_triton import two_interval_attention_triton
+from benchmarks import harness
+from compiler.lowering.attention.two_interval_attention import two_interval_attention_triton
 from runtime.lse_merge import merge_partials
 from runtime.assembly import PackedLayout, assemble
 from runtime.attention_reference import two_interval_attention
@@ -164,20 +155,6 @@ def phase1_flops(shape: ModelShape, inp: HostInput) -> int:
     return shape.layers * (linear + attention)
 
 
-def timed_ms(fn, reps: int, device) -> float:
-    """Median wall time of ``fn`` in ms after one warm-up call (device-synchronised)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double(), ref.double()
     return float((out - ref).norm() / ref.norm())
@@ -259,16 +236,15 @@ def ceilings(device, dtype) -> dict:
     n = 8192
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    ms = triton.testing.do_bench(lambda: a @ b, return_mode="median")
+    ms = harness.measure(lambda: a @ b, device, 10).ms
     out = {"matmul_bf16_8192_tflops": 2 * n ** 3 / ms / 1e9}
     s, h, d = 32768, 32, 128
     q, k, v = (torch.randn(1, h, s, d, device=device, dtype=dtype) for _ in range(3))
     causal = torch.zeros(1, s, dtype=torch.int64, device=device)
     flops = 4 * h * d * s * (s + 1) / 2
-    ms_sdpa = triton.testing.do_bench(
-        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), return_mode="median")
-    ms_ours = triton.testing.do_bench(
-        lambda: two_interval_attention_triton(q, k, v, causal, causal, scale=d ** -0.5), return_mode="median")
+    ms_sdpa = harness.measure(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), device, 10).ms
+    ms_ours = harness.measure(lambda: two_interval_attention_triton(q, k, v, causal, causal, scale=d ** -0.5),
+                              device, 10).ms
     out.update({"causal_attention_32k_sdpa_ms": ms_sdpa, "causal_attention_32k_sdpa_tflops": flops / ms_sdpa / 1e9,
                 "causal_attention_32k_triton_ms": ms_ours,
                 "causal_attention_32k_triton_tflops": flops / ms_ours / 1e9})
@@ -285,7 +261,7 @@ def phase1_rows(shape, model, lengths, blocks, sink, chunk, reps, device) -> lis
             flops = [phase1_flops(shape, inp) for inp in inputs]
             largest = inputs[max(range(len(inputs)), key=flops.__getitem__)]
             with torch.inference_mode():
-                ms = timed_ms(lambda: model(*largest.tensors()), reps, device)
+                ms = harness.measure(lambda: model(*largest.tensors()), device, reps, host_paced=True).ms
             row = {"mode": name, "L": length, "blocks": blocks, "devices": len(inputs),
                    "tokens_per_device": largest.token_ids.numel(),
                    "phase1_flops_per_device": max(flops), "phase1_ms": ms,
@@ -315,8 +291,8 @@ def targets(rows: list[dict], length: int) -> dict:
 
 def markdown(result: dict) -> str:
     """The result as Markdown: setup, table, ceilings, checks and the targets with their bound."""
-    m = result["model"]
-    lines = [f"Phase 1 on {result['device']} (torch {result['torch']}, triton {result['triton']}): "
+    m, v = result["model"], harness.versions_of(result)
+    lines = [f"Phase 1 on {result['device']} (torch {v['torch']}, triton {v.get('triton')}): "
              f"{m['layers']} decoder layers of Llama-3.1-8B shape (hidden {m['hidden']}, {m['heads']} heads, "
              f"{m['kv_heads']} KV heads, head dim {m['head_dim']}, MLP {m['mlp']}), bf16, random weights; "
              f"{result['blocks']} blocks, sink {result['sink']}, chunk {result['chunk']}, summary ratio "
@@ -386,10 +362,8 @@ def main() -> None:
         args.lengths, args.sink, args.chunk, args.check_length, args.reps = [256, 512], 8, 8, 256, 1
     shape = ModelShape(layers=args.layers, **(TINY if args.tiny else LLAMA_8B))
     model = LlamaShapedStack(shape, device, dtype)
-    result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "triton": triton.__version__,
-              "model": asdict(shape), "blocks": args.blocks, "sink": args.sink, "chunk": args.chunk,
-              "summary_ratio": 0.125, "heuristic": "max_idf", "positions": "sparse", "reps": args.reps}
+    result = harness.header(device, model=asdict(shape), blocks=args.blocks, sink=args.sink, chunk=args.chunk,
+                            summary_ratio=0.125, heuristic="max_idf", positions="sparse", reps=args.reps)
     result["ceilings"] = ceilings(device, dtype)
     print("ceilings:", json.dumps(result["ceilings"]), flush=True)
     result["checks"] = correctness_checks(shape, model, args.check_length, args.blocks, args.sink,
@@ -400,8 +374,7 @@ def main() -> None:
     result["targets"] = targets(result["rows"], max(args.lengths))
     print(markdown(result))
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            json.dump(result, fh, indent=1)
+        harness.write_json(args.out, result)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as fh:
             fh.write(markdown(result))

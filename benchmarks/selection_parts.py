@@ -4,41 +4,28 @@
     python3 benchmarks/selection_parts.py --sweep --out benchmarks/results/selection_constants_h200.json
     python3 benchmarks/selection_parts.py --smoke --out /tmp/selection_parts.json   # CPU, interpreter
 
-The dense scorer's int32 words (the high words of the order codes, as the dense path writes and
-selects them) of S=4096 causal queries at the end of T=131072 keys (H=64, D=128, bf16), kk=2048,
-then each step of ``compiler.lowering.threshold_select.top_codes`` timed alone (CUDA events,
-median of 5, its allocations included): the interleaved chunk maxima, tau (the kk-th largest
-maximum), the compaction at several tile sizes, segment counts and pipeline stages (and over the
-same rows as int64 codes), the final top-kk of the 2 kk candidate buffer (``top_candidates``:
-the window kernel and its sort), the gated overflow selector (``select_top_codes`` over the
-words), and the whole call, without and with the chunk maxima given (the dense path's scorer
-writes them), over words and over codes; ``read_once_floor_ms`` is one read of the words at 4.2
-TB/s. Checked in the same run: ``top_codes`` equals ``torch.topk`` of the codes on every row, and
-every compaction form finds the same count and candidate set.
-
-``--sweep`` chooses the selection's constants instead, on the words of a random and of a
-structured indexer (``runtime.structured_indexer``, the same query and key counts): per
-chunks-per-kk (1, 2, 4) tau's time and how many codes per row pass it (mean, 99th percentile,
-maximum), the compaction over (tile, segments) forms (``COMPACT_FORMS``) and the
-final top-kk with buffers of 2, 3 and 4 kk (overflowing rows counted); then the whole
-``top_codes`` for every choice of (chunks per kk, buffer, compaction form), checked against
-``torch.topk``. The module constants restored after.
+On the dense scorer's int32 words of S=4096 causal queries at the end of T=131072 keys (H=64,
+D=128, bf16, kk=2048), each step of ``threshold_select.top_codes`` timed alone (median device ms of
+5): the chunk maxima, tau, the compaction over several forms (and over int64 codes), the final
+top-kk, the gated overflow selector and the whole call; ``read_once_floor_ms`` is one read of the
+words at 4.2 TB/s. Checked in the run: ``top_codes`` equals ``torch.topk`` on every row, and every
+compaction form finds the same candidates. ``--sweep`` chooses the selection's constants on the
+words of a random and a structured indexer: per chunks-per-kk, tau's time and the codes passing it;
+the compaction forms; buffers of 2-4 kk; every combination checked against ``torch.topk``.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
-from pathlib import Path
 
 import torch
-import triton
 
 from benchmarks import dense_roofline as roofline
-from benchmarks.timing import median_ms
-from compiler.lowering import threshold_select as ts
-from compiler.lowering.certified_topk_triton import scorer_chunks
-from compiler.lowering.select_codes_triton import select_top_codes
+from benchmarks import harness
+from compiler.lowering import defaults
+from compiler.lowering.selection import threshold_select as ts
+from compiler.lowering.topk_pipeline import scorer_chunks
+from compiler.lowering.selection.radix_select import select_top_codes
 from runtime.structured_indexer import structured_indexer_inputs
 
 TILES = (2, 4, 8, 16)
@@ -72,13 +59,13 @@ def parts(words: torch.Tensor, kk: int, device: str) -> dict:
     """Times (ms) and checks of every part of ``top_codes(words, kk)`` for the scorer's words [R, N]
     (int32, as the dense path selects), and of the whole call over the same rows as int64 codes."""
     codes = ts.codes_of_words(words)
-    n = ts.CHUNKS_PER_K * kk
-    time_ms = lambda fn: round(median_ms(fn, 5, device), 3)  # noqa: E731
+    n = defaults.CHUNKS_PER_K * kk
+    time_ms = lambda fn: round(harness.median_ms(fn, 5, device), 3)  # noqa: E731
     maxima = ts.chunk_maxima(words, n)
     out = {"chunk_max": time_ms(lambda: ts.chunk_maxima(words, n))}
     tau = ts.kth_largest(maxima, kk)
     out["tau"] = time_ms(lambda: ts.kth_largest(maxima, kk))
-    cap = ts.CANDIDATE_FACTOR * kk
+    cap = defaults.THRESHOLD_BUFFER_K * kk
     kept = ts.compact(words, tau, cap)
     same = []
     for tile in TILES:
@@ -116,7 +103,7 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
     """Rows of the ``--sweep`` (module docstring) for the scorer's words [R, N] of one kind of
     ``inputs``; times are medians of ``reps`` calls; ``forms`` / ``total_forms``: the compaction's
     (tile, segments) timed alone / in the whole selection."""
-    time_ms = lambda fn: round(median_ms(fn, reps, device), 3)  # noqa: E731
+    time_ms = lambda fn: round(harness.median_ms(fn, reps, device), 3)  # noqa: E731
     rows = []
     for per_k in (1, 2, 4):
         maxima = ts.chunk_maxima(codes, per_k * kk)
@@ -133,15 +120,15 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
             row[f"final_window_{factor}kk"] = time_ms(lambda: ts.top_candidates(cand, count, kk))
         rows.append(row)
     want = torch.topk(ts.codes_of_words(codes), kk, dim=-1).values
-    saved = ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_TILE, ts.COMPACT_SEGMENTS
+    saved = defaults.CHUNKS_PER_K, defaults.THRESHOLD_BUFFER_K, defaults.COMPACT_TILE, defaults.COMPACT_SEGMENTS
     try:
         for per_k, factor, (tile, segments) in itertools.product((1, 2), (2, 3, 4), total_forms):
-            ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_TILE, ts.COMPACT_SEGMENTS = per_k, factor, tile, segments
+            defaults.CHUNKS_PER_K, defaults.THRESHOLD_BUFFER_K, defaults.COMPACT_TILE, defaults.COMPACT_SEGMENTS = per_k, factor, tile, segments
             rows.append({"inputs": inputs, "chunks_per_k": per_k, "candidate_factor": factor, "tile": tile,
                          "segments": segments, "top_codes": time_ms(lambda: ts.top_codes(codes, kk)),
                          "identical_to_torch_topk": bool(torch.equal(ts.top_codes(codes, kk), want))})
     finally:
-        ts.CHUNKS_PER_K, ts.CANDIDATE_FACTOR, ts.COMPACT_TILE, ts.COMPACT_SEGMENTS = saved
+        defaults.CHUNKS_PER_K, defaults.THRESHOLD_BUFFER_K, defaults.COMPACT_TILE, defaults.COMPACT_SEGMENTS = saved
     return rows
 
 
@@ -160,8 +147,7 @@ def main(argv=None) -> int:
     q, k, w = roofline.random_inputs(S, T)
     codes = roofline.all_codes(q, w, k, mask, words=True)[0]  # the scorer's int32 words, as the dense path selects
     del q, k, w
-    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)",
-              "versions": {"torch": torch.__version__, "triton": triton.__version__}, "S": S, "T": T, "kk": kk}
+    result = harness.header(device, smoke=args.smoke, S=S, T=T, kk=kk)
     if args.sweep:
         reps = 1 if args.smoke else 5
         # The smoke run checks the code path with one form of each kind.
@@ -173,10 +159,10 @@ def main(argv=None) -> int:
         result["rows"] = rows + constants_sweep(codes, kk, device, "structured", reps, *forms)
     else:
         result.update(parts(codes, kk, device))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result), flush=True)
+    table = (harness.rows_table(result["rows"]) if args.sweep else
+             harness.markdown_table(["part", "value"], [[n, v] for n, v in result.items()
+                                                      if n not in ("device", "versions")]))
+    harness.write_results(args.out, result, table)
     return 0
 
 

@@ -28,13 +28,13 @@ within its visible keys; a row with at most 2048 visible keys selects keys 0..20
   or a dict with ``indices`` and optionally ``T``), e.g. a trained model's selections.
 
 Methods, timed by CUDA events (median): ``absorbed:<config>`` for every entry of
-``compiler.lowering.absorbed_attention_triton.CONFIGS`` on a case's first kind and the fastest of
+``compiler.lowering.attention.absorbed_attention.CONFIGS`` on a case's first kind and the fastest of
 them on its other kinds (the op runs ``DEFAULT_CONFIG``),
 ``union`` (``pulsar_dosa.sparse_attention``'s kernels on the expanded keys and values) and
 ``masked_sdpa`` (what transformers runs: index mask, combined mask, SDPA over all T keys; timed
 once per case, its work does not depend on the selection). ``tflops`` is the absorbed form's
 2·B·S·H·K·(Dc + Dr + Dc) FLOPs over each method's time; ``chosen``: the form
-``path_choice.sparse_attention_form`` picks for the shape and ``regret``: its time (its fastest
+``policy.sparse_attention_form`` picks for the shape and ``regret``: its time (its fastest
 configuration) over the best method's. A method whose inputs do not fit in memory is skipped and the
 row says so; a case past ``--budget-s`` is skipped. Errors: max |out - fp32 reference| on sampled
 query rows (``runtime.absorbed_attention``). Per case, the default configuration is also checked
@@ -55,9 +55,9 @@ import torch.nn.functional as F
 import triton
 
 import benchmarks.indexer_graphs as graphs
-from compiler.lowering.absorbed_attention_triton import CONFIGS, DEFAULT_CONFIG, absorbed_sparse_attention_triton
-from compiler.lowering.sparse_attention_triton import sparse_attention_triton
-from compiler.path_choice import sparse_attention_form
+from compiler.lowering.attention.absorbed_attention import CONFIGS, DEFAULT_CONFIG, absorbed_sparse_attention_triton
+from compiler.lowering.attention.sparse_attention import sparse_attention_triton
+from compiler.policy import sparse_attention_form
 from runtime.absorbed_attention import absorbed_sparse_attention, head_weights
 
 DIMS = dict(nope=128, rope=64, v=128, latent=512, topk=2048)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sysconfig
 import time
 import zlib
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import harness
 from runtime.summaries import HEURISTICS, select_summaries
 
 LENGTH = 131072
@@ -44,25 +44,6 @@ def stdlib_word_ids(length: int) -> torch.Tensor:
     return torch.tensor([zlib.crc32(w.encode()) % VOCAB for w in words[:length]], dtype=torch.int64)
 
 
-def time_call(fn, device: torch.device, reps: int) -> float:
-    """Median milliseconds of ``fn()`` (CUDA: synchronised wall time; CPU: process CPU time)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            begin = time.perf_counter()
-            fn()
-            torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - begin)
-        else:
-            begin = time.process_time()
-            fn()
-            times.append(time.process_time() - begin)
-    return 1000 * statistics.median(times)
-
-
 def phase1_references() -> dict[str, float]:
     """Pulsar phase 1 at L = 131072 from PHASE1_FILE: per device when its 4 blocks are spread over
     4 devices (each device also runs the selection), and on one device with the shared spine."""
@@ -74,7 +55,8 @@ def phase1_references() -> dict[str, float]:
 def markdown(result: dict) -> str:
     """The report of a result (``main``'s JSON)."""
     ref = result["phase1_ms"]
-    lines = [f"# select_summaries time at L = {result['length']} on {result['device']} (torch {result['torch']})", "",
+    lines = [f"# select_summaries time at L = {result['length']} on {result['device']} "
+             f"(torch {harness.versions_of(result)['torch']})", "",
              f"Median of {result['reps']} calls. Phase 1 of Pulsar at L = 131072 ({result['phase1_source']}, "
              f"2 Llama-3.1-8B-shaped layers): {ref['per_device_of_4']:.1f} ms per device with its 4 blocks on 4 "
              f"devices (each device also selects the summaries), {ref['one_device']:.1f} ms on one device. "
@@ -109,19 +91,16 @@ def main() -> None:
             same = all(torch.equal(g.cpu(), w) for g, w in zip(got, want))
             if not same:
                 failures.append(f"{heuristic}/B={block_size}")
-            ms = time_call(lambda: select_summaries(ids, block_size, heuristic=heuristic), device, reps)
+            call = (lambda: select_summaries(ids, block_size, heuristic=heuristic))
+            ms = harness.measure(call, device, reps, warmup=3, host_paced=True, clock=time.process_time).ms
             row = dict(heuristic=heuristic, block_size=block_size, ms=round(ms, 3), same_as_cpu=same)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (process time, 1 thread)"
-    result = dict(device=name, torch=torch.__version__, length=length, reps=reps,
-                  token_ids="stdlib words, crc32 % 131072", phase1_ms=reference,
-                  phase1_source=str(PHASE1_FILE.name), rows=rows, failures=failures)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    report = markdown(result)
-    args.out.with_suffix(".md").write_text(report)
-    print(report)
+    result = harness.header(device, clock="synchronised wall time" if device.type == "cuda" else
+                            "process CPU time, 1 thread", length=length, reps=reps,
+                            token_ids="stdlib words, crc32 % 131072", phase1_ms=reference,
+                            phase1_source=str(PHASE1_FILE.name), rows=rows, failures=failures)
+    harness.write_results(args.out, result, markdown(result))
     if failures:
         raise SystemExit(f"device and CPU select different positions for {failures}")
 

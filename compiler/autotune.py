@@ -1,19 +1,13 @@
 """Triton launch configurations chosen by measurement, keyed on bucketed lengths, cached on disk.
 
-A kernel family offers a list of ``LaunchConfig`` candidates and a ``launch(config)`` callable that
-runs the kernel once on real tensors of the current bucket. ``choose_config``:
-
-* on a non-CUDA device or under the Triton CPU interpreter (``TRITON_INTERPRET=1``) returns the first
-  candidate, without measuring (one config: the interpreter is slow and its timings mean nothing);
-* otherwise returns the cached choice for the key (kernel, device name, software versions, bucketed
-  length, other shape parameters), or measures every candidate that launches (a candidate that
-  fails to compile or launch is skipped), keeps the fastest and stores it.
-
-Lengths are bucketed to powers of two so that a new sequence length reuses its bucket's choice instead
-of measuring again. The cache is a JSON file (``PULSAR_DOSA_AUTOTUNE_CACHE`` or
-``~/.cache/pulsar_dosa/autotune.json``), written atomically; an unreadable cache file is ignored and
-replaced. The choice only affects speed: every candidate computes the same result.
-"""
+``choose_config(kernel, configs, launch, device=, length=, shape=)``: under ``TRITON_INTERPRET=1``,
+off CUDA, or for a call with less work than ``MIN_TUNED_WORK`` the first candidate, neither compiled
+nor measured beyond it; otherwise the cached choice for (kernel, device name,
+torch and triton versions, power-of-two bucket of the length, the other shape ints), or the fastest
+candidate that launches (a failing one is skipped), measured once and stored. The cache is a JSON
+file (``PULSAR_DOSA_AUTOTUNE_CACHE`` or ``~/.cache/pulsar_dosa/autotune.json``) written atomically;
+an unreadable one is ignored and replaced. The choice changes speed only: every candidate computes
+the same result."""
 from __future__ import annotations
 
 import functools
@@ -27,6 +21,12 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+MIN_TUNED_WORK = 1 << 32
+"""Calls with less work than this (multiply-adds, as the kernel family counts them) are not tuned.
+Tuning a new key compiles every candidate on the call that meets it first: about 0.3-8 s per
+candidate for the screen and sparse-attention kernels (sm_90, Triton 3.6, compiled on a 2-core
+x86 CPU), so 6 screen candidates alone add several seconds to a first call, while a call below
+2^32 multiply-adds runs for tens of microseconds on the GPU, where a config changes little."""
 CACHE_ENV = "PULSAR_DOSA_AUTOTUNE_CACHE"
 CACHE_FORMAT = "pulsar-dosa-autotune-1"
 
@@ -176,13 +176,16 @@ _SHARED_CACHE: AutotuneCache | None = None
 
 
 def choose_config(kernel: str, configs: Sequence[LaunchConfig], launch: Callable[[LaunchConfig], None], *,
-                  device: torch.device, length: int, shape: Mapping[str, int],
+                  device: torch.device, length: int, shape: Mapping[str, int], work: int,
                   cache: AutotuneCache | None = None) -> LaunchConfig:
-    """The launch config for ``kernel`` at ``length`` on ``device`` (see the module docstring)."""
+    """The launch config for ``kernel`` at ``length`` on ``device`` for a call of ``work``
+    multiply-adds (see the module docstring)."""
     global _SHARED_CACHE
     if not configs:
         raise ValueError("configs: expected at least one LaunchConfig")
-    if device.type != "cuda" or interpreter_active():
+    if isinstance(work, bool) or not isinstance(work, int) or work < 0:
+        raise ValueError(f"work: expected an int >= 0, got {work!r}")
+    if device.type != "cuda" or interpreter_active() or work < MIN_TUNED_WORK:
         return configs[0]
     if cache is None:
         if _SHARED_CACHE is None:

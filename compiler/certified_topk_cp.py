@@ -4,7 +4,7 @@ device's kernel.
 ``runtime.certified_topk_cp`` holds the protocol (one all-reduce of the per-query thresholds,
 one all-gather of candidates, the merge; exactly ``dense_topk`` of the unsharded call on every
 rank); this module only picks the shard kernel (``shard_kernel``), as the op does: the Triton
-pipeline (``compiler/lowering/certified_topk_triton.py``) for CUDA tensors, the plain-torch
+pipeline (``compiler/lowering/topk_pipeline.py``) for CUDA tensors, the plain-torch
 reference elsewhere (gloo on the CPU).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ __all__ = ["certified_topk_cp", "shard_kernel"]
 def shard_kernel(device: torch.device) -> ShardKernel:
     """The shard's certified top-K on ``device``: the Triton pipeline on CUDA, else the reference."""
     if torch.device(device).type == "cuda":
-        from compiler.lowering.certified_topk_triton import certified_topk_cuda
+        from compiler.lowering.topk_pipeline import certified_topk_cuda
 
         return certified_topk_cuda
     return certified_topk

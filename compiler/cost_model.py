@@ -1,43 +1,29 @@
-"""Analytic cost of the DSA indexer's dense and certified paths (SPEC A.6), kept symbolic in length.
+"""Analytic cost of the DSA indexer's dense and certified paths (SPEC A.6), symbolic in the length.
 
-Work model, per query that sees ``n`` visible keys (``n > N0``) in a call over ``T`` keys, ``H`` heads
-of width ``D``:
-
-    dense(n)     = n·H·D / dense_rate + n / select_rate
-    certified(n) = plan + a·n·H·D / dense_rate                        anchor queries scored densely
-                 + (N0 + T/SAMPLE_PER_KEYS)·H·D / refine_rate         seeds and the own-threshold sample
-                 + (n − N0)·ρ(r)·D / screen_rate                      screen, ρ(r) = r + d_a padded
-                 + m·(n − N0)·H·D / refine_rate                       refine the survivors
-                 + (N0 + m·(n − N0)) / select_rate                    select over seeds and survivors
-                 + redo·dense(n)                                      queries redone densely on the device
-
-``m = m(r)`` is the survival fraction of screened keys and ``redo`` the fraction of certified queries
-answered densely after all (candidate overflow or a threshold miss), both measured per layer by the plan
-CLI; ``N0`` the seed count (witness top-K ∪ sink ∪ window); ``a`` the anchors per query: ceil(S/stride)/S
-for a chunk of S queries, 1/stride for a prefill. A query with ``n ≤ N0`` is scored densely on both
-paths. A call of ``S`` queries ending at key ``T`` (query ``i`` sees ``T − S + 1 + i`` keys; ``S = T`` is a
-causal prefill) costs the fixed cost of its path plus the sum of the per-query costs over its queries
-and its batch; a measured ``scale`` multiplies the certified call (the plan's correction from a timed
-calibration call). Both are polynomials in the symbol ``T`` (degree 2 for a prefill, 1 for a fixed query
-chunk), so the crossover length where certified overtakes dense is an exact root found with sympy.
-
-Speeds are predictions from measured constants (``KernelConstants``), never a correctness input: the
-certified path is exact whatever the model predicts. Decisions made from them live in
-``compiler.path_choice``.
-"""
+``dense_call_time(shape, c)`` and ``certified_call_time(r, m, shape, c, redo=, scale=)`` are
+polynomials in the key length ``T`` (sympy): the per-query work model of SPEC A.6 summed over the
+queries of one call (``IndexerShape``: a causal prefill, or a chunk of queries at the end of T
+keys) and its batch, plus the path's fixed cost, with rates and fixed costs from
+``KernelConstants`` (``H200_FITTED``, ``CPU_REFERENCE``, or loaded from JSON). ``crossover_length``
+is the exact length from which certified is predicted faster (None: never); ``predicted_ratio``
+compares the two at one length; ``default_min_keys`` is the crossover of an unplanned layer. The
+predictions steer decisions (``compiler.plan.choice``, ``compiler.policy``, ``compiler.ops.guard``)
+and never correctness: the certified path is exact whatever they say."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import sympy
 
+from compiler import defaults
+from runtime import defaults as runtime_defaults
 from runtime.certified_topk import CertifiedTopkConfig
-from runtime.seeds import SAMPLE_PER_KEYS
 
 _RUNTIME_DEFAULTS = CertifiedTopkConfig()
 
@@ -123,9 +109,9 @@ CPU_REFERENCE = KernelConstants(
     screen_tile=1,
     screen_pow2=False,
     source="runtime/ plain-torch reference, compiler.plan.constants.measure_reference_constants on a "
-           "2-core x86 CPU (best of 9 runs, S=32 T=2048 H=16 D=32, torch 2.13; other load present)",
+           "2-core x86 CPU (best of 9 runs, S=32 T=2048 H=16 D=32)",
 )
-"""The plain-torch reference on CPU (what the op runs there); ``--constants measure`` re-measures it."""
+"""The plain-torch reference on the CPU (what the op runs there); ``--constants measure`` re-measures it."""
 
 H200_FITTED = KernelConstants(
     dense_macs_per_s=2.89e14,
@@ -137,11 +123,9 @@ H200_FITTED = KernelConstants(
     certified_fixed_s=3.46e-3,
     screen_tile=1,
     screen_pow2=True,
-    source="benchmarks/fit_cost_model.py (benchmarks/results/h200_refit_constants.json, session 11): dense and "
-           "selection rates from dense_roofline_h200.json (session 8), the rest a relative least-squares fit to "
-           "the 60 certified calls of the session 11 indexer_zoo_h200.json (max relative error 0.36, rms 0.14). "
-           "Every zoo family's plan keeps its r and path under it (crossovers 11-14% lower, the mixture's 2% "
-           "higher: lengths the zoo does not time); the previous constants (session 8) erred by rms 0.26 on that run.",
+    source="benchmarks/fit_cost_model.py, benchmarks/results/h200_refit_constants.json: dense and selection "
+           "rates from dense_roofline_h200.json, the rest a relative least-squares fit to the 60 certified calls "
+           "of indexer_zoo_h200.json (max relative error 0.36, rms 0.14)",
 )
 """The Triton path on one H200, fitted to the indexer benchmark; ``KernelConstants.from_json`` loads others."""
 
@@ -154,7 +138,7 @@ class IndexerShape:
     chunk of that many queries at the end of T keys. ``seeds`` is N0 (defaults to topk + sink + window,
     an upper bound on the seed set of the runtime's default rule), ``anchor_stride`` the spacing of
     densely scored anchor queries; sink, window and anchor_stride default to the runtime's
-    ``CertifiedTopkConfig`` defaults. ``sample``: every query also scores T / SAMPLE_PER_KEYS keys for
+    ``CertifiedTopkConfig`` defaults. ``sample``: every query also scores T / ``SAMPLE_PER_KEYS`` keys for
     its own threshold (``runtime.seeds``; the default above T = 8192 keys).
     """
 
@@ -225,7 +209,7 @@ def certified_query_cost(n, r: int, m, shape: IndexerShape, c: KernelConstants, 
     with budget r, survival m, ``anchors`` anchor queries per query and a ``redo`` fraction."""
     hd, n0 = shape.heads * shape.head_dim, shape.n0
     screened = n - n0
-    sample = T / SAMPLE_PER_KEYS if shape.sample else 0
+    sample = T / runtime_defaults.SAMPLE_PER_KEYS if shape.sample else 0
     return (_exact(c.plan_s_per_query)
             + anchors * n * hd / _exact(c.dense_macs_per_s)
             + (n0 + sample) * hd / _exact(c.refine_macs_per_s)
@@ -307,3 +291,27 @@ def predicted_ratio(length: int, r: int, m: float, shape: IndexerShape, c: Kerne
     _require_int("length", length, 1)
     cert = certified_call_time(r, m, shape, c, redo=redo, scale=scale).subs(T, length)
     return float(cert / dense_call_time(shape, c).subs(T, length))
+
+
+def constants_for(device_type: str) -> KernelConstants:
+    """The default constants of a device type: ``H200_FITTED`` on CUDA, ``CPU_REFERENCE`` elsewhere."""
+    return H200_FITTED if device_type == "cuda" else CPU_REFERENCE
+
+
+def assumed_budget(heads: int, c: KernelConstants) -> int | None:
+    """The smallest aligned budget >= ``defaults.ASSUMED_R`` below ``heads`` (None when there is none)."""
+    rs = [r for r in candidate_rs(heads, c) if r >= defaults.ASSUMED_R]
+    return rs[0] if rs else None
+
+
+@functools.lru_cache(maxsize=256)
+def default_min_keys(heads: int, head_dim: int, topk: int, queries: int | None, device_type: str) -> int | None:
+    """The key length from which an unplanned layer is certified: the crossover of ``assumed_budget``
+    at ``defaults.DEFAULT_SURVIVAL`` for calls of ``queries`` queries (None: a causal prefill) on
+    the device type; None: never."""
+    c = constants_for(device_type)
+    r = assumed_budget(heads, c)
+    if r is None:
+        return None
+    shape = IndexerShape(heads=heads, head_dim=head_dim, topk=topk, queries=queries)
+    return crossover_length(r, defaults.DEFAULT_SURVIVAL, shape, c)

@@ -1,27 +1,15 @@
 """``python -m compiler.demo``: compile a tiny DeepseekV32ForCausalLM with ``backend="pulsar_dosa"``.
 
 Builds a small transformers ``DeepseekV32ForCausalLM`` (fixed seed), runs it eagerly and compiled,
-and prints: the rewrites per layer, the per-layer selection check, the logits difference against
-eager, and the top-K statistics of every indexer layer (queries that took the certified path,
-keys screened, the fraction the certificate pruned, fallbacks).
-
-The weights are random except where :func:`set_trained_geometry` gives every indexer the
-geometry DoSA reports for trained indexers (SPEC A.8): a few positive-weight heads that look for
-the topic of the current token, negative-weight heads with a stable activation pattern, keys that
-carry their token's topic, and input ids that stay on one topic for runs of tokens (locality).
-Random-init indexers do not prune (``--random-indexers`` keeps them: every layer then falls back
-to dense scoring). With the default 1024 tokens, the queries that see more keys than the cost
-model's crossover take the certified path and the certificate rules out most of the keys they
-screen, inside the model.
-
-Selection check, per indexer layer: the eager run records the indexer's top-K input scores and
-indices (a ``TorchFunctionMode`` on ``Tensor.topk`` inside the indexer); the indexer module alone is
-then compiled with the backend and run on that layer's eager inputs. A row is "equal" when both
-select the same visible keys; "tie" when the keys differ only among keys whose eager score equals
-the kk-th score (torch.topk breaks ties arbitrarily, the op by lower index: both are exact top-K);
-"differ" otherwise. Keys whose score is -inf or a finite additive mask value (<= -1e37,
-transformers' finfo.min) are hidden: attention masks them whichever is selected.
-"""
+and prints the rewrites per layer, the per-layer selection check, the logits difference against
+eager, and each indexer layer's top-K statistics (certified queries, keys screened and pruned,
+fallbacks). The weights are random except that :func:`set_trained_geometry` gives every indexer a
+trained indexer's geometry (SPEC A.8; ``--random-indexers`` keeps the random ones, which do not
+prune). Selection check per layer: the indexer alone, compiled, on the eager run's inputs of that
+layer; a row is "equal" when both select the same visible keys, "tie" when they differ only among
+keys scoring the kk-th value (both are exact top-K), "differ" otherwise. Keys scoring -inf or a
+finite mask value (<= -1e37) are hidden. Exit status 0 when every layer is rewritten once, no row
+differs and the logits agree."""
 from __future__ import annotations
 
 import argparse
@@ -32,8 +20,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import compiler
-from compiler.path_choice import CHOICES
 from compiler.report import format_table
+from compiler.topk_settings import CHOICES
 
 HIDDEN_SCORE = -1e37
 
@@ -72,7 +60,7 @@ def _zero_mean_units(n: int, dims: int, generator: torch.Generator) -> torch.Ten
 
 @torch.no_grad()
 def set_trained_geometry(model: torch.nn.Module, seed: int = 0, positive_heads: int = 4) -> torch.nn.Module:
-    """Give every DSA indexer of ``model`` a trained indexer's geometry (module docstring), in place.
+    """Give every DSA indexer of ``model`` a trained indexer's geometry (SPEC A.8), in place.
 
     Hidden dims 0..TOPICS-1 hold the token's topic (one-hot, from the embedding) and dim TOPICS a
     constant; the rest stays random. Keys: wk maps the topic to a unit direction of the indexer's
@@ -239,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--downstream", choices=("eager", "inductor"), default="eager",
                         help="compiler after the passes (inductor's first CPU compile takes minutes)")
-    parser.add_argument("--certified", choices=CHOICES, default="auto")
+    parser.add_argument("--path", choices=CHOICES, default="auto")
     parser.add_argument("--random-indexers", action="store_true",
                         help="keep the random-init indexers (they do not prune: every query is scored densely)")
     parser.add_argument("--dynamic", action="store_true")
@@ -252,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         set_trained_geometry(model, a.seed)
     input_ids = topic_run_ids(a.seq, model.config.vocab_size, seed=a.seed)
     # On the CPU the backend keeps every stock subgraph by default (the ops run their plain-torch
-    # references there, compiler.path_choice.STOCK_BELOW); the demo exists to show the ops at work.
-    options = {"downstream": a.downstream, "certified": a.certified, "stock_below": 0}
+    # references there, compiler.defaults.STOCK_BELOW); the demo exists to show the ops at work.
+    options = {"downstream": a.downstream, "path": a.path, "stock_below": 0}
     eager = eager_run(model, input_ids)
     report = compiler.explain(model, input_ids, options=options, dynamic=a.dynamic, use_cache=False)
     logits = report.output.logits
@@ -263,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     geometry = "random-init indexers" if a.random_indexers else "indexers with a trained geometry"
     print(f"DeepseekV32ForCausalLM ({geometry}, seed {a.seed}): {cfg.num_hidden_layers} layers, "
           f"index_n_heads {cfg.index_n_heads}, index_head_dim {cfg.index_head_dim}, index_topk {cfg.index_topk}, "
-          f"seq {a.seq}, {a.dtype}, attention {a.attn}, downstream {a.downstream}, certified={a.certified}, "
+          f"seq {a.seq}, {a.dtype}, attention {a.attn}, downstream {a.downstream}, path={a.path}, "
           "stock_below=0 (the ops on every call: on the CPU the default keeps stock)\n")
     rows = []
     for name in indexers(model):
@@ -272,10 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, len(rewrites), rewrites[0].variant if rewrites else "-",
                      rewrites[0].details.get("min_keys", "-") if rewrites else "-",
                      f"{sel['equal']}/{sel['tie']}/{sel['differ']}", *_stats_cells(report.stats.get(name, {}))])
-    print(format_table(["indexer", "rewrites", "variant", "crossover", "rows equal/tie/differ", "certified queries",
+    print(format_table(["indexer", "rewrites", "variant", "min_keys", "rows equal/tie/differ", "certified queries",
                         "keys screened/visible", "pruned", "fallbacks"], rows))
     print("(certified queries: answered by seeds, screen and refine; the others are anchors or fell back to dense "
-          "scoring, e.g. dense_cheaper below the crossover. pruned: fraction of the screened keys that the "
+          "scoring, e.g. dense_cheaper below min_keys. pruned: fraction of the screened keys that the "
           "certificate ruled out, so they were never scored)")
     for miss in report.near_misses:
         print(f"near miss ({miss.kind}): {miss.module}: {miss.reason}")

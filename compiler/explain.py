@@ -7,9 +7,9 @@ from typing import Any, Mapping
 import torch
 
 from compiler.backend import pulsar_dosa
-from compiler.lowering.stats import TOPK_STATS
+from compiler.ops.stats import TOPK_STATS
 from compiler.options import CompileOptions
-from compiler.path_choice import GUARD
+from compiler.ops.guard import GUARD
 from compiler.report import Report, collecting
 
 logger = logging.getLogger(__name__)

@@ -1,20 +1,12 @@
-"""Graphs for a running Pulsar layout: attention masks that the layout ignores are not computed.
+"""Graphs for a running Pulsar layout: the attention masks the layout ignores are not computed.
 
-Inside ``runtime.pulsar.generate`` a Pulsar layout is active (``runtime.attention_layout``) and
-every ``pulsar_dosa::attention`` op ignores its ``attn_mask``: the layout decides visibility. The
-captured graph still computes that mask: transformers builds its [B, 1, Sq, Sk] mask while the
-model is traced (it skips the mask only in eager mode), which costs O(Sq * Sk) memory traffic per
-forward, then thrown away (12 ms of 62 in a 2-layer Llama phase 1 at 32K tokens on the H200, 218
-of 600 ms at 128K).
-
-``without_attention_masks(gm)``: a copy of ``gm`` in which every attention op gets
-``attn_mask=None`` and the nodes that computed nothing else are removed; None when that removes
-nothing (no mask, or masks that are graph inputs). ``LayoutDispatch`` runs it while a layout is
-active and the graph as captured otherwise, so a compiled model outside ``generate`` computes
-exactly what it computed before. The backend builds the copy only for graphs captured while a
-layout is active (the first calls of a compiled model inside ``generate``): graphs of a model
-never run under a layout are compiled once, as without Pulsar.
-"""
+Inside ``runtime.pulsar.generate`` every ``pulsar_dosa::attention`` op ignores its ``attn_mask``
+(the layout decides visibility), but a captured graph still builds transformers' [B, 1, Sq, Sk]
+mask, O(Sq * Sk) memory traffic per forward. ``without_attention_masks(gm)``: a copy of ``gm`` in
+which every attention op gets ``attn_mask=None`` and the nodes that computed nothing else are
+removed; None when that removes nothing. ``LayoutDispatch`` runs the copy while a layout is active
+and the graph as captured otherwise, so a compiled model outside ``generate`` computes exactly what
+it computed before. The backend builds copies only for graphs captured under a layout."""
 from __future__ import annotations
 
 import copy

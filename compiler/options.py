@@ -1,20 +1,14 @@
 """The backend's options: one frozen, validated dataclass.
 
 ``torch.compile(model, backend="pulsar_dosa", options={...})`` hands the dict to the backend, which
-turns it into :class:`CompileOptions` with :meth:`CompileOptions.from_user`. Unknown keys and bad
-values raise ``ValueError``/``TypeError`` naming the key and what was expected.
-
-A new option is one declared field: ``name: type = option(default, check, doc)``. ``check`` gets the
-value and returns it (possibly normalised) or raises; ``CompileOptions(...)`` runs it too.
-
-:meth:`CompileOptions.uuid` hashes every field (a plan by its content); the backend records it per
-compile (``report.compiles[i]["options_uuid"]``). Compiled code is not looked up by it: every
-option that changes the compiled code does so through the rewritten graph (which ops, their
-``path``/``r``/``min_keys``/``record_stats``/``layer``/``precision`` arguments), and the graph is what Inductor's
-FX graph cache keys on; Dynamo guards its cache entries on the backend, and two ``torch.compile``
-calls share compiled code only when their backend and options are equal. So no compiled code
-outlives a changed option.
-"""
+turns it into :class:`CompileOptions` (:meth:`CompileOptions.from_user`); ``CompileOptions(...)``
+validates the same way. An unknown key or a bad value raises ``ValueError``/``TypeError`` naming
+the key and what was expected. A new option is one field: ``name: type = option(default, check,
+doc)``. :meth:`CompileOptions.uuid` hashes every field (a plan by its content) and is recorded per
+compile; compiled code is not looked up by it: an option changes compiled code only through the
+rewritten graph, which Inductor's cache keys on, and Dynamo shares compiled code only between
+``torch.compile`` calls with equal backends and options. ``PASS_FAMILIES`` are the pattern
+families a user may name, in run order."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +18,18 @@ import json
 import os
 from typing import Any, Callable, Mapping
 
-from runtime.fp8_quant import check_precision
+from compiler.topk_settings import CHOICES
+from runtime.fp8_quant import PRECISIONS
 
 DOWNSTREAMS = ("inductor", "eager", "tensorrt")
+PASS_FAMILIES = ("dsa_indexer", "sparse_attention", "attention")
+"""The pattern families a user may name, in the order they run (``compiler.passes`` runs them)."""
+SPARSE_FORMS = ("absorbed", "union")
+"""The kernels of an MLA layer's DSA sparse attention: the absorbed form (latent rows shared by the
+heads, the heads on the products' rows) or the union form (the expanded keys and values, a tile of
+queries walking the union of their selections)."""
+SPARSE_FORM_CHOICES = ("auto",) + SPARSE_FORMS
+"""What the ``sparse_form`` option may ask for."""
 
 
 def option(default: Any, check: Callable[[str, Any], Any], doc: str) -> Any:
@@ -55,24 +58,6 @@ def _check_downstream(key: str, value: Any) -> str:
     return value
 
 
-def _path_choices() -> tuple[str, ...]:
-    from compiler.path_choice import CHOICES  # late: the path choice pulls in the cost model (sympy)
-
-    return CHOICES
-
-
-def _sparse_form_choices() -> tuple[str, ...]:
-    from compiler.path_choice import SPARSE_FORM_CHOICES  # late, as _path_choices
-
-    return SPARSE_FORM_CHOICES
-
-
-def _check_capture(key: str, value: Any) -> bool:
-    if _check_bool(key, value):
-        import compiler.plan.capture  # noqa: F401  (registers pulsar_dosa::capture_topk, which the pass emits)
-    return value
-
-
 def _check_bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"option {key!r}: expected a bool, got {type(value).__name__} {value!r}")
@@ -88,8 +73,6 @@ def _check_products(key: str, value: Any) -> int | None:
 
 
 def _check_passes(key: str, value: Any) -> tuple[str, ...]:
-    from compiler.passes import PASS_FAMILIES  # late: the pass modules pull in the ops and the plan tooling
-
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise TypeError(f"option {key!r}: expected a list of pass families from {list(PASS_FAMILIES)}, got {value!r}")
     for name in value:
@@ -120,35 +103,35 @@ class CompileOptions:
                              "compiler that receives the rewritten graph: 'inductor', 'eager' or 'tensorrt'")
     passes: tuple[str, ...] | None = option(None, lambda k, v: None if v is None else _check_passes(k, v),
                                             "pattern families to run, in pass-list order; None runs all")
-    certified: str = option("auto", lambda k, v: _choice(_path_choices())(k, v),
-                            "top-K path of the rewritten indexers: 'auto' (cost-based), 'dense' or 'certified'")
+    path: str = option("auto", _choice(CHOICES),
+                       "path of every rewritten indexer: 'auto' (the plan, or the cost model, then the runtime "
+                       "guard), 'dense' or 'certified' (forced, unguarded)")
     record_stats: bool = option(True, _check_bool,
                                 "accumulate per-layer top-K statistics (device tensors, no host sync)")
     plan: Any = option(None, _check_plan,
                        "per-layer indexer plan: a JSON plan path (loaded and validated) or a Plan; each layer's "
-                       "r and crossover come from it, and its content is part of uuid()")
+                       "r and min_keys come from it, and its content is part of uuid()")
     stock_below: int | None = option(None, _check_products,
                                      "indexer and sparse-attention calls of fewer B*S*T*H query-key-head products "
                                      "keep their stock subgraph (0: rewrite every call); None: 2^25 (indexer) and "
                                      "2^21 (sparse attention) on CUDA, 0 there under CUDA graphs, every call on "
                                      "devices where the ops run their plain-torch references, such as the CPU "
-                                     "(compiler.path_choice.stock_threshold)")
-    sparse_form: str = option("auto", lambda k, v: _choice(_sparse_form_choices())(k, v),
+                                     "(compiler.policy.stock_threshold)")
+    sparse_form: str = option("auto", _choice(SPARSE_FORM_CHOICES),
                               "kernel of the DSA sparse attentions of MLA layers: 'auto' (on the shapes, "
-                              "compiler.path_choice.sparse_attention_form), 'absorbed' (latent rows, where the "
-                              "keys and values are kv_b_proj's expansion of a latent) or 'union' (expanded keys "
-                              "and values)")
-    indexer_precision: str = option("bf16", lambda k, v: check_precision(f"option {k!r}", v),
+                              "compiler.policy.sparse_attention_form), 'absorbed' (latent rows, where the keys and "
+                              "values are kv_b_proj's expansion of a latent) or 'union' (expanded keys and values)")
+    indexer_precision: str = option("bf16", _choice(PRECISIONS),
                                     "what the rewritten indexers score: 'bf16' (the inputs as the model makes "
                                     "them), 'fp8' (q and k Hadamard-rotated, then E4M3 with one scale per key and "
                                     "per query head, the query scales folded into the weights: DeepSeek-V3.2's "
                                     "indexer, SPEC A.10) or 'fp8_unrotated' (the same without the rotation); the "
                                     "top-K is exact for the scorer of that precision. With an fp8 precision every "
                                     "indexer call is rewritten (stock_below does not apply: a stock subgraph would "
-                                    "score in the model's precision)")
-    capture: bool = option(False, _check_capture,
+                                    "score in the model's precision, compiler.policy.stock_threshold)")
+    capture: bool = option(False, _check_bool,
                            "record each rewritten indexer's inputs instead of optimising (plan calibration, "
-                           "compiler.plan.capture)")
+                           "compiler.ops.capture_topk)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -169,10 +152,10 @@ class CompileOptions:
                 raise ValueError(f"options: unknown key {key!r}; expected keys from {fields}")
         return cls(**options)
 
-    def enabled_passes(self, all_families: tuple[str, ...]) -> tuple[str, ...]:
-        """The pass families to run, in ``all_families`` order."""
-        chosen = all_families if self.passes is None else self.passes
-        return tuple(name for name in all_families if name in chosen)
+    def enabled_passes(self) -> tuple[str, ...]:
+        """The pass families to run, in ``PASS_FAMILIES`` order."""
+        chosen = PASS_FAMILIES if self.passes is None else self.passes
+        return tuple(name for name in PASS_FAMILIES if name in chosen)
 
     def uuid(self) -> str:
         """A stable hex hash of every field: equal options give equal ids across processes."""

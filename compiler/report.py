@@ -49,7 +49,7 @@ class NearMissRecord:
 @dataclasses.dataclass
 class Report:
     """Everything recorded while the report was current. ``stats`` maps layer -> statistics summary;
-    ``guard`` maps layer -> the runtime guard's state per call-shape bucket (``compiler.path_choice``);
+    ``guard`` maps layer -> the runtime guard's state per call-shape bucket (``compiler.ops.guard``);
     ``compiled``/``output`` are set by ``compiler.explain`` (the compiled callable, its output)."""
 
     rewrites: list[Rewrite] = dataclasses.field(default_factory=list)
@@ -111,7 +111,7 @@ class Report:
                  f"{len(self.near_misses)} near miss(es)"]
         if self.rewrites:
             parts.append(format_table(
-                ["#", "kind", "module", "variant", "path", "r", "crossover", "pruned pred/meas", "shapes"],
+                ["#", "kind", "module", "variant", "path", "r", "min_keys", "pruned pred/meas", "shapes"],
                 [[r.compile_index, r.kind, r.module, r.variant, r.path, "default" if r.r is None else r.r,
                   r.details.get("min_keys", "-"), self._pruned_cell(r),
                   " ".join(f"{k}[{','.join(v)}]" for k, v in r.shapes.items())] for r in self.rewrites]))

@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from runtime.sparse_attention import GATHER_ELEMENTS, check_sparse_attention_inputs, selected_keys
+from runtime.sparse_attention import FLOAT_DTYPES, GATHER_ELEMENTS, check_sparse_attention_inputs, selected_keys
 
 
 def absorbed_dims(q: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor) -> tuple[int, int, int]:
@@ -52,6 +52,8 @@ def check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be bfloat16, float16 or float32 (computed in float32), got {t.dtype}")
         if t.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
         if t.device != q.device:

@@ -1,26 +1,15 @@
 """Phase-1 input assembly for Pulsar, Star and dense attention in one packed layout (SPEC B.3).
 
-The assembled inputs are packed into one sequence of P tokens. Visibility follows the
-two-interval rule: packed token ``p`` attends to packed keys ``[0, prefix_end[p])`` and
-``[segment_start[p], p]`` (both in packed indices). Modes, for blocks ``B_0 .. B_{n-1}``
-(``runtime.summaries`` defines blocks, sink and summaries):
-
-* ``pulsar``: ``Input_0 = [B_0]``, ``Input_i = [sink ‖ Σ_0 ‖ … ‖ Σ_{i-1} ‖ B_i]``.
-* ``star``: ``Input_0 = [B_0]``, ``Input_i = [anchor ‖ B_i]``, the anchor being ``B_0`` or its
-  first ``anchor`` tokens.
-* ``dense``: one input, the whole context.
-
-Without a shared spine the inputs follow each other, each its own causal segment
-(``prefix_end = 0``). With ``shared_spine=True`` (pulsar only) the packed order is
-``[spine = sink ‖ Σ_0 ‖ … ‖ Σ_{n-2}]`` then ``B_0 … B_{n-1}``: the spine is causal on itself, and
-block ``i > 0`` sees the spine prefix ending after ``Σ_{i-1}`` then itself causally, which is
-exactly the visibility of ``Input_i`` (same keys, same position ids), while the spine is encoded
-once. With a single block no input has a prefix, and the spine is empty.
-
-Position ids: ``sparse`` keeps every token's global position (phase-2 queries start at ``L``);
-``contiguous`` renumbers every assembled input ``0 .. len-1`` (phase-2 queries start at the
-longest assembled input length).
-"""
+``assemble(ids, block_size, mode=, ...)`` packs the assembled inputs into one sequence of P tokens
+(``PackedLayout``: source index, position ids, keep mask, segment boundaries). Packed token p sees
+packed keys ``[0, prefix_end[p])`` and ``[segment_start[p], p]``. Modes, for blocks B_0 .. B_{n-1}
+(``runtime.summaries``): ``pulsar``: ``Input_i = [sink ‖ Σ_0 ‖ … ‖ Σ_{i-1} ‖ B_i]``; ``star``:
+``Input_i = [anchor ‖ B_i]`` (the anchor: B_0 or its first ``anchor`` tokens); ``dense``: the whole
+context. Inputs follow each other as causal segments; with ``shared_spine=True`` (pulsar) the
+spine ``[sink ‖ Σ_0 ‖ … ‖ Σ_{n-2}]`` is packed once, causal on itself, and block i sees its spine
+prefix then itself causally: exactly ``Input_i``'s keys and positions. Position ids: ``sparse``
+keeps every token's global position (phase-2 queries start at L); ``contiguous`` renumbers each
+input from 0 (phase-2 queries start at the longest input's length)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,30 +1,17 @@
-"""The active Pulsar attention layout: which keys each query of the running forward may see.
+"""The active Pulsar attention layout: which keys each query of the running forward may see, and
+which computation attends to them.
 
-The Pulsar driver (``runtime.pulsar``) enters one layout per model forward with ``use_layout``;
-every attention of the model (the ``pulsar_dosa`` attention op of a compiled model, or the
-transformers attention function of an uncompiled one) asks ``active_layout()`` and, when a layout
-is active, calls its ``attend``. With no active layout attention is ordinary attention.
-
-* ``PackedPhase`` (phase 1): the forward runs over the P packed tokens of a
-  ``runtime.assembly.PackedLayout`` with an empty cache; keys are the same P tokens and the
-  two-interval rule of the layout decides visibility (true position ids come with the input).
-* ``QueryPhase`` (phase 2 and decode): the cache starts with ``kept`` local keys (the kept KV of
-  this rank's blocks), followed by the new tokens. On the owner rank a new token sees every kept
-  key and the new tokens causally; elsewhere it sees the kept keys only. The partial
-  ``(o, lse)`` is merged over ranks by ``merge`` (one device: no merge, the partial is exact).
-
-Which computation runs (one home for the choice, ``attend``): where the layout is what
-``F.scaled_dot_product_attention`` expresses and no log-sum-exp is needed — a packed phase that is
-one ordinary causal sequence (dense mode), or a query phase on one device, whose new tokens see
-every kept key and each other causally (causal attention aligned to the last key; with several new
-tokens only where SDPA has a fused kernel for it, ``causal_sdpa_is_fused``) — it is that stock
-call, the attention an unmodified model runs. Otherwise it is the two-interval attention kernel
-registered for the tensors' device (``attention_kernel``): the Triton kernel on CUDA, registered
-by ``compiler.lowering.flash_attention_triton`` when it is imported (``import compiler``, or
-automatically through the package's ``pulsar_dosa.attention_kernels`` entry point), and the
-plain-torch reference ``runtime.attention_reference.two_interval_attention`` elsewhere.
-An attention function has the signature of that reference.
-"""
+The driver (``runtime.pulsar``) enters one layout per forward with ``use_layout``; every attention
+of the model (the ``pulsar_dosa`` attention op, or the transformers attention function of an
+uncompiled model) calls ``active_layout().attend(q, k, v, scale)`` when a layout is active.
+``PackedPhase`` (phase 1): the P packed tokens of a ``PackedLayout`` and its two-interval rule.
+``QueryPhase`` (phase 2 and decode): ``kept`` cached keys then the new tokens; on the owner rank a
+new token sees every kept key and the new tokens causally, elsewhere the kept keys only; partials
+``(o, lse)`` are merged over ranks by ``merge``. ``attend`` is the one home of the choice: stock
+``F.scaled_dot_product_attention`` where the layout is ordinary (causal) attention and no
+log-sum-exp is needed and SDPA has a fused kernel for it, else the two-interval kernel registered
+for the device (``register_attention_kernel``: the Triton kernel on CUDA, through the package's
+``pulsar_dosa.attention_kernels`` entry point; ``runtime.attention_reference`` elsewhere)."""
 from __future__ import annotations
 
 import contextlib

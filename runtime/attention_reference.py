@@ -15,15 +15,7 @@ import bisect
 
 import torch
 
-QUERY_CHUNK = 1024
-"""Most queries handled per step."""
-
-MIN_CHUNK = 64
-"""A chunk ends early at a change of ``segment_start`` only once it holds this many queries."""
-
-SCORE_BUDGET = 1 << 26
-"""Most fp32 scores held per step (``Hq × queries × keys``): a step takes fewer queries when the
-keys are many, so memory stays bounded whatever the length."""
+from runtime import defaults
 
 
 def check_attention_inputs(q, k, v, prefix_end, segment_start, scale, q_start) -> None:
@@ -94,7 +86,7 @@ def query_chunks(segment_start: torch.Tensor, rows: int) -> list[tuple[int, int]
     """``[start, stop)`` query chunks of at most ``rows`` queries covering ``[0, Sq)`` in order.
 
     A chunk ends early where ``segment_start`` changes (in any batch row) once it holds
-    ``MIN_CHUNK`` queries, so the chunks of a packed layout rarely straddle two segments and
+    ``defaults.ATTENTION_MIN_CHUNK`` queries, so the chunks of a packed layout rarely straddle two segments and
     their key spans stay tight. Reads the change positions back to the host.
     """
     sq = segment_start.shape[1]
@@ -102,7 +94,7 @@ def query_chunks(segment_start: torch.Tensor, rows: int) -> list[tuple[int, int]
     chunks, start = [], 0
     while start < sq:
         stop = min(start + rows, sq)
-        first = bisect.bisect_left(cuts, start + min(MIN_CHUNK, rows))
+        first = bisect.bisect_left(cuts, start + min(defaults.ATTENTION_MIN_CHUNK, rows))
         if first < len(cuts) and cuts[first] < stop:
             stop = cuts[first]
         chunks.append((start, stop))
@@ -130,7 +122,7 @@ def two_interval_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if sq == 0:
         return q.new_zeros(b, hq, 0, d), torch.zeros(b, hq, 0, device=q.device)
     group = hq // hkv
-    rows = max(1, min(QUERY_CHUNK, SCORE_BUDGET // max(hq * sk, 1)))
+    rows = max(1, min(defaults.ATTENTION_QUERY_CHUNK, defaults.ATTENTION_SCORE_BUDGET // max(hq * sk, 1)))
     grouped = q.reshape(b, hkv, group, sq, d)  # query head h reads key/value head h // group
     outputs, lses = [], []
     for start, stop in query_chunks(segment_start, rows):

@@ -1,28 +1,13 @@
 """Per-query planning and evaluation of the certificate U_num(k) >= THE SCORER (SPEC A.3, A.4).
 
-Batched over queries (any leading dimensions ``...``), float64 from float32 inputs.
-
-Heads split by weight sign: H+ = {w > 0}, H- = {w < 0}; heads with w = 0 contribute nothing.
-p_h = fraction of seed keys with q_h . k > 0 (an input: it only steers choices, never soundness).
-
-Abs path (|H+| <= r): R = H+ and the r - |H+| negative heads of largest |w_h| ||q_h||
-min(p_h, 1 - p_h); N = H- minus R; A = {h in N : p_h >= 1/2}; a_A = sum_{h in A} |w_h| q_h;
-    U_abs(k) = 1/2 sum_{j in R} w_j |q_j . k| - V . k,    V = a_A - 1/2 sum_{j in R} w_j q_j.
-Proof: relu(x) = (x + |x|)/2 on R; on N, -sum |w_h| relu(x_h) <= -relu(a_A . k) <= -a_A . k.
-
-Joint path (|H+| > r): R = the r positive heads of largest w_h ||q_h||, P = H+ minus R, N = H-,
-for h in P: j*_h = argmax_{j in R} relu(q_h . q_j)/||q_j||, beta_h = relu(q_h . q_j*)/||q_j*||^2
-(0 when ||q_j*|| = 0), d_h = q_h - beta_h q_j*, u_h = w_h d_h, w~_j = w_j + sum_{j*_h = j} w_h beta_h,
-E = 1/2 (||sum_P u_h|| + sqrt(sum_{h,l in P} |u_h . u_l|))   (the double sum includes h = l),
-    U(k) = sum_{j in R} w~_j relu(q_j . k) + E ||k|| - relu(a_A . k).
-Proof: relu(q_h . k) <= beta_h relu(q_j* . k) + relu(d_h . k) because beta_h >= 0; and for any
-signs e_h, sum_P |u_h . k| = (sum e_h u_h) . k <= sqrt(sum_{h,l} |u_h . u_l|) ||k||, so
-sum_P relu(u_h . k) = 1/2 (sum u_h . k + sum |u_h . k|) <= E ||k||.
-
-Both forms cost r + 2 screening dots per key: r rows, one aux row (a_A or V) and ||k||. Rounding:
-``runtime.rounding`` proves that U_num = next_up(U + slope ||k||_up + offset) is >= the float32
-score THE SCORER computes.
-"""
+``plan_certificate(q, w, p, r, r_max=None)``: q [..., H, D] float32 or narrower, w [..., H], p
+[..., H] the heads' activation frequencies (they steer choices, never soundness), r [...] int64
+budgets; returns a float64 ``CertificatePlan``: the abs path when all positive heads fit in r, else
+the joint path with the residual E (SPEC A.3), plus the rounding margin's coefficients
+(``runtime.rounding``, SPEC C.8). ``evaluate_bound(plan, k, key_norm)`` gives U_num [..., T]
+float64 with U_num >= the float32 score THE SCORER computes, for every key. ``default_r(w)``: the
+runtime's budget rule, |H+| rounded up to a multiple of 4. Both forms cost r + 2 screening dots
+per key (r rows, one aggregate row, the key norm)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

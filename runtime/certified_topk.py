@@ -1,46 +1,19 @@
 """Certified exact top-K of a DSA lightning indexer (SPEC A.2-A.4, A.8), batched in plain torch.
 
-``certified_topk`` returns exactly what ``dense_topk`` returns (bitwise values, identical
-indices) for every input. Per query:
-
-1. Preconditions; a query that fails one is answered by dense scoring over all its visible keys
-   and counted under the first failing reason, in this order: "nonfinite" (a non-finite value
-   in q, w, a visible key or a visible bias, or a visible key whose FP8 scale is not finite and
-   positive), "numeric_range" (``rounding.range_is_safe``),
-   "topk_ge_visible" (at most kk visible keys), "dense_cheaper" (path="dense": the caller chose
-   dense scoring; ``compiler.path_choice`` decides which path a call takes).
-2. Every ``anchor_stride``-th query is an anchor: dense, exact already.
-3. Seeds (``runtime.seeds``): >= kk distinct visible keys, scored with THE SCORER (+ bias);
-   their kk-th largest score is <= tau_K, the kk-th largest score over all visible keys. The
-   threshold is tau = max(that, theta), theta the query's own estimate of tau_K from a strided
-   sample of keys (``seeds.sample_rank``), which may exceed tau_K.
-4. Certificate (``runtime.certificate``): U_num(k) >= the float32 score s^(k); the comparison value
-   c(k) = round_up_to_float32(next_up(U_num + bias)) >= fl32(s^ + bias) (``runtime.rounding``).
-   FP8 inputs (``key_scale``, SPEC A.10): the certificate bounds the unscaled sum and U_num is
-   replaced by ``rounding.scaled_bound_up(U_num, scale)`` >= the scaled score before the bias.
-5. Screen: survivors V = {visible non-seed keys with c(k) >= tau}; pruned keys have score < tau.
-6. Refine: THE SCORER on V (bitwise the dense values); second sieve C = {k in V : score >= tau}.
-7. Final: THE ORDER over seeds U C, when at least kk keys of seeds U C score >= tau; otherwise
-   ("threshold_miss": theta was above tau_K) the query is answered by dense scoring.
-
-Exactness: every key outside seeds U C has score < tau. When at least kk keys of seeds U C score
->= tau (always so when tau is the seeds' kk-th score), the kk best keys under THE ORDER are all
-in seeds U C; THE ORDER restricted to a subset that contains them gives the same kk keys in the
-same order, and their values come from the same scorer, hence identical output.
-
-Shared bound (``shared_bound``, keys sharded over ranks: ``runtime.certified_topk_cp``): before the
-screen, the certified queries' seed thresholds (the seeds' kk-th scores; -inf for the other
-queries) go to ``shared_bound``, which returns b >= them such that, where b is finite, at least kk
-keys of the whole sharded key set score >= b. Step 3 then takes tau = max(b, theta). A query with
-fewer than kk keys of seeds U C scoring >= tau is a threshold miss only when theta > b; when tau = b
-its row is *short*: its keys scoring >= b (all in seeds U C) in THE ORDER, then padding (value
--inf, index -1). Every key of the call scoring >= b is then listed, and the keys held elsewhere
-fill the global top-kk. Without the hook b is the seed threshold and no row is short.
-
-Workspace: a query whose survivors exceed ``floor(workspace_frac * T) + kk`` is "overflow": its
-survivors are discarded as a whole and the query is answered by dense scoring over ALL its
-visible keys, so no key is dropped: either every survivor is refined, or every visible key is.
-"""
+``certified_topk(q, k, weights, topk, mask=None, key_scale=None, config=..., stats=None)`` returns
+exactly what ``dense_topk`` returns (identical indices, bitwise values) for every input, FP8 inputs
+included (SPEC A.10). Per query: anchors are scored densely; the others take seeds and the threshold
+tau = max(the seeds' kk-th score, the own sample estimate), bound every other visible key with the
+certificate (``runtime.certificate``, rounded up: ``runtime.rounding``), refine the keys with a
+bound >= tau by THE SCORER and keep those scoring >= tau, and take THE ORDER over seeds and
+candidates when at least kk of them reach tau. Every other query is answered by dense scoring over
+all its visible keys, counted per reason (``FALLBACK_REASONS``): "nonfinite", "numeric_range",
+"topk_ge_visible", "dense_cheaper" (``config.path == "dense"``), "overflow" (more survivors than
+the workspace, ``floor(workspace_frac * T) + kk``: no key is dropped), "threshold_miss".
+``TopkStats`` accumulates the counters as device tensors (no host synchronisation). ``shared_bound``
+(keys sharded over ranks, ``runtime.certified_topk_cp``) maps the seed thresholds to a bound b that
+at least kk keys of the whole key set reach; tau = max(b, own estimate), and a row with fewer than
+kk keys reaching tau = b is short: its keys in THE ORDER, then padding (-inf, -1) (SPEC A.9)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,7 +32,8 @@ from runtime.dense_scorer import (
 )
 from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
 from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32, scaled_bound_up
-from runtime.seeds import (SAMPLE_SIGMAS, SOFT_HIDDEN_BIAS, anchor_rows, sample_keys, sample_rank,
+from runtime import defaults
+from runtime.seeds import (SOFT_HIDDEN_BIAS, anchor_rows, sample_keys, sample_rank,
                            sample_size, seed_mask)
 
 __all__ = ["FALLBACK_REASONS", "PATHS", "CertifiedTopkConfig", "TopkStats", "certified_topk"]
@@ -69,7 +43,6 @@ ROUTED_REASONS = ("nonfinite", "numeric_range", "topk_ge_visible", "dense_cheape
 FALLBACK_REASONS = ROUTED_REASONS + ("overflow", "threshold_miss")
 PATHS = ("dense", "certified")
 """What a call runs: dense scoring of every query, or the certified path (fallbacks per query)."""
-_SCREEN_ELEMENTS = 1 << 22  # bound on the per-chunk screening intermediates
 
 SharedBound = Callable[[torch.Tensor], torch.Tensor]
 """The ``shared_bound`` hook: seed thresholds [B,S] float32 (finite or -inf) -> b [B,S] float32
@@ -95,12 +68,12 @@ class CertifiedTopkConfig:
     """
 
     r: int | None = None
-    anchor_stride: int = 16
-    sink: int = 64
-    window: int = 512
-    workspace_frac: float = 0.25
+    anchor_stride: int = defaults.ANCHOR_STRIDE
+    sink: int = defaults.SINK
+    window: int = defaults.WINDOW
+    workspace_frac: float = defaults.WORKSPACE_FRAC
     sample_keys: int | None = None
-    sample_sigmas: float = SAMPLE_SIGMAS
+    sample_sigmas: float = defaults.SAMPLE_SIGMAS
     path: str = "certified"
 
     def __post_init__(self) -> None:
@@ -334,7 +307,7 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices, shared
     # Certificate and screen.
     r = default_r(w) if config.r is None else torch.full_like(cb, min(config.r, H))
     plan = plan_certificate(q, w, p, r)
-    chunk = max(1, _SCREEN_ELEMENTS // max(1, cb.numel() * (D + plan.rows.shape[-2] + 1)))
+    chunk = max(1, defaults.SCREEN_ELEMENTS // max(1, cb.numel() * (D + plan.rows.shape[-2] + 1)))
     passes = []
     for start in range(0, T, chunk):
         keys = slice(start, start + chunk)
@@ -411,7 +384,7 @@ def _own_threshold(inputs, config, cb, cs, visible, q, w) -> torch.Tensor:
         return theta
     keys = sample_keys(-(-S // config.anchor_stride), M, T, cb.device)[cs // config.anchor_stride]
     rank = sample_rank(inputs.kk, M, T, config.sample_sigmas)
-    step = max(1, _SCREEN_ELEMENTS // max(1, M * (H + D)))
+    step = max(1, defaults.SCREEN_ELEMENTS // max(1, M * (H + D)))
     for start in range(0, cb.numel(), step):
         rows = slice(start, start + step)
         b, s, kr = cb[rows], cs[rows], keys[rows]

@@ -1,30 +1,20 @@
 """THE SCORER and THE ORDER of the DSA indexer top-K, and the dense reference ``dense_topk``.
 
-THE SCORER (one definition for dense scoring and for the refine stage of the certified top-K,
-so a key's value is bitwise identical whichever path computed it):
-
-    x_h = q_h . k        float32, accumulated as x <- x + q[d] * k[d] for d = 0, 1, ..., D-1
-                         starting from x = 0 (each product and each sum rounded to float32,
-                         no fused multiply-add, no blocking that depends on the tensor layout)
-    s   = sum_h w_h * relu(x_h)   float32, s <- s + w_h * relu(x_h) for h = 0, ..., H-1 from 0
-    s   = s * a          float32 multiply, FP8 inputs only (SPEC A.10): a = the key's scale
-    score = s + bias     float32 add, only when an additive mask is given; hidden keys: -inf
-
-On FP8 inputs (E4M3 q and k, weights with the query scales folded in, one scale per key) each
-product q[d] * k[d] is exact in float32; the sums round as above. That is the FP8 scorer.
-
-Every step is an elementwise IEEE operation, so the value of one (query, key) pair does not
-depend on which other keys or queries are scored together, on chunking, or on broadcasting.
-
-THE ORDER (one tie-break, used by every selection): values descending; NaN ranks above +inf
-(as torch.sort does); equal values: visible keys before hidden keys, then lower key index first.
-A row with fewer than kk visible keys returns its visible keys first, then hidden keys (value
--inf) in index order.
-"""
+THE SCORER (dense scoring and the certified path's refine, so a key's value is bitwise the same
+whichever path computed it): ``x_h = q_h . k`` accumulated from 0 in ascending d, ``s = sum_h w_h
+relu(x_h)`` accumulated from 0 in ascending h, every product and sum rounded to float32 (no fused
+multiply-add, no layout-dependent blocking), then ``* a`` with the key's scale a for FP8 inputs
+(SPEC A.10; their products are exact), then ``+ bias`` for an additive mask; hidden keys score
+-inf. Every step is elementwise, so a pair's value does not depend on what is scored with it.
+THE ORDER (every selection): values descending; NaN above +inf; equal values: visible keys before
+hidden ones, then the lower key index. A row with fewer than kk visible keys lists its visible
+keys first, then hidden ones (value -inf) in index order. ``dense_topk(q, k, w, topk, mask,
+key_scale)`` returns (values [B,S,kk] fp32, indices [B,S,kk] int64) by both."""
 from __future__ import annotations
 
 import torch
 
+from runtime import defaults
 from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
 
 __all__ = [
@@ -37,7 +27,6 @@ __all__ = [
     "dense_topk",
 ]
 
-_CHUNK_ELEMENTS = 1 << 22  # bound on the [..., H, keys] float32 intermediate per chunk
 
 
 def head_dots(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -77,7 +66,7 @@ def exact_scores(q: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> torch.Ten
     H, M = q.shape[-2], k.shape[-2]
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], w.shape[:-1])
     rows = max(1, lead.numel())
-    chunk = max(1, _CHUNK_ELEMENTS // max(1, rows * max(1, H)))
+    chunk = max(1, defaults.SCORER_CHUNK_ELEMENTS // max(1, rows * max(1, H)))
     if M <= chunk:
         return weighted_relu_sum(w, head_dots(q, k))
     parts = [
@@ -114,7 +103,7 @@ def masked_scores(
         bias = inputs.bias
     else:
         n = b_idx.shape[0]
-        step = max(1, _CHUNK_ELEMENTS // max(1, T * D))
+        step = max(1, defaults.SCORER_CHUNK_ELEMENTS // max(1, T * D))
         parts = [
             exact_scores(
                 inputs.q[b_idx[i : i + step], s_idx[i : i + step]],

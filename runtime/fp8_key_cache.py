@@ -8,13 +8,14 @@ indexer op reads it through its ``k_scale`` argument,
                                          k_scale=cache.scales)
 
 and returns what it returns for the same keys unquantised with that ``precision``. A key costs
-D + 4 bytes per batch row (bf16 keys: 2 D). Storage grows by doubling; ``keys`` and ``scales`` are
-views of the first ``length`` keys (unit stride along D and along keys).
-"""
+D + 4 bytes per batch row (bf16 keys: 2 D). Storage grows by doubling (from
+``defaults.FP8_CACHE_MIN_KEYS``); ``keys`` and ``scales`` are views of the first ``length`` keys
+(unit stride along D and along keys)."""
 from __future__ import annotations
 
 import torch
 
+from runtime import defaults
 from runtime.fp8_quant import check_precision, quantize_keys
 
 __all__ = ["Fp8KeyCache"]
@@ -44,7 +45,7 @@ class Fp8KeyCache:
         B, t, D = k8.shape
         end = self.length + t
         if self._keys is None or end > self._keys.shape[1]:
-            capacity = max(end, 2 * (0 if self._keys is None else self._keys.shape[1]), 16)
+            capacity = max(end, 2 * (0 if self._keys is None else self._keys.shape[1]), defaults.FP8_CACHE_MIN_KEYS)
             keys = torch.empty((B, capacity, D), dtype=k8.dtype, device=k8.device)
             scales = torch.empty((B, capacity), dtype=torch.float32, device=k8.device)
             if self.length:

@@ -1,25 +1,15 @@
 """E4M3 quantisation of the indexer's q, k and weights, as DeepSeek-V3.2 scores its indexer (SPEC A.10).
 
-``PRECISIONS`` names what the indexer top-K scores: ``"bf16"`` THE SCORER on the inputs as given
-(bf16 in every DSA model; fp16 or fp32 as they come), ``"fp8"`` the FP8 scorer on E4M3 inputs made
-from a Hadamard rotation of q and k (DeepSeek-V3.2's reference), ``"fp8_unrotated"`` the same
-quantisation without the rotation.
-
-Quantisation of a row x [D] (a key, or one head of a query), computed in float32:
-
-    x  <- hadamard(x)                    (rotated precisions; orthonormal, so q.k is unchanged in
-                                          real arithmetic)
-    a  = max_d |x_d|,  scale = fl32(max(a, AMAX_FLOOR) / E4M3_MAX)
-    x8 = e4m3(clamp(fl32(x_d / scale), -E4M3_MAX, E4M3_MAX))   (round to nearest even)
-
-Keys keep their scale (``k_scale`` [B,T] fp32, applied by the scorer after the head sum); a query
-head's scale is folded into its weight, ``w'_h = fl32(w_h * scale_h)``, so the scorer sees E4M3 q
-and k, fp32 weights and one fp32 scale per key. Every step is an elementwise IEEE operation or an
-exact maximum, so the quantised tensors are the same bits on every device, and a key's quantisation
-does not depend on the other keys (appending keys to a quantised cache equals quantising the whole).
-A non-finite input row gives a non-finite scale or NaN values (the top-K then scores its queries
-densely and ranks NaN first, as for any non-finite input).
-"""
+``PRECISIONS``: what the indexer top-K scores, ``"bf16"`` THE SCORER on the inputs as given,
+``"fp8"`` the FP8 scorer on E4M3 inputs made from a Hadamard rotation of q and k (DeepSeek-V3.2's
+reference), ``"fp8_unrotated"`` the same without the rotation. A row x [D] (a key, or one head of
+a query) is quantised in float32: ``x <- hadamard(x)`` (rotated precisions), ``scale =
+fl32(max(max_d |x_d|, AMAX_FLOOR) / E4M3_MAX)``, ``x8 = e4m3(clamp(fl32(x_d / scale), +-E4M3_MAX))``
+(nearest even). Keys keep their scale (``k_scale`` [B,T] fp32, applied by the scorer after the
+head sum); a query head's scale is folded into its weight, ``w'_h = fl32(w_h * scale_h)``. Every
+step is elementwise or an exact maximum: the same bits on every device, and a key's quantisation
+does not depend on the other keys (a cache grown by appending equals quantising the whole). A
+non-finite row gives a non-finite scale or NaN values (its queries are then scored densely)."""
 from __future__ import annotations
 
 import math

@@ -1,24 +1,16 @@
-"""Validation and normalisation of the inputs of a DSA lightning-indexer top-K.
+"""Validation and normalisation of the inputs of a DSA lightning-indexer top-K (SPEC A.1).
 
-Contract (SPEC A.1):
-
-* ``q``       [B, S, H, D]  query heads of the indexer (H, D >= 1), float16 / bfloat16 / float32;
-* ``k``       [B, T, D]     keys shared by all heads, same dtypes;
-* ``weights`` [B, S, H]     signed per-head weights with every scale folded in, same dtypes;
-* ``topk``    a positive Python int (``bool`` is refused);
-* ``mask``    None, a bool tensor [B, S, T] (True = visible), or an additive float tensor
-  [B, S, T] (float16 / bfloat16 / float32) where ``-inf`` hides a key and every other value is
-  added to the score of that key;
-* ``key_scale`` None, or [B, T] float32: the FP8 scorer's per-key scale (SPEC A.10), applied after
-  the head sum; then q and k are float8_e4m3fn (``runtime.fp8_quant``) and weights float32.
-
-All floating inputs are upcast to float32 (exact: every accepted dtype, E4M3 included, embeds in
-float32).
-``kk = min(topk, T)`` is the number of outputs per query. For an additive mask, a key is visible
-unless its mask value is ``-inf``; ``bias`` holds the mask value at visible keys and 0 at hidden
-keys. A visible bias of ``+inf`` or NaN is kept as it is (the score becomes ``+inf`` / NaN, as in
-``scores + mask``); such query rows are answered by dense scoring.
-"""
+``check_indexer_inputs(q, k, weights, topk, mask, key_scale)``: q [B,S,H,D] (H, D >= 1), k [B,T,D],
+weights [B,S,H], all float16 / bfloat16 / float32; ``topk`` a positive int (a bool is refused);
+mask None, bool [B,S,T] (True = visible) or additive float [B,S,T] (-inf hides a key, any other
+value is added to its score); ``key_scale`` None, or the FP8 scorer's per-key scale [B,T] float32
+(SPEC A.10: q and k then float8_e4m3fn, weights float32). A bad argument raises an error naming
+it. Returns ``IndexerInputs``: the floats upcast to float32 (exact), ``visible`` [B,S,T], ``bias``
+(the mask value at visible keys, 0 at hidden ones; +inf or NaN kept, such rows are answered
+densely) and ``kk = min(topk, T)``. ``checked_kk`` checks a call once per signature on meta tensors
+(no data read). ``topk`` must be below 2^63 and T, S below 2^31 (the kernels index keys and queries
+in int32); with real tensors a call whose reference workspace (``reference_workspace_bytes``)
+exceeds the device's memory is refused before any of it is built."""
 from __future__ import annotations
 
 import functools
@@ -26,7 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["IndexerInputs", "check_indexer_inputs", "checked_kk"]
+from runtime.workspace import check_index_range, check_workspace
+
+__all__ = ["IndexerInputs", "check_indexer_inputs", "checked_kk", "reference_workspace_bytes"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FP8 = torch.float8_e4m3fn
@@ -76,9 +70,16 @@ def _check_float_tensor(name: str, x: object, ndim: int, layout: str, fp8: bool 
 def _check_topk(topk: object) -> int:
     if isinstance(topk, bool) or not isinstance(topk, int):
         raise TypeError(f"topk: expected a positive int, got {topk!r} ({type(topk).__name__})")
-    if topk <= 0:
-        raise ValueError(f"topk: expected a positive int, got {topk}")
+    if not 0 < topk < 2**63:
+        raise ValueError(f"topk: expected a positive int below 2^63 (the op's int64), got {topk}")
     return topk
+
+
+def reference_workspace_bytes(B: int, S: int, T: int, H: int, D: int) -> int:
+    """An upper bound of the bytes the plain-torch reference holds at once for a call: about 40 per
+    (query, key) (visibility, bias, scores, their sort) and 40 per query element (q in float32 and
+    float64 copies)."""
+    return 40 * B * S * T + 40 * B * S * H * D + 12 * B * T * D
 
 
 def _split_mask(
@@ -150,6 +151,9 @@ def check_indexer_inputs(
             raise ValueError(f"key_scale: expected shape [B,T] = {(B, T)}, got {tuple(key_scale.shape)}")
         if key_scale.device != q.device:
             raise ValueError(f"key_scale: expected device {q.device} (the device of q), got {key_scale.device}")
+    check_index_range("k", "keys T", T)
+    check_index_range("q", "queries S", S)
+    check_workspace(reference_workspace_bytes(B, S, T, H, D), q.device, "q, k", f"B={B}, S={S}, T={T}")
     visible, bias = _split_mask(mask, B, S, T, q.device)
     return IndexerInputs(
         q=q.to(torch.float32),

@@ -1,28 +1,17 @@
-"""The Pulsar driver: phase 1 (packed context encoding), KV drop, phase 2 (query) and greedy decode.
+"""The Pulsar driver: phase 1 (packed context encoding), KV drop, phase 2 (query) and greedy decode
+(SPEC B.3, B.4).
 
 ``generate(model, context_ids, query_ids, config, *, max_new_tokens, stop_ids=None)`` runs a
-Hugging Face causal LM (batch 1) on one device:
-
-1. Phase 1: ``runtime.assembly.assemble`` packs, on the model's device, the phase-1 inputs (pulsar: the spine
-   ``[sink ‖ Σ_0 … Σ_{n-2}]`` encoded once, then every block attending to its spine prefix and
-   itself); one forward over the packed tokens with their position ids under a ``PackedPhase``.
-2. KV drop: every layer's cache keeps the KV of the block tokens B_i only, in context order.
-3. Phase 2 and decode: the query tokens (position ids from ``query_position_start``) and then
-   each generated token attend to all kept KV and to the new tokens causally (``QueryPhase``).
-
-How attention follows the layout: a model compiled with ``torch.compile(model,
-backend="pulsar_dosa")`` has its attention rewritten into the ``pulsar_dosa::attention`` op,
-which reads the active layout. An uncompiled transformers model has its attention implementation
-switched to the transformers attention function registered here as ``"pulsar_dosa"`` for the
-duration of the call (no attention mask is built: the layout decides visibility), then restored.
-Either way every attention layer calls ``layout.attend``, which picks the computation
-(``runtime.attention_layout``: stock SDPA where the layout is ordinary attention, else the
-device's two-interval kernel, Triton on CUDA), and every forward is checked to have routed each
-attention layer through the layout.
-
-``transformers`` is imported when a model is first run, not with this module: the models this
-driver runs are transformers models, so it is present whenever the driver is used.
-"""
+Hugging Face causal LM (batch 1) on one device: phase 1 packs the inputs (``runtime.assembly``;
+pulsar: the spine encoded once, then every block) and runs one forward under a ``PackedPhase``;
+every layer's cache then keeps the KV of the block tokens only, in context order; the query and
+each generated token attend to all kept KV and to the new tokens causally (``QueryPhase``).
+Attention follows the layout through the ``pulsar_dosa::attention`` op of a model compiled with
+``backend="pulsar_dosa"``, or, uncompiled, through the transformers attention function registered
+here as ``"pulsar_dosa"`` for the duration of the call; every forward is checked to have routed
+each attention layer through the layout. Bad arguments raise an error naming them before any model
+work; the result is the generated ids, 1-D int64 on the CPU. ``transformers`` is imported when a
+model is first run."""
 from __future__ import annotations
 
 import contextlib

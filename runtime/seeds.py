@@ -1,47 +1,22 @@
-"""Seed sets of the certified top-K: >= kk distinct visible keys per query (SPEC A.2, A.8).
+"""Seed sets and the own threshold of the certified top-K (SPEC A.2, A.8, C.9).
 
-Seed sets of exactly kk keys are useless (tau is then their minimum score); good prefill seeds
-are witnesses. The choice made here:
-
-* every ``anchor_stride``-th query of a batch row (s = 0, stride, 2 stride, ...) is an anchor,
-  answered by dense scoring; its exact top-kk keys are witnesses for the queries after it up to
-  the next anchor (neighbouring queries share most of their top keys);
-* a non-anchor query's seeds = its anchor's top-kk keys that are visible to it
-  U the first ``sink`` visible keys U the last ``window`` visible keys;
-* while that is still fewer than kk keys, further visible keys are added, most recent first.
-
-Witnesses, sink and window are drawn from the *preferred* keys (by default the visible ones):
-``certified_topk`` leaves out keys whose additive bias is below ``SOFT_HIDDEN_BIAS``, since
-transformers' eager masks hide keys with float32 min instead of -inf; such keys stay visible
-for exactness but make poor witnesses. The fill step draws from all visible keys.
-
-Every seed is a visible key and the set is a boolean mask, so seeds are distinct; a query with
-more than kk visible keys always gets at least kk seeds. Which keys are seeds only affects speed,
-never the result.
-
-Own threshold (for a query whose neighbours do not share its top keys): every query also scores
-a strided sample of M keys (``sample_keys``; one sample per anchor group) and takes theta, the
-``sample_rank``-th best sampled score. Of n visible keys, a strided sample of M holds about
-kk * M / n keys at or above the true kk-th score (binomial); the rank is that mean plus
-``sigmas`` standard deviations, so theta is an estimate of the kk-th score that errs low. The
-threshold used is max(seed threshold, theta). It need not be a lower bound of the kk-th score:
-a query is answered from its candidates only when at least kk keys reach the threshold, else
-densely (the callers check this after the fact), so a bad estimate costs speed, never exactness.
-"""
+``anchor_rows(S, anchor_stride, device)``: each query's anchor (every stride-th query, scored densely).
+``seed_mask(visible, witnesses, kk, sink, window, preferred=None)``: per query, its anchor's top-kk
+keys it can see ∪ the first ``sink`` ∪ the last ``window`` visible keys (from the preferred keys:
+bias above ``SOFT_HIDDEN_BIAS``), filled with the most recent visible keys while fewer than kk: at
+least kk distinct visible keys whenever the query has more than kk. ``sample_keys``,
+``sample_size`` and ``sample_rank`` give each query's strided key sample and the rank of its own
+threshold estimate (``defaults.SAMPLE_SIGMAS`` binomial deviations low). Which keys are seeds and where the
+threshold lies change speed only, never the result."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-__all__ = ["SOFT_HIDDEN_BIAS", "anchor_rows", "sample_keys", "sample_rank", "sample_size", "seed_mask"]
+from runtime import defaults
 
-SAMPLE_MIN, SAMPLE_MAX, SAMPLE_PER_KEYS = 1024, 4096, 128
-"""Default sample size: T // SAMPLE_PER_KEYS keys clamped to [SAMPLE_MIN, SAMPLE_MAX] (1.6% of the
-keys at T = 65536, 0.8% at T = 131072 and 524288), none below T = 8 * SAMPLE_MIN (where the sample
-would cost more than 1/8 of dense scoring)."""
-SAMPLE_SIGMAS = 4.0
-"""Default safety of the sample rank, in binomial standard deviations."""
+__all__ = ["SOFT_HIDDEN_BIAS", "anchor_rows", "sample_keys", "sample_rank", "sample_size", "seed_mask"]
 
 SOFT_HIDDEN_BIAS = -1e30
 """Additive-mask values below this mark keys that masks hide with a finite value (float32 min)."""
@@ -86,9 +61,10 @@ def seed_mask(
 
 def sample_size(T: int, requested: int | None = None) -> int:
     """M, the strided sample per query: ``requested`` (0 = no own threshold) or the default
-    (``SAMPLE_MIN``); never more than T."""
+    (``defaults.SAMPLE_PER_KEYS``); never more than T."""
     if requested is None:
-        requested = 0 if T < 8 * SAMPLE_MIN else max(SAMPLE_MIN, min(SAMPLE_MAX, T // SAMPLE_PER_KEYS))
+        requested = (0 if T < 8 * defaults.SAMPLE_MIN else
+                     max(defaults.SAMPLE_MIN, min(defaults.SAMPLE_MAX, T // defaults.SAMPLE_PER_KEYS)))
     return min(requested, T)
 
 

@@ -20,8 +20,15 @@ A query with no visible key gets what the replaced dense chain gives it (``maske
 
 Either way such a row has lse = -inf. Shapes: q ``[B, Hq, S, Dqk]``, k ``[B, Hkv, T, Dqk]``,
 v ``[B, Hkv, T, Dv]`` (``Hq % Hkv == 0``; query head h reads key/value head ``h // (Hq // Hkv)``,
-the order of Hugging Face ``repeat_kv``), indices ``[B, S, K]`` int32/int64. Returns
-o ``[B, Hq, S, Dv]`` in q's dtype and lse ``[B, Hq, S]`` fp32 (natural log). Arithmetic is fp32.
+the order of Hugging Face ``repeat_kv``), indices ``[B, S, K]`` int32/int64; q, k, v in one dtype,
+bfloat16, float16 or float32 (float64 is refused, not computed in float32); T, S and K below 2^31.
+Returns o ``[B, Hq, S, Dv]`` in q's dtype and lse ``[B, Hq, S]`` fp32 (natural log). Arithmetic is
+fp32.
+
+Only visible keys reach the output: a key that is not visible (an index out of range, a repeat, a
+key the mask hides) contributes exactly 0 even when its k or v row holds inf or NaN. A visible key
+whose v row does makes the row's output non-finite in those columns (IEEE arithmetic; the "mean"
+fill of an empty row averages every v row, so non-finite values there reach it too).
 """
 from __future__ import annotations
 
@@ -29,19 +36,47 @@ from typing import Optional
 
 import torch
 
+from runtime.workspace import check_index_range, check_workspace
+
 MASKED_ROWS = ("zero", "mean")
 
 GATHER_ELEMENTS = 1 << 24
 """Upper bound on gathered key elements per step (queries are processed in chunks below it)."""
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""The dtypes of q, k and v (one of them for all three)."""
 
 
-def check_sparse_attention_inputs(q, k, v, indices, mask, scale, masked_rows) -> None:
-    """Raise TypeError/ValueError naming the argument when the inputs break the contract."""
+def check_devices(q, k, v, indices, mask) -> None:
+    """Raise TypeError/ValueError naming the first argument that is not a tensor on q's device
+    (a meta tensor among real ones included: the dispatcher would run the meta kernel, whose
+    output is uninitialised memory on q's device)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("indices", indices)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("k", k), ("v", v), ("indices", indices), ("mask", mask)):
+        if isinstance(t, torch.Tensor) and t.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+
+
+def check_scale(scale) -> None:
+    """Raise TypeError/ValueError unless ``scale`` is a finite int or float (a bool is refused)."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float, got {scale!r} ({type(scale).__name__})")
+    if not float(scale) == float(scale) or abs(float(scale)) == float("inf"):
+        raise ValueError(f"scale must be finite, got {scale}")
+
+
+def check_sparse_attention_inputs(q, k, v, indices, mask, scale, masked_rows) -> None:
+    """Raise TypeError/ValueError naming the argument when the inputs break the contract (no data
+    is read)."""
+    check_devices(q, k, v, indices, mask)
     if not (q.is_floating_point() and k.is_floating_point() and v.is_floating_point()):
         raise TypeError(f"q, k, v must be floating-point tensors, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"q must be bfloat16, float16 or float32, got {q.dtype}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
     if (q.dim(), k.dim(), v.dim()) != (4, 4, 4):
         raise ValueError(f"q, k, v must be 4-D [B, H, S, D] tensors, got shapes {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -53,9 +88,6 @@ def check_sparse_attention_inputs(q, k, v, indices, mask, scale, masked_rows) ->
         raise ValueError(f"v must be [B={b}, Hkv={hkv}, T={t_len}, Dv] to match k, got shape {tuple(v.shape)}")
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"q heads ({hq}) must be a multiple of k/v heads ({hkv}) (GQA)")
-    for name, t in (("k", k), ("v", v), ("indices", indices)):
-        if t.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
     if indices.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"indices must be an int32 or int64 tensor, got {indices.dtype}")
     if indices.dim() != 3 or tuple(indices.shape[:2]) != (b, s):
@@ -65,18 +97,27 @@ def check_sparse_attention_inputs(q, k, v, indices, mask, scale, masked_rows) ->
             raise TypeError(f"mask must be a bool torch.Tensor or None, got {type(mask).__name__}")
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be a bool tensor (True = visible), got {mask.dtype}")
-        if mask.device != q.device:
-            raise ValueError(f"mask must be on q's device {q.device}, got {mask.device}")
         if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[0] not in (1, b) \
                 or mask.shape[2] not in (1, s) or mask.shape[3] != t_len:
             raise ValueError(f"mask must be broadcastable to [B={b}, 1, S={s}, T={t_len}] with its own "
                              f"dim 1 of size 1, got shape {tuple(mask.shape)}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
-    if not float(scale) == float(scale) or abs(float(scale)) == float("inf"):
-        raise ValueError(f"scale must be finite, got {scale}")
+    check_scale(scale)
     if masked_rows not in MASKED_ROWS:
         raise ValueError(f"masked_rows must be one of {list(MASKED_ROWS)}, got {masked_rows!r}")
+    check_index_range("k", "keys T", t_len)
+    check_index_range("q", "queries S", s)
+    check_index_range("indices", "indices per row K", indices.shape[2])
+
+
+def reference_workspace_bytes(q, k, v, indices) -> int:
+    """An upper bound of the bytes ``sparse_attention`` allocates for these shapes: about 48 per
+    index (selection, order, masks), the fp32 outputs and a cast copy, one chunk of gathered k/v."""
+    b, hq, s, dqk = q.shape
+    hkv, dv, width = k.shape[1], v.shape[3], indices.shape[2]
+    per_index = 48 * b * s * width
+    outputs = b * hq * s * (dv * (8 + q.element_size()) + 8)
+    chunk = 4 * 4 * max(GATHER_ELEMENTS, b * hkv * width * max(dqk, dv))
+    return per_index + outputs + chunk
 
 
 def selected_keys(indices: torch.Tensor, num_keys: int,
@@ -103,6 +144,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices:
                      masked_rows: str = "zero") -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of every query over its visible selected keys, ``(o, lse)`` (module docstring)."""
     check_sparse_attention_inputs(q, k, v, indices, mask, scale, masked_rows)
+    check_workspace(reference_workspace_bytes(q, k, v, indices), q.device, "q, k, v, indices",
+                    f"B={q.shape[0]}, Hq={q.shape[1]}, S={q.shape[2]}, K={indices.shape[2]}")
     b, hq, s, _ = q.shape
     hkv, t_len, dv = k.shape[1], k.shape[2], v.shape[3]
     group = hq // hkv
@@ -123,6 +166,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices:
         scores = torch.einsum("bhgsd,bhgskd->bhgsk", qf, kg.expand(b, hkv, group, n, width, -1)) * float(scale)
         seen = visible[:, None, None, start:stop]
         scores = scores.masked_fill(~seen, float("-inf"))
+        vg = vg.masked_fill(~seen[..., None], 0.0)  # 0 * inf would be NaN: unseen values are dropped
         row_lse = torch.logsumexp(scores, dim=-1)
         # A row without a visible key has lse = -inf: shifting it by 0 keeps every weight exp(-inf) = 0.
         shift = torch.where(row_lse == float("-inf"), torch.zeros_like(row_lse), row_lse)

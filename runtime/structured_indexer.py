@@ -1,24 +1,12 @@
-"""Synthetic lightning-indexer inputs with the geometry DoSA reports for trained indexers.
+"""Synthetic lightning-indexer inputs with the geometry DoSA reports for trained indexers (SPEC A.8).
 
-Random-init indexers do not prune (SPEC A.8); trained ones do, because of structure this
-generator reproduces (every knob is a keyword argument and is returned in the parameter dict):
-
-* keys: each key belongs to one of ``topics`` unit directions, chosen in runs of
-  ``topic_run`` consecutive keys (locality in the context), plus isotropic noise and a shared
-  offset along a common direction m (``key_offset``); key norms are log-normal
-  (``norm_sigma``, heavy tailed);
-* queries: each query attends to a topic that changes every ``query_run`` queries (neighbouring
-  queries share their top keys); its positive heads point at that topic with small per-head
-  noise (correlated heads, ``head_noise``);
-* weights: ``positive_heads`` heads per query get a positive weight (drawn per query), the
-  others a smaller negative weight (``negative_scale``);
-* negative heads have stable activation patterns: they point along +m or -m (plus noise), so
-  q_h . k has the same sign for most keys (activation frequency near 1 or 0).
-
-Returns q [B,S,H,D], k [B,T,D], weights [B,S,H] (float32 unless ``dtype`` says otherwise) on
-``device`` and the parameter dict. Deterministic for a given ``seed`` (or ``generator``) and device
-(the draws are made on ``device``: a CUDA run gives other numbers than a CPU run, at GPU speed).
-"""
+``structured_indexer_inputs(B, S, T, H, D, **knobs)``: keys belong to ``topics`` unit directions in
+runs of ``topic_run`` keys, with noise, a shared offset along m (``key_offset``) and log-normal norms
+(``norm_sigma``); each query attends to a topic that changes every ``query_run`` queries, its
+``positive_heads`` pointing at it (``head_noise``), the other heads along +m or -m with a smaller
+negative weight (``negative_scale``), so their activation is stable. Returns q [B,S,H,D], k
+[B,T,D], weights [B,S,H] (float32 unless ``dtype``) on ``device``, and the parameter dict.
+Deterministic for a given ``seed`` (or ``generator``) and device."""
 from __future__ import annotations
 
 import torch

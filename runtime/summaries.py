@@ -1,104 +1,13 @@
-"""Pulsar block summaries: chunk-group scores and selection (SPEC B.2, plus ``novelty``).
+"""Pulsar block summaries: chunk-group scores and selection (SPEC B.2, C.10).
 
-Pure integer work on token ids, done before any model computation, in a number of tensor
-operations that does not grow with the sequence or the number of blocks: no Python loop over the
-vocabulary, the chunk groups or the blocks, and no read of device data by the host but the check
-that ids are non-negative (plus one read of the summary sizes, only when some block's shorter
-last group may or may not be chosen). The ids are sorted once, stably (novelty then sorts its
-adjacent pairs); the runs of equal ids in that order give occurrence counts, document
-frequencies and a dense renumbering. Block and group geometry is Python arithmetic on ``L``, the
-block size, ``chunk`` and ``sink``; the groups are laid out as a table with one row per block, so
-per-group sums and maxima and per-block selection are row operations. Time and memory are O(L)
-(sorts aside) whatever the ids are: no table is sized by the largest id, and ids up to
-``2**63 - 1`` work.
-
-Definitions used throughout (token ids ``t`` of length ``L``, block size ``B``):
-
-* Blocks: ``B_i = [i*B, min((i+1)*B, L))`` for ``i < n = ceil(L / B)``; only the last block may be
-  shorter than ``B``.
-* Candidates: every token of ``B_i``, except that the first ``min(sink, |B_0|)`` tokens of ``B_0``
-  (the attention sink, already in every assembled input) are never summary candidates.
-* Chunk groups: the candidates of a block are cut, from the first candidate on, into
-  non-overlapping groups of ``chunk`` consecutive tokens; the block's last group keeps the
-  remainder and may be shorter. Scores use each group's true length ``|C|``.
-* Budget: ``sigma_i = floor(ratio * |B_i|)`` tokens, computed exactly with ``ratio`` read as the
-  nearest fraction of denominator at most 10**6 (``0.29`` is 29/100 and ``1/3`` is 1/3, so
-  floating-point noise never costs a token: ``0.29 * 100`` is 28.999999999999996). A block selects
-  ``k_i = min(floor(sigma_i / chunk), number of its groups)`` groups, so a summary never has more
-  than ``sigma_i`` tokens. The budget of the shorter last block follows its own length; as the
-  last block has no successor its summary is never assembled, yet it is returned like any other.
-* Selection: the ``k_i`` best-scoring groups of each block, returned as their token positions in
-  ascending (reading) order. Ties are broken by position (``tie_break="position"``, the
-  default): the earlier group wins. This is deterministic and reproducible on every host. Max-IDF
-  ties often: its scores sit on the n values ``log(n / d)`` and in natural text most groups hold
-  some token found in no other block (65-99 % of a block's groups tie at the top), so the rule
-  then keeps a prefix of the block. ``tie_break="tfidf"`` orders tied groups by their TF-IDF
-  first (then by position), which keeps Max-IDF's choice wherever it is strict.
-* Floating point: every device computes the same float64 scores, so selects the same groups.
-  IDF is ``log(n / df)`` clamped at 0 (``n * (1 / n)`` may round below 1); the tables of IDF and
-  BM25's IDF (n + 1 values each) are computed on the CPU and copied to the device. Sums over a
-  group (TF-IDF, BM25) take a fixed order of float64 additions rather than the device's own
-  reduction order: the terms in descending order, zero-padded to a power of two and folded in
-  halves, so a group's sum depends only on the multiset of its terms, and groups with the same
-  multiset tie exactly. Different multisets whose sums are equal in exact arithmetic, such as
-  ``log(n/1) + log(n/4)`` and ``2 log(n/2)``, are still ordered by rounding, by the same rounding
-  on every device. (A device's own reduction order breaks such ties its own way: with four
-  blocks, where they are common, a CUDA device and the CPU used to select different TF-IDF
-  groups.) Max-IDF, entropy and novelty scores are exact.
-
-The ``novelty`` heuristic (query-agnostic, from token ids only):
-
-* Weight of position p: ``w(p) = [t_p occurs once in the sequence] + [p > 0 and the pair
-  (t_{p-1}, t_p) occurs once among the L - 1 adjacent pairs]`` (0, 1 or 2). Counts are over the
-  whole sequence, so every host computes the same weights, like the document frequencies.
-* Window of a candidate c: ``[c - floor(m/2), c - floor(m/2) + m)`` with ``m = chunk``, clipped to
-  the candidates of c's block. ``span(C)`` = the largest window weight over the candidates c of
-  C (the best chunk-long window *centred* in C); ``own(C)`` = the weight of C itself.
-* Score: ``(2m + 1) * span(C) + own(C)``, an integer (``own <= 2m``: span first, own breaks its
-  ties), so ties are exact and go to the earlier group.
-
-Why it wins (``benchmarks/needle_capture.py``: a random needle sentence at a random sentence or
-line boundary of real prose, code and documentation, Tekken and SentencePiece, 16K-128K tokens,
-blocks of L/4 and 4096; ``benchmarks/results/needle_capture.md``): at ratio 0.125 novelty keeps the
-whole value of 66 % of the needles (65 % on the data it was designed on, 66 % held out), Max-IDF
-16 %, BM25 36 %, TF-IDF 33 %, uniform 0 % (a spread-out sample never holds a whole value).
-
-1. Max-IDF saturates: with n blocks IDF takes n values, most groups hold a token found in no other
-   block, and the position tie-break decides. A value made of common pieces (digits, hex letters,
-   a month) has IDF 0 in every token. TF-IDF and BM25 average over the group and dilute the few
-   rare tokens of a needle among 32.
-2. Counting occurrences over the sequence instead of blocks over n: a token seen once in 128K
-   tokens is far rarer than one found in one of four blocks, and prose repeats its words.
-3. Pairs: a random number or identifier is built from common tokens, yet its adjacent pairs
-   occur nowhere else, while pairs of common words recur.
-4. Spans: a needle is a run of novel tokens, and a value often straddles a group boundary (a UUID
-   is 31-33 tokens: always). Both groups must be chosen; a window centred in each lets both see
-   the whole run instead of the half that falls inside (on the dev data, about 10 points more
-   than the same weights summed per group).
-
-Where it is weak: it wins on every source but keeps 82 % of the needles in code, 69 % in the
-documentation and 47 % in the essays, whose prose is dense in names and rare words; values
-spelled with common, often-paired tokens suffer most there (dates such as "September 1, 1895":
-18 %, 7-digit numbers: 27 %). It is not the default: ``DEFAULT_HEURISTIC`` stays Max-IDF because
-novelty, better in every aggregate, is not better in every cell of the benchmark (the held-out
-date template loses a few cells by one to three needles in 28).
-
-Why dates lose: the value (a month, a day, a year) is spelled with tokens found elsewhere in the
-text, in pairs that recur, so only the words introducing it weigh; in the essays a third to a
-half of all adjacent pairs occur once (in the code a fifth), so ordinary prose weighs as much.
-Max-IDF's captures are mostly needles that happen to lie in the block's prefix (121 of its 192
-at ratio 0.125 lie in the first k_i groups), and no lost cell is significant (exact McNemar,
-two-sided p >= 0.5; over all contexts at 0.125 novelty alone captures 637 needles, Max-IDF
-alone 52). Changes tried that still lose a cell, or win every cell only by leaning on the
-templates' shape (capture at 0.125): a tie-break by Max-IDF or by the rarest token (no needle
-changes: a value's rank never hangs on a tie); unique trigrams as a third weight (61 %: most
-trigrams of prose occur once); a unique token weighing 2 to 4 times a unique pair (69-71 %,
-gained held out, not on the dev data; one or two cells lost); windows of 2m, or the best window
-overlapping the group (53 %, 66 %). A window ending at the candidate instead of centred on it
-loses no cell (67 %), but only because every template states its value after the words that
-introduce it: with the value first (a probe outside the benchmark) it falls from 58 % to 34 %,
-where the centred window holds.
-"""
+``select_summaries(ids, block_size, *, chunk=32, ratio=0.125, sink=64, heuristic="max_idf",
+tie_break="position")``: for each block of the token ids [L], the positions (ascending) of its
+best-scoring chunk groups within a budget of floor(ratio * |B_i|) tokens; the first ``sink`` tokens
+are never candidates. ``score_chunk_groups`` gives the scores. Heuristics: ``max_idf`` (the
+default, ``DEFAULT_HEURISTIC``), ``tfidf``, ``bm25``, ``entropy``, ``novelty`` (unique tokens and
+unique adjacent pairs over the whole context, best centred window: SPEC C.10) and ``uniform``.
+Pure integer work on token ids before any model computation, O(L) in time and memory whatever the
+ids, no read of device data by the host but the id check; every device selects the same groups."""
 from __future__ import annotations
 
 from fractions import Fraction

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (once) with the CPU build of torch and this package with its test extras.
+# Creates .venv with the CPU build of torch and this package with its test extras; a second run
+# with nothing changed (same pyproject.toml, this script, Python and torch index) does nothing.
 #
 # PyPI's torch wheel for Linux is the multi-GB CUDA build, so the torch wheel alone is fetched
 # from PyTorch's CPU wheel index (TORCH_INDEX_URL overrides it, e.g. with a CUDA index); its
@@ -14,6 +15,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
+stamp=.venv/.pulsar_dosa_installed
+wanted=$( (cat pyproject.toml scripts/setup.sh; python -VV; echo "$TORCH_INDEX_URL"; pwd) | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
+  exit 0
+fi
 python -m pip install -q --upgrade pip
 if ! python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
   wheels=$(mktemp -d)
@@ -23,3 +29,4 @@ if ! python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "
 fi
 python -m pip install -q "triton==3.6.0" "numpy<2.4"
 python -m pip install -q -e ".[test]"
+echo "$wanted" > "$stamp"

@@ -1,16 +1,19 @@
 """Test-wide settings: Triton kernels run under the CPU interpreter; inductor compiles afresh.
 
 TRITON_INTERPRET must be set before any ``@triton.jit`` function is defined, so it is set here,
-before the package under test is imported. Inductor's cache goes to a new directory per run unless
+before the package under test is imported; so is one intra-op thread per worker of a parallel run
+(the workers share the cores). Inductor's cache goes to a new directory per run unless
 TORCHINDUCTOR_CACHE_DIR is set: a shared cache can hand a run C++ kernels generated for another
-vector width (a run with ATEN_CPU_CAPABILITY=avx2 after one at AVX-512 loaded the AVX-512 loop
-steps and returned garbage), so every run tests what this machine compiles.
+vector width (AVX-512 loop steps loaded by an AVX2 run return garbage), so every run tests what
+this machine compiles.
 """
 import os
 import tempfile
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="pulsar_dosa_inductor_"))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402  (after TRITON_INTERPRET)
 import torch  # noqa: E402

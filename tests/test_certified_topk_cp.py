@@ -132,7 +132,7 @@ def worker(rank, world_size, port, workdir):
             args = (q, k[:, keys], w, topk, None if mask is None else mask[..., keys])
             kernel = {}
             if name in TRITON_CASES:
-                from compiler.lowering.certified_topk_triton import certified_topk_cuda
+                from compiler.lowering.topk_pipeline import certified_topk_cuda
 
                 kernel = dict(kernel=certified_topk_cuda)
             for share in (True, False) if name == "structured_causal" else (True,):
@@ -224,7 +224,7 @@ def test_order_codes_sort_in_the_order_and_decode_bitwise():
     assert torch.equal(back, keys)
     assert_identical((decoded, back), (values + 0.0, keys))
     assert decode_order_codes(torch.tensor([PADDING]), 1 << 32)[1].item() == (1 << 32) - 1
-    from compiler.lowering.dsa_score_triton import decode_codes
+    from compiler.lowering.scoring.indexer_scores import decode_codes
 
     short_codes = encode_order_codes(values, visible, keys, 40)  # the scorer's limit: the row's key count
     triton_values, triton_keys = decode_codes(short_codes, 40)
@@ -236,7 +236,7 @@ def test_triton_pipeline_lists_every_key_reaching_the_shared_bound_then_pads():
     """One shard (the first half of the keys) given b = the global kk-th score, as a rank whose
     keys hold few of the global top-kk receives it: short rows list exactly the shard's keys
     scoring >= b in THE ORDER, then (-inf, -1); full rows are the shard's top-kk."""
-    from compiler.lowering.certified_topk_triton import certified_topk_cuda
+    from compiler.lowering.topk_pipeline import certified_topk_cuda
 
     S, T, kk = 16, 512, 16
     q, k, w, _ = structured_indexer_inputs(1, S, T, 8, 16, positive_heads=1, dtype=torch.bfloat16)

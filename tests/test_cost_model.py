@@ -8,10 +8,10 @@ import pytest
 import sympy
 
 from compiler.cost_model import (CPU_REFERENCE, H200_FITTED, IndexerShape, KernelConstants, T, candidate_rs,
-                                 certified_call_time, crossover_length, dense_call_time, predicted_ratio,
+                                 certified_call_time, crossover_length, default_min_keys, dense_call_time, predicted_ratio,
                                  screen_rows)
 from benchmarks import fit_cost_model
-from runtime.seeds import SAMPLE_PER_KEYS
+from runtime.defaults import SAMPLE_PER_KEYS
 
 # Unit rates and no fixed costs: every term of the work model is a count that can be done by hand.
 UNIT = KernelConstants(dense_macs_per_s=1.0, screen_macs_per_s=1.0, refine_macs_per_s=1.0,
@@ -173,3 +173,11 @@ def test_h200_constants_reproduce_the_committed_h200_measurements():
               * 1e3 / p["ms"] - 1.0 for p in fit_cost_model.certified_points(zoo)]
     assert len(dense_rows) >= 6 and len(errors) >= 40
     assert math.sqrt(sum(e * e for e in errors) / len(errors)) < 0.2
+
+
+def test_default_min_keys_follows_the_call_shape():
+    prefill = default_min_keys(64, 128, 2048, None, "cuda")
+    chunk = default_min_keys(64, 128, 2048, 4096, "cuda")
+    assert 2048 < min(chunk, prefill) and max(chunk, prefill) < 131072 and chunk != prefill
+    assert default_min_keys(64, 128, 2048, 1, "cuda") is None  # one query is its own anchor: never pays
+    assert default_min_keys(2, 128, 2048, None, "cuda") is None  # no aligned budget of 4 heads below 2

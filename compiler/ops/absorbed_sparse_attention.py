@@ -39,7 +39,7 @@ def absorbed_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: t
 
 @absorbed_sparse_attention.register_kernel("cuda")
 def _absorbed_sparse_attention_cuda(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows, distinct):
-    from compiler.lowering.absorbed_attention_triton import absorbed_sparse_attention_triton
+    from compiler.lowering.attention.absorbed_attention import absorbed_sparse_attention_triton
 
     _refuse_pulsar_layout()
     return absorbed_sparse_attention_triton(q, latent, rope_key, kv_b_weight, indices, mask, scale=scale,

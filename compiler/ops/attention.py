@@ -2,23 +2,13 @@
 
 Schema: ``attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, bool is_causal, float? scale,
 bool enable_gqa, str form) -> Tensor``; q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] (Hkv = Hq unless
-``enable_gqa``); returns [B, Hq, Sq, D] in q's dtype, contiguous.
-
-With no active layout (``runtime.attention_layout.active_layout()`` is None) it computes what the
-replaced code computed, with the same torch calls:
-
-* ``form="sdpa"``: ``F.scaled_dot_product_attention(q, k, v, attn_mask, 0.0, is_causal, scale,
-  enable_gqa=enable_gqa)``;
-* ``form`` in ``EAGER_FORMS``: ``softmax((q @ kᵀ) ∘ scale + attn_mask, -1[, float32]).to(q.dtype) @ v``
-  with ``∘`` a product (``eager_mul*``) or a division (``eager_div*``) by ``scale`` (required),
-  the softmax in float32 for the ``*_softmax_fp32`` forms, and k/v repeated per query head first
-  when ``enable_gqa``.
-
-With an active layout the mask and ``is_causal`` are ignored: the layout decides visibility and the
-attention runs through ``layout.attend``, which chooses the computation (``runtime.attention_layout``:
-stock SDPA where the layout is ordinary attention, else the two-interval kernel of the device, the
-Triton kernel on CUDA), with the effective scale (the SDPA default 1/sqrt(D) when ``scale`` is None).
-"""
+``enable_gqa``); returns [B, Hq, Sq, D] in q's dtype, contiguous. With no active layout it
+computes what the replaced code computed, with the same torch calls: ``form="sdpa"`` is
+``F.scaled_dot_product_attention``; the ``EAGER_FORMS`` are ``softmax((q @ kᵀ) ∘ scale + attn_mask,
+-1[, float32]).to(q.dtype) @ v`` with ``∘`` a product (``eager_mul*``) or a division
+(``eager_div*``), the softmax in float32 for the ``*_softmax_fp32`` forms, k/v repeated per query
+head when ``enable_gqa``. With an active layout the mask and ``is_causal`` are ignored and the
+layout's ``attend`` computes it (``runtime.attention_layout``), with the effective scale."""
 from __future__ import annotations
 
 from typing import Optional
@@ -26,7 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-import compiler.lowering.flash_attention_triton  # noqa: F401  (registers the CUDA two-interval kernel)
+import compiler.lowering.attention.two_interval_attention  # noqa: F401  (registers the CUDA two-interval kernel)
 from runtime.attention_layout import active_layout
 
 SDPA_FORM = "sdpa"

@@ -1,55 +1,35 @@
 """``torch.ops.pulsar_dosa.certified_topk``: the certified exact top-K of a DSA indexer as a torch op.
 
-Schema (:data:`SCHEMA`, written once; ``pulsar_dosa::capture_topk`` shares it):
-``certified_topk(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="",
-SymInt r=-1, SymInt min_keys=-1, str path="auto", bool record_stats=True, str precision="bf16",
-Tensor? k_scale=None) -> (Tensor, Tensor)``
-
-q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or [B,S,T]
-(bool: True = visible; or additive float, -inf = hidden), all on one device. ``topk`` is a
-positive int (``Scalar`` in the schema so that ``True`` reaches the op as a bool and is refused,
-where an ``int`` argument would turn it into 1). Returns (values [B,S,kk] float32, indices
-[B,S,kk] int64), kk = min(topk, T): exactly ``runtime.dense_scorer.dense_topk`` (the scores
-sum_h w_h relu(q_h.k) + mask, sorted descending, ties by the lower key index; a row with fewer
-than topk visible keys lists its visible keys first, then hidden ones with value -inf in index
-order). ``layer`` is the module path the statistics and the runtime guard are filed under;
-``r`` = -1 takes the runtime's per-query rule; ``path`` ("auto", "dense" or "certified") and
-``min_keys`` (the crossover key length under "auto"; -1: the cost model's) are resolved per call by
-``compiler.path_choice.call_path``.
-
-``precision`` (``runtime.fp8_quant.PRECISIONS``): "bf16" scores the inputs as given; "fp8" and
-"fp8_unrotated" quantise q and k to E4M3 as DeepSeek-V3.2 does (``runtime.fp8_quant``; "fp8" with
-the Hadamard rotation, which needs D a power of two; CUDA's FP8 scorer needs a power of two >= 32
-for both) and return exactly the dense top-K of the FP8
-scorer on the quantised inputs (SPEC A.10: ``dense_topk(q8, k8, w', topk, mask, key_scale)``),
-certified path included. ``k_scale`` [B,T] fp32 (fp8 precisions only): k is then already quantised
-(float8_e4m3fn, e.g. an FP8 indexer key cache, ``runtime.fp8_key_cache``) with these scales, by the
-same precision; only q is quantised.
-
-Every kernel starts with the same checks (:func:`check_call`: devices, types, ranks, shapes,
-dtypes, the scalar arguments; a clear error naming the argument) and answers empty inputs
-(B, S or kk = 0) with empty outputs before any device pipeline runs. The default kernel runs
-``runtime.certified_topk.certified_topk`` (CPU and any device without its own kernel); CUDA runs
-the Triton pipeline of ``compiler/lowering/certified_topk_triton.py``. The fake kernel (also the
-meta kernel) supports symbolic sizes and adds no guards.
-"""
+Schema (:data:`SCHEMA`, shared by ``capture_topk``): ``(Tensor q, Tensor k, Tensor weights, Scalar
+topk, Tensor? mask=None, str layer="", str path="auto", SymInt? r=None, SymInt? min_keys=None,
+bool record_stats=True, str precision="bf16", Tensor? k_scale=None) -> (Tensor, Tensor)``. q
+[B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or [B,S,T] (bool,
+True = visible; or additive float), one device; ``topk`` a positive int (a bool is refused).
+Returns (values [B,S,kk] fp32, indices [B,S,kk] int64), kk = min(topk, T): exactly
+``runtime.dense_scorer.dense_topk`` of the scored operands (``scored_operands``: the inputs for
+``precision`` "bf16"; for "fp8" / "fp8_unrotated" their E4M3 quantisation, SPEC A.10; ``k_scale``
+[B,T] fp32: k is already E4M3 with these scales, e.g. an FP8 key cache). ``layer`` files the
+statistics and the runtime guard; ``path``, ``r``, ``min_keys`` are the layer's ``TopkSettings``,
+resolved per call by ``compiler.ops.guard.call_path``. Every kernel checks its arguments first
+(``check_call``: a clear error naming the argument) and answers empty inputs with empty outputs.
+The CPU runs ``runtime.certified_topk``; CUDA ``compiler/lowering/topk_pipeline.py``. The fake
+kernel keeps symbolic sizes and adds no guards."""
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Any, Callable
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from compiler.lowering.stats import TOPK_STATS
-from compiler.path_choice import call_path, check_choice
+from compiler.ops.guard import call_path
+from compiler.ops.stats import TOPK_STATS
+from compiler.topk_settings import TopkSettings, settings_of
 from runtime.certified_topk import CertifiedTopkConfig, certified_topk as reference_certified_topk
 from runtime.fp8_quant import check_precision, quantize_keys, quantize_queries, rotates
 from runtime.indexer_inputs import checked_kk
 
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
-          'SymInt r=-1, SymInt min_keys=-1, str path="auto", bool record_stats=True, str precision="bf16", '
+          'str path="auto", SymInt? r=None, SymInt? min_keys=None, bool record_stats=True, str precision="bf16", '
           'Tensor? k_scale=None) -> (Tensor, Tensor)')
 """The schema of ``certified_topk`` and of every op that stands in for it (``capture_topk``)."""
 _ARGUMENTS = torch._C.parse_schema("pulsar_dosa::certified_topk" + SCHEMA).arguments
@@ -66,19 +46,6 @@ def op_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
     a.update(zip(_NAMES, args))
     a.update(kwargs)
     return a
-
-
-def topk_config(r: int, path: str) -> CertifiedTopkConfig:
-    """The runtime configuration for the op's ``r`` (-1 = the runtime's rule) and a decided path
-    (a frozen dataclass, made once per pair: a decode loop does not rebuild and revalidate it)."""
-    if r < -1:
-        raise ValueError(f"r: expected -1 (default) or a positive int, got {r}")
-    return _config_of(r, path)
-
-
-@functools.lru_cache(maxsize=256)
-def _config_of(r: int, path: str) -> CertifiedTopkConfig:
-    return dataclasses.replace(CertifiedTopkConfig(), path=path, **({} if r == -1 else {"r": r}))
 
 
 def check_devices(a: dict[str, Any]) -> None:
@@ -99,26 +66,23 @@ def check_topk_type(topk: Any) -> None:
         raise TypeError(f"topk: expected a positive int, got {topk!r} ({type(topk).__name__})")
 
 
-def check_call(a: dict[str, Any]) -> int:
-    """Validate a concrete call (every argument, tensors on one device); returns kk.
+def check_call(a: dict[str, Any]) -> tuple[int, TopkSettings]:
+    """Validate a concrete call (every argument, tensors on one device); returns kk and the settings.
 
     Shapes, dtypes and topk's value are checked by the runtime's ``check_indexer_inputs`` on meta
     tensors, once per signature (``checked_kk``; no data is read)."""
     check_devices(a)
     check_topk_type(a["topk"])
-    check_choice("path", a["path"])
+    settings = settings_of(a["path"], a["r"], a["min_keys"])
     precision = check_precision("precision", a["precision"])
-    for name in ("r", "min_keys"):
-        if a[name] < -1:
-            raise ValueError(f"{name}: expected -1 (default) or a non-negative int, got {a[name]}")
     q, k, k_scale = a["q"], a["k"], a["k_scale"]
-    if precision != "bf16" and isinstance(q, torch.Tensor) and q.dim() == 4 and rotates(precision):
+    if rotates(precision) and q.dim() == 4:
         D = q.shape[3]
         if D < 1 or D & (D - 1):
             raise ValueError(f"q: precision {precision!r} rotates q and k by a Hadamard transform, which needs a "
                              f"head dimension D that is a power of two, got D={D}")
     if k_scale is None:
-        return checked_kk(q, k, a["weights"], a["topk"], a["mask"])
+        return checked_kk(q, k, a["weights"], a["topk"], a["mask"]), settings
     if precision == "bf16":
         raise ValueError("k_scale: pre-quantised keys are scored by an fp8 precision, got precision='bf16'")
     if not isinstance(k, torch.Tensor) or k.dtype != torch.float8_e4m3fn:
@@ -128,7 +92,7 @@ def check_call(a: dict[str, Any]) -> int:
                          f"{getattr(k_scale, 'dtype', type(k_scale).__name__)} {tuple(getattr(k_scale, 'shape', ()))}")
     keys = torch.empty(k.shape, dtype=torch.float32, device="meta")  # the keys k stands for
     meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in (q, a["weights"], a["mask"])]
-    return checked_kk(meta[0], keys, meta[1], a["topk"], meta[2])
+    return checked_kk(meta[0], keys, meta[1], a["topk"], meta[2]), settings
 
 
 Kernel = Callable[[dict[str, Any], int, CertifiedTopkConfig, Any], tuple[torch.Tensor, torch.Tensor]]
@@ -136,19 +100,17 @@ Kernel = Callable[[dict[str, Any], int, CertifiedTopkConfig, Any], tuple[torch.T
 
 def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Check the call, answer empty inputs with empty outputs, decide its path
-    (``compiler.path_choice.call_path``), then run ``kernel(a, kk, config, stats)`` inside the
+    (``compiler.ops.guard.call_path``), then run ``kernel(a, kk, config, stats)`` inside the
     decision's timed block (the runtime guard measures guarded calls)."""
     a = op_arguments(args, kwargs)
-    kk = check_call(a)
+    kk, settings = check_call(a)
     q = a["q"]
     B, S, H, D = q.shape
     if B * S * kk == 0:
         return (torch.empty((B, S, kk), dtype=torch.float32, device=q.device),
                 torch.empty((B, S, kk), dtype=torch.int64, device=q.device))
-    ticket = call_path(layer=a["layer"], device=q.device, choice=a["path"],
-                       crossover=None if a["min_keys"] == -1 else a["min_keys"],
-                       B=B, S=S, T=a["k"].shape[1], H=H, D=D, kk=kk)
-    config = topk_config(a["r"], ticket.path)
+    ticket = call_path(settings, layer=a["layer"], device=q.device, B=B, S=S, T=a["k"].shape[1], H=H, D=D, kk=kk)
+    config = settings.runtime_config(ticket.path)
     stats = TOPK_STATS.for_layer(a["layer"], q.device) if a["record_stats"] else None
     with ticket.timed(stats) as call_stats:
         return kernel(a, kk, config, call_stats)
@@ -172,8 +134,8 @@ def _reference_kernel(a, kk, config, stats):
 
 
 def _cuda_kernel(a, kk, config, stats):
-    from compiler.lowering.certified_topk_triton import checked_certified_topk_cuda
-    from compiler.lowering.dsa_score_triton import check_fp8_head_dim
+    from compiler.lowering.scoring.indexer_scores import check_fp8_head_dim
+    from compiler.lowering.topk_pipeline import checked_certified_topk_cuda
 
     if a["precision"] != "bf16":
         check_fp8_head_dim(a["q"].shape[3])

@@ -2,8 +2,10 @@
 
 A pass family is a :class:`compiler.passes.base.PatternPass` (one module each) that detects its
 patterns on the Dynamo (torch-level) graph and rewrites the safe ones; the contract, the error
-policy and the counters are in ``compiler/passes/base.py``. Adding a family is one line in
-:data:`PASS_FAMILIES` (order = run order). A pass never computes tensors; it only edits the graph.
+policy and the counters are in ``compiler/passes/base.py``, the matchers they share in
+``compiler/passes/matcher.py``. No pass imports another. A family is named in
+``compiler.options.PASS_FAMILIES`` (the names a user may give, in run order) and listed in
+:data:`PASSES`. A pass never computes tensors; it only edits the graph.
 """
 from __future__ import annotations
 
@@ -12,18 +14,17 @@ from typing import TYPE_CHECKING
 
 import torch.fx as fx
 
-from compiler.passes import attention, dsa_indexer, sparse_attention
+from compiler.passes.attention import AttentionPass
 from compiler.passes.base import PassContext, PatternPass, run_pattern_pass
+from compiler.passes.dsa_indexer import IndexerPass
+from compiler.passes.sparse_attention import SparseAttentionPass
 
-if TYPE_CHECKING:  # annotations only: the options module imports this one, not the reverse
+if TYPE_CHECKING:
     from compiler.options import CompileOptions
     from compiler.report import Report
 
-PASS_FAMILIES: dict[str, PatternPass] = {
-    dsa_indexer.KIND: dsa_indexer.IndexerPass(),
-    sparse_attention.KIND: sparse_attention.SparseAttentionPass(),
-    attention.KIND: attention.AttentionPass(),
-}
+PASSES: dict[str, PatternPass] = {p.kind: p for p in (IndexerPass(), SparseAttentionPass(), AttentionPass())}
+"""Every pass family by its kind (the names of ``compiler.options.PASS_FAMILIES``)."""
 
 
 def run_passes(gm: fx.GraphModule, options: CompileOptions, report: Report,
@@ -31,9 +32,9 @@ def run_passes(gm: fx.GraphModule, options: CompileOptions, report: Report,
     """Run the enabled families in list order on ``gm`` (in place), time each one, lint and recompile;
     ``cuda_graphs``: the downstream compiler will replay the graph from CUDA graphs."""
     ctx = PassContext(gm, options, report, cuda_graphs)
-    for name in options.enabled_passes(tuple(PASS_FAMILIES)):
+    for name in options.enabled_passes():
         start = time.perf_counter()
-        run_pattern_pass(ctx, PASS_FAMILIES[name])
+        run_pattern_pass(ctx, PASSES[name])
         report.add_pass_time(name, time.perf_counter() - start)
     gm.graph.lint()
     gm.recompile()

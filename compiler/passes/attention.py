@@ -1,40 +1,31 @@
 """The attention pass: a model's attention -> ``pulsar_dosa.attention`` (follows the Pulsar layout).
 
-Two pattern families on the Dynamo (torch-level) graph, each with GQA ``repeat_kv`` on k and v
-folded into ``enable_gqa`` (``x[:, :, None].expand(B, Hkv, n, S, D).reshape(B, Hkv·n, S, D)`` or
-``x.repeat_interleave(n, dim=1)``, the same n on k and v):
+Two spellings on the Dynamo graph, each with GQA ``repeat_kv`` on k and v folded into ``enable_gqa``
+(``matcher.fold_repeat_kv``):
 
     sdpa     F.scaled_dot_product_attention(q, k, v, attn_mask?, dropout_p=0, is_causal, scale?, enable_gqa)
     eager    matmul(softmax(matmul(q, kᵀ) (*|/) c [+ mask], dim=-1[, dtype=float32]) [.to] [dropout p=0], v)
 
-with kᵀ = ``k.transpose(-2, -1)`` (any spelling of the last two dims) and c a Python number.
-Variants (report ``variant``): the op form (``compiler.ops.attention.FORMS``) plus
-``+gqa`` when a repeat was folded and ``+mask`` when a mask is passed. A matched chain must be
-closed: every interior node (scores, softmax, casts, the transposed or repeated k and v) feeds
-only the next node of the chain, e.g. attention weights that are also returned make a near miss.
-Near misses (left untouched, recorded with the reason): dropout that may be active, a scale that
-is a tensor, a softmax over another dim or in another dtype, operands that are not 4-D
-[B, H, S, D], k and v of different shapes.
-"""
+with kᵀ any spelling of ``k.transpose(-2, -1)`` and c a Python number. Variant: the op form
+(``compiler.ops.attention.FORMS``), ``+gqa``, ``+mask``. A matched chain is closed (every interior
+node feeds only the next one). Near misses: dropout that may be active, a tensor scale, a softmax
+over another dim or dtype, operands that are not 4-D [B, H, S, D], k and v of different shapes."""
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from compiler.ops.attention import SDPA_FORM
-from compiler.passes.base import NearMiss, NotCandidate, PatternPass
-from compiler.passes.matcher import (arg, insert_call, module_path, normalize_dim, op_kind, same_size,
-                                     tensor_meta)
+from compiler.passes.base import PatternPass
+from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call,
+                                     normalize_dim, op_kind, same_size, single_use, softmax_of, tensor_meta)
 
 KIND = "attention"
 OP = torch.ops.pulsar_dosa.attention.default
-SDPA_TARGETS = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 
 
 @dataclass
@@ -58,47 +49,6 @@ class AttentionMatch:
         return self.form + ("+gqa" if self.enable_gqa else "") + ("+mask" if self.mask is not None else "")
 
 
-def repeat_kv_source(node: Any) -> tuple[Any, int, list[fx.Node]]:
-    """``(x, n, nodes)`` when ``node`` repeats every head of 4-D ``x`` n times along dim 1, else ``(node, 1, [])``."""
-    if not isinstance(node, fx.Node):
-        return node, 1, []
-    if (node.op == "call_method" and node.target == "repeat_interleave") or \
-            (node.op == "call_function" and node.target is torch.repeat_interleave):
-        source, repeats = node.args[0], arg(node, 1, "repeats")
-        dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else None)
-        src = tensor_meta(source)
-        if isinstance(repeats, int) and src is not None and src.dim() == 4 and normalize_dim(dim, 4) == 1:
-            return source, repeats, [node]
-        return node, 1, []
-    if op_kind(node) != "reshape" or not isinstance(node.args[0], fx.Node) or op_kind(node.args[0]) != "expand":
-        return node, 1, []
-    expand = node.args[0]
-    index = expand.args[0]
-    if not (isinstance(index, fx.Node) and index.op == "call_function" and index.target is operator.getitem):
-        return node, 1, []
-    source, key = index.args
-    full = slice(None, None, None)
-    src, wide, out = tensor_meta(source), tensor_meta(expand), tensor_meta(node)
-    if key != (full, full, None, full, full) or src is None or wide is None or out is None or src.dim() != 4:
-        return node, 1, []
-    b, h, s, d = src.shape
-    n = wide.shape[2]
-    if wide.dim() != 5 or not all(same_size(x, y) for x, y in zip(wide.shape, (b, h, n, s, d))) \
-            or out.dim() != 4 or not all(same_size(x, y) for x, y in zip(out.shape, (b, h * n, s, d))) \
-            or not isinstance(n, int):
-        return node, 1, []
-    return source, n, [node, expand, index]
-
-
-def fold_repeat_kv(k: Any, v: Any) -> tuple[Any, Any, bool, list[fx.Node]]:
-    """Strip a matching repeat of k and v: ``(k, v, folded, repeat nodes)``."""
-    k_src, k_rep, k_nodes = repeat_kv_source(k)
-    v_src, v_rep, v_nodes = repeat_kv_source(v)
-    if k_rep > 1 and k_rep == v_rep:
-        return k_src, v_src, True, k_nodes + v_nodes
-    return k, v, False, []
-
-
 def check_operands(q: Any, k: Any, v: Any) -> None:
     """q, k, v 4-D [B, H, S, D] tensors, k and v not provably of different shapes (equality of
     symbolic lengths is checked when the op runs), heads of q a static multiple of k's."""
@@ -113,13 +63,6 @@ def check_operands(q: Any, k: Any, v: Any) -> None:
     hq, hkv = mq.shape[1], mk.shape[1]
     if not (isinstance(hq, int) and isinstance(hkv, int) and hkv > 0 and hq % hkv == 0):
         raise NearMiss("query heads are not a static multiple of key/value heads")
-
-
-def single_use(nodes: list[fx.Node]) -> None:
-    """Every interior node feeds exactly one user (the next node of the chain)."""
-    for node in nodes:
-        if len(node.users) != 1:
-            raise NearMiss(f"intermediate {node.name} is used outside the attention chain")
 
 
 def match_sdpa(node: fx.Node) -> AttentionMatch:
@@ -142,32 +85,6 @@ def match_sdpa(node: fx.Node) -> AttentionMatch:
     check_operands(q, k, v)
     return AttentionMatch(node, q, k, v, mask, is_causal, None if scale is None else float(scale),
                           enable_gqa or folded, SDPA_FORM, repeats)
-
-
-def through_inactive_dropout(node: Any, chain: list[fx.Node]) -> Any:
-    """Skip ``F.dropout(x, p=0)`` / ``dropout(x, training=False)`` (appending it to ``chain``)."""
-    if isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.dropout:
-        p, training = arg(node, 1, "p", 0.5), arg(node, 2, "training", True)
-        if not (p == 0 or training is False):
-            raise NearMiss("dropout on the attention weights may be active")
-        chain.append(node)
-        return node.args[0]
-    return node
-
-
-def softmax_of(node: Any) -> tuple[Optional[fx.Node], list[fx.Node]]:
-    """The softmax that feeds ``node`` through dropout and casts, with the skipped nodes."""
-    chain: list[fx.Node] = []
-    while isinstance(node, fx.Node):
-        node = through_inactive_dropout(node, chain)
-        if op_kind(node) == "softmax":
-            return node, chain
-        if op_kind(node) in ("cast", "contiguous", "clone"):
-            chain.append(node)
-            node = node.args[0]
-            continue
-        return None, chain
-    return None, chain
 
 
 def match_eager(anchor: fx.Node) -> Optional[AttentionMatch]:

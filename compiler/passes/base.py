@@ -1,34 +1,17 @@
 """The contract of every pass family, and its one error policy.
 
-A family is a :class:`PatternPass` (one module per family, registered in
-``compiler.passes.PASS_FAMILIES``). :func:`run_pattern_pass` drives it on the Dynamo (torch-level)
-graph in two phases:
-
-1. Match, on the unmodified graph: ``anchors(graph)`` lists the candidate nodes,
-   ``analyse(graph, anchors)`` computes what every match shares (e.g. post-dominators), and
-   ``match(anchor, analysis)`` returns a match (an object with ``anchor``, ``interior`` and
-   ``operand_nodes``) or raises :class:`NotCandidate` (not this family's pattern: counted only)
-   or :class:`NearMiss` (looks like the pattern but must stay untouched: reported with the
-   reason).
-2. Rewrite, each match in turn: ``settings(ctx, match)`` takes the compile-time choices from the
-   options (a plan, a forced path); ``rewrite(ctx, match, settings)`` inserts the replacement
-   before the anchor and returns the node that replaces it, without touching existing nodes;
-   the runner then reroutes the anchor's users to it, erases the region's dead nodes and records
-   the rewrite with the fields of ``describe(match, settings, node)``. ``settings`` may instead
-   raise :class:`Declined` (the stock form is faster there): the match stays untouched and is
-   reported as a near miss with the reason.
-
-Error policy (the same for every family): an unexpected exception while matching a candidate
-becomes a near miss ``"unsupported form: <type>: <message>"``; one raised by ``rewrite`` a near
-miss ``"rewrite failed: <type>: <message>"`` with every node it inserted erased; one raised by
-``anchors``/``analyse`` a near miss of the whole graph (module ""), before any change. In every
-case the candidate is left untouched and compilation goes on: a pass never crashes it. Errors of
-``settings`` are the caller's (e.g. a plan made for another model) and propagate.
-
-Counters (``report.counters``, like Inductor's ``counters``), per family kind: ``anchors``,
-``not_candidate``, ``near_miss``, ``unsupported`` (near misses from unexpected exceptions),
-``declined``, ``rewritten`` and ``variant.<name>``.
-"""
+A family is a :class:`PatternPass`; :func:`run_pattern_pass` drives it in two phases. Match, on the
+unmodified graph: ``anchors(graph)`` lists candidate nodes, ``analyse`` computes what every match
+shares, ``match(anchor, analysis)`` returns a match (``anchor``, ``interior``, ``operand_nodes``)
+or raises ``NotCandidate`` (counted) or ``NearMiss`` (reported with the reason). Rewrite, each match
+in turn: ``settings(ctx, match)`` reads the compile-time choices or raises :class:`Declined` (the
+stock form is faster there: a near miss); ``rewrite`` inserts the replacement before the anchor
+without touching existing nodes; the runner reroutes the anchor's users, erases the dead region and
+records ``describe(...)``. Error policy: an unexpected exception while matching or rewriting becomes
+a near miss ("unsupported form: ..." / "rewrite failed: ...", inserted nodes erased) and compilation
+goes on; errors of ``settings`` (a plan for another model) propagate. Counters per family kind:
+``anchors``, ``not_candidate``, ``near_miss``, ``unsupported``, ``declined``, ``rewritten``,
+``variant.<name>`` (``report.counters``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,21 +20,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 import torch.fx as fx
 
-from compiler.passes.matcher import erase_dead_pure, module_path
+from compiler.passes.matcher import NearMiss, NotCandidate, erase_dead_pure, module_path
 
-if TYPE_CHECKING:  # annotations only: the options module imports the pass list, not the reverse
+if TYPE_CHECKING:
     from compiler.options import CompileOptions
     from compiler.report import Report
 
 logger = logging.getLogger(__name__)
-
-
-class NearMiss(Exception):
-    """A candidate that must stay untouched; the message is the reason."""
-
-
-class NotCandidate(Exception):
-    """The anchor does not compute this family's pattern at all (counted, not reported)."""
 
 
 class Declined(Exception):

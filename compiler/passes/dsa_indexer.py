@@ -1,41 +1,18 @@
 """The DSA indexer pass: ``topk(mask(Σ_h w_h·relu(scale·q_h·k)))`` -> ``pulsar_dosa.certified_topk``.
 
-Anchored on every ``topk`` of the Dynamo graph, the matcher walks producers step by step, through
-layout-preserving ops (``matcher.skip_layout_preserving``) between steps:
+Anchored on every ``topk``, the matcher walks producers through layout-preserving ops (SPEC A.1):
 
     topk(x, kk, dim=last, largest=True)                        [then getitem .values/.indices]
-    mask step      MaskVariant: x = s + mask | s.masked_fill(cond, -inf) | s   (mask broadcast to [B,S,T];
-                   a fill of finfo(float32).min, below every finite score, only when the values are unused)
-    head weighting HeadVariant: matmul(W[B,S,1,H], P[B,S,H,T]) | sum(P * W[B,S,H,1], dim=2)
-                                | einsum(W[b,s,h], P[b,s,h,t] -> [b,s,t])
-    post scale     P = relu(...) (*|/) c                       (c a scalar; folded into weights)
-    relu           relu | clamp_min(., 0) | clamp(., min=0)
-    pre scale      relu((*|/) c)   (c a positive constant: into weights; other scalars: into q)
-    q·k            QkVariant: matmul(Q[B,S,H,D], K[B,1,D,T]) | einsum(Q[b,s,h,d], K[b,t,d] -> [b,s,h,t])
-                              | view(bmm(Q.reshape(B,S*H,D), K[B,D,T]), [B,S,H,T])
+    mask step      x = s + mask | s.masked_fill(cond, -inf | finfo(float32).min) | s
+    head weighting matmul(W[B,S,1,H], P) | sum(P * W[B,S,H,1], dim=2) | einsum(W[b,s,h], P[b,s,h,t])
+    scales, relu   [(*|/) c] relu | clamp_min(., 0) | clamp(., min=0) [(*|/) c]
+    q·k            matmul(Q[B,S,H,D], K[B,1,D,T]) | einsum(bshd,btd->bsht) | view(bmm(Q[B,S*H,D], K[B,D,T]))
 
-Folding is exact in real arithmetic: relu(c·x) = c·relu(x) for c > 0 and (c·q)·k = c·(q·k) for any
-c, so the op computes the same real function as the replaced chain. The op returns the exact top-K
-of that function as THE SCORER evaluates it in fp32; the original graph evaluates it with BLAS
-matmuls whose rounding differs in the last bits. The two selections are identical unless two keys'
-scores are within that rounding of the kk-th place, or tie exactly (torch.topk orders equal scores
-arbitrarily, the op by lower key index). A finfo(float32).min fill is read as hidden (-inf): masked
-keys then rank after every visible key whose score is finite, as in the original; a visible score
-of -inf (only from non-finite inputs) would rank below such a masked key there but above it here.
-
-A topk whose head-weighting position holds no contraction is not a candidate (e.g. an MoE router)
-and is only counted. A safe match where the stock form is faster (``path_choice.keeps_stock``: too
-few query-key-head products for the op's per-call host cost, e.g. decode at one sequence on a GPU
-without CUDA graphs, or any call on the CPU, where the op runs its plain-torch reference) is
-declined: left untouched and reported as a near miss with the reason; with symbolic sizes that
-decision is a guard, so Dynamo recompiles once a call crosses it. A candidate that fails a later
-check is a near miss, recorded with its reason, and left untouched (so is one whose graph the
-matcher cannot read: "unsupported form").
-Before any rewrite the region is proved closed: every interior node is post-dominated by the
-anchor (``matcher.escaping_nodes``); and the operands are [B,S,H,D], [B,T,D], [B,S,H], [B,S,T] on
-``node.meta`` (``statically_known_true``, no guards).
-All candidates are analysed on the unmodified graph, then the safe ones are rewritten.
-"""
+Scales fold into the weights (c > 0) or q (exact in real arithmetic); bf16/fp16 q and k reach the
+op without their upcast. The op selects the exact top-K as its scorer evaluates the function in
+fp32: the graph's selection unless keys tie, or lie within BLAS rounding, at the kk-th place. A
+topk without a head contraction (a router) is not a candidate; escaping intermediates or unusable
+operands make a near miss; a call too small for the op (``policy.keeps_stock``) is declined."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,12 +23,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from compiler.path_choice import indexer_settings, keeps_stock, stock_threshold
-from compiler.passes.base import Declined, NearMiss, NotCandidate, PatternPass
-from compiler.passes.matcher import (arg, escaping_nodes, insert_call, is_scalar,
-                                     is_unit, module_path, normalize_dim, op_kind, post_dominators,
-                                     same_shape, same_size, skip_layout_preserving, tensor_meta,
-                                     value)
+import compiler.ops.capture_topk  # noqa: F401  (registers pulsar_dosa::capture_topk)
+import compiler.ops.certified_topk  # noqa: F401  (registers pulsar_dosa::certified_topk)
+from compiler.passes.base import Declined, PatternPass
+from compiler.passes.matcher import (NearMiss, NotCandidate, arg, escaping_nodes, insert_call, is_scalar, is_unit,
+                                     module_path, normalize_dim, op_kind, post_dominators, same_shape, same_size,
+                                     skip_layout_preserving, tensor_meta, value)
+from compiler.policy import indexer_settings, keeps_stock, stock_threshold
 
 KIND = "dsa_indexer"
 LOWEST_FP32 = torch.finfo(torch.float32).min
@@ -546,7 +524,7 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
             mask = insert_call(graph, "call_method", "expand", (mask, *sizes), like=anchor)
         precision = {} if options.indexer_precision == "bf16" else {"precision": options.indexer_precision}
         op = insert_call(graph, "call_function", _indexer_op(options), (q, k, w, match.topk, mask),
-                         {"layer": match.module, **settings.op_kwargs(), "record_stats": options.record_stats,
+                         {"layer": match.module, **settings.topk.op_arguments(), "record_stats": options.record_stats,
                           **precision}, like=anchor)
     return op
 

@@ -1,27 +1,37 @@
-"""Small toolkit the pattern passes share, for Dynamo (torch-level) FX graphs.
+"""The matchers the pattern passes share, for Dynamo (torch-level) FX graphs; no pass imports another.
 
-* :func:`op_kind`: one name per operation whatever its spelling (``torch.relu``, ``F.relu``,
-  ``x.relu()`` -> "relu"; ``x.float()``, ``x.to(torch.float32)`` -> "cast"; ...).
-* Shapes from ``node.meta["example_value"]`` compared with :func:`same_size`, which never adds
-  a guard (``statically_known_true``): a size that is only equal at run time is "not equal".
-* :func:`skip_layout_preserving`: walk back through ops that change neither values nor the
-  order of the non-unit dims (clone, contiguous, detach, widening casts, views and squeezes that
-  only insert or remove size-1 dims). Permutes are *not* skipped here: a pattern that accepts
-  one must classify it.
-* :func:`escaping_nodes`: the region-safety proof on a networkx digraph of the FX graph, by
-  post-dominators: an interior node whose every path to the graph's end does not go through the
-  anchor would be needed after the rewrite.
-"""
+:func:`op_kind` names an operation whatever its spelling (``torch.relu``, ``F.relu``, ``x.relu()``
+-> "relu"; ``x.float()``, ``x.to(torch.float32)`` -> "cast"). Shapes come from
+``node.meta["example_value"]`` and compare with :func:`same_size`, which never adds a guard.
+:func:`skip_layout_preserving` walks back through ops that change neither values nor the order of
+the non-unit dims. :func:`escaping_nodes` proves a region closed by post-dominators: an interior
+node with a path to the graph's end that avoids the anchor would be needed after the rewrite.
+Attention chains: :data:`SDPA_TARGETS`, :func:`fold_repeat_kv` (GQA ``repeat_kv``),
+:func:`softmax_of`, :func:`single_use`; :func:`latent_form` recognises MLA's key/value expansion of a
+latent (``kv = linear(c, W)`` split into k_nope and v, k = k_nope with the rope key), the operands of
+an absorbed attention, or raises :class:`NotLatent`. A step that does not see its pattern raises
+:class:`NotCandidate`; one that sees it in a form that must stay untouched, :class:`NearMiss`."""
 from __future__ import annotations
 
 import operator
 import re
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
 
 import networkx as nx
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+
+class NearMiss(Exception):
+    """A candidate that must stay untouched; the message is the reason."""
+
+
+class NotCandidate(Exception):
+    """The anchor does not compute this family's pattern at all (counted, not reported)."""
+
 
 _FUNCTION_KINDS: dict[Any, str] = {
     torch.matmul: "matmul", torch.bmm: "bmm", torch.einsum: "einsum", torch.functional.einsum: "einsum",
@@ -255,3 +265,239 @@ def erase_dead_pure(graph: fx.Graph, nodes: Iterable[Any]) -> None:
             producers = [a for a in n.all_input_nodes]
             graph.erase_node(n)
             work.extend(producers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention chains
+
+SDPA_TARGETS = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+
+
+def repeat_kv_source(node: Any) -> tuple[Any, int, list[fx.Node]]:
+    """``(x, n, nodes)`` when ``node`` repeats every head of 4-D ``x`` n times along dim 1, else ``(node, 1, [])``."""
+    if not isinstance(node, fx.Node):
+        return node, 1, []
+    if (node.op == "call_method" and node.target == "repeat_interleave") or \
+            (node.op == "call_function" and node.target is torch.repeat_interleave):
+        source, repeats = node.args[0], arg(node, 1, "repeats")
+        dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else None)
+        src = tensor_meta(source)
+        if isinstance(repeats, int) and src is not None and src.dim() == 4 and normalize_dim(dim, 4) == 1:
+            return source, repeats, [node]
+        return node, 1, []
+    if op_kind(node) != "reshape" or not isinstance(node.args[0], fx.Node) or op_kind(node.args[0]) != "expand":
+        return node, 1, []
+    expand = node.args[0]
+    index = expand.args[0]
+    if not (isinstance(index, fx.Node) and index.op == "call_function" and index.target is operator.getitem):
+        return node, 1, []
+    source, key = index.args
+    full = slice(None, None, None)
+    src, wide, out = tensor_meta(source), tensor_meta(expand), tensor_meta(node)
+    if key != (full, full, None, full, full) or src is None or wide is None or out is None or src.dim() != 4:
+        return node, 1, []
+    b, h, s, d = src.shape
+    n = wide.shape[2]
+    if wide.dim() != 5 or not all(same_size(x, y) for x, y in zip(wide.shape, (b, h, n, s, d))) \
+            or out.dim() != 4 or not all(same_size(x, y) for x, y in zip(out.shape, (b, h * n, s, d))) \
+            or not isinstance(n, int):
+        return node, 1, []
+    return source, n, [node, expand, index]
+
+
+def fold_repeat_kv(k: Any, v: Any) -> tuple[Any, Any, bool, list[fx.Node]]:
+    """Strip a matching repeat of k and v: ``(k, v, folded, repeat nodes)``."""
+    k_src, k_rep, k_nodes = repeat_kv_source(k)
+    v_src, v_rep, v_nodes = repeat_kv_source(v)
+    if k_rep > 1 and k_rep == v_rep:
+        return k_src, v_src, True, k_nodes + v_nodes
+    return k, v, False, []
+
+
+def single_use(nodes: list[fx.Node]) -> None:
+    """Every interior node feeds exactly one user (the next node of the chain)."""
+    for node in nodes:
+        if len(node.users) != 1:
+            raise NearMiss(f"intermediate {node.name} is used outside the attention chain")
+
+
+def through_inactive_dropout(node: Any, chain: list[fx.Node]) -> Any:
+    """Skip ``F.dropout(x, p=0)`` / ``dropout(x, training=False)`` (appending it to ``chain``)."""
+    if isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.dropout:
+        p, training = arg(node, 1, "p", 0.5), arg(node, 2, "training", True)
+        if not (p == 0 or training is False):
+            raise NearMiss("dropout on the attention weights may be active")
+        chain.append(node)
+        return node.args[0]
+    return node
+
+
+def softmax_of(node: Any) -> tuple[fx.Node | None, list[fx.Node]]:
+    """The softmax that feeds ``node`` through dropout and casts, with the skipped nodes."""
+    chain: list[fx.Node] = []
+    while isinstance(node, fx.Node):
+        node = through_inactive_dropout(node, chain)
+        if op_kind(node) == "softmax":
+            return node, chain
+        if op_kind(node) in ("cast", "contiguous", "clone"):
+            chain.append(node)
+            node = node.args[0]
+            continue
+        return None, chain
+    return None, chain
+
+
+# MLA: keys and values expanded from a latent (the operands of an absorbed attention)
+
+_LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
+_SPLIT_TARGETS = (torch.split, torch.functional.split)
+_SIZE_TARGETS = (torch.ops.aten.sym_size.int, torch.ops.aten.sym_size)
+
+
+class NotLatent(Exception):
+    """k and v are not recognised as an MLA expansion of a latent; the message says why."""
+
+
+@dataclass
+class LatentKV:
+    """What an absorbed attention reads instead of the expanded k and v."""
+
+    latent: fx.Node
+    """The linear's input, ``[B, 1, T, Dc]`` or ``[B, T, Dc]``."""
+    rope_key: fx.Node
+    """The rope key before its head expand, ``[B, 1, T, Dr]``."""
+    weight: fx.Node
+    """kv_b_proj's weight ``[H·(Dn+Dv), Dc]``, the node the linear reads."""
+    nope_dim: int
+    nodes: list[fx.Node]
+    """The expansion's nodes (they die with the attention when nothing else reads them)."""
+
+
+def _last_dim_part(node: Any) -> Optional[tuple[fx.Node, Any, Any, list[fx.Node]]]:
+    """``(x, start, stop, nodes)`` when ``node`` is ``split(x, sizes, -1)[i]`` or ``x[..., start:stop]``
+    (stop None: to the end), else None."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is operator.getitem):
+        return None
+    base, index = node.args
+    if not isinstance(base, fx.Node):
+        return None
+    is_split = (base.op == "call_function" and base.target in _SPLIT_TARGETS) or \
+        (base.op == "call_method" and base.target == "split")
+    if is_split and isinstance(index, int):
+        source, dim = base.args[0], arg(base, 2, "dim", 0)
+        sizes = arg(base, 1, "split_size" if base.op == "call_method" else "split_size_or_sections")
+        meta = tensor_meta(source)
+        if not isinstance(sizes, (list, tuple)) or meta is None or normalize_dim(dim, meta.dim()) != meta.dim() - 1:
+            return None
+        start = sum(sizes[:index])
+        return source, start, start + sizes[index], [node, base]
+    if isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis and isinstance(index[1], slice) \
+            and index[1].step in (None, 1):
+        return base, index[1].start or 0, index[1].stop, [node]
+    return None
+
+
+def _expanded_kv(kv: Any, batch: Any, heads: int, keys: Any) -> tuple[fx.Node, fx.Node, int, list[fx.Node]]:
+    """``(latent, W, Dn+Dv, nodes)`` for ``kv = linear(latent, W).view(B, T, H, Dn+Dv).transpose(1, 2)``."""
+    if not (isinstance(kv, fx.Node) and op_kind(kv) == "transpose"
+            and {normalize_dim(kv.args[1], 4), normalize_dim(kv.args[2], 4)} == {1, 2}):
+        raise NotLatent("the expanded key/value is not a transpose(1, 2) of per-head rows")
+    view = kv.args[0]
+    if not (isinstance(view, fx.Node) and op_kind(view) == "reshape"):
+        raise NotLatent("the per-head rows are not a view of a projection")
+    linear = view.args[0]
+    if not (isinstance(linear, fx.Node) and linear.op == "call_function" and linear.target in _LINEAR_TARGETS):
+        raise NotLatent("the per-head rows do not come from a linear projection (kv_b_proj)")
+    latent, weight, bias = arg(linear, 0, "input"), arg(linear, 1, "weight"), arg(linear, 2, "bias")
+    if bias is not None:
+        raise NotLatent("kv_b_proj has a bias")
+    ml, mw, mp, mv = (tensor_meta(x) for x in (latent, weight, linear, view))
+    if any(m is None for m in (ml, mw, mp, mv)) or mw.dim() != 2 or mv.dim() != 4 or ml.dim() not in (3, 4):
+        raise NotLatent("the projection's input, weight or output is not a tensor of the expected rank")
+    if ml.dim() == 4 and not is_unit(ml.shape[1]):
+        raise NotLatent(f"the latent {tuple(ml.shape)} is not [B, 1, T, Dc]")
+    width = mv.shape[3]
+    if not (isinstance(width, int) and same_size(mv.shape[2], heads) and same_size(mp.shape[-1], heads * width)
+            and same_size(mv.shape[0], batch) and same_size(mv.shape[1], keys)
+            and same_shape(non_unit(mp.shape[:-1]), non_unit(mv.shape[:2]))):
+        raise NotLatent(f"the projection's output {tuple(mp.shape)} is not viewed as [B, T={keys}, H={heads}, "
+                        f"Dn+Dv] ({tuple(mv.shape)})")
+    return latent, weight, width, [kv, view, linear]
+
+
+def _rope_source(node: Any, batch: Any, keys: Any) -> tuple[fx.Node, list[fx.Node]]:
+    """``(kr, nodes)`` for ``kr.expand(B, H, T, Dr)`` (or ``kr`` itself) with kr ``[B, 1, T, Dr]``."""
+    nodes = []
+    if isinstance(node, fx.Node) and op_kind(node) == "expand":
+        nodes, node = [node], node.args[0]
+    meta = tensor_meta(node)
+    if meta is None or meta.dim() != 4 or not is_unit(meta.shape[1]) or not same_size(meta.shape[0], batch) \
+            or not same_size(meta.shape[2], keys):
+        raise NotLatent("the rope part of the key is not one [B, 1, T, Dr] rope key expanded over the heads")
+    return node, nodes
+
+
+def _is_size_query(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target in _SIZE_TARGETS) or \
+        (node.op == "call_method" and node.target == "size")
+
+
+def _key_parts(k: fx.Node, nope_dim: int, readers: set[fx.Node]) -> tuple[Any, Any, list[fx.Node]]:
+    """``(k_nope, rope, nodes)``: the two last-dim parts k is assembled from (cat or new_empty +
+    copies); ``readers``: the attention's nodes that may read k."""
+    if k.op == "call_function" and k.target is torch.cat:
+        parts, dim = arg(k, 0, "tensors"), arg(k, 1, "dim", 0)
+        if normalize_dim(dim, 4) != 3 or not isinstance(parts, (list, tuple)) or len(parts) != 2:
+            raise NotLatent("the key is a concatenation, but not of two parts along the last dim")
+        return parts[0], parts[1], [k]
+    if not (k.op == "call_method" and k.target == "new_empty"):
+        raise NotLatent("the key is neither cat((k_nope, k_rope), -1) nor a new_empty buffer filled by copies")
+    filled: dict[tuple[Any, Any], Any] = {}
+    nodes = [k]
+    for user in k.users:
+        if user in readers or _is_size_query(user):
+            continue
+        part = _last_dim_part(user)
+        writers = list(user.users)
+        if part is None or len(writers) != 1 or not (writers[0].op == "call_method" and writers[0].target == "copy_"
+                                                      and writers[0].args[0] is user and not writers[0].users):
+            raise NotLatent(f"the key buffer is read or written by {user.name} besides its two copies")
+        filled[(part[1], part[2])] = writers[0].args[1]
+        nodes += [user, writers[0]]
+    total = tensor_meta(k).shape[3]
+    nope = filled.pop((0, nope_dim), None)
+    rope = filled.pop((nope_dim, None), None)
+    rope = filled.pop((nope_dim, total), None) if rope is None else rope
+    if nope is None or rope is None or filled:
+        raise NotLatent(f"the key buffer is not filled by exactly [..., :{nope_dim}] and [..., {nope_dim}:]")
+    return nope, rope, nodes
+
+
+def latent_form(k: Any, v: Any, heads: int, readers: set[fx.Node]) -> LatentKV:
+    """The latent form of the attention's k ``[B, H, T, Dn+Dr]`` and v ``[B, H, T, Dv]``; NotLatent
+    with the reason when they are not transformers' expansion of one latent (module docstring).
+    ``readers``: the attention's nodes that read k (the SDPA call, the eager chain's transpose)."""
+    mk = tensor_meta(k)
+    if mk is None or mk.dim() != 4 or not isinstance(k, fx.Node):
+        raise NotLatent("the key is not a 4-D tensor node")
+    batch = mk.shape[0]
+    found = _last_dim_part(v)
+    if found is None:
+        raise NotLatent("the value is not the last-dim part of an expanded projection (split or slice)")
+    kv, v_start, v_stop, v_nodes = found
+    latent, weight, width, kv_nodes = _expanded_kv(kv, batch, heads, mk.shape[2])
+    if not isinstance(v_start, int) or v_stop not in (None, width) or not 0 < v_start < width:
+        raise NotLatent(f"the value is columns [{v_start}, {v_stop}) of the {width} per-head rows, not their tail")
+    nope_dim = v_start
+    k_nope, rope, k_nodes = _key_parts(k, nope_dim, readers)
+    nope_part = _last_dim_part(k_nope)
+    if nope_part is None or nope_part[0] is not kv or nope_part[1] != 0 or nope_part[2] != nope_dim:
+        raise NotLatent(f"the key's first {nope_dim} columns are not the head of the value's projection")
+    rope_key, rope_nodes = _rope_source(rope, batch, mk.shape[2])
+    mr = tensor_meta(rope_key)
+    if not same_size(mk.shape[3], nope_dim + mr.shape[3]):
+        raise NotLatent(f"the key's last dim {mk.shape[3]} is not {nope_dim} + the rope key's {mr.shape[3]}")
+    if len({tensor_meta(x).dtype for x in (k, v, latent, rope_key, weight)}) != 1:
+        raise NotLatent("the latent, the rope key, kv_b_proj's weight and the expanded key/value differ in dtype")
+    nodes = list(dict.fromkeys(v_nodes + nope_part[3] + k_nodes + rope_nodes + kv_nodes))
+    return LatentKV(latent, rope_key, weight, nope_dim, nodes)

@@ -13,7 +13,7 @@ accepts it when its mask is built from indices:
            F.masked_fill(index_mask, finfo(F.dtype).min)   with F = where(M, 0, finfo(F.dtype).min)
 
 with kᵀ = ``k.transpose(-2, -1)`` (any spelling of the last two dims), c a Python number, and
-GQA ``repeat_kv`` on k and v folded (``compiler.passes.attention.fold_repeat_kv``). MLA shapes are
+GQA ``repeat_kv`` on k and v folded (``compiler.passes.matcher.fold_repeat_kv``). MLA shapes are
 the point: q/k head dim Dqk (nope + rope) and v head dim Dv differ.
 
 Exactness by construction: the op receives the very ``indices`` tensor the mask was scattered
@@ -26,14 +26,14 @@ the mean of v over all keys for an additive ``finfo.min`` mask (every logit equa
 to floating-point rounding.
 
 Two forms. Where k and v are ``kv_b_proj``'s expansion of an MLA latent
-(``compiler.passes.mla_latent``: both transformers DSA models, with or without a cache), the
+(``compiler.passes.matcher.latent_form``: both transformers DSA models, with or without a cache), the
 absorbed op reads the latent rows, the rope key and kv_b_proj's weight instead (the expansion dies
 with the attention; o_proj and everything else stay as they are); otherwise, or where
-``path_choice.sparse_attention_form`` picks it, the union op reads k and v. Where the absorbed
-form would have been picked but k and v are not recognised, a near miss says why and the union op
+``policy.sparse_attention_form`` picks it, the union op reads k and v. Where the absorbed form
+would have been picked but k and v are not recognised, a near miss says why and the union op
 runs. ``distinct`` is passed True when the indices are a top-K's (``from_topk``).
 
-A safe match where the stock form is faster (``path_choice.keeps_stock``: e.g. decode over a
+A safe match where the stock form is faster (``policy.keeps_stock``: e.g. decode over a
 short cache on a GPU without CUDA graphs, or any call on the CPU, where the op runs its plain-torch
 reference) is declined: left untouched, reported as a near miss.
 
@@ -43,7 +43,7 @@ active dropout, ``is_causal=True``, a tensor scale (numbers and symbolic floats 
 provably {0, finfo.min} (not ``where(bool, 0, finfo.min)``, or another fill), an eager chain
 adding a bool mask, scores or attention weights used outside the chain, operands that are not
 q [B,Hq,S,Dqk], k [B,Hkv,T,Dqk], v [B,Hkv,T,Dv], indices [B,S,K] integer, index mask [B,S,T]
-with (B, S, T) those of q and k. The index-mask nodes are erased when nothing else uses them.
+with (B, S, T) those of q and k, or q, k, v in a dtype the op does not compute (float64). The index-mask nodes are erased when nothing else uses them.
 """
 from __future__ import annotations
 
@@ -57,12 +57,12 @@ import torch.fx as fx
 
 import compiler.ops.absorbed_sparse_attention  # noqa: F401  (registers pulsar_dosa::absorbed_sparse_attention)
 import compiler.ops.sparse_attention  # noqa: F401  (registers pulsar_dosa::sparse_attention)
-from compiler.path_choice import keeps_stock, sparse_attention_form, stock_threshold
-from compiler.passes import attention
-from compiler.passes.base import Declined, NearMiss, NotCandidate, PatternPass, near_miss
-from compiler.passes.matcher import (arg, insert_call, is_unit, normalize_dim,
-                                     op_kind, same_size, tensor_meta, value)
-from compiler.passes.mla_latent import LatentKV, NotLatent, latent_form
+from compiler.passes.base import Declined, PatternPass, near_miss
+from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call, is_unit,
+                                     normalize_dim, op_kind, same_size, single_use, softmax_of, tensor_meta, value)
+from compiler.passes.matcher import LatentKV, NotLatent, latent_form
+from compiler.policy import keeps_stock, sparse_attention_form, stock_threshold
+from runtime.sparse_attention import FLOAT_DTYPES
 
 KIND = "sparse_attention"
 OP = torch.ops.pulsar_dosa.sparse_attention.default
@@ -274,8 +274,8 @@ def sdpa_attention(node: fx.Node) -> _Attention:
         raise NearMiss(f"is_causal={is_causal} with an index mask")
     if scale is not None:
         scale = scale_value(scale)
-    k, v, folded, repeats = attention.fold_repeat_kv(k, v)
-    attention.single_use(repeats)
+    k, v, folded, repeats = fold_repeat_kv(k, v)
+    single_use(repeats)
     return _Attention(q, k, v, mask, scale, False, "sdpa", folded, repeats)
 
 
@@ -303,7 +303,7 @@ def eager_attention(anchor: fx.Node) -> _Attention:
     if op_kind(scores) not in ("mul", "div", "matmul"):
         scores, mask = mask, scores
     combined_mask(mask)  # NotCandidate unless the added mask is built from indices
-    _, chain = attention.softmax_of(probs)  # NearMiss for dropout that may be active
+    _, chain = softmax_of(probs)  # NearMiss for dropout that may be active
     chain += [softmax, added]
     if normalize_dim(arg(softmax, 1, "dim"), 4) != 3:
         raise NearMiss(f"softmax over dim {arg(softmax, 1, 'dim')}, not the key dim")
@@ -325,8 +325,8 @@ def eager_attention(anchor: fx.Node) -> _Attention:
     if op_kind(kt) != "transpose" or {normalize_dim(kt.args[1], 4), normalize_dim(kt.args[2], 4)} != {2, 3}:
         raise NearMiss("the key operand is not k.transpose(-2, -1)")
     chain.append(kt)
-    k, v, folded, repeats = attention.fold_repeat_kv(kt.args[0], v)
-    attention.single_use(chain + repeats)
+    k, v, folded, repeats = fold_repeat_kv(kt.args[0], v)
+    single_use(chain + repeats)
     return _Attention(q, k, v, mask, scale, divide, "eager", folded, chain + repeats)
 
 
@@ -361,11 +361,13 @@ def check_operands(att: _Attention, index: IndexMask, model_mask: Optional[fx.No
             raise NearMiss("the model's mask is not a bool tensor broadcastable to [B,1,S,T]")
     if tensor_meta(out).dtype != mq.dtype or mk.dtype != mq.dtype or mv.dtype != mq.dtype:
         raise NearMiss("q, k, v and the attention output differ in dtype")
+    if mq.dtype not in FLOAT_DTYPES:
+        raise NearMiss(f"q, k, v in {mq.dtype}: the op computes bfloat16, float16 or float32")
 
 
 def match_sparse(anchor: fx.Node) -> SparseMatch:
     """Match the DSA attention ending at ``anchor``; raises NotCandidate or NearMiss."""
-    if anchor.op == "call_function" and anchor.target in attention.SDPA_TARGETS:
+    if anchor.op == "call_function" and anchor.target in SDPA_TARGETS:
         att = sdpa_attention(anchor)
     else:
         att = eager_attention(anchor)
@@ -429,16 +431,16 @@ class SparseAttentionPass(PatternPass):
 
     def anchors(self, graph):
         return [n for n in graph.nodes
-                if (n.op == "call_function" and n.target in attention.SDPA_TARGETS) or op_kind(n) == "matmul"]
+                if (n.op == "call_function" and n.target in SDPA_TARGETS) or op_kind(n) == "matmul"]
 
     def match(self, anchor, analysis):
         return match_sparse(anchor)
 
     def settings(self, ctx, match):
-        """``(form, reason)``: Declined (``path_choice.keeps_stock``) when the masked attention over
-        all keys is too small for the op's per-call host cost (B*Hq*S*T query-key-head products);
-        else the form of ``path_choice.sparse_attention_form``, the union form where k and v are
-        not a latent's expansion (a near miss says why when the absorbed form would have run)."""
+        """``(form, reason)``: Declined (``policy.keeps_stock``) when the masked attention over all
+        keys is too small for the op's per-call host cost (B*Hq*S*T query-key-head products); else
+        the form of ``policy.sparse_attention_form``, the union form where k and v are not a
+        latent's expansion (a near miss says why when the absorbed form would have run)."""
         q, k = value(match.q), value(match.k)
         threshold = stock_threshold(ctx.options, KIND, q.device.type, ctx.cuda_graphs)
         why = keeps_stock(threshold, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])

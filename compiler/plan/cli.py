@@ -4,15 +4,19 @@ Runs the model eagerly on calibration tokens, captures each DSA indexer layer's 
 the backend's own indexer pass (``compiler.plan.capture``), measures per layer the survival m(r), the
 redo fraction and the call time of each candidate budget r with the certified top-K on the device,
 the dense time, the seed gap and slack distributions (``compiler.plan.measure``), lets
-``compiler.path_choice.choose_layer`` choose r, the path and the crossover length (or refuse, with the
+``compiler.plan.choice.choose_layer`` choose r, the path and the crossover length (or refuse, with the
 reason), and writes a versioned JSON plan (``compiler.plan.schema``). ``--plot out.png`` also draws
 m(r) per layer and the predicted speedup.
 
-Candidates: by default the short tile-aligned list r = 1, 3, 7 (``path_choice.short_candidates``);
+Candidates: by default the short tile-aligned list r = 1, 3, 7 (``choice.short_candidates``);
 ``--candidates all`` sweeps every tile-aligned budget, ``--candidates 2,5`` measures those. Times are
 measured when the plan is for the device it is calibrated on (``--device cuda``, or the CPU
 constants on the CPU); with other constants (e.g. ``--constants h200`` on a CPU) the choice rests on
 the cost model's prediction alone.
+
+Every flag is checked before any model work (``check_args``: paths, positive lengths and counts,
+the device, the constants file, the token file and its ids against the model configuration's
+vocabulary); a bad one exits with argparse's usage message naming it and exit code 2.
 
 Use the plan with ``torch.compile(model, backend="pulsar_dosa", options={"plan": "plan.json"})``.
 """
@@ -24,11 +28,35 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from compiler.cost_model import CPU_REFERENCE, H200_FITTED, KernelConstants, candidate_rs
-from compiler.path_choice import short_candidates
+from compiler.plan.choice import short_candidates
 from compiler.plan.schema import Plan, save_plan
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def _int_at_least(low: int):
+    """An argparse type: an int >= ``low`` (argparse names the flag in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}")
+        return value
+    return parse
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an int in [0, 2^63), got {text!r}")
+    return value
+
+
+def make_parser() -> argparse.ArgumentParser:
+    positive = _int_at_least(1)
     p = argparse.ArgumentParser(prog="python -m compiler.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--model",
                    help="transformers model directory, config.json (random init) or module:function factory")
@@ -39,28 +67,148 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="instead of a model: one layer named 'structured' on synthetic inputs of "
                         "runtime.structured_indexer (causal over the last S of T keys, seeded by --seed)")
     p.add_argument("--out", required=True, help="where to write the JSON plan")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation (no weights)")
-    p.add_argument("--seq-len", type=int, default=None,
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random initialisation (no weights)")
+    p.add_argument("--seq-len", type=positive, default=None,
                    help="tokens per calibration sequence (default: the whole stream, or each row)")
-    p.add_argument("--batch-size", type=int, default=1, help="sequences per model call")
+    p.add_argument("--batch-size", type=positive, default=1, help="sequences per model call")
     p.add_argument("--candidates", default=None,
                    help="comma-separated retained-head budgets r to measure, or 'all' for every tile-aligned "
                         "budget (default: the short list 1,3,7)")
     p.add_argument("--constants", default=None,
                    help="'cpu', 'h200', 'measure' (time the runtime reference on --device) or a JSON file "
                         "of KernelConstants (default: cpu, or h200 on --device cuda)")
-    p.add_argument("--design-length", type=int, default=131072,
+    p.add_argument("--design-length", type=positive, default=131072,
                    help="key length the choice of r is optimised for (default 131072)")
-    p.add_argument("--queries", type=int, default=None,
+    p.add_argument("--queries", type=positive, default=None,
                    help="queries per indexer call to plan for (default: causal prefill, one per key)")
     p.add_argument("--device", default="cpu", help="device the model runs on (default cpu)")
     p.add_argument("--plot", default=None, help="also write a PNG of m(r) and the predicted speedup")
+    return p
+
+
+class UsageError(ValueError):
+    """A flag's value is unusable; ``main`` reports it as argparse does (exit code 2)."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed flags, every one checked (``check_args``) before any model work; a bad one exits
+    with argparse's usage message naming it and code 2."""
+    p = make_parser()
     args = p.parse_args(argv)
-    if args.structured is None and (args.model is None or (args.tokens is None and args.text is None)):
-        p.error("give --model with --tokens or --text, or --structured")
-    if args.structured is not None and (args.model or args.tokens or args.text):
-        p.error("--structured replaces --model, --tokens and --text")
+    try:
+        check_args(args)
+    except UsageError as exc:
+        p.error(str(exc))
     return args
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """UsageError naming the flag for anything that would fail later: the inputs' combination,
+    the output and plot directories, --queries beyond --design-length, --candidates, --constants
+    (a JSON file is read), --device (parsed, and available), --structured, the token file (read:
+    kept as ``args.token_ids``) and its ids against the vocabulary of the model's configuration
+    (read without building the model; a factory model is checked once built, ``check_vocabulary``)."""
+    if args.structured is None and (args.model is None or (args.tokens is None and args.text is None)):
+        raise UsageError("give --model with --tokens or --text, or --structured")
+    if args.structured is not None and (args.model or args.tokens or args.text):
+        raise UsageError("--structured replaces --model, --tokens and --text")
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        if path is not None:
+            _check_output_path(flag, Path(path))
+    if args.queries is not None and args.queries > args.design_length:
+        raise UsageError(f"--queries: expected at most --design-length ({args.design_length}) queries, "
+                         f"got {args.queries}")
+    try:
+        parse_candidates(args.candidates)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    _check_constants(args.constants)
+    _check_device(args.device)
+    if args.structured is not None:
+        parse_structured(args.structured)
+    args.token_ids = None
+    if args.tokens is not None:
+        from compiler.plan.inputs import load_token_ids
+
+        if not Path(args.tokens).is_file():
+            raise UsageError(f"--tokens: no file {args.tokens}")
+        try:
+            args.token_ids = load_token_ids(args.tokens)
+        except (ValueError, TypeError, OSError, RuntimeError) as exc:
+            raise UsageError(f"--tokens: {exc}") from exc
+        vocabulary = config_vocabulary(args.model)
+        if vocabulary is not None:
+            check_vocabulary(args.token_ids, vocabulary)
+
+
+def _check_output_path(flag: str, path: Path) -> None:
+    if path.is_dir():
+        raise UsageError(f"{flag}: {path} is a directory, expected a file path")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{flag}: directory {parent} does not exist")
+
+
+def _check_constants(spec: str | None) -> None:
+    if spec is None or spec in ("cpu", "h200", "measure"):
+        return
+    if not Path(spec).is_file():
+        raise UsageError(f"--constants: expected 'cpu', 'h200', 'measure' or a JSON file, got {spec!r}")
+    try:
+        KernelConstants.from_json(spec)
+    except (ValueError, TypeError, KeyError, OSError) as exc:
+        raise UsageError(f"--constants: cannot read KernelConstants from {spec} ({exc})") from exc
+
+
+def _check_device(spec: str) -> None:
+    import torch
+
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device: expected cpu or an available cuda device, got {spec!r}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise UsageError(f"--device: {spec} is not available ({count} CUDA devices)")
+
+
+def parse_structured(spec: str) -> tuple[int, int, int, int, int, int]:
+    """``--structured B,S,T,H,D,K`` as six ints >= 1 with S <= T, else UsageError."""
+    try:
+        B, S, T, H, D, K = (int(x) for x in spec.split(","))
+    except ValueError:
+        raise UsageError(f"--structured: expected six ints B,S,T,H,D,K, got {spec!r}") from None
+    if min(B, S, T, H, D, K) < 1:
+        raise UsageError(f"--structured: expected B,S,T,H,D,K >= 1, got {spec!r}")
+    if S > T:
+        raise UsageError(f"--structured: expected S <= T, got S={S}, T={T}")
+    return B, S, T, H, D, K
+
+
+def config_vocabulary(spec: str) -> int | None:
+    """The vocabulary size in the configuration of a transformers model spec (a directory with
+    config.json, or the file), read without building the model; None for other specs."""
+    path = Path(spec)
+    config = path / "config.json" if path.is_dir() else path
+    if not (config.is_file() and config.suffix == ".json"):
+        return None
+    import json
+
+    try:
+        size = json.loads(config.read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def check_vocabulary(ids, vocabulary: int) -> None:
+    """UsageError naming --tokens when a token id is outside ``[0, vocabulary)``."""
+    top = int(ids.max())
+    if top >= vocabulary:
+        raise UsageError(f"--tokens: token id {top} is outside the model's vocabulary of {vocabulary} ids")
 
 
 def resolve_constants(spec: str | None, device: str) -> KernelConstants:
@@ -130,15 +278,10 @@ def structured_calls(spec: str, seed: int, device: str) -> tuple[dict, dict]:
     """``--structured B,S,T,H,D,K`` -> ({"structured": [call]}, inputs description)."""
     import torch
 
-    from compiler.plan.capture import CapturedCall
+    from compiler.ops.capture_topk import CapturedCall
     from runtime.structured_indexer import structured_indexer_inputs
 
-    try:
-        B, S, T, H, D, K = (int(x) for x in spec.split(","))
-    except ValueError as exc:
-        raise ValueError(f"--structured: expected six ints B,S,T,H,D,K, got {spec!r}") from exc
-    if not 1 <= S <= T:
-        raise ValueError(f"--structured: expected 1 <= S <= T, got S={S}, T={T}")
+    B, S, T, H, D, K = parse_structured(spec)
     q, k, w, params = structured_indexer_inputs(B, S, T, H, D, seed=seed)
     mask = torch.ones(S, T, dtype=torch.bool).tril(diagonal=T - S).expand(B, S, T)
     call = CapturedCall(q.to(device), k.to(device), w.to(device), K, mask.to(device))
@@ -165,7 +308,10 @@ def build_plan(args: argparse.Namespace) -> Plan:
         return plan_from_calls(calls, model={"spec": "structured"}, inputs=inputs, **settings)
     loaded = load_model(args.model, seed=args.seed)
     if args.tokens is not None:
-        ids, source = load_token_ids(args.tokens), args.tokens
+        ids, source = args.token_ids if args.token_ids is not None else load_token_ids(args.tokens), args.tokens
+        embeddings = loaded.model.get_input_embeddings() if hasattr(loaded.model, "get_input_embeddings") else None
+        if isinstance(embeddings, torch.nn.Embedding):
+            check_vocabulary(ids, embeddings.num_embeddings)
     else:
         ids, source = tokenize_text(args.text, loaded.tokenizer), args.text
     batches = batch_sequences(ids, args.seq_len, args.batch_size)
@@ -179,11 +325,14 @@ def build_plan(args: argparse.Namespace) -> Plan:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    plan = build_plan(args)
+    try:
+        plan = build_plan(args)
+    except UsageError as exc:  # a check that needed the built model (a factory's vocabulary)
+        make_parser().error(str(exc))
     save_plan(plan, args.out)
     for e in plan.layers:
         pruned = "-" if e.predicted_pruned_frac is None else f"{e.predicted_pruned_frac:.3f}"
-        print(f"{e.layer}: path={e.path} r={e.r} crossover={e.crossover} pruned={pruned} "
+        print(f"{e.layer}: path={e.settings.path} r={e.settings.r} min_keys={e.settings.min_keys} pruned={pruned} "
               f"speedup@{plan.design_length}={e.predicted_speedup:.2f}: {e.reason}", file=sys.stderr)
     print(f"wrote {args.out} (sha256 {plan.hash[:16]}...)", file=sys.stderr)
     if args.plot:

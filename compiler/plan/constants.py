@@ -1,19 +1,12 @@
 """Measuring the cost model's ``KernelConstants`` for the plain-torch reference stages on a device.
 
-Each rate times one stage of ``runtime`` (the code the op runs on CPU) on random inputs and divides
-the work the cost model charges for it by the best wall time of a few runs (the least disturbed by other
-load on the machine):
-
-* dense:  ``exact_scores`` of S queries over T keys              S·T·H·D MACs
-* screen: ``evaluate_bound`` of a planned certificate            S·T·(r + 1)·D MACs
-* refine: ``exact_scores`` over per-query gathered keys          S·M·H·D MACs
-* select: ``select_topk`` of kk among T values                   S·T keys
-* plan:   ``plan_certificate`` per query                          seconds / S
-* fixed:  one whole ``certified_topk`` call on a minimal input, path "dense" and "certified"
-
-``screen_tile`` is 1 and ``screen_pow2`` False (the reference pads nothing). These are the reference's
-constants, not the Triton kernels': GPU constants come from the GPU benchmark (``KernelConstants.from_json``).
-"""
+``measure_reference_constants(device)`` times each stage of ``runtime`` (what the op runs on the
+CPU) on random inputs and divides the work the cost model charges for it by the best of a few
+runs: dense (``exact_scores``, S·T·H·D MACs), screen (``evaluate_bound``, S·T·(r + 1)·D), refine
+(``exact_scores`` over gathered keys, S·M·H·D), select (``select_topk``, S·T keys), plan
+(``plan_certificate``, seconds per query) and the fixed costs (one minimal ``certified_topk`` call
+per path). ``screen_tile`` is 1 and ``screen_pow2`` False: the reference pads nothing.
+``best_seconds`` is the timer the plans use."""
 from __future__ import annotations
 
 import time

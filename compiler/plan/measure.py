@@ -1,22 +1,13 @@
-"""Per-layer calibration measurements for plans, and the layer's decision from them.
+"""Per-layer calibration measurements for plans, and the layer's plan from them.
 
-For one indexer layer and its captured calls, on the device they were captured on:
-
-* per candidate budget r: the certified top-K (``path="certified"``; the Triton pipeline on CUDA, the
-  runtime reference elsewhere) on every call, giving m(r) = survivors / keys_screened (1.0 when
-  nothing was screened: no evidence that screening prunes), the fraction of certified queries redone
-  densely (overflow or threshold miss), the certified queries, and, when ``timed``, the call time;
-* the dense top-K's time on the same calls (when ``timed``);
-* the seed gap b = τ* − τ ≥ 0 per certified query (true kk-th score minus the seed threshold) and the
-  slack δ = U_num − s ≥ 0 per screened key, for the chosen budget: a key is pruned iff Δ = τ* − s >
-  δ + b (SPEC A.6). They are recomputed from the runtime's public stages (seeds, certificate planning
-  and evaluation, THE SCORER) for the queries the runtime certifies (not anchors, more than kk
-  visible keys).
-
-Times are wall times of one run per call after a warm-up run on CUDA (which compiles and tunes), and
-of one run on the CPU; the decision (``compiler.path_choice.choose_layer``) uses them to correct the
-cost model's prediction.
-"""
+``measure_layer(layer, calls, candidates, timed)``: on the device the calls were captured on, per
+candidate budget r the certified top-K on every call (path "certified"): m(r) = survivors /
+keys screened (1.0 when nothing was screened), the fraction of certified queries redone densely,
+and, when ``timed``, the summed time of one run per call after a warm-up on CUDA; and the dense
+time of the same calls. ``choose_from_measurement`` decides the layer (``compiler.plan.choice``)
+and adds the chosen budget's diagnostics (SPEC A.6): the seed gap b = τ* − τ per certified query
+and the slack δ = U_num − s per screened key, recomputed from the runtime's public stages for at
+most ``DIAGNOSTIC_QUERIES`` queries per call."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +16,8 @@ from typing import Callable, Sequence
 import torch
 
 from compiler.cost_model import KernelConstants
-from compiler.path_choice import choose_layer
-from compiler.plan.capture import CapturedCall
+from compiler.ops.capture_topk import CapturedCall
+from compiler.plan.choice import choose_layer
 from compiler.plan.constants import best_seconds
 from compiler.plan.schema import CandidateMeasurement, Distribution, LayerPlan
 from runtime.certificate import default_r, evaluate_bound, plan_certificate
@@ -79,7 +70,7 @@ def distribution(values: torch.Tensor) -> Distribution | None:
 
 def _certified_run(call: CapturedCall, config: CertifiedTopkConfig, stats: TopkStats) -> None:
     if call.q.device.type == "cuda":
-        from compiler.lowering.certified_topk_triton import certified_topk_cuda
+        from compiler.lowering.topk_pipeline import certified_topk_cuda
 
         certified_topk_cuda(call.q, call.k, call.weights, call.topk, call.mask, config=config, stats=stats)
     else:
@@ -88,7 +79,7 @@ def _certified_run(call: CapturedCall, config: CertifiedTopkConfig, stats: TopkS
 
 def _dense_run(call: CapturedCall) -> None:
     if call.q.device.type == "cuda":
-        from compiler.lowering.certified_topk_triton import dense_topk_cuda
+        from compiler.lowering.topk_pipeline import dense_topk_cuda
 
         dense_topk_cuda(call.q, call.k, call.weights, call.topk, call.mask)
     else:
@@ -206,15 +197,15 @@ def seed_gap_and_slack(calls: Sequence[CapturedCall], r: int | None,
 
 def choose_from_measurement(measurement: LayerMeasurement, constants: KernelConstants, design_length: int,
                             queries: int | None, on_call: Callable[[], None] | None = None) -> LayerPlan:
-    """The layer's decision (``compiler.path_choice.choose_layer``), with the diagnostics of the
+    """The layer's decision (``compiler.plan.choice.choose_layer``), with the diagnostics of the
     chosen budget (or of the best-surviving one when the layer is dense)."""
     choice = choose_layer(measurement.candidates, measurement.dense_ms, measurement.call_sizes,
                           heads=measurement.heads, head_dim=measurement.head_dim, topk=measurement.topk,
                           constants=constants, design_length=design_length, queries=queries)
     best_measured = min(measurement.candidates, key=lambda c: (c.survival, c.r), default=None)
-    r_diag = choice.r if choice.r is not None else (best_measured.r if best_measured else None)
+    r_diag = choice.settings.r if choice.settings.r is not None else (best_measured.r if best_measured else None)
     seed_gap, slack = seed_gap_and_slack(measurement.calls, r_diag, on_call)
-    return LayerPlan(layer=measurement.layer, path=choice.path, r=choice.r, crossover=choice.crossover,
+    return LayerPlan(layer=measurement.layer, settings=choice.settings,
                      heads=measurement.heads, head_dim=measurement.head_dim, topk=measurement.topk,
                      predicted_pruned_frac=choice.predicted_pruned_frac,
                      predicted_speedup=choice.predicted_speedup, reason=choice.reason,

@@ -13,14 +13,15 @@ from compiler.plan.schema import LayerPlan, Plan
 def speedup_curve(entry: LayerPlan, shape: IndexerShape, plan: Plan, lengths: list[int]) -> list[float]:
     """Predicted speedup of a layer's plan at each length: 1 where it runs dense, else the cost model's
     prediction for its r, survival and redo fraction, scaled as at the design length."""
-    if entry.path == "dense":
+    if entry.settings.path == "dense":
         return [1.0 for _ in lengths]
-    chosen = next(c for c in entry.candidates if c.r == entry.r)
-    raw = predicted_ratio(plan.design_length, entry.r, chosen.survival, shape, plan.constants, redo=chosen.redo_frac)
+    r, min_keys = entry.settings.r, entry.settings.min_keys
+    chosen = next(c for c in entry.candidates if c.r == r)
+    raw = predicted_ratio(plan.design_length, r, chosen.survival, shape, plan.constants, redo=chosen.redo_frac)
     scale = 1.0 / (entry.predicted_speedup * raw)
-    return [1.0 if n < entry.crossover else
-            1.0 / predicted_ratio(n, entry.r, chosen.survival, shape, plan.constants, redo=chosen.redo_frac,
-                                  scale=scale) for n in lengths]
+    return [1.0 if n < min_keys else
+            1.0 / predicted_ratio(n, r, chosen.survival, shape, plan.constants, redo=chosen.redo_frac, scale=scale)
+            for n in lengths]
 
 
 def plot_plan(plan: Plan, out: str | Path, lengths: list[int] | None = None) -> Path:
@@ -41,7 +42,8 @@ def plot_plan(plan: Plan, out: str | Path, lengths: list[int] | None = None) -> 
             rs = [c.r for c in entry.candidates]
             left.plot(rs, [c.survival for c in entry.candidates], marker="o", label=entry.layer)
         shape = IndexerShape(heads=entry.heads, head_dim=entry.head_dim, topk=entry.topk, queries=plan.queries)
-        right.plot(lengths, speedup_curve(entry, shape, plan, lengths), label=f"{entry.layer} ({entry.path}, r={entry.r})")
+        label = f"{entry.layer} ({entry.settings.path}, r={entry.settings.r})"
+        right.plot(lengths, speedup_curve(entry, shape, plan, lengths), label=label)
     left.set(xlabel="retained heads r", ylabel="survival m(r) = survivors / screened keys",
              title="measured m(r) per layer", ylim=(0.0, 1.05))
     right.set(xlabel="key length T", ylabel="predicted indexer speedup vs dense", xscale="log",

@@ -1,26 +1,14 @@
 """The versioned JSON format of per-layer indexer plans: dataclasses, validation, load/save, hash.
 
-A plan file is one JSON object::
-
-    {"format": "pulsar-dosa-plan", "version": 2,
-     "model": {...}, "inputs": {...},            free-form descriptions (JSON values)
-     "design_length": int, "queries": int|null,   the workload the choices were optimised for
-     "constants": {KernelConstants fields},
-     "layers": [{"layer": module path, "path": "dense"|"certified", "r": int|null,
-                 "crossover": int|null, "heads": int, "head_dim": int, "topk": int,
-                 "predicted_pruned_frac": float|null, "predicted_speedup": float,
-                 "reason": str, "dense_ms": float|null, "calibration_calls": [[B, S, T], ...],
-                 "candidates": [{"r", "survival", "redo_frac", "ms" (null: not timed), "queries",
-                                 "certified_queries", "keys_screened", "survivors",
-                                 "fallbacks": {reason: int}}],
-                 "seed_gap": distribution|null, "slack": distribution|null}]}
-
-A distribution is {"count", "mean", "min", "max", "p05", "p50", "p95"}. A certified layer has r and
-crossover set (1 <= crossover <= MAX_KEYS); a dense layer has both null. ``reason`` says why the layer
-got its path (``compiler.path_choice.choose_layer``). ``plan_hash`` is the SHA-256 of the canonical JSON
-text (sorted keys, no spaces), so formatting does not change it and any content change does.
-Every problem raises ``PlanError`` (a ValueError) naming the offending field.
-"""
+A plan file is one JSON object: ``{"format": "pulsar-dosa-plan", "version": 3, "model", "inputs"
+(free-form descriptions), "design_length", "queries" (null: causal prefill), "constants"
+(KernelConstants fields), "layers": [...]}``; each layer: its module path, its ``TopkSettings``
+(``"path"`` "auto" with ``"r"`` and ``"min_keys"`` in [1, MAX_KEYS], or "dense" with both null),
+``heads``, ``head_dim``, ``topk``, the predictions and ``reason`` (``compiler.plan.choice``), the
+calibration calls [B, S, T], the candidate measurements and the seed-gap and slack distributions
+(``count``, ``mean``, ``min``, ``max``, ``p05``, ``p50``, ``p95``). ``plan_hash`` is the SHA-256 of
+the canonical JSON text (sorted keys, no spaces): formatting does not change it, any content does.
+Every problem raises ``PlanError`` (a ValueError) naming the offending field."""
 from __future__ import annotations
 
 import hashlib
@@ -31,10 +19,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from compiler.cost_model import KernelConstants
-from runtime.certified_topk import PATHS
+from compiler.topk_settings import TopkSettings
 
 PLAN_FORMAT = "pulsar-dosa-plan"
-PLAN_VERSION = 2
+PLAN_VERSION = 3
+PLAN_PATHS = ("auto", "dense")
+"""The paths a plan gives a layer: "auto" from its min_keys (certified where the guard agrees), or "dense"."""
 MAX_KEYS = 2**31 - 1
 """Largest key length a plan may name (the kernels index keys with int32)."""
 _DISTRIBUTION_KEYS = ("count", "mean", "min", "max", "p05", "p50", "p95")
@@ -75,12 +65,10 @@ class CandidateMeasurement:
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """The plan of one indexer layer, addressed by its module path."""
+    """The plan of one indexer layer, addressed by its module path: its ``settings`` and the evidence."""
 
     layer: str
-    path: str
-    r: int | None
-    crossover: int | None
+    settings: TopkSettings
     heads: int
     head_dim: int
     topk: int
@@ -113,6 +101,17 @@ class Plan:
                 return entry
         raise PlanError(f"plan has no layer {name!r}; its layers are {[e.layer for e in self.layers]}")
 
+    def layer_for(self, name: str, *, heads: int | None, head_dim: int | None, topk: int | None) -> LayerPlan:
+        """The plan of layer ``name`` for a model layer of this geometry (None: a size not known yet);
+        PlanError when the plan has no such layer or was made for another geometry."""
+        entry = self.layer(name)
+        for field, planned, seen in (("heads", entry.heads, heads), ("head_dim", entry.head_dim, head_dim),
+                                     ("topk", entry.topk, topk)):
+            if seen is not None and planned != seen:
+                raise PlanError(f"plan layer {name!r}: {field}={planned} in the plan but {seen} in the model; "
+                                "the plan was made for another model")
+        return entry
+
     def to_dict(self) -> dict:
         return {
             "format": PLAN_FORMAT,
@@ -132,7 +131,7 @@ class Plan:
 
 def _layer_to_dict(e: LayerPlan) -> dict:
     return {
-        "layer": e.layer, "path": e.path, "r": e.r, "crossover": e.crossover,
+        "layer": e.layer, **e.settings.op_arguments(),
         "heads": e.heads, "head_dim": e.head_dim, "topk": e.topk,
         "predicted_pruned_frac": e.predicted_pruned_frac, "predicted_speedup": e.predicted_speedup,
         "reason": e.reason, "dense_ms": e.dense_ms, "calibration_calls": [list(c) for c in e.calibration_calls],
@@ -238,22 +237,22 @@ def _opt(check, where: str, value: Any, *bounds):
 
 
 def _layer(where: str, e: Any) -> LayerPlan:
-    _keys(where, e, {"layer", "path", "r", "crossover", "heads", "head_dim", "topk", "predicted_pruned_frac",
+    _keys(where, e, {"layer", "path", "r", "min_keys", "heads", "head_dim", "topk", "predicted_pruned_frac",
                      "predicted_speedup", "reason", "dense_ms", "calibration_calls", "candidates", "seed_gap",
                      "slack"})
     if not isinstance(e["layer"], str):
         raise PlanError(f"{where}.layer: expected a module path string ('' is the compiled module itself), "
                         f"got {e['layer']!r}")
     where = f"plan.layers[{e['layer']}]"
-    if e["path"] not in PATHS:
-        raise PlanError(f"{where}.path: expected one of {PATHS}, got {e['path']!r}")
+    if e["path"] not in PLAN_PATHS:
+        raise PlanError(f"{where}.path: expected one of {PLAN_PATHS}, got {e['path']!r}")
     heads = _int(f"{where}.heads", e["heads"], 1)
     r = _opt(_int, f"{where}.r", e["r"], 1)
-    crossover = _opt(_int, f"{where}.crossover", e["crossover"], 1, MAX_KEYS)
-    if e["path"] == "certified" and (r is None or crossover is None):
-        raise PlanError(f"{where}: a certified layer needs r and crossover, got r={r!r}, crossover={crossover!r}")
-    if e["path"] == "dense" and (r is not None or crossover is not None):
-        raise PlanError(f"{where}: a dense layer has r and crossover null, got r={r!r}, crossover={crossover!r}")
+    min_keys = _opt(_int, f"{where}.min_keys", e["min_keys"], 1, MAX_KEYS)
+    if e["path"] == "auto" and (r is None or min_keys is None):
+        raise PlanError(f"{where}: an 'auto' layer needs r and min_keys, got r={r!r}, min_keys={min_keys!r}")
+    if e["path"] == "dense" and (r is not None or min_keys is not None):
+        raise PlanError(f"{where}: a dense layer has r and min_keys null, got r={r!r}, min_keys={min_keys!r}")
     if r is not None and r >= heads:
         raise PlanError(f"{where}.r: expected fewer than heads={heads}, got {r}")
     candidates = e["candidates"]
@@ -265,7 +264,7 @@ def _layer(where: str, e: Any) -> LayerPlan:
     if not isinstance(calls, list) or not all(isinstance(c, list) and len(c) == 3 for c in calls):
         raise PlanError(f"{where}.calibration_calls: expected a list of [batch, queries, keys]")
     return LayerPlan(
-        layer=e["layer"], path=e["path"], r=r, crossover=crossover, heads=heads,
+        layer=e["layer"], settings=TopkSettings(e["path"], r, min_keys), heads=heads,
         head_dim=_int(f"{where}.head_dim", e["head_dim"], 1),
         topk=_int(f"{where}.topk", e["topk"], 1),
         predicted_pruned_frac=_opt(_float, f"{where}.predicted_pruned_frac", e["predicted_pruned_frac"], 0.0, 1.0),

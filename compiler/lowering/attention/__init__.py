@@ -1,0 +1,1 @@
+"""Attention kernels: two-interval attention for Pulsar layouts, DSA sparse attention."""

@@ -1,0 +1,371 @@
+"""DSA sparse attention of MLA in its absorbed form, in Triton: every query's heads on the MMA's
+rows, its selected latent rows gathered in tiles.
+
+Contract: ``runtime.absorbed_attention.absorbed_sparse_attention`` (q ``[B, H, S, Dn+Dr]``,
+latent ``[B, T, Dc]``, rope_key ``[B, T, Dr]``, kv_b_weight ``[H·(Dn+Dv), Dc]``, indices
+``[B, S, K]``, mask None or bool broadcastable to ``[B, 1, S, T]``; o ``[B, H, S, Dv]`` in q's
+dtype). bf16, fp16 or fp32, one dtype.
+
+Why this form (FlashMLA's sparse prefill and decode). transformers expands the latent into per-head
+keys and values (192 + 128 dims per head at DeepSeek-V3.2), so a query's 2048 selected keys cost
+H·2048·320·2 bytes to read, once per head. Here a key is one latent row of Dc + Dr = 576 values
+shared by all heads: the query's nope part is moved into the latent space, q_lat = q_nope W_UK
+(Dc = 512), and one program takes BLOCK_H heads of one query as the rows of the matrix products:
+
+    S = q_lat · cᵀ + q_rope · krᵀ     [BLOCK_H, BLOCK_N]     (gathered c [BLOCK_N, Dc], kr [BLOCK_N, Dr])
+    o_lat += softmax-weights · c      [BLOCK_H, Dc]          (online softmax in base 2, fp32)
+
+then out = o_lat W_UVᵀ per head. 2·H·K·(Dc + Dr + Dc) FLOPs per query whatever the selection: the
+tile walks only the query's own K indices, so how the queries' selections overlap does not matter.
+The two weight products are batched matmuls over the heads around the kernel (q_lat and o_lat are
+kept head-major, ``[H, B, chunk, Dc]``), on the weight the graph holds, at every call (nothing is
+cached). Queries are processed in chunks so that q_lat and o_lat stay below ``CHUNK_ELEMENTS``.
+
+Masking: an index outside ``[0, T)``, a repeat and a key the mask hides get score -inf and their
+latent row is not loaded (0 in its place), so a value such a key holds (inf, NaN) never reaches the
+output. Where there is a mask or repeats may occur (``distinct`` False: the indices are sorted per
+row first and a key equal to its predecessor is a repeat), ``_visible_indices_kernel`` first
+writes each row's index list with -1 for every such key, so that the attention loop gathers
+through one level of indirection. Rows without a visible key get o_lat = 0 or the mean latent row
+(``masked_rows="mean"``, the mean of v over all keys once multiplied by W_UV).
+
+Decode. When ``B·S·ceil(H/BLOCK_H)`` programs are too few to fill the GPU, each query's indices
+are split over several programs writing fp32 partials (o_lat, lse), merged by log-sum-exp in
+``_merge_splits_kernel``. No host synchronisation anywhere: a call can be captured in a CUDA
+graph.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from compiler.autotune import LaunchConfig, interpreter_active, multiprocessor_count
+from compiler.lowering.attention.online_softmax import merge_split_partials, online_softmax_step
+from compiler.lowering.attention.sparse_attention import TARGET_PROGRAMS_PER_SM
+from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs, head_weights
+
+_LOG2_E = math.log2(math.e)
+_INTERPRETED = interpreter_active()
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+CHUNK_ELEMENTS = 1 << 28
+"""Most elements of q_lat (and of o_lat) held at once: B·H·chunk·Dc."""
+MAX_CHUNK = 32768
+"""Most queries per launch (the grid's second axis)."""
+
+CONFIGS = {
+    "h64_n64_w8_s2": LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_H=64, BLOCK_N=64),
+    "h64_n32_w8_s3": LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_H=64, BLOCK_N=32),
+    "h32_n32_w8_s4": LaunchConfig.of(num_warps=8, num_stages=4, BLOCK_H=32, BLOCK_N=32),
+    "h128_n32_w16_s2": LaunchConfig.of(num_warps=16, num_stages=2, BLOCK_H=128, BLOCK_N=32),
+}
+"""Launch configurations on a GPU, by name (heads per program, indices per tile, warps, stages).
+At Dc = 512 a program's fp32 accumulator is BLOCK_H·512·4 bytes (128 KB at 64 heads: 128
+registers a thread over 8 warps; 64 at 32 heads) and its shared memory holds q_lat
+(BLOCK_H·512·2 bytes) and ``num_stages`` gathered tiles of BLOCK_N·576·2 bytes. 64 and 128 heads
+fill Hopper's 64-row warpgroup products; 32 heads halve the accumulator's registers."""
+DEFAULT_CONFIG = "h64_n64_w8_s2"
+"""The configuration the op runs."""
+FALLBACK_CONFIGS = ("h64_n32_w8_s3", "h32_n32_w8_s4")
+"""Tried in turn, for the op only, when the default configuration does not compile or launch on the
+device (e.g. its shared memory exceeds the device's); the first that does is kept per kernel shape."""
+INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOCK_N=16)
+"""The configuration under the CPU interpreter (every name maps to it there)."""
+
+
+@triton.jit
+def _visible_indices_kernel(idx_ptr, mask_ptr, out_ptr,
+                            stride_ib, stride_is, stride_ik, stride_mb, stride_ms, stride_mt,
+                            seq_k, width, HAS_MASK: tl.constexpr, DEDUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program: BLOCK_K indices of one query row -> the index where its key counts, else -1
+    (out of range, a repeat of its predecessor in a sorted row under DEDUP, hidden by the mask)."""
+    row = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    offs = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    live = offs < width
+    idx_row = idx_ptr + batch * stride_ib + row * stride_is
+    key = tl.load(idx_row + offs * stride_ik, mask=live, other=-1).to(tl.int64)
+    ok = live & (key >= 0) & (key < seq_k)
+    if DEDUP:
+        prev = tl.load(idx_row + (offs - 1) * stride_ik, mask=live & (offs > 0), other=-1).to(tl.int64)
+        ok = ok & (key != prev)
+    if HAS_MASK:
+        seen = tl.load(mask_ptr + batch * stride_mb + row * stride_ms + tl.where(ok, key, 0) * stride_mt,
+                       mask=ok, other=0)
+        ok = ok & (seen != 0)
+    tl.store(out_ptr + (batch * tl.num_programs(1) + row) * width + offs, tl.where(ok, key, -1).to(tl.int32),
+             mask=live)
+
+
+@triton.jit
+def _absorbed_attention_kernel(
+        qlat_ptr, qrope_ptr, lat_ptr, rope_ptr, idx_ptr, mean_ptr, o_ptr, part_o_ptr, part_lse_ptr,
+        stride_qb, stride_qh, stride_qs, stride_qc,
+        stride_rb, stride_rh, stride_rs, stride_rd,
+        stride_lb, stride_lt, stride_lc,
+        stride_kb, stride_kt, stride_kd,
+        stride_ib, stride_is, stride_ik,
+        stride_ob, stride_oh, stride_os, stride_oc,
+        heads, seq_q, seq_k, width, num_splits, split_len, qk_scale_log2,
+        lat_dim: tl.constexpr, rope_dim: tl.constexpr,
+        MEAN_ROWS: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    """One program: BLOCK_H heads of one query against its share of the query's indices (an index
+    counts when it lies in [0, T): the index list is the visible one where a mask or repeats apply)."""
+    head_block = tl.program_id(0) // num_splits
+    split = tl.program_id(0) % num_splits
+    row = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_h = (head_block * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)  # q's head stride reaches 2^31
+    h_ok = offs_h < heads
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < lat_dim
+    offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < rope_dim
+
+    q = tl.load(qlat_ptr + batch * stride_qb + offs_h[:, None] * stride_qh + row * stride_qs
+                + offs_c[None, :] * stride_qc, mask=h_ok[:, None] & c_ok[None, :], other=0.0)
+    qr = tl.load(qrope_ptr + batch * stride_rb + offs_h[:, None] * stride_rh + row * stride_rs
+                 + offs_r[None, :] * stride_rd, mask=h_ok[:, None] & r_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        qr = qr.to(tl.float32)
+    idx_row = idx_ptr + batch * stride_ib + row * stride_is
+    lat_rows = lat_ptr + batch * stride_lb
+    rope_rows = rope_ptr + batch * stride_kb
+
+    acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    start = split * split_len
+    stop = tl.minimum(width, start + split_len)
+    for k0 in range(start, stop, BLOCK_N):
+        offs_n = k0 + tl.arange(0, BLOCK_N)
+        key = tl.load(idx_row + offs_n * stride_ik, mask=offs_n < stop, other=-1).to(tl.int64)
+        ok = (key >= 0) & (key < seq_k)
+        key = tl.where(ok, key, 0)
+        c = tl.load(lat_rows + key[:, None] * stride_lt + offs_c[None, :] * stride_lc,
+                    mask=ok[:, None] & c_ok[None, :], other=0.0)
+        kr = tl.load(rope_rows + key[:, None] * stride_kt + offs_r[None, :] * stride_kd,
+                     mask=ok[:, None] & r_ok[None, :], other=0.0)
+        if UPCAST:
+            c = c.to(tl.float32)
+            kr = kr.to(tl.float32)
+        scores = tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
+        scores = tl.dot(q, tl.trans(c), scores, input_precision=DOT_PRECISION)
+        scores = tl.where(ok[None, :], scores * qk_scale_log2, float("-inf"))
+        acc, m_i, l_i = online_softmax_step(scores, c, acc, m_i, l_i, DOT_PRECISION)
+
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if SPLIT:
+        part = ((split * tl.num_programs(2) + batch) * heads + offs_h) * seq_q + row
+        tl.store(part_o_ptr + part[:, None] * BLOCK_C + offs_c[None, :], o, mask=h_ok[:, None])
+        tl.store(part_lse_ptr + part, tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i))),
+                 mask=h_ok)
+    else:
+        _write_latent_rows(o, empty, batch, row, offs_h, h_ok, offs_c, c_ok, mean_ptr, o_ptr,
+                           stride_ob, stride_oh, stride_os, stride_oc, lat_dim, MEAN_ROWS)
+
+
+@triton.jit
+def _write_latent_rows(o, empty, batch, row, offs_h, h_ok, offs_c, c_ok, mean_ptr, o_ptr,
+                       stride_ob, stride_oh, stride_os, stride_oc, lat_dim: tl.constexpr, MEAN_ROWS: tl.constexpr):
+    """Store o_lat of one query's heads; rows without a visible key take the mean latent row under MEAN_ROWS."""
+    if MEAN_ROWS:
+        mean = tl.load(mean_ptr + batch * lat_dim + offs_c, mask=c_ok, other=0.0)
+        o = tl.where(empty[:, None], mean[None, :], o)
+    tl.store(o_ptr + batch * stride_ob + offs_h[:, None] * stride_oh + row * stride_os + offs_c[None, :] * stride_oc,
+             o.to(o_ptr.dtype.element_ty), mask=h_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(part_o_ptr, part_lse_ptr, mean_ptr, o_ptr,
+                         stride_ob, stride_oh, stride_os, stride_oc,
+                         num_batch, heads, seq_q, num_splits, lat_dim: tl.constexpr,
+                         MEAN_ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One program: BLOCK_H heads of one query, merged over the splits by log-sum-exp (base 2)."""
+    row = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(2).to(tl.int64)
+    offs_h = (tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+    h_ok = offs_h < heads
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < lat_dim
+    o, empty, _ = merge_split_partials(part_o_ptr, part_lse_ptr, (batch * heads + offs_h) * seq_q + row,
+                                       num_batch * heads * seq_q, num_splits, h_ok, offs_c, BLOCK_C)
+    _write_latent_rows(o, empty, batch, row, offs_h, h_ok, offs_c, c_ok, mean_ptr, o_ptr,
+                       stride_ob, stride_oh, stride_os, stride_oc, lat_dim, MEAN_ROWS)
+
+
+_WORKING: dict[tuple, str] = {}
+"""(configurations asked for, kernel shape) -> the one that compiled and launched there."""
+
+
+def launch_config(name: str) -> LaunchConfig:
+    """The configuration ``name`` of CONFIGS (INTERPRETER_CONFIG under the interpreter); ValueError
+    naming the known ones otherwise."""
+    if name not in CONFIGS:
+        raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {name!r}")
+    return INTERPRETER_CONFIG if _INTERPRETED else CONFIGS[name]
+
+
+def _launch_failures() -> tuple[type[BaseException], ...]:
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    return CompilationError, OutOfResources
+
+
+def _run_with_fallback(shape: tuple, names: tuple[str, ...], launch) -> None:
+    """``launch(config)`` with the configuration remembered for ``shape``, else with the first of
+    ``names`` that compiles and launches (remembered); the last failure when none does."""
+    if shape in _WORKING:
+        launch(launch_config(_WORKING[shape]))
+        return
+    for number, name in enumerate(names):
+        try:
+            launch(launch_config(name))
+        except _launch_failures():
+            if number == len(names) - 1:
+                raise
+            continue
+        _WORKING[shape] = name
+        return
+
+
+def _num_splits(programs: int, width: int, block_n: int, device: torch.device) -> int:
+    """Splits of each query's indices so that the grid fills the GPU (1 when it already does)."""
+    if device.type != "cuda":
+        return 1
+    target = TARGET_PROGRAMS_PER_SM * multiprocessor_count(device)
+    return max(1, min(triton.cdiv(target, programs), triton.cdiv(width, block_n)))
+
+
+def _visible_indices(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k: int, dedup: bool) -> torch.Tensor:
+    """``[B, n, K]`` int32: each index where its key counts, else -1 (``_visible_indices_kernel``)."""
+    b, n, width = indices.shape
+    out = torch.empty((b, n, width), dtype=torch.int32, device=indices.device)
+    if mask is None:
+        mask_arg, mask_strides = indices, (0, 0, 0)
+    else:
+        expanded = mask.expand(b, 1, n, seq_k)
+        mask_arg, mask_strides = expanded, (expanded.stride(0), expanded.stride(2), expanded.stride(3))
+    block_k = max(16, min(1024, triton.next_power_of_2(width)))
+    _visible_indices_kernel[(triton.cdiv(width, block_k), n, b)](
+        indices, mask_arg, out, *indices.stride(), *mask_strides, seq_k, width,
+        HAS_MASK=mask is not None, DEDUP=dedup, BLOCK_K=block_k, num_warps=4)
+    return out
+
+
+def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, names: tuple[str, ...],
+                   splits: Optional[int]) -> None:
+    """o_lat ``[B, H, n, Dc]`` of n queries: the attention kernel (and the merge when split), in the
+    first configuration of ``names`` that runs (``_run_with_fallback``)."""
+    shape = (names, q_lat.device, q_lat.dtype, q_lat.shape[1], q_lat.shape[3], rope_key.shape[2], splits is None)
+    _run_with_fallback(shape, names, lambda config: _attend_with(
+        q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale, config, splits))
+
+
+def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, config: LaunchConfig,
+                 splits: Optional[int]) -> None:
+    """``_attend_latent`` in one configuration."""
+    b, heads, n, lat_dim = q_lat.shape
+    seq_k, rope_dim, width = latent.shape[1], rope_key.shape[2], indices.shape[2]
+    meta = dict(config.meta)
+    block_h = min(meta["BLOCK_H"], max(16, triton.next_power_of_2(heads)))
+    block_n = meta["BLOCK_N"]
+    block_c = max(16, triton.next_power_of_2(lat_dim))
+    head_blocks = triton.cdiv(heads, block_h)
+    n_split = splits if splits is not None else _num_splits(head_blocks * n * b, width, block_n, q_lat.device)
+    split_len = triton.cdiv(triton.cdiv(width, n_split), block_n) * block_n
+    n_split = triton.cdiv(width, split_len)
+    if n_split > 1:
+        part_o = torch.empty((n_split, b, heads, n, block_c), dtype=torch.float32, device=q_lat.device)
+        part_lse = torch.empty((n_split, b, heads, n), dtype=torch.float32, device=q_lat.device)
+    else:
+        part_o = part_lse = o_lat
+    common = dict(lat_dim=lat_dim, MEAN_ROWS=mean is not None, BLOCK_H=block_h, BLOCK_C=block_c)
+    mean_arg = mean if mean is not None else o_lat
+    _absorbed_attention_kernel[(head_blocks * n_split, n, b)](
+        q_lat, q_rope, latent, rope_key, indices, mean_arg, o_lat, part_o, part_lse,
+        *q_lat.stride(), *q_rope.stride(), *latent.stride(), *rope_key.stride(), *indices.stride(),
+        *o_lat.stride(), heads, n, seq_k, width, n_split, split_len, scale * _LOG2_E,
+        rope_dim=rope_dim, SPLIT=n_split > 1, UPCAST=_INTERPRETED,
+        DOT_PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", BLOCK_N=block_n,
+        BLOCK_R=max(16, triton.next_power_of_2(rope_dim)), num_warps=config.num_warps,
+        num_stages=config.num_stages, **common)
+    if n_split > 1:
+        _merge_splits_kernel[(head_blocks, n, b)](
+            part_o, part_lse, mean_arg, o_lat, *o_lat.stride(), b, heads, n, n_split,
+            num_warps=4, **common)
+
+
+def _check_kernel_inputs(q: torch.Tensor, latent: torch.Tensor) -> None:
+    """Raise TypeError/ValueError for inputs the kernels cannot take (dtype, length, grid)."""
+    if q.dtype not in _KERNEL_DTYPES:
+        raise TypeError(f"q must be bfloat16, float16 or float32, got {q.dtype}")
+    if latent.shape[1] >= 2 ** 31 or q.shape[2] >= 2 ** 31:
+        raise ValueError(f"q and latent must have fewer than 2^31 tokens, got {q.shape[2]} and {latent.shape[1]}")
+    if q.shape[0] > 65535:
+        raise ValueError(f"q must have a batch of at most 65535 (a grid axis), got {q.shape[0]}")
+
+
+def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
+                                     kv_b_weight: torch.Tensor, indices: torch.Tensor,
+                                     mask: Optional[torch.Tensor] = None, *, scale: float, masked_rows: str = "zero",
+                                     distinct: bool = False, config: Optional[str] = None,
+                                     splits: Optional[int] = None) -> torch.Tensor:
+    """Sparse attention o ``[B, H, S, Dv]`` in the absorbed form (contract in the module doc).
+
+    ``distinct``: the caller guarantees that no row repeats an in-range index (indices from a
+    top-K), so the per-row sort that removes repeats is skipped; with repeats the result would
+    count a repeated key more than once. ``config`` names a CONFIGS entry (None: DEFAULT_CONFIG,
+    then FALLBACK_CONFIGS where it does not compile); ``splits`` forces the number of programs each
+    query's indices are split over (default: enough to fill the GPU).
+    Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``. Raises
+    TypeError/ValueError naming the argument for a bad shape, dtype, device or scalar.
+    """
+    check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
+    _check_kernel_inputs(q, latent)
+    if not isinstance(distinct, bool):
+        raise TypeError(f"distinct must be a bool, got {type(distinct).__name__}")
+    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
+        raise ValueError(f"splits must be None or an int >= 1, got {splits!r}")
+    names = (DEFAULT_CONFIG, *FALLBACK_CONFIGS) if config is None else (config,)
+    launch_config(names[0])  # a ValueError for an unknown name, before any work
+    b, heads, s, _ = q.shape
+    t_len, lat_dim = latent.shape[1], latent.shape[2]
+    nope_dim, _, v_dim = absorbed_dims(q, rope_key, kv_b_weight)
+    w_uk, w_uv = head_weights(kv_b_weight, heads, nope_dim)
+    out = torch.empty((b, heads, s, v_dim), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    mean = latent.float().mean(dim=1).contiguous() if masked_rows == "mean" and t_len else None
+    if t_len == 0 or indices.shape[2] == 0:
+        o_lat = mean[:, None, None, :].expand(b, heads, s, lat_dim) if mean is not None else \
+            q.new_zeros((b, heads, s, lat_dim), dtype=torch.float32)
+        return out.copy_(torch.matmul(o_lat, w_uv.float().transpose(1, 2)))
+    if not distinct:
+        indices = torch.sort(indices, dim=-1).values
+    chunk = max(1, min(MAX_CHUNK, CHUNK_ELEMENTS // (b * heads * lat_dim)))
+    w_uv_t = w_uv.transpose(1, 2)
+    for start in range(0, s, chunk):
+        stop = min(start + chunk, s)
+        n = stop - start
+        rows = indices[:, start:stop]
+        if mask is not None or not distinct:
+            rows_mask = mask if mask is None or mask.shape[2] == 1 else mask[:, :, start:stop]
+            rows = _visible_indices(rows, rows_mask, t_len, dedup=not distinct)
+        # Head-major [H, B, n, Dc]: the weight products are batched over the heads.
+        q_nope = q[:, :, start:stop, :nope_dim].transpose(0, 1).reshape(heads, b * n, nope_dim)
+        q_lat = torch.bmm(q_nope, w_uk).view(heads, b, n, lat_dim)
+        o_lat = torch.empty_like(q_lat)
+        _attend_latent(q_lat.transpose(0, 1), q[:, :, start:stop, nope_dim:], latent, rope_key, rows, mean,
+                       o_lat.transpose(0, 1), float(scale), names, splits)
+        out[:, :, start:stop] = torch.bmm(o_lat.view(heads, b * n, lat_dim), w_uv_t).view(heads, b, n, v_dim) \
+            .transpose(0, 1)
+    return out

@@ -1,0 +1,61 @@
+"""Tunable constants of the Triton kernels and their launchers, one line each: why the value, and
+where it was measured, the results file under ``benchmarks/results/`` that shows it. None changes
+a result: every value computes the same scores, bounds and selections (SPEC C). Launchers read them
+at call time through this module (``defaults.NAME``), so that a test or a benchmark can change one."""
+from compiler.autotune import LaunchConfig, interpreter_active
+
+_INTERPRET = interpreter_active()
+
+# Scoring (scoring/indexer_scores.py)
+# The scorer's launch configs, fixed so that every score of a key is bitwise the same (SPEC C.1):
+SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)  # bf16/fp16: dense_scorer_groups_h200.json
+FP32_SCORER_CONFIG = LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64)  # fp32: dense_scorer_mask_ab_h200.json
+FP8_SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)  # E4M3: the bf16 one until dense_roofline.py --fp8 times the FP8 forms
+PRODUCT_COLUMNS = 32 if _INTERPRET else 256  # queries x heads per program: 78-81% of bf16 peak, dense_scorer_groups_h200.json
+BOUNDS_BLOCK = 2048  # mask entries per step of the mask-bounds kernel (1024 and 4096 were no faster)
+BOUNDS_ROWS = 16 if _INTERPRET else 1  # query rows per mask-bounds program (the interpreter pays per program)
+TRIM_BLOCK = 4096  # positions per step of a key list's mask scan (latency-bound): dense_scorer_mask_ab_h200.json
+
+# Screen (screen/)
+SCREEN_CONFIGS = (  # screen launch candidates tuned per shape, the first off CUDA: indexer_autotune_h200.md
+    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128),
+    LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64),
+    LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=128),
+    LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_T=256),
+    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64),
+    LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=256),
+)
+ACTIVATION_ROWS = 64  # query-head rows per head-activation program
+ACTIVATION_KEYS = 64  # witness keys per step of a head-activation program
+ACTIVATION_SAMPLES = 256  # witness keys behind each head's activation frequency (it steers choices only)
+PLAN_WARPS = 1  # warps per plan program: the fastest; Triton 3.6 fails to compile some 4-warp forms
+PLAN_COLUMNS = 4  # q columns per step of the plan's passes: 1-2 slower, 8 no faster
+
+# Selection (selection/)
+LONG_ROW_FACTOR = 8  # rows longer than this many kk take the threshold path; shorter ones torch.topk
+FEW_ROWS = 128  # CUDA calls of fewer rows select in one launch (few_rows_select): torch.topk's launches pay below it
+CHUNKS_PER_K = 2  # chunks per selected code: 1.4 kk codes pass tau (1: 7.6 kk), selection_constants_h200.json
+THRESHOLD_BUFFER_K = 2  # candidates per row, in kk: holds every row measured, selection_constants_h200.json
+COMPACT_TILE = 4  # codes per lane of a compaction tile, one 16-byte load of words: selection_parts_h200.json
+COMPACT_STAGES = 3  # pipeline stages of the compaction loop (1 stage was slower)
+COMPACT_SEGMENTS = 4  # single-warp compaction programs per row; 8 overflowed segments of structured rows
+MIN_SEGMENT = 256  # fewest slots of a compaction segment
+INTERPRETER_TILE = 64  # most codes per lane of a compaction tile under the interpreter, whose cost is per tile
+WINDOW_FACTOR = 2  # candidate rows of at most the power of two >= this many kk are selected in registers
+KTH_REGISTER_ROW = 16384  # longest row whose kk-th value one program finds in registers
+KTH_WARPS = 4  # warps of a program that finds a kk-th value in registers (8 and 16 were slower)
+RADIX_WARPS = 8  # warps of a radix-select program
+RADIX_BLOCK = 1024  # codes per step of a radix-select pass
+RADIX_PROGRAMS_PER_SM = 2  # radix-select programs per streaming multiprocessor when splits are chosen
+SCRATCH_SPLIT_MAX_ROWS = 4  # more rows with scratch: one program each (reads a row ~2 times, splits 17)
+FEW_ROWS_BLOCK = 1024  # codes per step of a few-rows program
+FEW_ROWS_PROGRAMS_PER_SM = 2  # few-rows programs per streaming multiprocessor over all rows
+FEW_ROWS_INTERPRETER_PROGRAMS = 3  # programs off CUDA: several per row, so that the tests run the atomics
+FEW_ROWS_WARPS = 8  # warps of a few-rows program
+
+# The certified pipeline (topk_pipeline.py)
+CERTIFIED_BUFFER_K = 8  # candidates per certified query, in kk: at most 3.53 kk seen, certified_buffer_h200.json
+DEFAULT_R_CAP = 7  # cap of the per-query budget without config.r, so that the screen's row count is static
+DENSE_CHUNK_BYTES = 4 << 30  # largest scorer output [rows, T] the dense path allocates at once
+PLAN_CHUNK_BYTES = 1 << 30  # queries planned at once (a float64 [queries, H, D]): certified_profile_h200.json
+REDO_BUFFER_BYTES = 1 << 30  # dense code buffer of one round of the redo ([B, slots, T] int64)

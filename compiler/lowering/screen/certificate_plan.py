@@ -1,0 +1,210 @@
+"""The certificate's plan in one Triton program per query: the GPU form of
+``runtime.certificate.plan_certificate`` (SPEC A.3, C.2).
+
+``plan_certificate_triton(q, w, p, r, r_max)`` takes what ``plan_certificate`` takes with an int
+``r_max`` (q [..., H, D] float32 or narrower, finite; w [..., H]; p [..., H] in [0, 1]; r [...]
+int64) and returns a ``CertificatePlan`` with the same fields and meanings, float64, by the same
+formulas summed in other orders; the margin of ``runtime.rounding.margin_coefficients`` covers
+any order (SPEC C.8 item 3). Ties among heads of equal rank go to the lower index. The loops over
+the R_MAX retained rows stay loops (not unrolled), so compiling does not grow with R_MAX."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from runtime.certificate import CertificatePlan
+from runtime.rounding import margin_coefficients
+from compiler.lowering import defaults
+
+__all__ = ["plan_certificate_triton"]
+
+_INF = tl.constexpr(float("inf"))
+
+
+@triton.jit
+def _column(x, slot, i):
+    """Column ``i`` of the [HP, RP] tile ``x`` (a sum with exact zeros: bitwise the column)."""
+    return tl.sum(tl.where((slot == i)[None, :], x, 0.0), axis=1)
+
+
+@triton.jit
+def _q_chunk(q_ptr, base, heads, d, sqh, D, ok):
+    """q[heads, d] as float64 ([len(heads), len(d)]; zero where not ``ok`` or d >= D), by way of
+    float32 (exact for every q dtype; E4M3 has no direct float64 conversion on every target)."""
+    m = ok[:, None] & (d < D)[None, :]
+    x = tl.load(q_ptr + base + heads[:, None] * sqh + d[None, :], mask=m, other=0.0)
+    return x.to(tl.float32).to(tl.float64)
+
+
+@triton.jit
+def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, scalars_ptr, flags_ptr,
+                 ret_ptr, H, D, sqn, sqh, R_MAX: tl.constexpr, RP: tl.constexpr,
+                 HP: tl.constexpr, CD: tl.constexpr):
+    """Query n: rows [n, R_MAX, D], row_weights [n, R_MAX], aux [n, D], u^T [n, D, H], scalars
+    [n, 5] = (||sum_h u_h||^2, mass_scores, weight_sum, sum_j |w~_j| ||q_j|| + ||aux||,
+    projected mass), flags [n] = abs path, retained [n, H] (runtime.certificate for the formulas).
+    Three passes over q's columns, CD at a time, so that no [H, D] float64 tile is ever held:
+    norms; retained rows, dots and aux; u."""
+    n = tl.program_id(0).to(tl.int64)
+    base = n * sqn
+    h = tl.arange(0, HP)
+    c = tl.arange(0, CD)
+    slot = tl.arange(0, RP)
+    hok = h < H
+    w = tl.load(w_ptr + n * H + h, mask=hok, other=0.0).to(tl.float64)
+    p = tl.load(p_ptr + n * H + h, mask=hok, other=0.0).to(tl.float64)
+    r = tl.minimum(tl.maximum(tl.load(r_ptr + n), 1), R_MAX)
+    positive = w > 0
+    negative = w < 0
+    zero = tl.sum(tl.zeros([1], dtype=tl.float64), axis=0)
+
+    square = tl.zeros([HP], dtype=tl.float64)
+    for d0 in range(0, D, CD):
+        qc = _q_chunk(q_ptr, base, h, d0 + c, sqh, D, hok)
+        square += tl.sum(qc * qc, axis=1)
+    head_mass = tl.abs(w) * tl.sqrt(square)
+    abs_path = tl.sum(positive.to(tl.int32), axis=0) <= r
+    abs_rank = tl.where(positive, _INF, tl.where(negative, head_mass * tl.minimum(p, 1.0 - p), -_INF))
+    rank = tl.where(abs_path, abs_rank, tl.where(positive, head_mass, -_INF))
+
+    # The retained heads: R_MAX picks of the largest rank (lower index first on ties).
+    taken = h < 0
+    retained = h < 0
+    w_rows = tl.zeros([RP], dtype=tl.float64)
+    heads = tl.zeros([RP], dtype=tl.int32)
+    valid = slot < 0
+    for i in range(0, R_MAX):
+        rk = tl.where(taken | ~hok, -_INF, rank)
+        m = tl.max(rk, axis=0)
+        j = tl.min(tl.where((rk == m) & hok & ~taken, h, HP), axis=0)
+        ok = (i < r) & (m > -_INF)
+        pick = h == j
+        taken = taken | pick
+        retained = retained | (pick & ok)
+        w_rows = tl.where(slot == i, tl.where(ok, tl.sum(tl.where(pick, w, 0.0), axis=0), 0.0), w_rows)
+        heads = tl.where(slot == i, j, heads)
+        valid = valid | ((slot == i) & ok)
+    half_rows = 0.5 * w_rows
+    active = negative & ~retained & (p >= 0.5)
+    a_weight = tl.where(active, -w, 0.0)
+
+    # Rows (stored), their norms, the dots q_h . row_i, and aux = a_A (joint) or V (abs, stored).
+    row_square = tl.zeros([RP], dtype=tl.float64)
+    dots = tl.zeros([HP, RP], dtype=tl.float64)
+    aux_square = zero
+    sok = slot < R_MAX
+    for d0 in range(0, D, CD):
+        dc = d0 + c
+        qc = _q_chunk(q_ptr, base, h, dc, sqh, D, hok)
+        rc = _q_chunk(q_ptr, base, heads, dc, sqh, D, valid)
+        tl.store(rows_ptr + n * R_MAX * D + slot[:, None] * D + dc[None, :], rc, mask=sok[:, None] & (dc < D)[None, :])
+        row_square += tl.sum(rc * rc, axis=1)
+        dots += tl.sum(qc[:, None, :] * rc[None, :, :], axis=2)
+        a_c = tl.sum(a_weight[:, None] * qc, axis=0)
+        aux_c = tl.where(abs_path, a_c - tl.sum(half_rows[:, None] * rc, axis=0), a_c)
+        tl.store(aux_ptr + n * D + dc, aux_c, mask=dc < D)
+        aux_square += tl.sum(aux_c * aux_c, axis=0)
+    row_norm = tl.sqrt(row_square)
+
+    # Joint path: each omitted positive head's best retained anchor (first slot on ties).
+    omitted_positive = positive & ~retained
+    best = tl.full([HP], -2.0, dtype=tl.float64)
+    anchor_head = tl.zeros([HP], dtype=tl.int32)
+    anchor_valid = h < 0
+    anchor_slot = tl.zeros([HP], dtype=tl.int32)
+    anchor_norm = tl.zeros([HP], dtype=tl.float64)
+    anchor_dot = tl.zeros([HP], dtype=tl.float64)
+    for i in range(0, R_MAX):
+        norm_i = tl.sum(tl.where(slot == i, row_norm, 0.0), axis=0)
+        valid_i = tl.sum(((slot == i) & valid).to(tl.int32), axis=0) > 0
+        dot_i = _column(dots, slot, i)
+        ratio = tl.where(norm_i > 0, tl.maximum(dot_i, 0.0) / tl.where(norm_i > 0, norm_i, 1.0), 0.0)
+        ratio = tl.where(valid_i, ratio, -1.0)
+        better = ratio > best
+        best = tl.where(better, ratio, best)
+        anchor_slot = tl.where(better, i, anchor_slot)
+        anchor_head = tl.where(better, tl.sum(tl.where(slot == i, heads, 0), axis=0), anchor_head)
+        anchor_valid = tl.where(better, valid_i, anchor_valid)
+        anchor_norm = tl.where(better, norm_i, anchor_norm)
+        anchor_dot = tl.where(better, dot_i, anchor_dot)
+    beta = tl.where(omitted_positive & (anchor_norm > 0),
+                    tl.maximum(anchor_dot, 0.0) / tl.where(anchor_norm > 0, anchor_norm * anchor_norm, 1.0),
+                    0.0)
+    folded = tl.zeros([RP], dtype=tl.float64)
+    for i in range(0, R_MAX):
+        folded = tl.where(slot == i, tl.sum(tl.where(anchor_slot == i, w * beta, 0.0), axis=0), folded)
+
+    # u_h = w_h (q_h - beta_h q_anchor) on omitted positive heads, stored as u^T [D, H] for the
+    # Gram matrix (a float64 batched product, outside); the squared norm of sum_h u_h.
+    u_square = zero
+    for d0 in range(0, D, CD):
+        dc = d0 + c
+        qc = _q_chunk(q_ptr, base, h, dc, sqh, D, hok)
+        ac = _q_chunk(q_ptr, base, anchor_head, dc, sqh, D, anchor_valid)
+        uc = tl.where(omitted_positive[:, None], w[:, None] * (qc - beta[:, None] * ac), 0.0)
+        tl.store(ut_ptr + n * H * D + dc[None, :] * H + h[:, None], uc, mask=hok[:, None] & (dc < D)[None, :])
+        col = tl.sum(uc, axis=0)
+        u_square += tl.sum(col * col, axis=0)
+    projected_mass = tl.where(abs_path, 0.0, tl.sum(w * beta * anchor_norm, axis=0))
+    row_weights = tl.where(abs_path, half_rows, w_rows + folded)
+    mass_scores = tl.sum(head_mass, axis=0)
+    bound_rows = tl.sum(tl.abs(row_weights) * row_norm, axis=0) + tl.sqrt(aux_square)
+
+    tl.store(rw_ptr + n * R_MAX + slot, row_weights, mask=sok)
+    field = tl.arange(0, 8)
+    scalars = tl.where(field == 0, u_square, tl.where(field == 1, mass_scores, tl.where(
+        field == 2, tl.sum(tl.abs(w), axis=0), tl.where(field == 3, bound_rows, projected_mass))))
+    tl.store(scalars_ptr + n * 5 + field, scalars, mask=field < 5)
+    tl.store(flags_ptr + n + tl.arange(0, 1), tl.zeros([1], dtype=tl.int8) + abs_path.to(tl.int8))
+    tl.store(ret_ptr + n * H + h, retained.to(tl.int8), mask=hok)
+
+
+def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r: torch.Tensor,
+                            r_max: int) -> CertificatePlan:
+    """``plan_certificate(q, w, p, r, r_max)`` by ``_plan_kernel`` (module docstring): q [..., H, D],
+    w and p [..., H], r [...] int64 (clipped to [1, r_max]), r_max an int in [1, H]; no host
+    synchronisation."""
+    *lead, H, D = q.shape
+    if isinstance(r_max, bool) or not isinstance(r_max, int) or not 1 <= r_max <= H:
+        raise ValueError(f"r_max: expected an int in [1, H={H}], got {r_max!r}")
+    if tuple(w.shape) != (*lead, H) or tuple(p.shape) != (*lead, H) or tuple(r.shape) != tuple(lead):
+        raise ValueError(f"w, p: expected [{', '.join(map(str, (*lead, H)))}] and r "
+                         f"[{', '.join(map(str, lead))}], got {tuple(w.shape)}, {tuple(p.shape)}, {tuple(r.shape)}")
+    N = q.numel() // (H * D) if H * D else 0
+    dev = q.device
+    qf = q.reshape(N, H, D)
+    if qf.stride(-1) != 1:
+        qf = qf.contiguous()
+    wf = w.reshape(N, H).to(torch.float64).contiguous()
+    pf = p.reshape(N, H).to(torch.float64).contiguous()
+    rf = r.reshape(N).to(torch.int64).contiguous()
+    rows = torch.empty((N, r_max, D), dtype=torch.float64, device=dev)
+    row_weights = torch.empty((N, r_max), dtype=torch.float64, device=dev)
+    aux = torch.empty((N, D), dtype=torch.float64, device=dev)
+    ut = torch.empty((N, D, H), dtype=torch.float64, device=dev)
+    scalars = torch.empty((N, 5), dtype=torch.float64, device=dev)
+    flags = torch.empty(N, dtype=torch.int8, device=dev)
+    retained = torch.empty((N, H), dtype=torch.int8, device=dev)
+    if N:
+        _plan_kernel[(N,)](qf, wf, pf, rf, rows, row_weights, aux, ut, scalars, flags, retained, H, D,
+                           qf.stride(0), qf.stride(1), R_MAX=r_max,
+                           RP=max(2, triton.next_power_of_2(r_max)), HP=max(2, triton.next_power_of_2(H)),
+                           CD=defaults.PLAN_COLUMNS, num_warps=defaults.PLAN_WARPS)
+    u_square, mass_scores, weight_sum, bound_rows, projected_mass = scalars.unbind(-1)
+    gram = torch.linalg.vector_norm(torch.bmm(ut.transpose(1, 2), ut), ord=1, dim=(-1, -2))  # sum |u_h . u_l|
+    abs_path = flags.bool()
+    residual = torch.where(abs_path, 0.0, 0.5 * (u_square.sqrt() + gram.sqrt()))
+    slope, offset = margin_coefficients(mass_scores, weight_sum, bound_rows + residual,
+                                        mass_scores + projected_mass + residual, D=D, H=H, r=r_max)
+    return CertificatePlan(
+        rows=rows.view(*lead, r_max, D),
+        row_weights=row_weights.view(*lead, r_max),
+        aux=aux.view(*lead, D),
+        residual=residual.reshape(lead),
+        abs_path=abs_path.view(lead),
+        retained=retained.view(*lead, H).bool(),
+        slope=slope.reshape(lead),
+        offset=offset.reshape(lead),
+        mass=mass_scores.reshape(lead),
+    )

@@ -1,0 +1,98 @@
+"""Exact top-kk of a few long rows of order codes, decoded, in one launch: the decode path's
+selection (SPEC C.3).
+
+``few_rows_topk(codes [R, N] int64, maxima [R, n] int64, kk, T)`` returns (values [R, kk] fp32,
+indices [R, kk] int64) equal to ``decode_codes(torch.topk(codes, kk).values, T)``. Requirements:
+codes distinct within a row; ``maxima[r, j]`` the largest code of row r's interleaved chunk j, as
+``score_dense(maxima=...)`` writes them; 1 <= kk <= n <= min(N, ``defaults.KTH_REGISTER_ROW``). The
+codes are scratch. Two launches, no host synchronisation; the order of the atomics does not show.
+``takes_few_rows`` says when a call takes this path (CUDA, fewer than ``defaults.FEW_ROWS`` rows):
+a decode call is bound by host time, and ``torch.topk`` over codes costs many more launches."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from compiler.autotune import multiprocessor_count
+from compiler.lowering.scoring.indexer_scores import decode_code
+from compiler.lowering.selection.radix_select import _complete_and_sort, _select_row
+from compiler.lowering.selection.threshold_select import _kth_of, window
+from compiler.lowering import defaults
+
+
+@triton.jit
+def _few_rows_kernel(codes_ptr, maxima_ptr, cand_ptr, counters_ptr, values_ptr, idx_ptr,
+                     N, n, kk, T, chunk, stride_c, stride_m, stride_d, stride_o,
+                     NP: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr, KP: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, NP)
+    tau = _kth_of(tl.load(maxima_ptr + row * stride_m + j, mask=j < n, other=-9223372036854775808), kk)
+    row_codes = codes_ptr + row * stride_c
+    row_cand = cand_ptr + row * stride_d
+    count_ptr = counters_ptr + 2 * row
+    offs = tl.arange(0, BLOCK)
+    lo = tl.program_id(1) * chunk
+    hi = tl.minimum(lo + chunk, N)
+    for start in range(lo, hi, BLOCK):
+        t = start + offs
+        c = tl.load(row_codes + t, mask=t < hi, other=-9223372036854775808)
+        keep = ((t < hi) & (c >= tau)).to(tl.int32)
+        base = tl.atomic_add(count_ptr, tl.sum(keep, axis=0))
+        tl.store(row_cand + base + tl.cumsum(keep, axis=0) - 1, c, mask=keep != 0)
+    ticket = tl.atomic_add(count_ptr + 1, 1, sem="acq_rel")
+    if ticket == tl.num_programs(1) - 1:
+        count = tl.atomic_add(count_ptr, 0, sem="acquire")
+        live = count > 0
+        if count <= WINDOW:
+            w = tl.arange(0, WINDOW)
+            x = tl.load(row_cand + w, mask=w < count, other=-9223372036854775808, cache_modifier=".cg")
+            kth = _kth_of(x, kk)
+            greater = (x > kth).to(tl.int32)
+            tl.store(row_codes + tl.cumsum(greater, axis=0) - 1, x, mask=greater != 0)
+            tl.debug_barrier()
+            _complete_and_sort(row_codes, 1, live, kth, tl.sum(greater, axis=0), kk, KP)
+        else:
+            _select_row(row_cand, count, row_codes, 1, live, kk, BLOCK, KP, False)
+        tl.debug_barrier()
+        s = tl.arange(0, KP)
+        value, key = decode_code(tl.load(row_codes + s, mask=s < kk, other=0, cache_modifier=".cg"), T)
+        tl.store(values_ptr + row * stride_o + s, value, mask=s < kk)
+        tl.store(idx_ptr + row * stride_o + s, key, mask=s < kk)
+
+
+def takes_few_rows(rows: int, N: int, kk: int, n: int, device: torch.device | str) -> bool:
+    """Whether ``rows`` rows of N codes with n chunk maxima each take ``few_rows_topk``: CUDA and
+    fewer than threshold_select's defaults.FEW_ROWS rows (more take its many-row path), rows of any length
+    with kk <= n <= min(N, defaults.KTH_REGISTER_ROW). A row of at most WINDOW codes is selected in
+    registers whatever tau leaves; the alternative, ``torch.topk``, costs ~30 launches."""
+    return torch.device(device).type == "cuda" and rows < defaults.FEW_ROWS and kk <= n <= min(N, defaults.KTH_REGISTER_ROW)
+
+
+def few_rows_topk(codes: torch.Tensor, maxima: torch.Tensor, kk: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values [R, kk] fp32, indices [R, kk] int64): the module docstring's contract. codes [R, N]
+    and maxima [R, n] int64, last dims contiguous; ``T``: the key count the codes were made with."""
+    R, N = codes.shape
+    n = maxima.shape[1]
+    if not 1 <= kk <= n <= min(N, defaults.KTH_REGISTER_ROW):
+        raise ValueError(f"kk, maxima: expected 1 <= kk <= n <= min(N, {defaults.KTH_REGISTER_ROW}) with n = "
+                         f"{n}, N = {N}, got kk = {kk}")
+    if maxima.shape[0] != R or codes.stride(1) != 1 or maxima.stride(1) != 1:
+        raise ValueError(f"codes, maxima: expected [R, N] and [R, n] with contiguous last dims, got "
+                         f"{tuple(codes.shape)} and {tuple(maxima.shape)}")
+    values = torch.empty((R, kk), dtype=torch.float32, device=codes.device)
+    idx = torch.empty((R, kk), dtype=torch.int64, device=codes.device)
+    if R == 0:
+        return values, idx
+    cand = torch.empty((R, N), dtype=torch.int64, device=codes.device)
+    counters = torch.zeros((R, 2), dtype=torch.int32, device=codes.device)
+    blocks = triton.cdiv(N, defaults.FEW_ROWS_BLOCK)
+    programs = (defaults.FEW_ROWS_PROGRAMS_PER_SM * multiprocessor_count(codes.device) if codes.device.type == "cuda"
+                else defaults.FEW_ROWS_INTERPRETER_PROGRAMS)
+    chunk = triton.cdiv(blocks, max(1, min(blocks, triton.cdiv(programs, R)))) * defaults.FEW_ROWS_BLOCK
+    _few_rows_kernel[(R, triton.cdiv(N, chunk))](
+        codes, maxima, cand, counters, values, idx, N, n, kk, T, chunk,
+        codes.stride(0), maxima.stride(0), cand.stride(0), values.stride(0),
+        NP=triton.next_power_of_2(n), BLOCK=defaults.FEW_ROWS_BLOCK, WINDOW=window(N, kk), KP=triton.next_power_of_2(kk),
+        num_warps=defaults.FEW_ROWS_WARPS)
+    return values, idx

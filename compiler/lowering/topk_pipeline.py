@@ -1,0 +1,504 @@
+"""The dense and the certified top-K on CUDA: the scorer, seeds, plan, screen, refine and exact
+selection in order (SPEC A.2-A.5, C.5). No kernel is defined here.
+
+``dense_topk_cuda(q, k, w, kk, mask)`` and ``certified_topk_cuda(q, k, w, kk, mask, config)``: q
+[B,S,H,D] and k [B,T,D] bf16, fp16 or fp32 (mixed dtypes upcast to fp32), weights any float dtype,
+mask None, bool or additive float; or the FP8 scorer (``k_scale`` [B,T] fp32: q and k E4M3, weights
+fp32; SPEC A.10, its GPU margin ``fp8_dot_error``). Both return (values [B,S,kk] fp32, indices
+[B,S,kk] int64), the certified one the same indices and bitwise the same values as the dense one
+for every input. Rows the certificate cannot answer are flagged on the device and redone densely
+(``redo_dense``): nothing is dropped. No host synchronisation: a call can be captured in a CUDA
+graph after one call outside the capture. fp32 operands are scored densely (tf32 products are
+outside the margins). Config fields used: r, anchor_stride, workspace_frac, sample_keys,
+sample_sigmas, path. ``shared_bound`` (keys sharded over ranks, as in runtime.certified_topk)
+replaces the witness threshold by its bound b; a row whose tau is a finite b and that wrote fewer
+than kk candidates is short instead of redone: its candidates in THE ORDER, then padding."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from compiler.lowering.scoring.indexer_scores import (
+    FP8_PROMOTE,
+    chunk_multiple,
+    decode_codes,
+    key_splits,
+    score_dense,
+    score_keys,
+    score_tile_shape,
+    tf32_scores,
+)
+from compiler.lowering.screen.head_activation import activation_frequency
+from compiler.lowering.screen.certificate_screen import screen
+from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
+from compiler.lowering.screen.certificate_plan import plan_certificate_triton
+from compiler.lowering.selection.radix_select import select_top_codes
+from compiler.lowering.selection.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
+from runtime.certificate import default_r, plan_certificate
+from runtime.certified_topk import CertifiedTopkConfig, TopkStats
+from runtime.indexer_inputs import checked_kk
+from runtime.rounding import U32, gamma, key_norm_up, round_up_to_float32
+from runtime.seeds import sample_keys, sample_rank, sample_size
+from compiler.lowering import defaults
+from runtime.workspace import check_workspace
+
+MMA_FACTOR = 4.0
+"""Tensor-core fp32 accumulation is not IEEE round-to-nearest inside the MMA: its error on a
+D-term dot is bounded by MMA_FACTOR * gamma_D(u32) * sum_d |a_d b_d| (4x the classical bound)."""
+FP8_MMA_BITS = 13
+"""FP8 tensor-core sums (SPEC A.10, the model behind ``fp8_dot_error``): every term of an internal
+addition step is kept to at least this many fraction bits below the leading bit of the step's
+largest term, and each step's sum to this many fraction bits (DeepSeek-V3's report: "around 14
+bits" on Hopper; accurate models of the H100's FP8 MMA: 13 fraction bits, truncated)."""
+FP8_MMA_STEP = 4
+"""FP8 tensor-core sums: products per internal addition step, at least (each further step adds the
+running sum to them). Fewer products per step means more truncations: 4 is below any tensor core's
+dot-product width."""
+FTZ_UNIT = 2.0**-126
+"""Absolute error allowed per rounded operation for flushed subnormals (tensor cores may flush)."""
+
+
+def _operands(q, k, weights, k_scale=None):
+    """q, k in one dtype (bf16/fp16 kept, anything mixed -> fp32), weights fp32, contiguous; with
+    ``k_scale`` (E4M3 q and k): k and k_scale as they are where their last stride is 1 (views of an
+    FP8 key cache's storage are read in place: the kernels take their strides)."""
+    if k_scale is not None:
+        def unit(x):
+            return x if x.stride(-1) == 1 else x.contiguous()
+
+        return q.contiguous(), unit(k), weights.float().contiguous(), unit(k_scale)
+    if q.dtype != k.dtype:
+        q, k = q.float(), k.float()
+    return q.contiguous(), k.contiguous(), weights.float().contiguous(), None
+
+
+def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list, k_scale=None):
+    """``score_keys`` in non-compact mode, with key splits for the call's tile count."""
+    block_s, _ = score_tile_shape(q.shape[2])
+    splits = key_splits(q.shape[0] * triton.cdiv(q.shape[1], block_s), cap)
+    return score_keys(q, w, k, lists, counts, cap=cap, tiles_per_list=tiles_per_list, mask=mask,
+                      splits=splits, k_scale=k_scale)
+
+
+def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False, k_scale=None):
+    """``score_dense`` (codes [B,R,T] of every key, or their int32 high words with ``words``), with
+    key splits for the call's tile count."""
+    block_s, _ = score_tile_shape(q.shape[2])
+    n_slots = q.shape[1] if rows is None else rows.shape[1]
+    splits = key_splits(q.shape[0] * triton.cdiv(n_slots, block_s), k.shape[1])
+    return score_dense(q, w, k, mask=mask, splits=splits, rows=rows, maxima=maxima, words=words,
+                       k_scale=k_scale)
+
+
+def _all_keys(B, T, device):
+    """The key list of dense scoring: ids [B,1,T] int32 (0..T-1) and counts [B,1] int32 (T)."""
+    ids = torch.arange(T, dtype=torch.int32, device=device).view(1, 1, T).expand(B, 1, T)
+    return ids, torch.full((B, 1), T, dtype=torch.int32, device=device)
+
+
+def scorer_chunks(rows: int, T: int, kk: int, dtype: torch.dtype, device) -> int | None:
+    """The chunk maxima per row the dense scorer writes for an exact top-kk of ``rows`` rows of T
+    keys on ``device`` (threshold_select's chunk count, a multiple of the scorer's key tile), or
+    None: the rows do not take threshold_select's threshold path (``takes_threshold``: short rows,
+    or few rows on CUDA), or the scorer cannot write that count."""
+    multiple = chunk_multiple(dtype)
+    n = chunk_count(T, kk, multiple)
+    return n if takes_threshold(rows, T, kk, device) and n % multiple == 0 else None
+
+
+def dense_chunk_rows(B: int, S: int, H: int, T: int, kk: int, dtype: torch.dtype, device) -> int:
+    """Query rows per chunk of the dense path (``dense_codes_topk``): its scorer output, int32 words
+    when the call takes the threshold path (else int64 codes), at most defaults.DENSE_CHUNK_BYTES, in
+    whole query tiles."""
+    block_s, _ = score_tile_shape(H)
+    width = 4 if scorer_chunks(B * S, T, kk, dtype, device) is not None else 8
+    return max(block_s, (defaults.DENSE_CHUNK_BYTES // (width * T * B)) // block_s * block_s)
+
+
+def dense_codes_topk(q, w, k, mask, kk, k_scale=None):
+    """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory
+    (``dense_chunk_rows``). Chunks that take threshold_select's threshold path get their chunk
+    maxima from the scorer, which writes them int32 words instead of codes (half the bytes to
+    write and to read). ``k_scale``: the FP8 scorer's key scales (E4M3 q and k)."""
+    B, S = q.shape[:2]
+    T = k.shape[1]
+    rows = dense_chunk_rows(B, S, q.shape[2], T, kk, q.dtype, q.device)
+    out = []
+    for s0 in range(0, S, rows):
+        sl = slice(s0, min(S, s0 + rows))
+        m = None if mask is None else mask[:, sl]
+        n = scorer_chunks(B * (sl.stop - s0), T, kk, q.dtype, q.device)
+        maxima = None if n is None else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device)
+        codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima, words=n is not None, k_scale=k_scale)
+        out.append(top_codes(codes, kk, maxima))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=1)
+
+
+def dense_values_topk(q, w, k, mask, kk, k_scale=None):
+    """(values [B,S,kk] fp32, indices [B,S,kk] int64) of dense scoring, in THE ORDER. A call of
+    few rows on CUDA (decode) selects and decodes in one launch after the scorer
+    (few_rows_select); any other: ``dense_codes_topk``, then ``decode_codes``."""
+    B, S = q.shape[:2]
+    T = k.shape[1]
+    multiple = chunk_multiple(q.dtype)
+    n = chunk_count(T, kk, multiple)
+    if n % multiple == 0 and takes_few_rows(B * S, T, kk, n, q.device):
+        maxima = torch.empty((B, S, n), dtype=torch.int64, device=q.device)
+        codes = dense_codes(q, w, k, mask, maxima=maxima, k_scale=k_scale)
+        values, idx = few_rows_topk(codes.view(B * S, T), maxima.view(B * S, n), kk, T)
+        return values.view(B, S, kk), idx.view(B, S, kk)
+    return decode_codes(dense_codes_topk(q, w, k, mask, kk, k_scale), T)
+
+
+def dense_topk_cuda(q, k, weights, topk, mask=None, k_scale=None):
+    """Dense Triton top-K: (values [B,S,kk] fp32, indices [B,S,kk] int64) in THE ORDER; ``k_scale``:
+    the FP8 scorer (E4M3 q and k)."""
+    kk = checked_kk(q, k, weights, topk, mask, k_scale)
+    q, k, w, k_scale = _operands(q, k, weights, k_scale)
+    return dense_values_topk(q, w, k, mask, kk, k_scale)
+
+
+@dataclass
+class ScreenPlan:
+    """Screen operands: g [B,S,RP,D] (k dtype), alpha/beta [B,S,RP] fp32, e/c [B,S] fp32, ok [B,S]."""
+
+    g: torch.Tensor
+    alpha: torch.Tensor
+    beta: torch.Tensor
+    e: torch.Tensor
+    c: torch.Tensor
+    ok: torch.Tensor
+
+
+def fp8_dot_error(D: int) -> float:
+    """phi with |x^ - x| <= phi * sum_d |q_d k_d| for the FP8 scorer's D-term dot on the GPU (SPEC
+    A.10): each promotion interval of K = FP8_PROMOTE products is summed from zero by the tensor
+    cores with n = K + 2 ceil(K / m) - 1 truncations (K products, the running sum of every step but
+    the first, every step's stored sum; m = FP8_MMA_STEP), each below 2^-P of the interval's
+    absolute sum (P = FP8_MMA_BITS): rho = gamma_n(2^-P); the c = D / K intervals then reach fp32
+    (one rounding) and are added in fp32 in any order: phi = rho + gamma_c(u32) (1 + rho)."""
+    n = FP8_PROMOTE + 2 * triton.cdiv(FP8_PROMOTE, FP8_MMA_STEP) - 1
+    rho = gamma(n, 2.0**-FP8_MMA_BITS)
+    return rho + gamma(triton.cdiv(D, FP8_PROMOTE), U32) * (1 + rho)
+
+
+def screen_margin(M_s, W, row_mass, D, H, RP, fp8=False):
+    """GPU rounding margin (slope on ||k||_up, offset), float64, on top of the runtime's plan margin.
+
+    With m_rho = max(|alpha|, |beta|) and G = sum_rho m_rho ||g^_rho||: the refine scorer's tl.dot
+    is off by <= s_D ||q_h|| ||k|| per head, s_D = 4 gamma_D (MMA_FACTOR; ``fp8``: s_D =
+    fp8_dot_error(D), the FP8 tensor cores), its weighted head sum in any order by gamma_H more; the
+    screen's dots by 4 gamma_D ||g^|| ||k|| (bf16 or wider operands), its (RP + 2)-term evaluation
+    (products, e * nk and c included) by gamma_{RP+2} times the absolute terms. Hence
+        slope = (s_D + gamma_H (1 + s_D)) M_s + (4 gamma_D + gamma_{RP+2} (1 + 4 gamma_D)) G
+    and the caller divides the whole norm coefficient by 1 - gamma_{RP+2} so that the rounding of
+    its own term is covered too. Flushed subnormals add at most FTZ_UNIT per operation:
+        offset = 2 (D + H + RP + 8) FTZ_UNIT (1 + W + sum_rho m_rho).
+    FP8: U and the score are in the units of the unscaled sum; both then take the scorer's last
+    step (``scale_and_bias``), monotone for a positive scale, so no term is added for it.
+    """
+    g_d = MMA_FACTOR * gamma(D, U32)
+    s_d = fp8_dot_error(D) if fp8 else g_d
+    g_eval = gamma(RP + 2, U32)
+    slope = (s_d + gamma(H, U32) * (1 + s_d)) * M_s + (g_d + g_eval * (1 + g_d)) * row_mass
+    return slope, g_eval
+
+
+def screen_dtype(k_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the screen's rows (and of its products) for keys of ``k_dtype``: the keys' own,
+    bf16 for E4M3 keys (their values convert to bf16 exactly)."""
+    return torch.bfloat16 if k_dtype == torch.float8_e4m3fn else k_dtype
+
+
+def plan_screen(q, w, k_dtype, p, r, r_max, chunk=None) -> ScreenPlan:
+    """Screen rows and coefficients for every query (runtime planning, GPU margin added).
+
+    q [B,S,H,D] (bf16/fp16/fp32, or E4M3 with E4M3 keys), w [B,S,H] fp32, p [B,S,H] activation
+    frequencies, r [B,S] int64 budgets, r_max an int >= every r (the screen gets
+    next_power_of_2(r_max + 1) rows; no host synchronisation). U(k) = sum_rho alpha relu(g . k) +
+    beta min(g . k, 0) + e ||k||_up + c >= the GPU score (the unscaled sum for E4M3 keys), for every
+    query with ok; queries without ok must not be pruned. ``chunk``: queries planned at once (None:
+    as many as fit defaults.PLAN_CHUNK_BYTES; speed and memory only).
+    """
+    B, S, H, D = q.shape
+    RP = triton.next_power_of_2(r_max + 1)
+    chunk = max(1, defaults.PLAN_CHUNK_BYTES // (8 * B * H * D)) if chunk is None else chunk
+    parts = []
+    for s0 in range(0, S, chunk):
+        sl = slice(s0, min(S, s0 + chunk))
+        parts.append(_plan_chunk(q[:, sl], w[:, sl], k_dtype, p[:, sl], r[:, sl], r_max, RP))
+    return ScreenPlan(*[torch.cat([pt[i] for pt in parts], dim=1) for i in range(6)])
+
+
+def _plan_chunk(q, w, k_dtype, p, r, r_max, RP):
+    B, S, H, D = q.shape
+    plan = (plan_certificate_triton if q.is_cuda else plan_certificate)(q, w, p, r, r_max)
+    n_rows = plan.rows.shape[-2]
+    ap = plan.abs_path[..., None]
+    rw = plan.row_weights
+    a_rows = rw
+    b_rows = torch.where(ap, -rw, torch.zeros_like(rw))
+    a_aux = torch.full_like(rw[..., :1], -1.0)
+    b_aux = torch.where(ap, a_aux, torch.zeros_like(a_aux))
+    pad = RP - n_rows - 1
+    z = torch.zeros_like(rw[..., :1]).expand(*rw.shape[:-1], pad)
+    alpha64 = torch.cat((a_rows, a_aux, z), -1)
+    beta64 = torch.cat((b_rows, b_aux, z), -1)
+    g64 = torch.cat((plan.rows, plan.aux[..., None, :],
+                     torch.zeros(*rw.shape[:-1], pad, D, dtype=torch.float64, device=q.device)), -2)
+    alpha = round_up_to_float32(alpha64)
+    beta = -round_up_to_float32(-beta64)
+    g = g64.to(screen_dtype(k_dtype))
+    g_back = g.to(torch.float64)
+    m = torch.maximum(alpha.abs(), beta.abs()).to(torch.float64)
+    row_mass = (m * g_back.norm(dim=-1)).sum(-1)
+    bf_err = (m * (g_back - g64).norm(dim=-1)).sum(-1) * (1 + 2.0**-40)
+    W = w.to(torch.float64).abs().sum(-1)
+    slope, g_eval = screen_margin(plan.mass, W, row_mass, D, H, RP, fp8=k_dtype == torch.float8_e4m3fn)
+    e64 = (plan.residual + plan.slope + bf_err + slope) / (1 - g_eval) * (1 + 2.0**-40)
+    c64 = (plan.offset + 2 * (D + H + RP + 8) * FTZ_UNIT * (1 + W + m.sum(-1))) / (1 - g_eval)
+    e = round_up_to_float32(e64)
+    c = round_up_to_float32(c64)
+    finite = (torch.isfinite(g.float()).all(-1).all(-1) & torch.isfinite(alpha).all(-1)
+              & torch.isfinite(beta).all(-1) & torch.isfinite(e) & torch.isfinite(c))
+    return g.contiguous(), alpha, beta, e, c, finite
+
+
+@dataclass
+class CertifiedTrace:
+    """Intermediates of one certified call (for statistics and diagnostics)."""
+
+    tau: torch.Tensor          # [B,S] fp32 threshold used (-inf: no pruning)
+    list_count: torch.Tensor   # [B,L] int32 screen survivors per scorer tile (> cap: overflow)
+    cand_count: torch.Tensor   # [B,S] int32 keys with s >= tau written (> cap: dense redo)
+    redo: torch.Tensor         # [B,S] bool rows recomputed densely
+    short: torch.Tensor        # [B,S] bool short rows (only with a shared bound)
+    kk: int
+    cap: int
+    list_queries: int
+    plan: ScreenPlan | None
+
+
+def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None, k_scale=None):
+    """Anchors, seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, G, b), b the
+    shared bound [B,S] (None without ``shared_bound``). ``screen_config``: the screen's
+    LaunchConfig, None to let ``screen`` choose it. ``k_scale``: the FP8 scorer's key scales."""
+    B, S, H, D = q.shape
+    T = k.shape[1]
+    dev = q.device
+    G, _ = score_tile_shape(H)
+    A = max(G, triton.cdiv(config.anchor_stride, G) * G)
+    anchors = dense_codes_topk(q[:, ::A], w[:, ::A], k, None if mask is None else mask[:, ::A],
+                               min(T, kk + kk // 4 + 1), k_scale)
+    seed_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
+    witness_tau, theta = _seed_thresholds(q, w, k, mask, kk, config, seed_ids, A // G, k_scale)
+    shared = None
+    if shared_bound is not None:
+        shared = shared_bound(torch.where(torch.isfinite(witness_tau), witness_tau, float("-inf")))
+        witness_tau = shared
+    tau_val = torch.maximum(witness_tau, theta)
+    p = activation_frequency(q, k, seed_ids, A, defaults.ACTIVATION_SAMPLES)
+    r_max = min(H, defaults.DEFAULT_R_CAP if config.r is None else config.r)
+    r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
+    plan = plan_screen(q, w, k.dtype, p, r.long(), r_max)
+    reach = (plan.e + (plan.alpha.abs() + plan.beta.abs()).sum(-1)) * nk.amax(-1, keepdim=True)
+    ok = plan.ok & torch.isfinite(tau_val) & (reach < 2.0**100)
+    if k_scale is not None:  # the last step is monotone in U only for finite positive scales
+        ok &= (torch.isfinite(k_scale) & (k_scale > 0)).all(-1, keepdim=True)
+    tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
+    cap = min(T, triton.cdiv(kk + int(config.workspace_frac * T), 128) * 128)
+    ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
+                             lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap,
+                             config=screen_config, k_scale=k_scale)
+    return tau, ids, list_count, cap, plan, G, shared
+
+
+def _seed_thresholds(q, w, k, mask, kk, config, seed_ids, tiles_per_group, k_scale=None):
+    """(witness_tau, theta) [B,S] fp32, whose max is tau before the validity checks: the kk-th
+    best score over the anchor's witnesses ``seed_ids`` [B,groups,W], and theta, the own threshold
+    of ``runtime.seeds`` over the group's strided sample (-inf when off or not finite). One scorer
+    call scores both key lists."""
+    B, groups, n_seed = seed_ids.shape
+    T = k.shape[1]
+    M = sample_size(T, config.sample_keys)
+    lists = seed_ids
+    if M:
+        sampled = sample_keys(groups, M, T, q.device).to(torch.int32).expand(B, groups, M)
+        lists = torch.cat((seed_ids, sampled), dim=-1).contiguous()
+    n = lists.shape[-1]
+    counts = torch.full((B, groups), n, dtype=torch.int32, device=q.device)
+    codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group, k_scale)
+    tau, _ = decode_codes(kth_largest(codes[..., :n_seed], kk), T)
+    if not M:
+        return tau, torch.full_like(tau, float("-inf"))
+    rank = sample_rank(kk, M, T, config.sample_sigmas)
+    theta, _ = decode_codes(kth_largest(codes[..., n_seed:], rank), T)
+    return tau, torch.where(torch.isfinite(theta), theta, float("-inf"))
+
+
+def key_norms(k):
+    """Upper bounds of the key norms, fp32 [B,T] (never below the exact norm)."""
+    return round_up_to_float32(key_norm_up(k.float()))
+
+
+def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None, k_scale=None):
+    """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (SPEC C.5).
+    ``screen_config``: the screen's LaunchConfig (None: autotuned, certificate_screen.screen).
+    ``shared_bound``: the hook of the module docstring (short rows are not redone). ``k_scale``:
+    the FP8 scorer's key scales (E4M3 q and k)."""
+    B, S = q.shape[:2]
+    nk = key_norms(k) if nk is None else nk
+    tau, ids, list_count, cap, plan, G, shared = _screen_stage(q, w, k, mask, kk, config, nk, screen_config,
+                                                               shared_bound, k_scale)
+    cand_cap = min(cap, defaults.CERTIFIED_BUFFER_K * kk)
+    cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
+    cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
+    score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
+               out_count=cand_count, splits=key_splits(B * ids.shape[1], cap), k_scale=k_scale)
+    codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True).view(B, S, kk)
+    # Every key with s >= tau was written (pruned keys have s < tau); with at least kk of them
+    # the row's top-kk is among them. Fewer: fewer than kk visible keys, or theta > the kk-th score,
+    # or (short rows) a shared bound above this call's kk-th score.
+    short = torch.zeros_like(cand_count, dtype=torch.bool)
+    if shared is not None:  # tau is the finite shared bound: kk keys held elsewhere reach it
+        short = (cand_count < kk) & (tau == shared) & torch.isfinite(tau)
+    redo = (cand_count > cand_cap) | ((cand_count < kk) & ~short)
+    return codes, CertifiedTrace(tau, list_count, cand_count, redo, short, kk, cap, G, plan)
+
+
+def redo_slots(B: int, S: int, T: int, H: int) -> int:
+    """Rows per round of ``redo_dense``: its [B, slots, T] int64 code buffer fits defaults.REDO_BUFFER_BYTES
+    (at least one scorer tile, at most S rounded up to whole tiles)."""
+    block_s, _ = score_tile_shape(H)
+    fit = (defaults.REDO_BUFFER_BYTES // (8 * T * B)) // block_s * block_s
+    return max(block_s, min(fit, triton.cdiv(S, block_s) * block_s))
+
+
+def redo_dense(codes, redo, q, w, k, mask, kk, k_scale=None):
+    """Overwrite the rows flagged in ``redo`` [B,S] bool with their dense top-kk codes, in place.
+
+    No host synchronisation (capturable in a CUDA graph): each round scores up to ``slots`` rows
+    densely into a [B, slots, T] buffer (the same scorer, so bitwise the dense codes) and selects
+    their top kk with ``select_top_codes``; unflagged slots cost a launch and no key reads. When
+    every row fits one round, a row keeps its own slot; otherwise the flagged rows are ranked on
+    the device and a fixed number of rounds, ceil(S / slots), takes them in rank order (the row
+    lists of every round are built at once: two launches per round).
+    codes [B,S,kk] int64 (returned). ``k_scale``: the FP8 scorer's key scales.
+    """
+    B, S = redo.shape
+    T = k.shape[1]
+    flat = codes.view(B * S, kk)
+    lists = _redo_row_lists(redo, redo_slots(B, S, T, q.shape[2]))
+    valid = lists >= 0
+    out_rows = (torch.arange(B, device=q.device) * S)[:, None, None] + lists.clamp(min=0)
+    for i in range(lists.shape[1]):
+        buf = dense_codes(q, w, k, mask, rows=lists[:, i], k_scale=k_scale)
+        select_top_codes(buf.view(-1, T), valid[:, i].reshape(-1), kk, out=flat, scratch=True,
+                         out_rows=out_rows[:, i].reshape(-1))
+    return codes
+
+
+def _redo_row_lists(redo, slots):
+    """[B, rounds, R] int64 row lists (-1 = empty slot) holding every flagged row once: one round
+    with each row in its own slot when S <= slots, else the flagged rows in rank order,
+    ceil(S / slots) rounds of ``slots``."""
+    B, S = redo.shape
+    query = torch.arange(S, device=redo.device).expand(B, S)
+    if slots >= S:
+        return torch.where(redo, query, -1)[:, None]
+    rounds = triton.cdiv(S, slots)
+    rank = torch.where(redo, torch.cumsum(redo.to(torch.int64), dim=1) - 1, rounds * slots)
+    lists = torch.full((B, rounds * slots + 1), -1, dtype=torch.int64, device=redo.device)
+    lists = lists.scatter(1, rank, torch.where(redo, query, -1))
+    return lists[:, :-1].reshape(B, rounds, slots)
+
+
+def certified_topk_cuda(q, k, weights, topk, mask=None, *, k_scale=None, config=None, stats=None, trace=None,
+                        screen_config=None, shared_bound=None):
+    """Certified top-K on CUDA: (values [B,S,kk] fp32, indices [B,S,kk] int64).
+
+    Same arguments and contract as runtime.certified_topk.certified_topk (``k_scale``: the FP8
+    scorer on E4M3 q and k); output identical to ``dense_topk_cuda`` with the same ``k_scale``
+    (bitwise values, identical indices) for every input. ``config.path``:
+    "certified" runs the pipeline, "dense" the dense path. ``trace``, a list, receives the
+    CertifiedTrace of a certified call. ``screen_config``: the screen kernel's LaunchConfig (one
+    of certificate_screen.SCREEN_CONFIGS); None autotunes it on CUDA. Any config gives the same
+    output (only the screen is tuned; the scorer's config is fixed). ``shared_bound``: as in
+    runtime.certified_topk (called at most once; rows may be short).
+    """
+    return checked_certified_topk_cuda(q, k, weights, checked_kk(q, k, weights, topk, mask, k_scale), mask,
+                                       k_scale=k_scale, config=config, stats=stats, trace=trace,
+                                       screen_config=screen_config, shared_bound=shared_bound)
+
+
+def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: CertifiedTopkConfig) -> int:
+    """An upper bound of the bytes a call allocates at once: the dense scorer's chunk (at most
+    DENSE_CHUNK_BYTES) and its selection, the outputs; on the certified path also the anchors, the
+    seed codes, the plan (PLAN_CHUNK_BYTES twice, the screen rows), the survivor lists, the
+    candidate buffer and the redo round (REDO_BUFFER_BYTES). Operands are contiguous copies at most."""
+    dense_chunk = min(defaults.DENSE_CHUNK_BYTES, 8 * B * S * T)
+    total = 2 * dense_chunk + 4 * B * (S * H * (D + 1) + T * D) + 24 * B * S * kk
+    if config.path == "certified":
+        G, _ = score_tile_shape(H)
+        cap = min(T, triton.cdiv(kk + int(config.workspace_frac * T), 128) * 128)
+        seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
+        total += (dense_chunk + 8 * B * S * seeds + 2 * defaults.PLAN_CHUNK_BYTES + B * S * 16 * (2 * D + 12)
+                  + 4 * B * triton.cdiv(S, G) * cap + 8 * B * S * min(cap, defaults.CERTIFIED_BUFFER_K * kk)
+                  + 2 * defaults.REDO_BUFFER_BYTES)
+    return total
+
+
+def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, config=None, stats=None, trace=None,
+                                screen_config=None, shared_bound=None):
+    """``certified_topk_cuda`` of a call already checked (``checked_kk``), given its ``kk``: the
+    op's kernel, which checked the call itself. A call whose ``workspace_bytes`` exceed the
+    device's memory is refused here, naming q and k, before anything is allocated."""
+    config = CertifiedTopkConfig() if config is None else config
+    B, S, H, D = q.shape
+    T = k.shape[1]
+    check_workspace(workspace_bytes(B, S, T, H, D, kk, config), q.device, "q, k", f"B={B}, S={S}, T={T}")
+    q, k, w, k_scale = _operands(q, k, weights, k_scale)
+    if config.path == "dense" or tf32_scores(q.dtype):
+        _record(stats, q, T, None)
+        return dense_values_topk(q, w, k, mask, kk, k_scale)
+    codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config, shared_bound, k_scale)
+    codes = redo_dense(codes, tr.redo, q, w, k, mask, kk, k_scale)
+    _record(stats, q, T, tr)
+    if trace is not None:
+        trace.append(tr)
+    values, indices = decode_codes(codes, T)
+    if shared_bound is not None:  # a short row's missing codes decode as hidden key T - 1
+        padding = tr.short[..., None] & (torch.arange(kk, device=q.device) >= tr.cand_count[..., None])
+        indices = torch.where(padding, -1, indices)
+    return values, indices
+
+
+def _record(stats: TopkStats | None, q, T, tr):
+    """Add the call's counters to ``stats``: a dense call's as host ints (no launch), a certified
+    call's as device tensors (no synchronisation; inside a CUDA graph the counters hold the
+    capture-time totals plus the last replay's counts).
+
+    survivors counts refined (query, key) pairs: a tile's survivor list (union over its
+    list_queries queries; all T keys when it overflowed) times list_queries."""
+    if stats is None:
+        return
+    B, S = q.shape[:2]
+    if tr is None:
+        stats.add("queries", B * S)
+        stats.add("dense_cheaper", B * S)
+        return
+
+    def count(n):  # a device fill, not a host-to-device copy: capturable
+        return torch.full((), n, dtype=torch.int64, device=q.device)
+
+    stats.add("queries", count(B * S))
+    survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum() * tr.list_queries
+    stats.add("keys_screened", count(B * S * T))
+    stats.add("survivors", survivors)
+    stats.add("written", tr.cand_count.sum())
+    cand_cap = min(tr.cap, defaults.CERTIFIED_BUFFER_K * tr.kk)
+    stats.add("overflow", (tr.cand_count > cand_cap).sum())
+    stats.add("threshold_miss", ((tr.cand_count < tr.kk) & ~tr.short).sum())
+

@@ -1,0 +1,34 @@
+"""benchmarks/gpu_properties.py runs on the CPU (--smoke: the op's plain-torch reference), and its
+cases cover what the GPU run is for: every budget r, ties, non-finite values, empty mask rows."""
+import json
+
+from benchmarks import gpu_properties
+
+
+def test_smoke_run_times_first_calls_and_finds_certified_equal_to_dense(tmp_path):
+    out = tmp_path / "props.json"
+    assert gpu_properties.main(["--smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for stage in result["first_calls"].values():
+        assert not stage["timed_out"] and stage["exit_code"] == 0
+        assert len(stage["calls"]) == 2 * len(gpu_properties.SMOKE_FIRST_CALL_SHAPES)
+        assert all(c["identical"] for c in stage["calls"] if c["path"] == "certified")
+    props = result["properties"]
+    assert props["cases"] >= 20 and props["mismatches"] == props["errors"] == props["failed_workers"] == 0
+    assert sum(c["cases"] for tag, c in props["by_category"].items() if tag.startswith("dtype=")) == props["cases"]
+
+
+def test_cases_are_reproducible_and_adversarial():
+    tags = set()
+    for seed in range(300):
+        (q, k, w, topk, mask, r), case_tags = gpu_properties.draw_case(seed, "float32", 4, 8, "cpu", smoke=True)
+        tags.update(case_tags)
+        assert q.shape[2:] == (4, 8) and w.shape == q.shape[:3] and k.shape[0] == q.shape[0]
+    again, _ = gpu_properties.draw_case(7, "float32", 4, 8, "cpu", smoke=True)
+    first, _ = gpu_properties.draw_case(7, "float32", 4, 8, "cpu", smoke=True)
+    assert all((a is None and b is None) or a.equal(b) for a, b in zip(first, again) if not isinstance(a, int))
+    wanted = {f"r={r}" for r in (-1, 1, 2, 3, 4)} | {"values=ties", "values=relu_zeros", "values=repeated_keys",
+                                                     "mask=none", "mask=bool", "mask=additive", "empty_rows",
+                                                     "nonfinite_q", "nonfinite_k", "nonfinite_weights",
+                                                     "nonfinite_mask", "topk>=T", "bias=integers"}
+    assert wanted <= tags

@@ -1,0 +1,44 @@
+"""benchmarks/harness.py on the CPU: timing, the bitwise check, the results header, the tables."""
+import json
+import time
+
+import torch
+
+from benchmarks import harness
+
+
+def test_measure_times_every_call_after_the_warm_up_and_keeps_the_last_result():
+    calls = []
+    timing = harness.measure(lambda: calls.append(len(calls)) or len(calls), "cpu", reps=3, warmup=2,
+                             before=lambda: calls.append("before"))
+    assert calls.count("before") == 3 and len(calls) == 2 + 3 + 3
+    assert len(timing.times) == 3 and timing.ms == sorted(timing.times)[1] and timing.peak_gib is None
+    assert timing.out == len(calls)
+
+
+def test_a_budget_stops_after_the_minimum_of_calls():
+    timing = harness.measure(lambda: time.sleep(0.01), "cpu", reps=100, warmup=0, budget_s=0.0, min_reps=2)
+    assert len(timing.times) == 2 and all(t >= 10 for t in timing.times)
+
+
+def test_identical_compares_the_bits_of_values_and_indices():
+    values = torch.tensor([1.0, -0.0, float("nan")])
+    indices = torch.tensor([3, 1, 2])
+    assert harness.identical((values, indices), (values.clone(), indices.clone()))
+    assert not harness.identical((torch.tensor([1.0, 0.0, float("nan")]), indices), (values, indices))
+    assert not harness.identical((values, indices), (values, indices.flip(0)))
+    assert not harness.identical(values, values.double())
+
+
+def test_results_carry_the_device_and_versions_and_a_table_beside_them(tmp_path, capsys):
+    doc = harness.header("cpu", rows=[{"S": 4, "ms": 1.23456}, {"S": 8, "error": "x"}])
+    assert doc["device"].startswith("cpu") and doc["versions"]["torch"] == torch.__version__
+    assert "python" in doc["versions"] and harness.versions_of(doc) == doc["versions"]
+    assert harness.versions_of({"torch": "2", "triton": "3"}) == {"torch": "2", "triton": "3"}
+    table = harness.rows_table(doc["rows"])
+    assert table.splitlines() == ["| S | ms | error |", "|---|---|---|", "| 4 | 1.235 | - |", "| 8 | - | x |"]
+    path = harness.write_results(tmp_path / "r" / "out.json", doc, table)
+    assert json.loads(path.read_text()) == doc and path.with_suffix(".md").read_text() == table + "\n"
+    assert table in capsys.readouterr().out
+    assert harness.ceilings("cpu") == {} and harness.graph_ms(lambda: None, "cpu") is None
+    assert harness.loop_ms(lambda: None, "cpu", calls=3) >= 0

@@ -1,0 +1,157 @@
+"""The absorbed-form Triton kernels (under TRITON_INTERPRET=1) against the plain-torch reference."""
+import pytest
+import torch
+
+import compiler.lowering.attention.absorbed_attention as lowering
+from compiler.lowering.attention.absorbed_attention import absorbed_sparse_attention_triton
+from runtime.absorbed_attention import absorbed_sparse_attention
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim > 0:DeprecationWarning")  # Triton interpreter internals
+
+# The kernel and the reference both accumulate in fp32; the gap is the rounding of q_lat, o_lat and o.
+O_ATOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+HOST_READS = ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+
+
+def mla_inputs(b, heads, s, t, width, dn=6, dr=4, dv=5, dc=24, dtype=torch.float32, seed=0, low=-1):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, heads, s, dn + dr, generator=g).to(dtype)
+    latent = torch.randn(b, t, dc, generator=g).to(dtype)
+    rope_key = torch.randn(b, t, dr, generator=g).to(dtype)
+    weight = (0.3 * torch.randn(heads * (dn + dv), dc, generator=g)).to(dtype)
+    return q, latent, rope_key, weight, torch.randint(low, t, (b, s, width), generator=g)
+
+
+def causal(b, s, t):
+    return (torch.arange(t)[None, :] <= torch.arange(t - s, t)[:, None]).expand(b, 1, s, t)
+
+
+def assert_matches_reference(q, latent, rope_key, weight, indices, mask, masked_rows="zero", **kwargs):
+    o = absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, mask, scale=0.3,
+                                         masked_rows=masked_rows, **kwargs)
+    want, _ = absorbed_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=0.3, masked_rows=masked_rows)
+    assert o.dtype == q.dtype and o.shape == want.shape
+    torch.testing.assert_close(o.float(), want.float(), rtol=0, atol=O_ATOL[q.dtype])
+    return o
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_with_a_causal_mask_repeats_and_padding(dtype):
+    q, latent, rope_key, weight, indices = mla_inputs(2, 3, 20, 40, 24, dtype=dtype, seed=1)
+    indices[0, 5, :6] = 17  # repeats count once
+    indices[1, 3] = 45  # out of range: selects nothing
+    mask = causal(2, 20, 40).clone()
+    mask[1, 0, :4] = False  # padded query rows
+    assert_matches_reference(q, latent, rope_key, weight, indices, mask, masked_rows="mean")
+
+
+def test_distinct_indices_skip_the_sort_and_agree():
+    q, latent, rope_key, weight, _ = mla_inputs(1, 2, 6, 50, 1, seed=2)
+    g = torch.Generator().manual_seed(2)
+    indices = torch.stack([torch.randperm(50, generator=g)[:20] for _ in range(6)])[None]
+    sorted_once = assert_matches_reference(q, latent, rope_key, weight, indices, None)
+    unsorted = absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, None, scale=0.3, distinct=True)
+    torch.testing.assert_close(unsorted, sorted_once, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("splits,masked_rows", [(1, "zero"), (2, "mean"), (5, "zero")])
+def test_decode_split_over_programs_and_merged(splits, masked_rows):
+    q, latent, rope_key, weight, indices = mla_inputs(2, 3, 1, 300, 80, seed=3)
+    mask = causal(2, 1, 300).clone()
+    mask[1, 0, 0, :] = False  # a row with no visible key
+    assert_matches_reference(q, latent, rope_key, weight, indices, mask, masked_rows=masked_rows, splits=splits)
+
+
+def test_a_key_that_does_not_count_never_reaches_the_output():
+    q, latent, rope_key, weight, indices = mla_inputs(1, 2, 8, 120, 20, seed=4, low=0)
+    mask = causal(1, 8, 120).clone()
+    mask[..., 3] = False  # key 3 hidden from every query
+    indices[0, :, 0] = 3
+    counted = torch.zeros(120, dtype=torch.bool)
+    counted[indices.flatten()] = True
+    counted[3] = False
+    assert (~counted).sum() > 10
+    clean = absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, mask, scale=0.3)
+    poisoned = latent.clone()
+    poisoned[0, ~counted] = float("inf")
+    rope_poisoned = rope_key.clone()
+    rope_poisoned[0, ~counted] = float("nan")
+    for splits in (1, 2):
+        got = absorbed_sparse_attention_triton(q, poisoned, rope_poisoned, weight, indices, mask, scale=0.3,
+                                               splits=splits)
+        torch.testing.assert_close(got, clean, rtol=0, atol=2e-6)
+
+
+def test_queries_in_several_chunks(monkeypatch):
+    q, latent, rope_key, weight, indices = mla_inputs(2, 3, 21, 30, 9, seed=5)
+    whole = assert_matches_reference(q, latent, rope_key, weight, indices, causal(2, 21, 30))
+    monkeypatch.setattr(lowering, "CHUNK_ELEMENTS", 2 * 3 * 24 * 8)  # 8 queries per chunk
+    chunked = absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, causal(2, 21, 30), scale=0.3)
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=2e-6)
+
+
+def test_empty_selection_and_empty_key_axis():
+    q, latent, rope_key, weight, _ = mla_inputs(1, 2, 3, 10, 1, seed=6)
+    assert_matches_reference(q, latent, rope_key, weight, torch.zeros(1, 3, 0, dtype=torch.int64), None,
+                             masked_rows="mean")
+    none = torch.full((1, 3, 4), -1)
+    assert (absorbed_sparse_attention_triton(q, latent[:, :0], rope_key[:, :0], weight, none, None, scale=0.3)
+            == 0).all()
+
+
+def test_never_reads_a_value_back_to_the_host():
+    q, latent, rope_key, weight, indices = mla_inputs(1, 2, 12, 64, 40, seed=7)
+    mask = causal(1, 12, 64)
+    want = [absorbed_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=0.3, masked_rows=rows)[0]
+            for rows in ("zero", "mean")]
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_READS:
+            patch.setattr(torch.Tensor, name, _host_read)
+        got = [absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, mask, scale=0.3,
+                                                masked_rows=rows, splits=splits)
+               for rows, splits in (("zero", 1), ("mean", 2))]
+    for out, ref in zip(got, want):
+        torch.testing.assert_close(out, ref, rtol=0, atol=2e-5)
+
+
+def test_kernel_input_errors_name_the_argument():
+    q, latent, rope_key, weight, indices = mla_inputs(1, 2, 3, 10, 4)
+    with pytest.raises(ValueError, match="config must be one of"):
+        absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, None, scale=0.3, config="fast")
+    with pytest.raises(ValueError, match="splits must be"):
+        absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, None, scale=0.3, splits=0)
+    with pytest.raises(TypeError, match="distinct must be a bool"):
+        absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, None, scale=0.3, distinct=1)
+    with pytest.raises(TypeError, match="q must be bfloat16, float16 or float32"):
+        absorbed_sparse_attention_triton(*(x.double() for x in (q, latent, rope_key, weight)), indices, None,
+                                         scale=0.3)
+
+
+def _host_read(*args, **kwargs):
+    raise AssertionError("a tensor value was read back to the host")
+
+
+def test_a_configuration_that_does_not_compile_falls_back_for_the_op_only(monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    q, latent, rope_key, weight, indices = mla_inputs(1, 2, 5, 30, 8, seed=9)
+    tried = []
+
+    def attend_with(*args):
+        tried.append(args[8])
+        if len(tried) == 1:
+            raise OutOfResources(300000, 232448, "shared memory")
+        return real(*args)
+
+    real = lowering._attend_with
+    monkeypatch.setattr(lowering, "_attend_with", attend_with)
+    monkeypatch.setattr(lowering, "_WORKING", {})
+    assert_matches_reference(q, latent, rope_key, weight, indices, None)
+    assert len(tried) == 2
+    assert_matches_reference(q, latent, rope_key, weight, indices, None)  # the working one is remembered
+    assert len(tried) == 3
+    with pytest.raises(OutOfResources):
+        tried.clear()
+        absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, None, scale=0.3,
+                                         config="h32_n32_w8_s4")

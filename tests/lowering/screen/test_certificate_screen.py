@@ -1,0 +1,164 @@
+"""Launch configs of the DSA indexer kernels (interpreter, tiny sizes): the screen may use any of its
+candidates without changing the survivor sets or the pipeline's output; the scorer always runs with
+its one fixed config; a candidate that cannot launch is skipped."""
+import contextlib
+
+import pytest
+import torch
+from triton.runtime.errors import InterpreterError
+
+from compiler.lowering import defaults
+import compiler.lowering.scoring.indexer_scores as score_mod
+from compiler.autotune import LaunchConfig, launchable_configs
+from compiler.lowering.topk_pipeline import (
+    certified_topk_cuda,
+    dense_topk_cuda,
+)
+from compiler.lowering.screen.certificate_screen import (
+    choose_screen_config,
+    screen,
+)
+from runtime.certified_topk import CertifiedTopkConfig
+from runtime.rounding import key_norm_up, round_up_to_float32
+from runtime.structured_indexer import structured_indexer_inputs
+
+CERTIFIED = CertifiedTopkConfig(path="certified", anchor_stride=16, workspace_frac=0.1)
+KK = 32
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    S, T = 16, 1024
+    q, k, w, _ = structured_indexer_inputs(1, S, T, 4, 16, positive_heads=1, dtype=torch.bfloat16)
+    mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None]
+    return q, k, w, mask
+
+
+@contextlib.contextmanager
+def scorer_launch_configs(seen):
+    """Inside: the key-list scorer (seeds, refine, redo) is a spy that adds the (BLOCK_T, warps,
+    stages) of every launch to ``seen``."""
+    kernel = score_mod._indexer_score_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.add((kwargs["BLOCK_T"], kwargs["num_warps"], kwargs["num_stages"]))
+                return kernel[grid](*args, **kwargs)
+            return run
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(score_mod, "_indexer_score_kernel", Spy())
+        yield
+
+
+@pytest.fixture(scope="module")
+def traced(inputs):
+    """The dense answer, one certified call with the first screen candidate (the interpreter's
+    choice) and its trace, and the scorer launch configs that call used: shared by the tests that
+    read the trace's plan and threshold and by the scorer config test."""
+    q, k, w, mask = inputs
+    trace, seen = [], set()
+    with scorer_launch_configs(seen):
+        out = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, trace=trace, screen_config=defaults.SCREEN_CONFIGS[0])
+    return dense_topk_cuda(q, k, w, KK, mask), out, trace[0], seen
+
+
+@pytest.fixture(scope="module")
+def per_tile(inputs, traced):
+    """The whole certified op once with the first screen candidate of each other key tile
+    (BLOCK_T 64: defaults.SCREEN_CONFIGS[1], 256: defaults.SCREEN_CONFIGS[3]), under the scorer spy: BLOCK_T ->
+    (screen config, output, the scorer launch configs seen). Shared by the every-config test (the
+    answers) and the scorer config test (the launches)."""
+    q, k, w, mask = inputs
+    calls, tiles = {}, {dict(defaults.SCREEN_CONFIGS[0].meta)["BLOCK_T"]}
+    for config in defaults.SCREEN_CONFIGS:
+        tile = dict(config.meta)["BLOCK_T"]
+        if tile not in tiles:
+            tiles.add(tile)
+            seen = set()
+            with scorer_launch_configs(seen):
+                calls[tile] = config, certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=config), seen
+    return calls
+
+
+def survivor_sets(ids, count):
+    return [set(ids[0, i, : count[0, i]].tolist()) for i in range(ids.shape[1])]
+
+
+def assert_same(a, b):
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(a[1], b[1])
+
+
+def test_screen_candidates_are_distinct_and_vary_only_tile_warps_and_stages():
+    assert 3 <= len(defaults.SCREEN_CONFIGS) <= 6 and len(set(defaults.SCREEN_CONFIGS)) == len(defaults.SCREEN_CONFIGS)
+    for config in defaults.SCREEN_CONFIGS:
+        assert set(config.kwargs()) == {"BLOCK_T", "num_warps", "num_stages"}
+
+
+def test_screen_takes_the_first_candidate_under_the_interpreter_without_launching(inputs):
+    _, k, _, _ = inputs
+
+    def launch(config):
+        raise AssertionError("no candidate is launched under the interpreter")
+
+    assert choose_screen_config(launch, k, 1, 4, 8, work=1 << 40) == defaults.SCREEN_CONFIGS[0]
+
+
+def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(inputs, traced, per_tile):
+    _, k, _, mask = inputs
+    dense, out, tr, _ = traced
+    assert_same(out, dense)  # the whole op with the first candidate
+    p = tr.plan
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    sets = []
+    for config in defaults.SCREEN_CONFIGS:
+        ids, count = screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
+                            lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries,
+                            cap=tr.cap, config=config)
+        assert torch.equal(count, tr.list_count), config
+        sets.append(survivor_sets(ids, count))
+    assert all(s == sets[0] for s in sets[1:])
+    # the whole op once per key tile (same survivor sets: same answer)
+    first_tile = dict(defaults.SCREEN_CONFIGS[0].meta)["BLOCK_T"]
+    assert sorted(per_tile) == sorted({dict(c.meta)["BLOCK_T"] for c in defaults.SCREEN_CONFIGS} - {first_tile})
+    for _, got, _ in per_tile.values():
+        assert_same(got, dense)
+    assert max(len(s) for s in sets[0]) < k.shape[1]  # the screen pruned something
+
+
+def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs, traced):
+    q, k, w, mask = inputs
+    tr = traced[2]
+    p = tr.plan
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    broken = LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=48)  # not a power of two
+    launched = []
+
+    def launch(config):
+        screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
+               lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries, cap=tr.cap,
+               config=config)
+        launched.append(config)
+
+    assert launchable_configs([broken, defaults.SCREEN_CONFIGS[0]], launch) == (defaults.SCREEN_CONFIGS[0],)
+    assert launched == [defaults.SCREEN_CONFIGS[0]]
+    with pytest.raises(InterpreterError, match="power of 2"):
+        launchable_configs([broken], launch)
+
+
+def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, traced, per_tile):
+    """The certified calls with the first screen candidate (``traced``) and with the first of each
+    other key tile (``per_tile``, defaults.SCREEN_CONFIGS[1] among them) launch the key-list scorer with its
+    one config and give the dense answer."""
+    q = inputs[0]
+    dense, out, _, seen = traced
+    seen = set(seen)
+    assert defaults.SCREEN_CONFIGS[1] in [config for config, _, _ in per_tile.values()]
+    assert_same(out, dense)
+    for _, got, launched in per_tile.values():
+        assert_same(got, dense)
+        seen |= launched
+    fixed = score_mod.scorer_config(q.dtype).kwargs()
+    assert seen == {(fixed["BLOCK_T"], fixed["num_warps"], fixed["num_stages"])}

@@ -1,0 +1,141 @@
+"""Call time: the path of one certified top-K call and the runtime guard (its state machine on
+given times, and the real op on the CPU)."""
+import torch
+
+from compiler import defaults
+from compiler.ops.guard import GUARD, GuardBucket, call_path
+from compiler.ops.stats import TOPK_STATS
+from compiler.topk_settings import TopkSettings
+from runtime.dense_scorer import dense_topk
+
+
+def test_call_time_path_obeys_a_forced_choice_and_dispatches_auto_on_static_sizes():
+    GUARD.reset()
+    common = dict(layer="call", device=torch.device("cpu"), H=64, D=128, kk=2048)
+    assert call_path(TopkSettings("dense"), B=1, S=4096, T=2**20, **common).path == "dense"
+    assert call_path(TopkSettings("certified"), B=1, S=1, T=100, **common).path == "certified"
+    auto = TopkSettings("auto", min_keys=50000)
+    assert call_path(auto, B=1, S=4096, T=40000, **common).path == "dense"          # below min_keys
+    assert call_path(auto, B=1, S=16, T=2**20, **common).path == "dense"            # too few queries
+    assert call_path(TopkSettings("auto", min_keys=0), B=1, S=4096, T=2048, **common).path == "dense"  # kk >= T
+    assert call_path(auto, B=1, S=4096, T=2**20, **common).path == "certified"      # the guard's warm-up
+    assert GUARD.summaries()["call"][0]["certified_calls"] == 1
+    GUARD.reset()
+
+
+def run(bucket, path, ms=None):
+    """Take the bucket's next path (it must be ``path``) and, when measured, record ``ms``."""
+    got, measured = bucket.next_path()
+    assert got == path
+    bucket.issued(got, measured)
+    if measured and ms is not None:
+        bucket.record(got, ms)
+    return measured
+
+
+def test_guard_warms_up_then_measures_both_paths_and_keeps_the_faster():
+    bucket = GuardBucket()
+    assert run(bucket, "certified") is False  # warm-up, not measured
+    run(bucket, "dense", 10.0)
+    run(bucket, "certified", 6.0)
+    assert bucket.favoured == "certified"
+    for _ in range(5):
+        run(bucket, "certified", 6.5)
+    run(bucket, "certified", 12.0)  # one slow call: the better of the last two still wins
+    assert bucket.favoured == "certified"
+    run(bucket, "certified", 11.0)  # two: the layer goes dense
+    assert bucket.favoured == "dense"
+    assert bucket.summary()["path"] == "dense" and bucket.capture_path() == "dense"
+
+
+def test_guard_retries_a_losing_certified_path_with_a_doubling_wait():
+    bucket = GuardBucket()
+    run(bucket, "certified")
+    run(bucket, "dense", 10.0)
+    run(bucket, "certified", 30.0)
+    assert bucket.favoured == "dense"
+    for wait in (defaults.RETRY_FIRST, 2 * defaults.RETRY_FIRST, 4 * defaults.RETRY_FIRST):
+        for _ in range(wait):
+            run(bucket, "dense", 10.0)
+        run(bucket, "certified", 30.0)  # the retry loses again
+        assert bucket.favoured == "dense" and bucket.backoff == 2 * wait
+    for _ in range(8 * defaults.RETRY_FIRST):
+        run(bucket, "dense", 10.0)
+    run(bucket, "certified", 4.0)  # the input changed: certified wins again
+    assert bucket.favoured == "certified" and bucket.backoff == defaults.RETRY_FIRST and bucket.retries == 4
+
+
+def test_guard_waits_on_the_safe_path_while_measurements_are_in_flight():
+    bucket = GuardBucket()
+    run(bucket, "certified")
+    run(bucket, "dense")  # measured, not yet read
+    run(bucket, "certified")  # measured, not yet read
+    assert run(bucket, "dense") and bucket.favoured is None and bucket.capture_path() == "certified"
+    bucket.record("dense", 10.0)
+    bucket.record("certified", 5.0)
+    assert bucket.favoured == "certified" and bucket.next_path() == ("certified", True)
+
+
+def test_guard_goes_dense_on_the_counters_of_a_certified_call_that_cannot_have_won():
+    bucket = GuardBucket()
+    run(bucket, "certified")
+    bucket.record("certified", None, (0.5, 0.1))  # the warm-up could have won: wait for the times
+    assert bucket.favoured is None
+    bucket.record("certified", None, (0.97, 0.0))  # refined nearly every key: lost
+    assert bucket.favoured == "dense" and bucket.sure_losses == 1
+    assert bucket.next_path() == ("dense", True)
+    for _ in range(defaults.RETRY_FIRST):
+        run(bucket, "dense", 10.0)
+    assert bucket.next_path() == ("certified", True)
+    bucket.issued("certified", True)
+    bucket.record("certified", 4.0, (0.1, 0.8))  # fast, but most queries redone densely: lost, once
+    assert bucket.favoured == "dense" and bucket.backoff == 2 * defaults.RETRY_FIRST and bucket.sure_losses == 2
+
+
+def test_the_op_on_an_input_that_does_not_prune_goes_dense_after_its_first_call():
+    """16 positive heads of random directions and one retained (r=1): the bound of the 15 others
+    is loose, so the first (warm-up) certified call of the CPU reference refines nearly every key
+    and its counters alone send the layer dense; the retry after defaults.RETRY_FIRST dense calls loses the
+    same way and doubles the wait."""
+    GUARD.reset()
+    TOPK_STATS.reset()
+    g = torch.Generator().manual_seed(0)
+    q, k, w = torch.randn(1, 64, 16, 16, generator=g), torch.randn(1, 4096, 16, generator=g), torch.rand(1, 64, 16, generator=g)
+    want = dense_topk(q, k, w, 32)
+    calls = 1 + defaults.RETRY_FIRST + 1 + 2
+    for _ in range(calls):
+        got = torch.ops.pulsar_dosa.certified_topk(q, k, w, 32, layer="random", r=1, min_keys=0)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    (state,) = GUARD.summaries()["random"]
+    assert state["path"] == "dense" and state["retries"] == 1 and state["next_retry_after"] == 2 * defaults.RETRY_FIRST
+    assert (state["certified_calls"], state["dense_calls"], state["sure_losses"]) == (2, calls - 2, 2)
+    assert state["dense_ms_per_Gpair"] > 0
+    summary = TOPK_STATS.summaries()["random"]
+    assert summary["fallbacks"]["dense_cheaper"] == 64 * (calls - 2) and summary["queries"] == 64 * calls
+    GUARD.reset()
+    TOPK_STATS.reset()
+
+
+class _Indexer(torch.nn.Module):
+    def forward(self, q, k, w):
+        x = torch.relu(torch.einsum("bshd,btd->bsht", q, k))
+        return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).topk(4, dim=-1).indices
+
+
+def test_explain_reports_the_guard_of_every_guarded_layer():
+    import compiler
+    from compiler.plan.schema import LayerPlan, Plan
+    from compiler.cost_model import CPU_REFERENCE
+
+    entry = LayerPlan(layer="", settings=TopkSettings("auto", 3, 8), heads=8, head_dim=16, topk=4,
+                      predicted_pruned_frac=0.5, predicted_speedup=1.5, reason="tests", dense_ms=None,
+                      calibration_calls=(), candidates=(), seed_gap=None, slack=None)
+    plan = Plan(model={}, inputs={}, design_length=64, queries=None, constants=CPU_REFERENCE, layers=(entry,))
+    g = torch.Generator().manual_seed(0)
+    args = torch.randn(1, 40, 8, 16, generator=g), torch.randn(1, 64, 16, generator=g), torch.randn(1, 40, 8, generator=g)
+    report = compiler.explain(_Indexer(), *args, options={"downstream": "eager", "stock_below": 0, "plan": plan})
+    (rewrite,) = report.rewrites
+    assert (rewrite.path, rewrite.r, rewrite.details["min_keys"]) == ("auto", 3, 8)
+    (state,) = report.guard[""]
+    assert (state["certified_calls"], state["dense_calls"], state["path"]) == (1, 0, "undecided")
+    assert "runtime guard" in str(report) and "undecided" in str(report)
