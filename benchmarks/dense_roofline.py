@@ -3,15 +3,17 @@
     python3 benchmarks/dense_roofline.py --out benchmarks/results/dense_roofline_h200.json
     python3 benchmarks/dense_roofline.py --sweep --out /tmp/sweep.json    # scorer forms and configs
     python3 benchmarks/dense_roofline.py --decode-only --out /tmp/decode.json
+    python3 benchmarks/dense_roofline.py --fp8 --out benchmarks/results/dense_roofline_fp8_h200.json
 
 The bf16 matmul rate and copy bandwidth (``harness.ceilings``), then per (S, T), H=64, D=128,
 topk=2048, bf16, a causal chunk of S queries at the end of T keys: ``score_ms`` and ``select_ms``
 (the dense path's scorer and selection, timed on its first chunk of rows and scaled to S), ``ms``
 (the whole ``dense_topk_cuda``), ``score_tflops``; ``torch_gemm_topk`` (cuBLAS and ``torch.topk``,
 not exact: ``same_index_fraction``); ``certified_plan`` (the structured plan's r=1, forced);
-``identical`` to dense. Decode rows time the op, the dense path and the transformers indexer
-(device time, host-paced loop, CUDA-graph replay). ``--sweep`` times the scorer's launch configs,
-product columns and mask scan steps, and fp32 operands, checking every form's scores."""
+``identical`` to dense. Decode rows time the op, the dense path and the transformers indexer.
+``--sweep`` times the scorer's forms and fp32 operands, checking every form's scores. ``--fp8``
+(SPEC A.10): the FP8 matmul rates, ``fp8_dot_check``, the FP8 scorer's forms, then per (S, T)
+``fp8_dense``, ``fp8_certified_plan`` and ``fp8_overlap`` (rows described in benchmarks/README.md)."""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +29,8 @@ from compiler.lowering.scoring import indexer_scores as scorer
 from compiler.lowering.topk_pipeline import (_all_keys, certified_topk_cuda, dense_codes,
                                                      dense_chunk_rows, dense_topk_cuda, scorer_chunks)
 from compiler.lowering.selection.threshold_select import codes_of_words, top_codes
-from runtime.certified_topk import CertifiedTopkConfig
+from runtime.certified_topk import CertifiedTopkConfig, TopkStats
+from runtime.fp8_quant import quantize_indexer_inputs
 
 H, D, TOPK = 64, 128, 2048
 DEVICE = "cuda"
@@ -40,6 +43,26 @@ PLAN_CROSSOVER = 32725
 def timed(fn, reps=5, warmup=1):
     """Median device ms of ``reps`` calls after ``warmup`` calls (``harness.measure``)."""
     return harness.measure(fn, DEVICE, reps, warmup=warmup).ms
+
+
+def fp8_matmul_rates(device) -> dict:
+    """The FP8 matmul rates measured in the same run (``torch._scaled_mm`` of 8192^3 E4M3, bf16 out):
+    ``fp8_matmul_tflops`` with cuBLAS's promotion, ``fp8_matmul_fast_accum_tflops`` without; empty
+    off CUDA, an ``fp8_matmul_error`` where this torch lacks that form of ``_scaled_mm``."""
+    if torch.device(device).type != "cuda":
+        return {}
+    a, b = (torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) for _ in range(2))
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()  # mat2 column-major
+    one = torch.ones((), device=device)
+    out = {}
+    try:
+        for key, fast in (("fp8_matmul_tflops", False), ("fp8_matmul_fast_accum_tflops", True)):
+            ms = timed(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16, use_fast_accum=fast),
+                       reps=10)
+            out[key] = round(2 * 8192**3 / ms / 1e9, 1)
+    except Exception as exc:  # a torch without this form of _scaled_mm: recorded
+        out["fp8_matmul_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    return out
 
 
 def random_inputs(S, T, dtype=torch.bfloat16, seed=0, exact=False, B=1):
@@ -56,17 +79,17 @@ def causal_chunk_mask(S, T):
     return torch.ones(S, T, dtype=torch.bool, device=DEVICE).tril(T - S)[None]
 
 
-def all_codes(q, w, k, mask=None, maxima=None, words=False):
+def all_codes(q, w, k, mask=None, maxima=None, words=False, k_scale=None):
     """The dense path's scorer: every key's order code [1,S,T] (int32 high words with ``words``)
-    (and the chunk ``maxima``)."""
-    return dense_codes(q, w, k, mask, maxima=maxima, words=words)
+    (and the chunk ``maxima``); ``k_scale``: the FP8 scorer."""
+    return dense_codes(q, w, k, mask, maxima=maxima, words=words, k_scale=k_scale)
 
 
-def listed_codes(q, w, k, mask=None, rows=None):
+def listed_codes(q, w, k, mask=None, rows=None, k_scale=None):
     """The key-list scorer (seeds, refine) over the list 0..T-1, for the query ``rows`` [R] or all."""
     T = k.shape[1]
     return scorer.score_keys(q, w, k, *_all_keys(1, T, q.device), cap=T, tiles_per_list=1 << 30, mask=mask,
-                             rows=None if rows is None else rows[None])
+                             rows=None if rows is None else rows[None], k_scale=k_scale)
 
 
 def dense_maxima(S, T, kk, dtype=torch.bfloat16):
@@ -294,6 +317,135 @@ def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=
             del q, k, w
 
 
+FP8_FORMS = [LaunchConfig.of(num_warps=w, num_stages=s, BLOCK_T=bt)
+             for (bt, w, s) in [(64, 4, 3), (64, 8, 3), (128, 8, 3), (128, 4, 3)]]
+"""Launch configs of the FP8 scorer timed by ``--fp8``; the first is the module default."""
+FP8_FAMILIES = ("structured", "gaussian", "random_indexer", "trained")
+"""Input families of the FP8/bf16 overlap rows (module docstring)."""
+
+
+def fp8_forms(emit, S=4096, T=131072):
+    """The FP8 scorer per launch config: ms unmasked and under the causal chunk mask, TFLOP/s, and
+    whether the dense and the key-list scorer give a row the same codes in that form."""
+    q, k, w = random_inputs(S, T, exact=DEVICE != "cuda")
+    q8, k8, w8, ks = quantize_indexer_inputs(q, k, w, "fp8")
+    mask = causal_chunk_mask(S, T)
+    rows = torch.randperm(S, device=DEVICE)[:64].sort().values
+    chosen = defaults.FP8_SCORER_CONFIG
+    for config in FP8_FORMS:
+        defaults.FP8_SCORER_CONFIG = config
+        meta = dict(config.meta)
+        row = {"kind": "fp8_scorer_form", "form": f"BT{meta['BLOCK_T']} w{config.num_warps} s{config.num_stages}",
+               "S": S, "T": T}
+        try:
+            codes = all_codes(q8, w8, k8, k_scale=ks)
+            row["row_list_bitwise"] = bool(torch.equal(listed_codes(q8, w8, k8, rows=rows, k_scale=ks)[0], codes[0, rows]))
+            del codes
+            row["ms"] = round(timed(lambda: all_codes(q8, w8, k8, k_scale=ks)), 3)
+            row["tflops"] = round(2 * S * T * H * D / row["ms"] / 1e9, 1)
+            row["masked_ms"] = round(timed(lambda: all_codes(q8, w8, k8, mask, k_scale=ks)), 3)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        emit(row)
+    defaults.FP8_SCORER_CONFIG = chosen
+
+
+def fp8_family_inputs(family, S, T, gaussian, structured_inputs):
+    """(q, k, w) bf16/bf16/fp32 of an overlap family at (S, T) (``FP8_FAMILIES``)."""
+    if family == "gaussian":
+        return gaussian
+    if family == "structured":
+        if structured_inputs is None:
+            raise ValueError("structured inputs were not made (--no-structured)")
+        return tuple(x[:, :n].contiguous() for x, n in zip(structured_inputs, (S, T, S)))
+    from runtime.indexer_zoo import zoo_inputs
+
+    return zoo_inputs(family, 1, S, T, H, D, device=DEVICE, dtype=torch.bfloat16)[:3]
+
+
+def row_overlap(got, want, T):
+    """(mean, min) over rows of |got_row & want_row| / kk for index tensors [1, S, kk]."""
+    offset = torch.arange(got.shape[1], device=got.device)[None, :, None] * T  # per-row sets, flattened
+    same = torch.isin(got + offset, want + offset).float().mean(-1)
+    return round(float(same.mean()), 4), round(float(same.min()), 4)
+
+
+def fp8_grid(emit, lengths_s, lengths_t, structured_inputs, rate):
+    """``--fp8``'s per-(S, T) rows (module docstring); ``rate`` the FP8 matmul TFLOP/s or None."""
+    op = torch.ops.pulsar_dosa.certified_topk
+    for S in lengths_s:
+        for T in lengths_t:
+            q, k, w = random_inputs(S, T, seed=S + T)
+            mask = causal_chunk_mask(S, T)
+            kk = min(TOPK, T)
+            quant_ms = timed(lambda: quantize_indexer_inputs(q, k, w, "fp8"), reps=3)
+            q8, k8, w8, ks = quantize_indexer_inputs(q, k, w, "fp8")
+            rows = min(S, dense_chunk_rows(1, S, H, T, kk, q8.dtype, q8.device))
+            part = (q8[:, :rows], w8[:, :rows], k8, mask[:, :rows])
+            maxima = dense_maxima(rows, T, kk, q8.dtype)
+            words = maxima is not None
+            score_ms = timed(lambda: all_codes(*part, maxima=maxima, words=words, k_scale=ks), reps=3) * S / rows
+            codes = all_codes(*part, maxima=maxima, words=words, k_scale=ks)
+            select_ms = timed(lambda: top_codes(codes, kk, maxima), reps=3) * S / rows
+            got = top_codes(codes, kk, maxima)
+            same = bool(torch.equal(got, torch.topk(codes_of_words(codes) if words else codes, kk, dim=-1).values))
+            del codes, got
+            fp8_dense = lambda: dense_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks)
+            fp8_op = lambda: op(q, k, w, TOPK, mask, path="dense", record_stats=False, precision="fp8")
+            want = fp8_dense()
+            same = same and harness.identical(fp8_op(), want)
+            ms, op_ms = timed(fp8_dense, reps=3), timed(fp8_op, reps=3)
+            bf16_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
+            tflops = 2 * S * T * H * D / score_ms / 1e9
+            emit({"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "fp8_dense", "quant_ms": round(quant_ms, 2),
+                  "score_ms": round(score_ms, 2), "select_ms": round(select_ms, 2), "ms": round(ms, 2),
+                  "op_ms": round(op_ms, 2), "bf16_dense_ms": round(bf16_ms, 2),
+                  "speedup_vs_bf16": round(bf16_ms / op_ms, 2), "score_tflops": round(tflops, 1),
+                  "fp8_rate_frac": None if rate is None else round(tflops / rate, 3), "identical": same})
+            del want, q8, k8, w8, ks
+            for family in FP8_FAMILIES:
+                row = {"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "fp8_overlap", "family": family}
+                try:
+                    fq, fk, fw = fp8_family_inputs(family, S, T, (q, k, w), structured_inputs)
+                    fp8 = op(fq, fk, fw, TOPK, mask, path="dense", record_stats=False, precision="fp8")[1]
+                    row["mean"], row["min"] = row_overlap(fp8, dense_topk_cuda(fq, fk, fw, TOPK, mask)[1], T)
+                    if family == "structured":
+                        emit(fp8_certified_row(S, T, fq, fk, fw, mask))
+                    del fq, fk, fw, fp8
+                except Exception as exc:  # a family not available at this size: recorded
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                emit(row)
+            del q, k, w
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+
+
+def fp8_certified_row(S, T, q, k, w, mask):
+    """The certified FP8 path with the structured plan against dense FP8, on quantised inputs."""
+    q8, k8, w8, ks = quantize_indexer_inputs(q, k, w, "fp8")
+    want = dense_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks)
+    dense_ms = timed(lambda: dense_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks), reps=3)
+    stats = TopkStats()
+    same = harness.identical(certified_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks, config=PLAN, stats=stats), want)
+    ms = timed(lambda: certified_topk_cuda(q8, k8, w8, TOPK, mask, k_scale=ks, config=PLAN), reps=3)
+    return {"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "fp8_certified_plan", "ms": round(ms, 2),
+            "dense_ms_same_inputs": round(dense_ms, 2), "speedup": round(dense_ms / ms, 2), "identical": same,
+            "pruned_frac": round(stats.pruned_frac, 4)}
+
+
+def fp8(emit, lengths_s, lengths_t, structured_inputs, rate):
+    """``--fp8``: the model check, the FP8 scorer's forms, then the grid (module docstring)."""
+    from benchmarks.fp8_dot_check import dot_check
+
+    ratios = dot_check(D, DEVICE)
+    emit({"kind": "fp8_dot_check", "D": D, "max_ratio": ratios, "holds": all(r <= 1 for r in ratios.values())})
+    fp8_forms(emit, *((16, 512) if DEVICE != "cuda" else ()))
+    # The grid compares kernels bitwise on general inputs: in the interpreter (the smoke run) that
+    # takes its sequential form (the reference's arithmetic), not numpy's BLAS.
+    scorer.SEQUENTIAL = scorer.INTERPRET
+    fp8_grid(emit, lengths_s, lengths_t, structured_inputs, rate)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
@@ -302,13 +454,15 @@ def main(argv=None):
     p.add_argument("--T", nargs="+", type=int, default=[32768, 131072, 524288])
     p.add_argument("--no-structured", action="store_true")
     p.add_argument("--decode-only", action="store_true", help="only the decode rows")
+    p.add_argument("--fp8", action="store_true", help="the FP8 indexer's rows instead (module docstring)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU under TRITON_INTERPRET=1")
     args = p.parse_args(argv)
     global H, D, TOPK, DEVICE
     if args.smoke:
-        H, D, TOPK, DEVICE = 4, 16, 8, "cpu"
+        H, D, TOPK, DEVICE = 4, 32 if args.fp8 else 16, 8, "cpu"
         scorer.SEQUENTIAL = False  # exercise the GPU forms of the scorer with the interpreter's dot
-    doc = harness.header(DEVICE, smoke=args.smoke, **harness.ceilings(DEVICE), rows=[])
+    rates = fp8_matmul_rates(DEVICE) if args.fp8 else {}
+    doc = harness.header(DEVICE, smoke=args.smoke, **harness.ceilings(DEVICE), **rates, rows=[])
     print(json.dumps({k: v for k, v in doc.items() if k != "rows"}), flush=True)
 
     def emit(row):
@@ -321,13 +475,15 @@ def main(argv=None):
     elif args.decode_only:
         decode(emit, *(((256,), (1, 3), True, 1, 1) if args.smoke else ()))
     else:
-        run_grid(emit, args)
+        fp8_rate = max((v for key, v in rates.items() if key != "fp8_matmul_error"), default=None)
+        run_grid(emit, args, fp8_rate)
     harness.write_results(args.out, doc, harness.rows_table(doc["rows"]))
     return 0
 
 
-def run_grid(emit, args) -> None:
-    """The grid of ``args.S`` x ``args.T`` (on structured inputs unless ``--no-structured``), then decode."""
+def run_grid(emit, args, fp8_rate=None) -> None:
+    """The grid of ``args.S`` x ``args.T`` (on structured inputs unless ``--no-structured``), then decode;
+    with ``--fp8`` the FP8 rows instead (``fp8_rate``: the larger FP8 matmul rate, or None)."""
     structured_inputs = None
     if not args.no_structured:
         from runtime.structured_indexer import structured_indexer_inputs
@@ -337,6 +493,9 @@ def run_grid(emit, args) -> None:
                                                device=DEVICE)
         structured_inputs = (q, k, w.float())
         print(f"structured inputs in {time.perf_counter() - start:.1f} s", flush=True)
+    if args.fp8:
+        fp8(emit, args.S, args.T, structured_inputs, fp8_rate)
+        return
     grid(emit, args.S, args.T, structured_inputs)
     decode(emit, *(((256,), (1, 3), True, 1, 1) if args.smoke else ()))
 

@@ -22,7 +22,9 @@ Methods: ``stock`` = torch.compile(model); ``pulsar_dosa`` = the backend with it
 ``pulsar_dosa_union`` = the backend with option ``sparse_form="union"`` (the sparse attention on
 the expanded keys and values, where the default takes MLA's absorbed form at 128 heads);
 ``pulsar_dosa_plan`` = the backend with a per-layer plan made by ``python -m compiler.plan`` on
-``--plan-tokens`` random tokens (random-init indexers do not prune, so the plan should say dense).
+``--plan-tokens`` random tokens (random-init indexers do not prune, so the plan should say dense);
+``pulsar_dosa_fp8`` = the backend with option ``indexer_precision="fp8"`` (the indexer in E4M3 as
+DeepSeek-V3.2 scores it, SPEC A.10; its argmax agreement is the FP8 indexer's against bf16's).
 ``argmax_agree``: the last position's argmax equals stock's (null where stock failed), with the
 largest absolute logit difference; the models have random weights, so near-ties can flip an
 argmax without any error: read it with ``max_abs_diff``.
@@ -64,7 +66,8 @@ SHAPES = {"small": dict(sizes=SIZES, layers=2, models=("DeepseekV32ForCausalLM",
                       lengths=[16384, 32768, 65536, 131072])}
 """``--shape``: sizes, default layers, models and prefill lengths."""
 MODELS = SHAPES["small"]["models"]
-METHOD_OPTIONS = {"pulsar_dosa_every_call": {"stock_below": 0}, "pulsar_dosa_union": {"sparse_form": "union"}}
+METHOD_OPTIONS = {"pulsar_dosa_every_call": {"stock_below": 0}, "pulsar_dosa_union": {"sparse_form": "union"},
+                  "pulsar_dosa_fp8": {"indexer_precision": "fp8"}}
 """Backend options of the pulsar_dosa methods besides the defaults (the plan method adds its plan)."""
 PLAN_TIMEOUT_S = 150
 """A plan that takes longer is recorded as the plan rows' error."""
@@ -115,11 +118,13 @@ def plan_for(name: str, config, args, device: str) -> Path:
 def method_module(model, method: str, plan: Path | None, smoke: bool = False):
     """``model`` compiled as ``method`` runs it. A smoke run (the CPU) passes ``stock_below=0`` to
     every pulsar_dosa method: there the backend would otherwise keep every stock subgraph
-    (compiler.defaults.STOCK_BELOW), and the smoke exists to run the ops."""
+    (compiler.defaults.STOCK_BELOW), and the smoke exists to run the ops; and it compiles with
+    eager downstreams (Dynamo's "eager" backend for stock, ``downstream="eager"`` for the others):
+    inductor's CPU code generation would take minutes."""
     if method == "stock":
-        return torch.compile(model, dynamic=True)
+        return torch.compile(model, dynamic=True, **({"backend": "eager"} if smoke else {}))
     options = {**METHOD_OPTIONS, "pulsar_dosa_plan": {"plan": str(plan)}}.get(method, {})
-    options = {**options, "stock_below": 0} if smoke else options
+    options = {**options, "stock_below": 0, "downstream": "eager"} if smoke else options
     return torch.compile(model, backend="pulsar_dosa", options=options, dynamic=True)
 
 
@@ -207,7 +212,7 @@ def main(argv=None) -> int:
     p.add_argument("--shape", default="small", choices=list(SHAPES), help="model sizes (module docstring)")
     p.add_argument("--models", nargs="+", default=None, choices=SHAPES["small"]["models"])
     p.add_argument("--methods", nargs="+", default=None,
-                   choices=["stock", "pulsar_dosa", "pulsar_dosa_union", "pulsar_dosa_plan"],
+                   choices=["stock", "pulsar_dosa", "pulsar_dosa_union", "pulsar_dosa_plan", "pulsar_dosa_fp8"],
                    help="default: stock, pulsar_dosa and pulsar_dosa_plan (small), stock and pulsar_dosa (v32)")
     p.add_argument("--lengths", nargs="+", type=int, default=None)
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")

@@ -15,8 +15,9 @@ Row fields: ``ms`` (median, every step at a cache length not run before, as gene
 ``attention_forms`` (the sparse-attention forms in the decode graphs), and against the first method
 ``argmax_agree`` and ``max_abs_diff``. Methods: ``stock``, ``pulsar_dosa`` (small calls keep their
 stock subgraph, ``compiler.policy.keeps_stock``; an MLA layer's sparse attention at decode takes
-the absorbed form), ``pulsar_dosa_every_call`` (``stock_below=0``) and ``pulsar_dosa_union``
-(``sparse_form="union"``).
+the absorbed form), ``pulsar_dosa_every_call`` (``stock_below=0``), ``pulsar_dosa_union``
+(``sparse_form="union"``) and ``pulsar_dosa_fp8`` (``indexer_precision="fp8"``: every indexer call
+quantises q and the model's bf16 indexer key cache; transformers keeps no FP8 key cache).
 """
 from __future__ import annotations
 
@@ -204,7 +205,7 @@ def main(argv=None) -> int:
     p.add_argument("--shape", default="small", choices=list(SHAPES), help="model sizes (module docstring)")
     p.add_argument("--models", nargs="+", default=[SHAPES["small"]["models"][0]], choices=SHAPES["small"]["models"])
     p.add_argument("--methods", nargs="+", default=None,
-                   choices=["stock", "pulsar_dosa", "pulsar_dosa_every_call", "pulsar_dosa_union"],
+                   choices=["stock", "pulsar_dosa", "pulsar_dosa_every_call", "pulsar_dosa_union", "pulsar_dosa_fp8"],
                    help="pulsar_dosa_every_call: the op on every indexer call (option stock_below=0); "
                         "pulsar_dosa_union: option sparse_form='union'. Default: stock and pulsar_dosa (small), "
                         "and pulsar_dosa_union (v32)")

@@ -19,6 +19,7 @@ import os
 from typing import Any, Callable, Mapping
 
 from compiler.topk_settings import CHOICES
+from runtime.fp8_quant import PRECISIONS
 
 DOWNSTREAMS = ("inductor", "eager", "tensorrt")
 PASS_FAMILIES = ("dsa_indexer", "sparse_attention", "attention")
@@ -120,6 +121,14 @@ class CompileOptions:
                               "kernel of the DSA sparse attentions of MLA layers: 'auto' (on the shapes, "
                               "compiler.policy.sparse_attention_form), 'absorbed' (latent rows, where the keys and "
                               "values are kv_b_proj's expansion of a latent) or 'union' (expanded keys and values)")
+    indexer_precision: str = option("bf16", _choice(PRECISIONS),
+                                    "what the rewritten indexers score: 'bf16' (the inputs as the model makes "
+                                    "them), 'fp8' (q and k Hadamard-rotated, then E4M3 with one scale per key and "
+                                    "per query head, the query scales folded into the weights: DeepSeek-V3.2's "
+                                    "indexer, SPEC A.10) or 'fp8_unrotated' (the same without the rotation); the "
+                                    "top-K is exact for the scorer of that precision. With an fp8 precision every "
+                                    "indexer call is rewritten (stock_below does not apply: a stock subgraph would "
+                                    "score in the model's precision, compiler.policy.stock_threshold)")
     capture: bool = option(False, _check_bool,
                            "record each rewritten indexer's inputs instead of optimising (plan calibration, "
                            "compiler.ops.capture_topk)")

@@ -5,7 +5,8 @@ model's crossover for an assumed trained indexer (``cost_model.default_min_keys`
 a call of fewer query-key-head products than ``stock_threshold`` stays as traced, because there the
 stock form's device time is shorter than the op's per-call host cost (``defaults.STOCK_BELOW``), or
 because the device has only the ops' plain-torch references. With symbolic sizes that decision is
-a guard: Dynamo recompiles once a call crosses it. Imports neither the plans nor the ops.
+a guard: Dynamo recompiles once a call crosses it; under an fp8 ``indexer_precision`` every
+indexer call is rewritten. Imports neither the plans nor the ops.
 """
 from __future__ import annotations
 
@@ -79,11 +80,14 @@ def layer_settings(layer: str, *, plan, path: str, heads: int | None, head_dim: 
 
 
 def stock_threshold(options, kind: str, device_type: str, cuda_graphs: bool) -> float:
-    """The product count below which pass family ``kind`` keeps the stock subgraph: the option
-    ``stock_below`` when given; else 0 when the compile asks for the indexer op itself (a forced
-    path, or ``capture``, which records every call); else ``defaults.STOCK_BELOW`` of the device
-    type (``ALWAYS_STOCK`` where none is listed), 0 for a listed one under CUDA graphs (the host
-    cost is then paid once, at capture)."""
+    """The product count below which pass family ``kind`` keeps the stock subgraph: 0 for the indexer
+    under an fp8 ``indexer_precision`` (a stock subgraph would score in the model's precision); else
+    the option ``stock_below`` when given; else 0 when the compile asks for the indexer op itself (a
+    forced path, or ``capture``, which records every call); else ``defaults.STOCK_BELOW`` of the
+    device type (``ALWAYS_STOCK`` where none is listed), 0 for a listed one under CUDA graphs (the
+    host cost is then paid once, at capture)."""
+    if kind == "dsa_indexer" and options.indexer_precision != "bf16":
+        return 0
     if options.stock_below is not None:
         return options.stock_below
     if kind == "dsa_indexer" and (options.capture or options.path != "auto"):

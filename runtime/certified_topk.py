@@ -1,8 +1,8 @@
 """Certified exact top-K of a DSA lightning indexer (SPEC A.2-A.4, A.8), batched in plain torch.
 
-``certified_topk(q, k, weights, topk, mask=None, config=CertifiedTopkConfig(), stats=None)``
-returns exactly what ``dense_topk`` returns (identical indices, bitwise values) for every input.
-Per query: anchors are scored densely; the others take seeds (``runtime.seeds``) and the threshold
+``certified_topk(q, k, weights, topk, mask=None, key_scale=None, config=..., stats=None)`` returns
+exactly what ``dense_topk`` returns (identical indices, bitwise values) for every input, FP8 inputs
+included (SPEC A.10). Per query: anchors are scored densely; the others take seeds and the threshold
 tau = max(the seeds' kk-th score, the own sample estimate), bound every other visible key with the
 certificate (``runtime.certificate``, rounded up: ``runtime.rounding``), refine the keys with a
 bound >= tau by THE SCORER and keep those scoring >= tau, and take THE ORDER over seeds and
@@ -26,11 +26,12 @@ from runtime.dense_scorer import (
     exact_scores,
     head_dots,
     masked_scores,
+    scaled_scores,
     select_topk,
     weighted_relu_sum,
 )
 from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
-from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32
+from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32, scaled_bound_up
 from runtime import defaults
 from runtime.seeds import (SOFT_HIDDEN_BIAS, anchor_rows, sample_keys, sample_rank,
                            sample_size, seed_mask)
@@ -173,6 +174,8 @@ def _route(inputs: IndexerInputs, config: CertifiedTopkConfig,
     B, S = inputs.q.shape[:2]
     q, w, k, visible = inputs.q, inputs.weights, inputs.k, inputs.visible
     key_finite = torch.isfinite(k).all(-1)
+    if inputs.key_scale is not None:  # the scale step is monotone only for finite positive scales
+        key_finite &= torch.isfinite(inputs.key_scale) & (inputs.key_scale > 0)
     nonfinite = ~(torch.isfinite(q).all(-1).all(-1) & torch.isfinite(w).all(-1))
     nonfinite |= (visible & ~key_finite[:, None, :]).any(-1)
     if inputs.bias is not None:
@@ -232,18 +235,19 @@ def certified_topk(
     topk: int,
     mask: torch.Tensor | None = None,
     *,
+    key_scale: torch.Tensor | None = None,
     config: CertifiedTopkConfig | None = None,
     stats: TopkStats | None = None,
     shared_bound: SharedBound | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-K of the DSA indexer scores, identical to ``dense_topk`` (module docstring).
 
-    Inputs as in ``check_indexer_inputs``. Returns (values [B,S,kk] float32, indices [B,S,kk]
-    int64), kk = min(topk, T). ``stats`` (optional) accumulates counters without host sync.
-    ``shared_bound`` (optional) is called at most once (not when no query is certified); with it,
-    rows may be short (module docstring, "Shared bound").
+    Inputs as in ``check_indexer_inputs`` (``key_scale``: FP8 inputs, SPEC A.10). Returns (values
+    [B,S,kk] float32, indices [B,S,kk] int64), kk = min(topk, T). ``stats`` (optional) accumulates
+    counters without host sync. ``shared_bound`` (optional) is called at most once (not when no
+    query is certified); with it, rows may be short (module docstring, "Shared bound").
     """
-    inputs = check_indexer_inputs(q, k, weights, topk, mask)
+    inputs = check_indexer_inputs(q, k, weights, topk, mask, key_scale)
     if config is None:
         config = CertifiedTopkConfig()
     if not isinstance(config, CertifiedTopkConfig):
@@ -288,7 +292,8 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices, shared
     seed_idx, seed_valid = _compact(seeds)
     seed_keys = seed_idx.clamp_max(T - 1)
     seed_dots = head_dots(q, inputs.k[cb[:, None], seed_keys])
-    seed_scores = _with_bias(inputs, weighted_relu_sum(w, seed_dots), cb, cs, seed_keys)
+    seed_scores = scaled_scores(inputs, weighted_relu_sum(w, seed_dots), cb, seed_keys)
+    seed_scores = _with_bias(inputs, seed_scores, cb, cs, seed_keys)
     seed_scores = torch.where(seed_valid, seed_scores, float("-inf"))
     proven = seed_scores.topk(kk, dim=-1).values[:, -1]  # <= tau_K: b of the module docstring
     if shared_bound is not None:
@@ -307,6 +312,8 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices, shared
     for start in range(0, T, chunk):
         keys = slice(start, start + chunk)
         bound = evaluate_bound(plan, inputs.k[cb, keys], key_norm[cb, keys])
+        if inputs.key_scale is not None:
+            bound = scaled_bound_up(bound, inputs.key_scale[cb, keys])
         if inputs.bias is not None:
             bound = next_up(bound + inputs.bias[cb, cs, keys].to(torch.float64))
         passes.append(~(round_up_to_float32(bound) < tau[:, None]))  # prune only on strict <
@@ -335,7 +342,7 @@ def _certified_rows(inputs, config, certified, key_norm, values, indices, shared
     surv_idx, surv_valid = _compact(survive[ok])
     surv_keys = surv_idx.clamp_max(T - 1)
     surv_scores = exact_scores(q[ok], w[ok], inputs.k[ob[:, None], surv_keys])
-    surv_scores = _with_bias(inputs, surv_scores, ob, os_, surv_keys)
+    surv_scores = _with_bias(inputs, scaled_scores(inputs, surv_scores, ob, surv_keys), ob, os_, surv_keys)
     written = surv_valid & (surv_scores >= tau_ok[:, None])
     reached = written.sum(-1) + (seed_scores[ok] >= tau_ok[:, None]).sum(-1)
     missed = (reached < kk) & (tau_ok > proven[ok])
@@ -381,7 +388,8 @@ def _own_threshold(inputs, config, cb, cs, visible, q, w) -> torch.Tensor:
     for start in range(0, cb.numel(), step):
         rows = slice(start, start + step)
         b, s, kr = cb[rows], cs[rows], keys[rows]
-        scores = _with_bias(inputs, exact_scores(q[rows], w[rows], inputs.k[b[:, None], kr]), b, s, kr)
+        scores = scaled_scores(inputs, exact_scores(q[rows], w[rows], inputs.k[b[:, None], kr]), b, kr)
+        scores = _with_bias(inputs, scores, b, s, kr)
         scores = torch.where(visible[rows].gather(1, kr), scores, float("-inf"))
         kth = scores.topk(rank, dim=-1).values[:, -1]
         theta[rows] = torch.where(torch.isfinite(kth), kth, float("-inf"))

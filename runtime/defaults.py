@@ -20,3 +20,6 @@ SCORER_CHUNK_ELEMENTS = 1 << 22  # bound on the scorer's [..., H, keys] float32 
 ATTENTION_QUERY_CHUNK = 1024  # most queries of a two-interval attention step
 ATTENTION_MIN_CHUNK = 64  # a step ends early at a change of segment only once it holds this many queries
 ATTENTION_SCORE_BUDGET = 1 << 26  # most fp32 scores (heads x queries x keys) of one attention step
+
+# The FP8 indexer key cache (runtime.fp8_key_cache)
+FP8_CACHE_MIN_KEYS = 16  # smallest storage of a cache, in keys; it grows by doubling, so appends cost O(1) amortised

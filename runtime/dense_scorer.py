@@ -3,12 +3,13 @@
 THE SCORER (dense scoring and the certified path's refine, so a key's value is bitwise the same
 whichever path computed it): ``x_h = q_h . k`` accumulated from 0 in ascending d, ``s = sum_h w_h
 relu(x_h)`` accumulated from 0 in ascending h, every product and sum rounded to float32 (no fused
-multiply-add, no layout-dependent blocking), then ``+ bias`` for an additive mask; hidden keys
-score -inf. Every step is elementwise, so a pair's value does not depend on what is scored with it.
+multiply-add, no layout-dependent blocking), then ``* a`` with the key's scale a for FP8 inputs
+(SPEC A.10; their products are exact), then ``+ bias`` for an additive mask; hidden keys score
+-inf. Every step is elementwise, so a pair's value does not depend on what is scored with it.
 THE ORDER (every selection): values descending; NaN above +inf; equal values: visible keys before
 hidden ones, then the lower key index. A row with fewer than kk visible keys lists its visible
-keys first, then hidden ones (value -inf) in index order. ``dense_topk(q, k, w, topk, mask)``
-returns (values [B,S,kk] fp32, indices [B,S,kk] int64) by both."""
+keys first, then hidden ones (value -inf) in index order. ``dense_topk(q, k, w, topk, mask,
+key_scale)`` returns (values [B,S,kk] fp32, indices [B,S,kk] int64) by both."""
 from __future__ import annotations
 
 import torch
@@ -20,6 +21,7 @@ __all__ = [
     "head_dots",
     "weighted_relu_sum",
     "exact_scores",
+    "scaled_scores",
     "masked_scores",
     "select_topk",
     "dense_topk",
@@ -74,18 +76,29 @@ def exact_scores(q: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> torch.Ten
     return torch.cat(parts, dim=-1)
 
 
+def scaled_scores(inputs: IndexerInputs, scores: torch.Tensor, b_idx: torch.Tensor,
+                  key_idx: torch.Tensor) -> torch.Tensor:
+    """THE SCORER's scale step: ``scores`` [N,L] times the scale of key ``key_idx`` [N,L] (or [1,L])
+    of batch row ``b_idx`` [N] (float32 multiply); unchanged without FP8 inputs."""
+    if inputs.key_scale is None:
+        return scores
+    return scores * inputs.key_scale[b_idx[:, None], key_idx]
+
+
 def masked_scores(
     inputs: IndexerInputs,
     b_idx: torch.Tensor | None = None,
     s_idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Scores of every key for some query rows: scorer + bias at visible keys, -inf at hidden.
+    """Scores of every key for some query rows: scorer (+ scale) + bias at visible keys, -inf at hidden.
 
     Without indices: all rows, [B,S,T]. With b_idx, s_idx (int64 [n]): those rows, [n,T].
     """
     B, S, T, H, D = inputs.shape
     if b_idx is None:
         scores = exact_scores(inputs.q, inputs.weights, inputs.k[:, None])
+        if inputs.key_scale is not None:
+            scores = scores * inputs.key_scale[:, None, :]
         visible = inputs.visible
         bias = inputs.bias
     else:
@@ -100,6 +113,7 @@ def masked_scores(
             for i in range(0, n, step)
         ]
         scores = torch.cat(parts, dim=0) if parts else inputs.q.new_zeros((0, T))
+        scores = scaled_scores(inputs, scores, b_idx, torch.arange(T, device=scores.device)[None])
         visible = inputs.visible[b_idx, s_idx]
         bias = None if inputs.bias is None else inputs.bias[b_idx, s_idx]
     if bias is not None:
@@ -129,11 +143,12 @@ def dense_topk(
     weights: torch.Tensor,
     topk: int,
     mask: torch.Tensor | None = None,
+    key_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense reference: score every key with THE SCORER, select with THE ORDER.
 
-    Inputs as in ``check_indexer_inputs``. Returns (values [B,S,kk] float32, indices [B,S,kk]
-    int64), kk = min(topk, T).
+    Inputs as in ``check_indexer_inputs`` (``key_scale``: FP8 inputs). Returns (values [B,S,kk]
+    float32, indices [B,S,kk] int64), kk = min(topk, T).
     """
-    inputs = check_indexer_inputs(q, k, weights, topk, mask)
+    inputs = check_indexer_inputs(q, k, weights, topk, mask, key_scale)
     return select_topk(masked_scores(inputs), inputs.visible, inputs.kk)

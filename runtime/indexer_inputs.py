@@ -1,15 +1,16 @@
 """Validation and normalisation of the inputs of a DSA lightning-indexer top-K (SPEC A.1).
 
-``check_indexer_inputs(q, k, weights, topk, mask)``: q [B,S,H,D] (H, D >= 1), k [B,T,D], weights
-[B,S,H], all float16 / bfloat16 / float32; ``topk`` a positive int (a bool is refused); mask None,
-bool [B,S,T] (True = visible) or additive float [B,S,T] (-inf hides a key, any other value is added
-to its score). A bad argument raises an error naming it. Returns ``IndexerInputs``: the floats
-upcast to float32 (exact), ``visible`` [B,S,T], ``bias`` (the mask value at visible keys, 0 at
-hidden ones; +inf or NaN kept, such rows are answered densely) and ``kk = min(topk, T)``.
-``checked_kk`` checks a call once per signature on meta tensors (no data read). ``topk`` must be
-below 2^63 and T, S below 2^31 (the kernels index keys and queries in int32); with real tensors a
-call whose reference workspace (``reference_workspace_bytes``) exceeds the device's memory is
-refused before any of it is built."""
+``check_indexer_inputs(q, k, weights, topk, mask, key_scale)``: q [B,S,H,D] (H, D >= 1), k [B,T,D],
+weights [B,S,H], all float16 / bfloat16 / float32; ``topk`` a positive int (a bool is refused);
+mask None, bool [B,S,T] (True = visible) or additive float [B,S,T] (-inf hides a key, any other
+value is added to its score); ``key_scale`` None, or the FP8 scorer's per-key scale [B,T] float32
+(SPEC A.10: q and k then float8_e4m3fn, weights float32). A bad argument raises an error naming
+it. Returns ``IndexerInputs``: the floats upcast to float32 (exact), ``visible`` [B,S,T], ``bias``
+(the mask value at visible keys, 0 at hidden ones; +inf or NaN kept, such rows are answered
+densely) and ``kk = min(topk, T)``. ``checked_kk`` checks a call once per signature on meta tensors
+(no data read). ``topk`` must be below 2^63 and T, S below 2^31 (the kernels index keys and queries
+in int32); with real tensors a call whose reference workspace (``reference_workspace_bytes``)
+exceeds the device's memory is refused before any of it is built."""
 from __future__ import annotations
 
 import functools
@@ -22,6 +23,7 @@ from runtime.workspace import check_index_range, check_workspace
 __all__ = ["IndexerInputs", "check_indexer_inputs", "checked_kk", "reference_workspace_bytes"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_FP8 = torch.float8_e4m3fn
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class IndexerInputs:
 
     q [B,S,H,D], k [B,T,D], weights [B,S,H]: float32. topk: the requested count; kk = min(topk, T).
     visible [B,S,T] bool. bias [B,S,T] float32 (0 at hidden keys) or None when there is no
-    additive part.
+    additive part. key_scale [B,T] float32 (the FP8 scorer's per-key scale) or None.
     """
 
     q: torch.Tensor
@@ -40,6 +42,7 @@ class IndexerInputs:
     kk: int
     visible: torch.Tensor
     bias: torch.Tensor | None
+    key_scale: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -48,12 +51,16 @@ class IndexerInputs:
         return B, S, self.k.shape[1], H, D
 
 
-def _check_float_tensor(name: str, x: object, ndim: int, layout: str) -> torch.Tensor:
+def _check_float_tensor(name: str, x: object, ndim: int, layout: str, fp8: bool = False) -> torch.Tensor:
+    """``x`` if it is a tensor of rank ``ndim``: float16/bfloat16/float32, or float8_e4m3fn with ``fp8``."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor of shape {layout}, got {type(x).__name__}")
-    if x.dtype not in _FLOAT_DTYPES:
+    if fp8 and x.dtype != _FP8:
+        raise TypeError(f"{name}: expected dtype float8_e4m3fn (FP8 inputs: key_scale is given), got {x.dtype}")
+    if not fp8 and x.dtype not in _FLOAT_DTYPES:
         raise TypeError(
             f"{name}: expected dtype float16, bfloat16 or float32, got {x.dtype}"
+            + (" (E4M3 inputs need their key_scale)" if x.dtype == _FP8 else "")
         )
     if x.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions {layout}, got shape {tuple(x.shape)}")
@@ -104,15 +111,23 @@ def check_indexer_inputs(
     weights: torch.Tensor,
     topk: int,
     mask: torch.Tensor | None = None,
+    key_scale: torch.Tensor | None = None,
 ) -> IndexerInputs:
     """Validate the indexer inputs and return them upcast to float32 (see the module docstring).
 
     Raises TypeError for a wrong type or dtype and ValueError for a wrong rank, shape, device or
-    value; each message names the argument and what was expected.
+    value; each message names the argument and what was expected. No value is read (key_scale's
+    values are the certified top-K's precondition, not an error).
     """
-    q = _check_float_tensor("q", q, 4, "[B,S,H,D]")
-    k = _check_float_tensor("k", k, 3, "[B,T,D]")
+    fp8 = key_scale is not None
+    if fp8 and (not isinstance(key_scale, torch.Tensor) or key_scale.dtype != torch.float32):
+        raise TypeError(f"key_scale: expected None or a float32 torch.Tensor [B,T], got "
+                        f"{getattr(key_scale, 'dtype', type(key_scale).__name__)}")
+    q = _check_float_tensor("q", q, 4, "[B,S,H,D]", fp8)
+    k = _check_float_tensor("k", k, 3, "[B,T,D]", fp8)
     weights = _check_float_tensor("weights", weights, 3, "[B,S,H]")
+    if fp8 and weights.dtype != torch.float32:
+        raise TypeError(f"weights: expected dtype float32 with FP8 inputs (scales folded in), got {weights.dtype}")
     topk = _check_topk(topk)
     B, S, H, D = q.shape
     if H < 1 or D < 1:
@@ -131,6 +146,11 @@ def check_indexer_inputs(
         if x.device != q.device:
             raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
     T = k.shape[1]
+    if fp8:
+        if tuple(key_scale.shape) != (B, T):
+            raise ValueError(f"key_scale: expected shape [B,T] = {(B, T)}, got {tuple(key_scale.shape)}")
+        if key_scale.device != q.device:
+            raise ValueError(f"key_scale: expected device {q.device} (the device of q), got {key_scale.device}")
     check_index_range("k", "keys T", T)
     check_index_range("q", "queries S", S)
     check_workspace(reference_workspace_bytes(B, S, T, H, D), q.device, "q, k", f"B={B}, S={S}, T={T}")
@@ -143,33 +163,35 @@ def check_indexer_inputs(
         kk=min(topk, T),
         visible=visible,
         bias=bias,
+        key_scale=key_scale,
     )
 
 
-def checked_kk(q: object, k: object, weights: object, topk: object, mask: object = None) -> int:
+def checked_kk(q: object, k: object, weights: object, topk: object, mask: object = None,
+               key_scale: object = None) -> int:
     """``kk`` of a call that ``check_indexer_inputs`` accepts, else its error; no data is read.
 
     The check runs on meta tensors of the same shapes and dtypes (devices compared first), once per
     distinct signature (shapes, dtypes, topk): a call repeated at one signature, as a
     decode loop makes it, costs a dictionary lookup (errors are never remembered)."""
     Tensor = torch.Tensor
+    tensors = (q, k, weights, mask, key_scale)
     if (type(topk) is not int or not isinstance(q, Tensor) or not isinstance(k, Tensor)
-            or not isinstance(weights, Tensor) or not (mask is None or isinstance(mask, Tensor))):
-        meta = [x.to("meta") if isinstance(x, Tensor) else x for x in (q, k, weights, mask)]
-        return check_indexer_inputs(meta[0], meta[1], meta[2], topk, meta[3]).kk
+            or not isinstance(weights, Tensor) or not all(x is None or isinstance(x, Tensor) for x in tensors[3:])):
+        meta = [x.to("meta") if isinstance(x, Tensor) else x for x in tensors]
+        return check_indexer_inputs(meta[0], meta[1], meta[2], topk, meta[3], meta[4]).kk
     device = q.device
-    if k.device != device or weights.device != device or (mask is not None and mask.device != device):
-        for name, x in (("k", k), ("weights", weights), ("mask", mask)):
+    if any(x is not None and x.device != device for x in tensors[1:]):
+        for name, x in zip(("k", "weights", "mask", "key_scale"), tensors[1:]):
             if x is not None and x.device != device:
                 raise ValueError(f"{name}: expected device {device} (the device of q), got {x.device}")
-    return _checked_kk_of(q.shape, q.dtype, k.shape, k.dtype, weights.shape, weights.dtype,
-                          None if mask is None else mask.shape, None if mask is None else mask.dtype, topk)
+    signature = [None if x is None else (x.shape, x.dtype) for x in tensors]
+    return _checked_kk_of(*signature, topk)
 
 
 @functools.lru_cache(maxsize=1024)
-def _checked_kk_of(q_shape, q_dtype, k_shape, k_dtype, w_shape, w_dtype, mask_shape, mask_dtype, topk: int) -> int:
-    def meta(shape, dtype):
-        return None if shape is None else torch.empty(shape, dtype=dtype, device="meta")
+def _checked_kk_of(q_sig, k_sig, w_sig, mask_sig, scale_sig, topk: int) -> int:
+    def meta(sig):
+        return None if sig is None else torch.empty(sig[0], dtype=sig[1], device="meta")
 
-    return check_indexer_inputs(meta(q_shape, q_dtype), meta(k_shape, k_dtype), meta(w_shape, w_dtype), topk,
-                                meta(mask_shape, mask_dtype)).kk
+    return check_indexer_inputs(meta(q_sig), meta(k_sig), meta(w_sig), topk, meta(mask_sig), meta(scale_sig)).kk

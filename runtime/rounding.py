@@ -6,7 +6,8 @@ slope and offset of ``margin = slope * ||k||_up + offset``, with slope = gamma_{
 2 gamma_{D+r+4}(u64) M_U + 4 gamma_{n_plan}(u64) M_plan + 2^-300 and offset = 2 (D + H + 4)
 2^-149 (1 + W), so that U_num = next_up(fl(U + margin)) >= the float32 score for every key.
 ``key_norm_up`` never under-estimates ||k||; ``round_up_to_float32`` and ``next_up`` round up. The
-margin scales with the absolute masses, never with |U|."""
+margin scales with the absolute masses, never with |U|. ``scaled_bound_up`` carries a bound through
+the FP8 scorer's key-scale step (SPEC A.10, CPU margin)."""
 from __future__ import annotations
 
 import torch
@@ -19,6 +20,7 @@ __all__ = [
     "next_up",
     "round_up_to_float32",
     "key_norm_up",
+    "scaled_bound_up",
     "margin_coefficients",
     "range_is_safe",
 ]
@@ -56,6 +58,13 @@ def key_norm_up(k: torch.Tensor) -> torch.Tensor:
     k64 = k.to(torch.float64)
     norm = torch.sqrt((k64 * k64).sum(-1))
     return next_up(norm * (1.0 + 2.0 * gamma(D + 2, U64)))
+
+
+def scaled_bound_up(bound: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Y = round_up_to_float32(next_up(bound * scale)) as float64 (SPEC A.10): a float32 value at least
+    fl32(s^ * scale) for every float32 s^ <= ``bound`` (float64) when ``scale`` (float32, broadcast)
+    is finite and positive."""
+    return round_up_to_float32(next_up(bound * scale.to(torch.float64))).to(torch.float64)
 
 
 def margin_coefficients(

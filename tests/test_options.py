@@ -12,6 +12,7 @@ from compiler.report import collecting
 def test_defaults():
     opts = CompileOptions.from_user(None)
     assert (opts.downstream, opts.passes, opts.path, opts.record_stats) == ("inductor", None, "auto", True)
+    assert opts.indexer_precision == "bf16"
     assert opts.enabled_passes() == ("dsa_indexer", "sparse_attention", "attention")
     assert CompileOptions(passes=["attention", "dsa_indexer"]).enabled_passes() == ("dsa_indexer", "attention")
 
@@ -25,6 +26,8 @@ def test_unknown_key_is_a_value_error_naming_the_key():
     ("downstream", "tvm", ValueError, "'downstream'.*'inductor', 'eager', 'tensorrt'"),
     ("downstream", 3, TypeError, "'downstream'"),
     ("path", "fast", ValueError, "'path'.*'auto', 'dense', 'certified'"),
+    ("indexer_precision", "e4m3", ValueError, "'indexer_precision'.*'bf16', 'fp8', 'fp8_unrotated'"),
+    ("indexer_precision", 8, TypeError, "'indexer_precision'"),
     ("record_stats", 1, TypeError, "'record_stats': expected a bool"),
     ("passes", "dsa_indexer", TypeError, "'passes': expected a list"),
     ("passes", ["dsa_indexer", "nope"], ValueError, "unknown pass family 'nope'"),
@@ -50,8 +53,9 @@ def test_uuid_is_stable_and_changes_with_any_option():
     a = CompileOptions.from_user({"downstream": "eager"})
     assert a.uuid() == CompileOptions.from_user({"downstream": "eager"}).uuid()
     others = [{"downstream": "inductor"}, {"downstream": "eager", "path": "dense"},
-              {"downstream": "eager", "record_stats": False}, {"downstream": "eager", "passes": []}]
-    assert len({a.uuid(), *(CompileOptions.from_user(o).uuid() for o in others)}) == 5
+              {"downstream": "eager", "record_stats": False}, {"downstream": "eager", "passes": []},
+              {"downstream": "eager", "indexer_precision": "fp8"}]
+    assert len({a.uuid(), *(CompileOptions.from_user(o).uuid() for o in others)}) == 6
 
 
 def test_options_are_frozen():

@@ -60,6 +60,19 @@ def test_threshold_comes_from_the_option_else_the_device_unless_cuda_graphs_or_a
     assert stock_threshold(forced, "sparse_attention", "cuda", cuda_graphs=False) > 0
 
 
+def test_an_fp8_indexer_precision_rewrites_every_indexer_call_and_nothing_else():
+    """A stock indexer subgraph would score in the model's precision: under an fp8 precision the
+    indexer's threshold is 0 on every device, whatever stock_below says; other families keep theirs."""
+    for options in (CompileOptions(indexer_precision="fp8"), CompileOptions(indexer_precision="fp8_unrotated",
+                                                                            stock_below=7)):
+        for device in ("cpu", "cuda"):
+            assert stock_threshold(options, "dsa_indexer", device, cuda_graphs=False) == 0
+    assert stock_threshold(CompileOptions(indexer_precision="fp8", stock_below=7), "sparse_attention", "cpu",
+                           cuda_graphs=False) == 7
+    assert stock_threshold(CompileOptions(indexer_precision="fp8"), "sparse_attention", "cpu",
+                           cuda_graphs=False) == ALWAYS_STOCK
+
+
 def test_keeps_stock_below_the_threshold_only():
     assert "B*S*T*H = 63" in keeps_stock(64, 63)
     assert keeps_stock(64, 64) is None

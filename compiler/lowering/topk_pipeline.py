@@ -3,15 +3,16 @@ selection in order (SPEC A.2-A.5, C.5). No kernel is defined here.
 
 ``dense_topk_cuda(q, k, w, kk, mask)`` and ``certified_topk_cuda(q, k, w, kk, mask, config)``: q
 [B,S,H,D] and k [B,T,D] bf16, fp16 or fp32 (mixed dtypes upcast to fp32), weights any float dtype,
-mask None, bool or additive float; both return (values [B,S,kk] fp32, indices [B,S,kk] int64), the
-certified one the same indices and bitwise the same values as the dense one for every input. Rows
-the certificate cannot answer are flagged on the device and redone densely (``redo_dense``):
-nothing is dropped. No host synchronisation: a call can be captured in a CUDA graph after one call
-outside the capture. fp32 operands are scored densely (tf32 products are outside the margins).
-Config fields used: r, anchor_stride, workspace_frac, sample_keys, sample_sigmas, path. fp8 keys
-are not supported. ``shared_bound`` (keys sharded over ranks, as in runtime.certified_topk) replaces
-the witness threshold by its bound b; a row whose tau is a finite b and that wrote fewer than kk
-candidates is short instead of redone: its candidates in THE ORDER, then padding (-inf, -1)."""
+mask None, bool or additive float; or the FP8 scorer (``k_scale`` [B,T] fp32: q and k E4M3, weights
+fp32; SPEC A.10, its GPU margin ``fp8_dot_error``). Both return (values [B,S,kk] fp32, indices
+[B,S,kk] int64), the certified one the same indices and bitwise the same values as the dense one
+for every input. Rows the certificate cannot answer are flagged on the device and redone densely
+(``redo_dense``): nothing is dropped. No host synchronisation: a call can be captured in a CUDA
+graph after one call outside the capture. fp32 operands are scored densely (tf32 products are
+outside the margins). Config fields used: r, anchor_stride, workspace_frac, sample_keys,
+sample_sigmas, path. ``shared_bound`` (keys sharded over ranks, as in runtime.certified_topk)
+replaces the witness threshold by its bound b; a row whose tau is a finite b and that wrote fewer
+than kk candidates is short instead of redone: its candidates in THE ORDER, then padding."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import torch
 import triton
 
 from compiler.lowering.scoring.indexer_scores import (
+    FP8_PROMOTE,
     chunk_multiple,
     decode_codes,
     key_splits,
@@ -45,32 +47,49 @@ from runtime.workspace import check_workspace
 MMA_FACTOR = 4.0
 """Tensor-core fp32 accumulation is not IEEE round-to-nearest inside the MMA: its error on a
 D-term dot is bounded by MMA_FACTOR * gamma_D(u32) * sum_d |a_d b_d| (4x the classical bound)."""
+FP8_MMA_BITS = 13
+"""FP8 tensor-core sums (SPEC A.10, the model behind ``fp8_dot_error``): every term of an internal
+addition step is kept to at least this many fraction bits below the leading bit of the step's
+largest term, and each step's sum to this many fraction bits (DeepSeek-V3's report: "around 14
+bits" on Hopper; accurate models of the H100's FP8 MMA: 13 fraction bits, truncated)."""
+FP8_MMA_STEP = 4
+"""FP8 tensor-core sums: products per internal addition step, at least (each further step adds the
+running sum to them). Fewer products per step means more truncations: 4 is below any tensor core's
+dot-product width."""
 FTZ_UNIT = 2.0**-126
 """Absolute error allowed per rounded operation for flushed subnormals (tensor cores may flush)."""
 
 
-def _operands(q, k, weights):
-    """q, k in one dtype (bf16/fp16 kept, anything mixed -> fp32), weights fp32, contiguous."""
+def _operands(q, k, weights, k_scale=None):
+    """q, k in one dtype (bf16/fp16 kept, anything mixed -> fp32), weights fp32, contiguous; with
+    ``k_scale`` (E4M3 q and k): k and k_scale as they are where their last stride is 1 (views of an
+    FP8 key cache's storage are read in place: the kernels take their strides)."""
+    if k_scale is not None:
+        def unit(x):
+            return x if x.stride(-1) == 1 else x.contiguous()
+
+        return q.contiguous(), unit(k), weights.float().contiguous(), unit(k_scale)
     if q.dtype != k.dtype:
         q, k = q.float(), k.float()
-    return q.contiguous(), k.contiguous(), weights.float().contiguous()
+    return q.contiguous(), k.contiguous(), weights.float().contiguous(), None
 
 
-def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list):
+def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list, k_scale=None):
     """``score_keys`` in non-compact mode, with key splits for the call's tile count."""
     block_s, _ = score_tile_shape(q.shape[2])
     splits = key_splits(q.shape[0] * triton.cdiv(q.shape[1], block_s), cap)
     return score_keys(q, w, k, lists, counts, cap=cap, tiles_per_list=tiles_per_list, mask=mask,
-                      splits=splits)
+                      splits=splits, k_scale=k_scale)
 
 
-def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False):
+def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False, k_scale=None):
     """``score_dense`` (codes [B,R,T] of every key, or their int32 high words with ``words``), with
     key splits for the call's tile count."""
     block_s, _ = score_tile_shape(q.shape[2])
     n_slots = q.shape[1] if rows is None else rows.shape[1]
     splits = key_splits(q.shape[0] * triton.cdiv(n_slots, block_s), k.shape[1])
-    return score_dense(q, w, k, mask=mask, splits=splits, rows=rows, maxima=maxima, words=words)
+    return score_dense(q, w, k, mask=mask, splits=splits, rows=rows, maxima=maxima, words=words,
+                       k_scale=k_scale)
 
 
 def _all_keys(B, T, device):
@@ -98,11 +117,11 @@ def dense_chunk_rows(B: int, S: int, H: int, T: int, kk: int, dtype: torch.dtype
     return max(block_s, (defaults.DENSE_CHUNK_BYTES // (width * T * B)) // block_s * block_s)
 
 
-def dense_codes_topk(q, w, k, mask, kk):
+def dense_codes_topk(q, w, k, mask, kk, k_scale=None):
     """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory
     (``dense_chunk_rows``). Chunks that take threshold_select's threshold path get their chunk
     maxima from the scorer, which writes them int32 words instead of codes (half the bytes to
-    write and to read)."""
+    write and to read). ``k_scale``: the FP8 scorer's key scales (E4M3 q and k)."""
     B, S = q.shape[:2]
     T = k.shape[1]
     rows = dense_chunk_rows(B, S, q.shape[2], T, kk, q.dtype, q.device)
@@ -112,12 +131,12 @@ def dense_codes_topk(q, w, k, mask, kk):
         m = None if mask is None else mask[:, sl]
         n = scorer_chunks(B * (sl.stop - s0), T, kk, q.dtype, q.device)
         maxima = None if n is None else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device)
-        codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima, words=n is not None)
+        codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima, words=n is not None, k_scale=k_scale)
         out.append(top_codes(codes, kk, maxima))
     return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 
-def dense_values_topk(q, w, k, mask, kk):
+def dense_values_topk(q, w, k, mask, kk, k_scale=None):
     """(values [B,S,kk] fp32, indices [B,S,kk] int64) of dense scoring, in THE ORDER. A call of
     few rows on CUDA (decode) selects and decodes in one launch after the scorer
     (few_rows_select); any other: ``dense_codes_topk``, then ``decode_codes``."""
@@ -127,17 +146,18 @@ def dense_values_topk(q, w, k, mask, kk):
     n = chunk_count(T, kk, multiple)
     if n % multiple == 0 and takes_few_rows(B * S, T, kk, n, q.device):
         maxima = torch.empty((B, S, n), dtype=torch.int64, device=q.device)
-        codes = dense_codes(q, w, k, mask, maxima=maxima)
+        codes = dense_codes(q, w, k, mask, maxima=maxima, k_scale=k_scale)
         values, idx = few_rows_topk(codes.view(B * S, T), maxima.view(B * S, n), kk, T)
         return values.view(B, S, kk), idx.view(B, S, kk)
-    return decode_codes(dense_codes_topk(q, w, k, mask, kk), T)
+    return decode_codes(dense_codes_topk(q, w, k, mask, kk, k_scale), T)
 
 
-def dense_topk_cuda(q, k, weights, topk, mask=None):
-    """Dense Triton top-K: (values [B,S,kk] fp32, indices [B,S,kk] int64) in THE ORDER."""
-    kk = checked_kk(q, k, weights, topk, mask)
-    q, k, w = _operands(q, k, weights)
-    return dense_values_topk(q, w, k, mask, kk)
+def dense_topk_cuda(q, k, weights, topk, mask=None, k_scale=None):
+    """Dense Triton top-K: (values [B,S,kk] fp32, indices [B,S,kk] int64) in THE ORDER; ``k_scale``:
+    the FP8 scorer (E4M3 q and k)."""
+    kk = checked_kk(q, k, weights, topk, mask, k_scale)
+    q, k, w, k_scale = _operands(q, k, weights, k_scale)
+    return dense_values_topk(q, w, k, mask, kk, k_scale)
 
 
 @dataclass
@@ -152,32 +172,55 @@ class ScreenPlan:
     ok: torch.Tensor
 
 
-def screen_margin(M_s, W, row_mass, D, H, RP):
+def fp8_dot_error(D: int) -> float:
+    """phi with |x^ - x| <= phi * sum_d |q_d k_d| for the FP8 scorer's D-term dot on the GPU (SPEC
+    A.10): each promotion interval of K = FP8_PROMOTE products is summed from zero by the tensor
+    cores with n = K + 2 ceil(K / m) - 1 truncations (K products, the running sum of every step but
+    the first, every step's stored sum; m = FP8_MMA_STEP), each below 2^-P of the interval's
+    absolute sum (P = FP8_MMA_BITS): rho = gamma_n(2^-P); the c = D / K intervals then reach fp32
+    (one rounding) and are added in fp32 in any order: phi = rho + gamma_c(u32) (1 + rho)."""
+    n = FP8_PROMOTE + 2 * triton.cdiv(FP8_PROMOTE, FP8_MMA_STEP) - 1
+    rho = gamma(n, 2.0**-FP8_MMA_BITS)
+    return rho + gamma(triton.cdiv(D, FP8_PROMOTE), U32) * (1 + rho)
+
+
+def screen_margin(M_s, W, row_mass, D, H, RP, fp8=False):
     """GPU rounding margin (slope on ||k||_up, offset), float64, on top of the runtime's plan margin.
 
     With m_rho = max(|alpha|, |beta|) and G = sum_rho m_rho ||g^_rho||: the refine scorer's tl.dot
-    is off by <= 4 gamma_D ||q_h|| ||k|| per head (MMA_FACTOR), its weighted head sum in any order
-    by gamma_H more; the screen's dots by 4 gamma_D ||g^|| ||k||, its (RP + 2)-term evaluation
+    is off by <= s_D ||q_h|| ||k|| per head, s_D = 4 gamma_D (MMA_FACTOR; ``fp8``: s_D =
+    fp8_dot_error(D), the FP8 tensor cores), its weighted head sum in any order by gamma_H more; the
+    screen's dots by 4 gamma_D ||g^|| ||k|| (bf16 or wider operands), its (RP + 2)-term evaluation
     (products, e * nk and c included) by gamma_{RP+2} times the absolute terms. Hence
-        slope = (4 gamma_D + gamma_H (1 + 4 gamma_D)) M_s + (4 gamma_D + gamma_{RP+2} (1 + 4 gamma_D)) G
+        slope = (s_D + gamma_H (1 + s_D)) M_s + (4 gamma_D + gamma_{RP+2} (1 + 4 gamma_D)) G
     and the caller divides the whole norm coefficient by 1 - gamma_{RP+2} so that the rounding of
     its own term is covered too. Flushed subnormals add at most FTZ_UNIT per operation:
         offset = 2 (D + H + RP + 8) FTZ_UNIT (1 + W + sum_rho m_rho).
+    FP8: U and the score are in the units of the unscaled sum; both then take the scorer's last
+    step (``scale_and_bias``), monotone for a positive scale, so no term is added for it.
     """
     g_d = MMA_FACTOR * gamma(D, U32)
+    s_d = fp8_dot_error(D) if fp8 else g_d
     g_eval = gamma(RP + 2, U32)
-    slope = (g_d + gamma(H, U32) * (1 + g_d)) * M_s + (g_d + g_eval * (1 + g_d)) * row_mass
+    slope = (s_d + gamma(H, U32) * (1 + s_d)) * M_s + (g_d + g_eval * (1 + g_d)) * row_mass
     return slope, g_eval
+
+
+def screen_dtype(k_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the screen's rows (and of its products) for keys of ``k_dtype``: the keys' own,
+    bf16 for E4M3 keys (their values convert to bf16 exactly)."""
+    return torch.bfloat16 if k_dtype == torch.float8_e4m3fn else k_dtype
 
 
 def plan_screen(q, w, k_dtype, p, r, r_max, chunk=None) -> ScreenPlan:
     """Screen rows and coefficients for every query (runtime planning, GPU margin added).
 
-    q [B,S,H,D] (bf16/fp16/fp32), w [B,S,H] fp32, p [B,S,H] activation frequencies, r [B,S] int64
-    budgets, r_max an int >= every r (the screen gets next_power_of_2(r_max + 1) rows; no host
-    synchronisation). U(k) = sum_rho alpha relu(g . k) + beta min(g . k, 0) + e ||k||_up + c >=
-    the GPU score, for every query with ok; queries without ok must not be pruned. ``chunk``:
-    queries planned at once (None: as many as fit defaults.PLAN_CHUNK_BYTES; speed and memory only).
+    q [B,S,H,D] (bf16/fp16/fp32, or E4M3 with E4M3 keys), w [B,S,H] fp32, p [B,S,H] activation
+    frequencies, r [B,S] int64 budgets, r_max an int >= every r (the screen gets
+    next_power_of_2(r_max + 1) rows; no host synchronisation). U(k) = sum_rho alpha relu(g . k) +
+    beta min(g . k, 0) + e ||k||_up + c >= the GPU score (the unscaled sum for E4M3 keys), for every
+    query with ok; queries without ok must not be pruned. ``chunk``: queries planned at once (None:
+    as many as fit defaults.PLAN_CHUNK_BYTES; speed and memory only).
     """
     B, S, H, D = q.shape
     RP = triton.next_power_of_2(r_max + 1)
@@ -207,13 +250,13 @@ def _plan_chunk(q, w, k_dtype, p, r, r_max, RP):
                      torch.zeros(*rw.shape[:-1], pad, D, dtype=torch.float64, device=q.device)), -2)
     alpha = round_up_to_float32(alpha64)
     beta = -round_up_to_float32(-beta64)
-    g = g64.to(k_dtype)
+    g = g64.to(screen_dtype(k_dtype))
     g_back = g.to(torch.float64)
     m = torch.maximum(alpha.abs(), beta.abs()).to(torch.float64)
     row_mass = (m * g_back.norm(dim=-1)).sum(-1)
     bf_err = (m * (g_back - g64).norm(dim=-1)).sum(-1) * (1 + 2.0**-40)
     W = w.to(torch.float64).abs().sum(-1)
-    slope, g_eval = screen_margin(plan.mass, W, row_mass, D, H, RP)
+    slope, g_eval = screen_margin(plan.mass, W, row_mass, D, H, RP, fp8=k_dtype == torch.float8_e4m3fn)
     e64 = (plan.residual + plan.slope + bf_err + slope) / (1 - g_eval) * (1 + 2.0**-40)
     c64 = (plan.offset + 2 * (D + H + RP + 8) * FTZ_UNIT * (1 + W + m.sum(-1))) / (1 - g_eval)
     e = round_up_to_float32(e64)
@@ -238,19 +281,19 @@ class CertifiedTrace:
     plan: ScreenPlan | None
 
 
-def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None):
+def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None, k_scale=None):
     """Anchors, seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, G, b), b the
     shared bound [B,S] (None without ``shared_bound``). ``screen_config``: the screen's
-    LaunchConfig, None to let ``screen`` choose it."""
+    LaunchConfig, None to let ``screen`` choose it. ``k_scale``: the FP8 scorer's key scales."""
     B, S, H, D = q.shape
     T = k.shape[1]
     dev = q.device
     G, _ = score_tile_shape(H)
     A = max(G, triton.cdiv(config.anchor_stride, G) * G)
     anchors = dense_codes_topk(q[:, ::A], w[:, ::A], k, None if mask is None else mask[:, ::A],
-                               min(T, kk + kk // 4 + 1))
+                               min(T, kk + kk // 4 + 1), k_scale)
     seed_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
-    witness_tau, theta = _seed_thresholds(q, w, k, mask, kk, config, seed_ids, A // G)
+    witness_tau, theta = _seed_thresholds(q, w, k, mask, kk, config, seed_ids, A // G, k_scale)
     shared = None
     if shared_bound is not None:
         shared = shared_bound(torch.where(torch.isfinite(witness_tau), witness_tau, float("-inf")))
@@ -262,15 +305,17 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_boun
     plan = plan_screen(q, w, k.dtype, p, r.long(), r_max)
     reach = (plan.e + (plan.alpha.abs() + plan.beta.abs()).sum(-1)) * nk.amax(-1, keepdim=True)
     ok = plan.ok & torch.isfinite(tau_val) & (reach < 2.0**100)
+    if k_scale is not None:  # the last step is monotone in U only for finite positive scales
+        ok &= (torch.isfinite(k_scale) & (k_scale > 0)).all(-1, keepdim=True)
     tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
     cap = min(T, triton.cdiv(kk + int(config.workspace_frac * T), 128) * 128)
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
                              lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap,
-                             config=screen_config)
+                             config=screen_config, k_scale=k_scale)
     return tau, ids, list_count, cap, plan, G, shared
 
 
-def _seed_thresholds(q, w, k, mask, kk, config, seed_ids, tiles_per_group):
+def _seed_thresholds(q, w, k, mask, kk, config, seed_ids, tiles_per_group, k_scale=None):
     """(witness_tau, theta) [B,S] fp32, whose max is tau before the validity checks: the kk-th
     best score over the anchor's witnesses ``seed_ids`` [B,groups,W], and theta, the own threshold
     of ``runtime.seeds`` over the group's strided sample (-inf when off or not finite). One scorer
@@ -284,7 +329,7 @@ def _seed_thresholds(q, w, k, mask, kk, config, seed_ids, tiles_per_group):
         lists = torch.cat((seed_ids, sampled), dim=-1).contiguous()
     n = lists.shape[-1]
     counts = torch.full((B, groups), n, dtype=torch.int32, device=q.device)
-    codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group)
+    codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group, k_scale)
     tau, _ = decode_codes(kth_largest(codes[..., :n_seed], kk), T)
     if not M:
         return tau, torch.full_like(tau, float("-inf"))
@@ -298,19 +343,20 @@ def key_norms(k):
     return round_up_to_float32(key_norm_up(k.float()))
 
 
-def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None):
+def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None, k_scale=None):
     """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (SPEC C.5).
     ``screen_config``: the screen's LaunchConfig (None: autotuned, certificate_screen.screen).
-    ``shared_bound``: the hook of the module docstring (short rows are not redone)."""
+    ``shared_bound``: the hook of the module docstring (short rows are not redone). ``k_scale``:
+    the FP8 scorer's key scales (E4M3 q and k)."""
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
     tau, ids, list_count, cap, plan, G, shared = _screen_stage(q, w, k, mask, kk, config, nk, screen_config,
-                                                               shared_bound)
+                                                               shared_bound, k_scale)
     cand_cap = min(cap, defaults.CERTIFIED_BUFFER_K * kk)
     cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
-               out_count=cand_count, splits=key_splits(B * ids.shape[1], cap))
+               out_count=cand_count, splits=key_splits(B * ids.shape[1], cap), k_scale=k_scale)
     codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True).view(B, S, kk)
     # Every key with s >= tau was written (pruned keys have s < tau); with at least kk of them
     # the row's top-kk is among them. Fewer: fewer than kk visible keys, or theta > the kk-th score,
@@ -330,7 +376,7 @@ def redo_slots(B: int, S: int, T: int, H: int) -> int:
     return max(block_s, min(fit, triton.cdiv(S, block_s) * block_s))
 
 
-def redo_dense(codes, redo, q, w, k, mask, kk):
+def redo_dense(codes, redo, q, w, k, mask, kk, k_scale=None):
     """Overwrite the rows flagged in ``redo`` [B,S] bool with their dense top-kk codes, in place.
 
     No host synchronisation (capturable in a CUDA graph): each round scores up to ``slots`` rows
@@ -339,7 +385,7 @@ def redo_dense(codes, redo, q, w, k, mask, kk):
     every row fits one round, a row keeps its own slot; otherwise the flagged rows are ranked on
     the device and a fixed number of rounds, ceil(S / slots), takes them in rank order (the row
     lists of every round are built at once: two launches per round).
-    codes [B,S,kk] int64 (returned).
+    codes [B,S,kk] int64 (returned). ``k_scale``: the FP8 scorer's key scales.
     """
     B, S = redo.shape
     T = k.shape[1]
@@ -348,7 +394,7 @@ def redo_dense(codes, redo, q, w, k, mask, kk):
     valid = lists >= 0
     out_rows = (torch.arange(B, device=q.device) * S)[:, None, None] + lists.clamp(min=0)
     for i in range(lists.shape[1]):
-        buf = dense_codes(q, w, k, mask, rows=lists[:, i])
+        buf = dense_codes(q, w, k, mask, rows=lists[:, i], k_scale=k_scale)
         select_top_codes(buf.view(-1, T), valid[:, i].reshape(-1), kk, out=flat, scratch=True,
                          out_rows=out_rows[:, i].reshape(-1))
     return codes
@@ -369,21 +415,22 @@ def _redo_row_lists(redo, slots):
     return lists[:, :-1].reshape(B, rounds, slots)
 
 
-def certified_topk_cuda(q, k, weights, topk, mask=None, *, config=None, stats=None, trace=None,
+def certified_topk_cuda(q, k, weights, topk, mask=None, *, k_scale=None, config=None, stats=None, trace=None,
                         screen_config=None, shared_bound=None):
     """Certified top-K on CUDA: (values [B,S,kk] fp32, indices [B,S,kk] int64).
 
-    Same arguments and contract as runtime.certified_topk.certified_topk; output identical to
-    ``dense_topk_cuda`` (bitwise values, identical indices) for every input. ``config.path``:
+    Same arguments and contract as runtime.certified_topk.certified_topk (``k_scale``: the FP8
+    scorer on E4M3 q and k); output identical to ``dense_topk_cuda`` with the same ``k_scale``
+    (bitwise values, identical indices) for every input. ``config.path``:
     "certified" runs the pipeline, "dense" the dense path. ``trace``, a list, receives the
     CertifiedTrace of a certified call. ``screen_config``: the screen kernel's LaunchConfig (one
     of certificate_screen.SCREEN_CONFIGS); None autotunes it on CUDA. Any config gives the same
     output (only the screen is tuned; the scorer's config is fixed). ``shared_bound``: as in
     runtime.certified_topk (called at most once; rows may be short).
     """
-    return checked_certified_topk_cuda(q, k, weights, checked_kk(q, k, weights, topk, mask), mask, config=config,
-                                       stats=stats, trace=trace, screen_config=screen_config,
-                                       shared_bound=shared_bound)
+    return checked_certified_topk_cuda(q, k, weights, checked_kk(q, k, weights, topk, mask, k_scale), mask,
+                                       k_scale=k_scale, config=config, stats=stats, trace=trace,
+                                       screen_config=screen_config, shared_bound=shared_bound)
 
 
 def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: CertifiedTopkConfig) -> int:
@@ -403,7 +450,7 @@ def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: Cer
     return total
 
 
-def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, config=None, stats=None, trace=None,
+def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, config=None, stats=None, trace=None,
                                 screen_config=None, shared_bound=None):
     """``certified_topk_cuda`` of a call already checked (``checked_kk``), given its ``kk``: the
     op's kernel, which checked the call itself. A call whose ``workspace_bytes`` exceed the
@@ -412,12 +459,12 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, config=None, st
     B, S, H, D = q.shape
     T = k.shape[1]
     check_workspace(workspace_bytes(B, S, T, H, D, kk, config), q.device, "q, k", f"B={B}, S={S}, T={T}")
-    q, k, w = _operands(q, k, weights)
+    q, k, w, k_scale = _operands(q, k, weights, k_scale)
     if config.path == "dense" or tf32_scores(q.dtype):
         _record(stats, q, T, None)
-        return dense_values_topk(q, w, k, mask, kk)
-    codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config, shared_bound)
-    codes = redo_dense(codes, tr.redo, q, w, k, mask, kk)
+        return dense_values_topk(q, w, k, mask, kk, k_scale)
+    codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config, shared_bound, k_scale)
+    codes = redo_dense(codes, tr.redo, q, w, k, mask, kk, k_scale)
     _record(stats, q, T, tr)
     if trace is not None:
         trace.append(tr)

@@ -2,8 +2,10 @@
 
 With the option ``capture=True`` the DSA indexer pass emits it where it would emit ``certified_topk``.
 It records its inputs (``CapturedCall``) into the recorder of the enclosing ``capturing()`` block,
-under the op's ``layer`` argument, and answers with ``runtime.dense_scorer.dense_topk``, so that the
-model computes what it computes uncompiled. Outside such a block it raises ``RuntimeError``.
+under the op's ``layer`` argument, and answers with ``runtime.dense_scorer.dense_topk`` of the scored
+operands (``certified_topk.scored_operands``: the FP8 scorer's inputs for an fp8 ``precision``), so
+that the model computes what it computes uncompiled (compiled, for an fp8 precision). Outside such a
+block it raises ``RuntimeError``.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from compiler.ops.certified_topk import SCHEMA, fake_certified_topk, op_arguments
+from compiler.ops.certified_topk import SCHEMA, fake_certified_topk, op_arguments, scored_operands
 from runtime.dense_scorer import dense_topk
 
 
@@ -55,13 +57,15 @@ def capturing() -> Iterator[CaptureRecorder]:
 
 
 def _capture_topk(*args, **kwargs):
-    """Record the inputs under ``layer`` and return ``dense_topk`` (values float32, indices int64)."""
+    """Record the inputs under ``layer`` and return ``dense_topk`` of the scored operands (values
+    float32, indices int64)."""
     a = op_arguments(args, kwargs)
     if not _ACTIVE:
         raise RuntimeError("pulsar_dosa.capture_topk ran outside compiler.ops.capture_topk.capturing(): "
                            "compile with capture=True only to calibrate plans")
     _ACTIVE[-1].record(a["layer"], a["q"], a["k"], a["weights"], a["topk"], a["mask"])
-    return dense_topk(a["q"], a["k"], a["weights"], a["topk"], a["mask"])
+    q, k, w, k_scale = scored_operands(a)
+    return dense_topk(q, k, w, a["topk"], a["mask"], k_scale)
 
 
 capture_topk = torch.library.custom_op("pulsar_dosa::capture_topk", _capture_topk, mutates_args=(),

@@ -2,15 +2,18 @@
 
 Schema (:data:`SCHEMA`, shared by ``capture_topk``): ``(Tensor q, Tensor k, Tensor weights, Scalar
 topk, Tensor? mask=None, str layer="", str path="auto", SymInt? r=None, SymInt? min_keys=None,
-bool record_stats=True) -> (Tensor, Tensor)``. q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed,
-every scale folded in), mask None or [B,S,T] (bool, True = visible; or additive float), one device;
-``topk`` a positive int (a bool is refused). Returns (values [B,S,kk] fp32, indices [B,S,kk] int64),
-kk = min(topk, T): exactly ``runtime.dense_scorer.dense_topk``. ``layer`` files the statistics and
-the runtime guard; ``path``, ``r``, ``min_keys`` are the layer's ``TopkSettings``, resolved per call
-by ``compiler.ops.guard.call_path``. Every kernel checks its arguments first (``check_call``: a
-clear error naming the argument) and answers empty inputs with empty outputs. The CPU (and any
-device without its own kernel) runs ``runtime.certified_topk``; CUDA the pipeline of
-``compiler/lowering/topk_pipeline.py``. The fake kernel keeps symbolic sizes and adds no guards."""
+bool record_stats=True, str precision="bf16", Tensor? k_scale=None) -> (Tensor, Tensor)``. q
+[B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or [B,S,T] (bool,
+True = visible; or additive float), one device; ``topk`` a positive int (a bool is refused).
+Returns (values [B,S,kk] fp32, indices [B,S,kk] int64), kk = min(topk, T): exactly
+``runtime.dense_scorer.dense_topk`` of the scored operands (``scored_operands``: the inputs for
+``precision`` "bf16"; for "fp8" / "fp8_unrotated" their E4M3 quantisation, SPEC A.10; ``k_scale``
+[B,T] fp32: k is already E4M3 with these scales, e.g. an FP8 key cache). ``layer`` files the
+statistics and the runtime guard; ``path``, ``r``, ``min_keys`` are the layer's ``TopkSettings``,
+resolved per call by ``compiler.ops.guard.call_path``. Every kernel checks its arguments first
+(``check_call``: a clear error naming the argument) and answers empty inputs with empty outputs.
+The CPU runs ``runtime.certified_topk``; CUDA ``compiler/lowering/topk_pipeline.py``. The fake
+kernel keeps symbolic sizes and adds no guards."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -22,10 +25,12 @@ from compiler.ops.guard import call_path
 from compiler.ops.stats import TOPK_STATS
 from compiler.topk_settings import TopkSettings, settings_of
 from runtime.certified_topk import CertifiedTopkConfig, certified_topk as reference_certified_topk
+from runtime.fp8_quant import check_precision, quantize_keys, quantize_queries, rotates
 from runtime.indexer_inputs import checked_kk
 
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
-          'str path="auto", SymInt? r=None, SymInt? min_keys=None, bool record_stats=True) -> (Tensor, Tensor)')
+          'str path="auto", SymInt? r=None, SymInt? min_keys=None, bool record_stats=True, str precision="bf16", '
+          'Tensor? k_scale=None) -> (Tensor, Tensor)')
 """The schema of ``certified_topk`` and of every op that stands in for it (``capture_topk``)."""
 _ARGUMENTS = torch._C.parse_schema("pulsar_dosa::certified_topk" + SCHEMA).arguments
 
@@ -49,7 +54,7 @@ def check_devices(a: dict[str, Any]) -> None:
     q = a["q"]
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q: expected a torch.Tensor [B,S,H,D], got {type(q).__name__}")
-    for name in ("k", "weights", "mask"):
+    for name in ("k", "weights", "mask", "k_scale"):
         x = a[name]
         if isinstance(x, torch.Tensor) and x.device != q.device:
             raise ValueError(f"{name}: expected device {q.device} (the device of q), got {x.device}")
@@ -69,7 +74,25 @@ def check_call(a: dict[str, Any]) -> tuple[int, TopkSettings]:
     check_devices(a)
     check_topk_type(a["topk"])
     settings = settings_of(a["path"], a["r"], a["min_keys"])
-    return checked_kk(a["q"], a["k"], a["weights"], a["topk"], a["mask"]), settings
+    precision = check_precision("precision", a["precision"])
+    q, k, k_scale = a["q"], a["k"], a["k_scale"]
+    if rotates(precision) and q.dim() == 4:
+        D = q.shape[3]
+        if D < 1 or D & (D - 1):
+            raise ValueError(f"q: precision {precision!r} rotates q and k by a Hadamard transform, which needs a "
+                             f"head dimension D that is a power of two, got D={D}")
+    if k_scale is None:
+        return checked_kk(q, k, a["weights"], a["topk"], a["mask"]), settings
+    if precision == "bf16":
+        raise ValueError("k_scale: pre-quantised keys are scored by an fp8 precision, got precision='bf16'")
+    if not isinstance(k, torch.Tensor) or k.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"k: expected float8_e4m3fn keys [B,T,D] with k_scale, got {getattr(k, 'dtype', type(k))}")
+    if not isinstance(k_scale, torch.Tensor) or k_scale.dtype != torch.float32 or k_scale.shape != k.shape[:2]:
+        raise ValueError(f"k_scale: expected float32 [B,T] = {tuple(k.shape[:2])} (k's), got "
+                         f"{getattr(k_scale, 'dtype', type(k_scale).__name__)} {tuple(getattr(k_scale, 'shape', ()))}")
+    keys = torch.empty(k.shape, dtype=torch.float32, device="meta")  # the keys k stands for
+    meta = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in (q, a["weights"], a["mask"])]
+    return checked_kk(meta[0], keys, meta[1], a["topk"], meta[2]), settings
 
 
 Kernel = Callable[[dict[str, Any], int, CertifiedTopkConfig, Any], tuple[torch.Tensor, torch.Tensor]]
@@ -93,14 +116,31 @@ def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch
         return kernel(a, kk, config, call_stats)
 
 
+def scored_operands(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q, k, weights, k_scale) that the scorer reads: the call's own for "bf16" (k_scale None); for
+    an fp8 precision the E4M3 quantisation of ``runtime.fp8_quant`` (q8, k8 or the given FP8 keys,
+    w' with the query scales folded in, the key scales)."""
+    precision = a["precision"]
+    if precision == "bf16":
+        return a["q"], a["k"], a["weights"], None
+    q8, w8 = quantize_queries(a["q"], a["weights"], precision)
+    k8, k_scale = quantize_keys(a["k"], precision) if a["k_scale"] is None else (a["k"], a["k_scale"])
+    return q8, k8, w8, k_scale
+
+
 def _reference_kernel(a, kk, config, stats):
-    return reference_certified_topk(a["q"], a["k"], a["weights"], a["topk"], a["mask"], config=config, stats=stats)
+    q, k, w, k_scale = scored_operands(a)
+    return reference_certified_topk(q, k, w, a["topk"], a["mask"], key_scale=k_scale, config=config, stats=stats)
 
 
 def _cuda_kernel(a, kk, config, stats):
+    from compiler.lowering.scoring.indexer_scores import check_fp8_head_dim
     from compiler.lowering.topk_pipeline import checked_certified_topk_cuda
 
-    return checked_certified_topk_cuda(a["q"], a["k"], a["weights"], kk, a["mask"], config=config, stats=stats)
+    if a["precision"] != "bf16":
+        check_fp8_head_dim(a["q"].shape[3])
+    q, k, w, k_scale = scored_operands(a)
+    return checked_certified_topk_cuda(q, k, w, kk, a["mask"], k_scale=k_scale, config=config, stats=stats)
 
 
 def _default(*args, **kwargs):

@@ -522,9 +522,10 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
             sizes = [insert_call(graph, "call_method", "size", (node, dim), like=anchor)
                      for node, dim in ((q, 0), (q, 1), (k, 1))]
             mask = insert_call(graph, "call_method", "expand", (mask, *sizes), like=anchor)
+        precision = {} if options.indexer_precision == "bf16" else {"precision": options.indexer_precision}
         op = insert_call(graph, "call_function", _indexer_op(options), (q, k, w, match.topk, mask),
-                         {"layer": match.module, **settings.topk.op_arguments(), "record_stats": options.record_stats},
-                         like=anchor)
+                         {"layer": match.module, **settings.topk.op_arguments(), "record_stats": options.record_stats,
+                          **precision}, like=anchor)
     return op
 
 
@@ -559,4 +560,5 @@ class IndexerPass(PatternPass):
         shapes = {"q": q.shape, "k": k.shape, "weights": w.shape}
         if op.args[4] is not None:
             shapes["mask"] = value(op.args[4]).shape
-        return dict(variant=match.variant, shapes=shapes, topk=str(value(match.topk)), **settings.report_fields())
+        return dict(variant=match.variant, shapes=shapes, topk=str(value(match.topk)),
+                    precision=op.kwargs.get("precision", "bf16"), **settings.report_fields())

@@ -49,3 +49,25 @@ def test_the_grid_times_dense_the_torch_baseline_and_decode(tmp_path):
     assert [r["B"] for r in decode] == [1, 3] and all(r["identical"] for r in decode)
     assert all(0.5 <= r["stock_same_index_fraction"] <= 1.0 and r["stock_ms"] > 0 for r in decode)
     assert all(r[f"{form}_loop_ms"] > 0 for r in decode for form in ("op", "dense", "stock"))
+
+
+def test_the_fp8_rows_check_out(tmp_path, monkeypatch):
+    """--fp8: the tensor-core model check, the FP8 scorer's forms (dense and key-list scorer agree),
+    the FP8 dense path identical to the op's, the certified FP8 path identical and pruning, and the
+    overlap with bf16 per family (the trained one recorded as unavailable without its checkpoint)."""
+    monkeypatch.setattr(dense_roofline, "FP8_FORMS", dense_roofline.FP8_FORMS[:2])
+    out = tmp_path / "fp8.json"
+    assert dense_roofline.main(["--smoke", "--fp8", "--S", "8", "--T", "512", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    check = [r for r in rows if r.get("kind") == "fp8_dot_check"]
+    assert len(check) == 1 and check[0]["holds"] and set(check[0]["max_ratio"]) >= {"unpromoted_tail", "random"}
+    forms = [r for r in rows if r.get("kind") == "fp8_scorer_form"]
+    assert len(forms) == 2 and all(r["row_list_bitwise"] and "error" not in r for r in forms)
+    by_method = {r["method"]: r for r in rows if "method" in r and r["method"] != "fp8_overlap"}
+    assert by_method["fp8_dense"]["identical"] and by_method["fp8_dense"]["op_ms"] > 0
+    assert by_method["fp8_certified_plan"]["identical"] and by_method["fp8_certified_plan"]["pruned_frac"] > 0.5
+    overlap = {r["family"]: r for r in rows if r.get("method") == "fp8_overlap"}
+    assert set(overlap) == set(dense_roofline.FP8_FAMILIES)
+    for family in ("structured", "gaussian", "random_indexer"):
+        assert 0.5 <= overlap[family]["min"] <= overlap[family]["mean"] <= 1.0
+    assert "error" in overlap["trained"] or 0.0 <= overlap["trained"]["min"] <= 1.0

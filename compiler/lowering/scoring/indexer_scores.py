@@ -8,8 +8,10 @@ mask None, bool or additive [B,S,T] (``mask_operand``). A key's code is bitwise 
 kernel scored it: one tile function, one launch config per operand dtype
 (``defaults.SCORER_CONFIG``, ``defaults.FP32_SCORER_CONFIG``), never tuned. Under
 ``TRITON_INTERPRET=1`` the dot and the head sum use ``tile_arith``'s sequential form: exactly
-``runtime.dense_scorer``'s scorer. fp32 operands are multiplied as tf32 (``tf32_scores``).
-``order_code`` / ``decode_codes`` map between scores and codes (THE ORDER of the contract)."""
+``runtime.dense_scorer``'s scorer. fp32 operands are multiplied as tf32 (``tf32_scores``). The FP8
+scorer (``k_scale`` given, q and k float8_e4m3fn, ``check_fp8``; SPEC A.10): E4M3 products on the
+FP8 tensor cores, promoted to fp32 every FP8_PROMOTE, then ``scale_and_bias``; launched with
+``defaults.FP8_SCORER_CONFIG``. ``order_code`` / ``decode_codes`` map between scores and codes."""
 from __future__ import annotations
 
 import torch
@@ -25,6 +27,11 @@ INTERPRET = interpreter_active()
 MASK_NONE = 0
 MASK_BOOL = 1
 MASK_ADDITIVE = 2
+FP8_PROMOTE = 32
+"""FP8 operands: products summed in the tensor cores before each promotion of the partial sum to
+fp32 registers (``tl.dot``'s ``max_num_imprecise_acc``; the hardware's FP8 instruction depth on sm_90).
+The GPU margin's model of FP8 accumulation counts on it (topk_pipeline.fp8_dot_error, SPEC A.10)."""
+_FP8_PROMOTE = tl.constexpr(FP8_PROMOTE)
 
 
 @triton.jit
@@ -36,6 +43,19 @@ def order_code(score, visible, key, T):
     c32 = tl.where(s != s, 0x7FFFFFFF, c32)
     c32 = tl.where(visible, c32, -2147483648)
     return c32.to(tl.int64) * 4294967296 + (T - 1 - key).to(tl.int64)
+
+
+@triton.jit
+def scale_and_bias(score, scale, bias, SEQUENTIAL: tl.constexpr):
+    """FP8 scoring's last step, ``score * scale[None, :] + bias`` (fp32): one fused multiply-add on
+    the GPU; under the interpreter a multiply, then an add (runtime.dense_scorer's two roundings).
+    The scorer and the screen both use it, so a bound u >= s gives scale_and_bias(u) >=
+    scale_and_bias(s) for a positive scale (rounding is monotone)."""
+    if SEQUENTIAL:
+        out = score * scale[None, :] + bias
+    else:
+        out = tl.fma(score, scale[None, :], bias)
+    return out
 
 
 @triton.jit
@@ -108,9 +128,10 @@ def _mask_bounds_kernel(mask_ptr, rows_ptr, out_ptr, S, T, n_slots, n_blocks, ms
 @triton.jit
 def _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S: tl.constexpr,
                  HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, SEQUENTIAL: tl.constexpr,
-                 TF32: tl.constexpr, TO_FP32: tl.constexpr):
+                 TF32: tl.constexpr, TO_FP32: tl.constexpr, FP8: tl.constexpr):
     """[BLOCK_S, BLOCK_T] fp32 ``sum_h w_h relu(q_h . k)`` of the program's query rows (``qt``
-    [BLOCK_S * HP, D], ``wt`` [BLOCK_S * HP]) against one key tile (rows ``k_ptr + k_off``, ``pok``)."""
+    [BLOCK_S * HP, D], ``wt`` [BLOCK_S * HP]) against one key tile (rows ``k_ptr + k_off``, ``pok``).
+    FP8: E4M3 operands, the tensor cores' sums promoted to fp32 every FP8_PROMOTE products."""
     if SEQUENTIAL:
         x = sequential_dot(q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T)
         x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
@@ -121,6 +142,8 @@ def _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S: tl.co
             kt = kt.to(tl.float32)
         if TF32:
             xt = tl.dot(kt, tl.trans(qt), input_precision="tf32")
+        elif FP8:
+            xt = tl.dot(kt, tl.trans(qt), max_num_imprecise_acc=_FP8_PROMOTE)
         else:
             xt = tl.dot(kt, tl.trans(qt))
         xt = tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[None, :]
@@ -155,17 +178,17 @@ def _query_tile(q_ptr, w_ptr, rows_ptr, b, tile, S, H, n_slots, sqb, sqs, sqh, s
 
 
 @triton.jit
-def _key_tile(key, pok, p0, p_clear, qt, wt, q_ptr, q_off, rok, k_ptr, mask_ptr, b, rows, row_ok,
-              T, H, skb, skt, msb, mss, mst, BLOCK_S: tl.constexpr, HP: tl.constexpr,
+def _key_tile(key, pok, p0, p_clear, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok,
+              T, H, skb, skt, ssb, msb, mss, mst, BLOCK_S: tl.constexpr, HP: tl.constexpr,
               D: tl.constexpr, BLOCK_T: tl.constexpr, MASK_KIND: tl.constexpr, TO_FP32: tl.constexpr,
-              SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, MASK_READ: tl.constexpr):
+              SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, FP8: tl.constexpr, MASK_READ: tl.constexpr):
     """Scores of the keys ``key`` [BLOCK_T] (``pok``: in range) at list positions p0.. for the
-    program's rows: (ok [BLOCK_S, BLOCK_T], score + bias, visible, order code). MASK_READ: 0 the
-    tile is clear (visible = in range, bias 0; no mask read), 1 the mask is read unless the tile
-    ends by ``p_clear``, 2 the mask is read."""
+    program's rows: (ok [BLOCK_S, BLOCK_T], score (times the key's scale with FP8) + bias, visible,
+    order code). MASK_READ: 0 the tile is clear (visible = in range, bias 0; no mask read), 1 the
+    mask is read unless the tile ends by ``p_clear``, 2 the mask is read."""
     ok = row_ok[:, None] & pok[None, :]
     score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, b * skb + key * skt, pok, H, BLOCK_S, HP,
-                         D, BLOCK_T, SEQUENTIAL, TF32, TO_FP32)
+                         D, BLOCK_T, SEQUENTIAL, TF32, TO_FP32, FP8)
     clear = MASK_READ == 0
     if MASK_READ == 1:
         clear = p0 + BLOCK_T <= p_clear
@@ -174,7 +197,10 @@ def _key_tile(key, pok, p0, p_clear, qt, wt, q_ptr, q_off, rok, k_ptr, mask_ptr,
         bias = tl.zeros((BLOCK_S, BLOCK_T), dtype=tl.float32)
     else:
         visible, bias = load_mask_tile(mask_ptr, b, rows, key, ok, msb, mss, mst, MASK_KIND)
-    score = score + bias
+    if FP8:
+        score = scale_and_bias(score, tl.load(ks_ptr + b * ssb + key, mask=pok, other=1.0), bias, SEQUENTIAL)
+    else:
+        score = score + bias
     return ok, score, visible, order_code(score, visible, key[None, :], T)
 
 
@@ -196,17 +222,17 @@ def _store_codes(ptr, code, mask, WORDS: tl.constexpr):
 
 
 @triton.jit
-def _dense_tile(key, best, out_rows, qt, wt, q_ptr, q_off, rok, k_ptr, mask_ptr, b, rows, row_ok, T, H,
-                skb, skt, msb, mss, mst, BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr,
+def _dense_tile(key, best, out_rows, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok, T, H,
+                skb, skt, ssb, msb, mss, mst, BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr,
                 BLOCK_T: tl.constexpr, MASK_KIND: tl.constexpr, TO_FP32: tl.constexpr,
-                SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, MAXIMA: tl.constexpr,
+                SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, FP8: tl.constexpr, MAXIMA: tl.constexpr,
                 MASK_READ: tl.constexpr, WORDS: tl.constexpr):
     """Dense scoring of the key tile ``key`` [BLOCK_T]: codes (their high words with WORDS) stored
     at ``out_rows + key``; returns the running chunk maxima ``best`` [BLOCK_S, BLOCK_T] updated
     lane by lane (with MAXIMA)."""
     ok, score, visible, code = _key_tile(
-        key, key < T, 0, 0, qt, wt, q_ptr, q_off, rok, k_ptr, mask_ptr, b, rows, row_ok, T, H, skb, skt,
-        msb, mss, mst, BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, MASK_READ)
+        key, key < T, 0, 0, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok, T, H, skb,
+        skt, ssb, msb, mss, mst, BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, FP8, MASK_READ)
     _store_codes(out_rows + key[None, :], code, ok, WORDS)
     if MAXIMA:
         best = tl.maximum(best, tl.where(ok, code, -9223372036854775808))
@@ -215,13 +241,13 @@ def _dense_tile(key, best, out_rows, qt, wt, q_ptr, q_off, rok, k_ptr, mask_ptr,
 
 @triton.jit
 def _indexer_score_kernel(
-    q_ptr, w_ptr, k_ptr, ids_ptr, count_ptr, tau_ptr, mask_ptr, out_ptr, out_count_ptr, rows_ptr,
+    q_ptr, w_ptr, k_ptr, ks_ptr, ids_ptr, count_ptr, tau_ptr, mask_ptr, out_ptr, out_count_ptr, rows_ptr,
     S, T, H, cap, cap_out, tiles_per_list, n_tiles, n_slots,
-    sqb, sqs, sqh, swb, sws, skb, skt, sib, sil, scb, msb, mss, mst, sob, sos, srb,
+    sqb, sqs, sqh, swb, sws, skb, skt, ssb, sib, sil, scb, msb, mss, mst, sob, sos, srb,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, TO_FP32: tl.constexpr, ATOMIC: tl.constexpr,
-    ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, TRIM_HIDDEN: tl.constexpr,
-    TRIM_BLOCK: tl.constexpr,
+    ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, FP8: tl.constexpr,
+    TRIM_HIDDEN: tl.constexpr, TRIM_BLOCK: tl.constexpr,
 ):
     """Key lists (seeds, refine): program (query tile, split) scores its split of the tile's list."""
     pid = tl.program_id(0)
@@ -266,8 +292,8 @@ def _indexer_score_kernel(
         listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
         key = tl.where(overflow, pos, listed)
         ok, score, visible, code = _key_tile(
-            key, pok, p0, p_clear, qt, wt, q_ptr, q_off, rok, k_ptr, mask_ptr, b, rows, row_ok, T, H,
-            skb, skt, msb, mss, mst, BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32,
+            key, pok, p0, p_clear, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok, T, H,
+            skb, skt, ssb, msb, mss, mst, BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, FP8,
             1 if TRIM_HIDDEN else 2)
         if COMPACT:
             keep = visible & ~(score < tau[:, None])
@@ -295,12 +321,12 @@ def _indexer_score_kernel(
 
 @triton.jit
 def _dense_score_kernel(
-    q_ptr, w_ptr, k_ptr, mask_ptr, bounds_ptr, out_ptr, max_ptr, rows_ptr,
+    q_ptr, w_ptr, k_ptr, ks_ptr, mask_ptr, bounds_ptr, out_ptr, max_ptr, rows_ptr,
     S, T, H, n_tiles, n_slots, n_groups,
-    sqb, sqs, sqh, swb, sws, skb, skt, msb, mss, mst, sob, sos, srb, smb, sms,
+    sqb, sqs, sqh, swb, sws, skb, skt, ssb, msb, mss, mst, sob, sos, srb, smb, sms,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, TO_FP32: tl.constexpr, ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr,
-    TF32: tl.constexpr, MAXIMA: tl.constexpr, WORDS: tl.constexpr,
+    TF32: tl.constexpr, FP8: tl.constexpr, MAXIMA: tl.constexpr, WORDS: tl.constexpr,
 ):
     """Every key 0..T-1 (dense scoring), in groups (SPEC C.1): program (query tile, split)
     takes the split's share of the n_groups groups."""
@@ -335,12 +361,14 @@ def _dense_score_kernel(
         best = tl.full((BLOCK_S, BLOCK_T), -9223372036854775808, tl.int64)
         for i in range(0, n_clear):
             best = _dense_tile((g + i * n_groups) * BLOCK_T + lanes, best, out_rows, qt, wt, q_ptr, q_off,
-                               rok, k_ptr, mask_ptr, b, rows, row_ok, T, H, skb, skt, msb, mss, mst,
-                               BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, MAXIMA, 0, WORDS)
+                               rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok, T, H, skb, skt, ssb, msb, mss,
+                               mst, BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, FP8, MAXIMA,
+                               0, WORDS)
         for i in range(n_clear, n_scored):
             best = _dense_tile((g + i * n_groups) * BLOCK_T + lanes, best, out_rows, qt, wt, q_ptr, q_off,
-                               rok, k_ptr, mask_ptr, b, rows, row_ok, T, H, skb, skt, msb, mss, mst,
-                               BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, MAXIMA, 2, WORDS)
+                               rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok, T, H, skb, skt, ssb, msb, mss,
+                               mst, BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, FP8, MAXIMA,
+                               2, WORDS)
         if MAXIMA:
             # Per lane, the group's first hidden-only tile holds its largest hidden code.
             key = (g + n_scored * n_groups) * BLOCK_T + lanes
@@ -358,6 +386,33 @@ SEQUENTIAL = INTERPRET
 """Scores by tile_arith's sequential form (the CPU interpreter's arithmetic) instead of tl.dot."""
 
 
+def check_fp8(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None) -> bool:
+    """True for the FP8 scorer (``k_scale`` given: q and k float8_e4m3fn, k_scale [B,T] fp32 with
+    stride 1 along T, D a power of two >= FP8_PROMOTE); False without ``k_scale`` (q and k must
+    not be FP8 then). ValueError / TypeError naming the argument otherwise."""
+    fp8 = torch.float8_e4m3fn
+    if k_scale is None:
+        if q.dtype == fp8 or k.dtype == fp8:
+            raise TypeError("k_scale: float8_e4m3fn q and k are scored with their key scales, got none")
+        return False
+    if q.dtype != fp8 or k.dtype != fp8:
+        raise TypeError(f"q, k: expected float8_e4m3fn with k_scale, got {q.dtype} and {k.dtype}")
+    B, T, D = k.shape
+    if k_scale.dtype != torch.float32 or tuple(k_scale.shape) != (B, T) or (T > 1 and k_scale.stride(1) != 1):
+        raise ValueError(f"k_scale: expected float32 [{B}, {T}] with stride 1 along keys, got "
+                         f"{k_scale.dtype} {tuple(k_scale.shape)} strides {k_scale.stride()}")
+    check_fp8_head_dim(D)
+    return True
+
+
+def check_fp8_head_dim(D: int) -> None:
+    """ValueError unless the FP8 scorer takes head dimension D: a power of two >= FP8_PROMOTE (one
+    promotion interval per tensor-core K step)."""
+    if D < FP8_PROMOTE or D & (D - 1):
+        raise ValueError(f"q, k: the FP8 scorer on the GPU takes a head dimension D that is a power of two "
+                         f">= {FP8_PROMOTE}, got D={D}")
+
+
 def tf32_scores(dtype: torch.dtype) -> bool:
     """True when operands of ``dtype`` are multiplied as tf32 on tensor cores (fp32 on the GPU,
     SPEC C.1). The certificate's rounding margins assume exact products of the operands,
@@ -367,6 +422,8 @@ def tf32_scores(dtype: torch.dtype) -> bool:
 
 def scorer_config(dtype: torch.dtype) -> LaunchConfig:
     """The one launch config of the scorer for operands of ``dtype``."""
+    if dtype == torch.float8_e4m3fn:
+        return defaults.FP8_SCORER_CONFIG
     return defaults.FP32_SCORER_CONFIG if dtype == torch.float32 else defaults.SCORER_CONFIG
 
 
@@ -409,10 +466,11 @@ def _launch_shape(q, k, rows):
 
 
 def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None, out=None,
-               out_count=None, splits=1, fill=False, rows=None):
+               out_count=None, splits=1, fill=False, rows=None, k_scale=None):
     """Run the scorer over key lists (SPEC C.1).
 
-    q [B,S,H,D] (bf16/fp16/fp32, last dim contiguous), w [B,S,H] fp32, k [B,T,D] same dtype as q,
+    q [B,S,H,D] (bf16/fp16/fp32, or float8_e4m3fn with ``k_scale``; last dim contiguous), w [B,S,H]
+    fp32, k [B,T,D] same dtype as q, k_scale None or [B,T] fp32 (the FP8 scorer, ``check_fp8``),
     ids [B,L,cap] int32, counts [B,L] int32, mask None | [B,S,T] bool/float (broadcast views ok).
     Without ``tau``: returns codes [B,S,cap'] int64 with cap' = ids.shape[-1] (position p of the
     list). With ``tau`` [B,S] fp32: writes into ``out`` [B,S,cap_out] int64 (pre-filled by the
@@ -426,6 +484,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     """
     B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows)
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
+    fp8 = check_fp8(q, k, k_scale)
     compact = tau is not None
     if rows is not None and compact:
         raise ValueError("rows: only the non-compact mode (tau=None) takes a row list")
@@ -436,28 +495,29 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     # Operands a variant never reads (tau and out_count without COMPACT, mask with MASK_NONE) are
     # passed as any tensor of the call: the kernel's constexpr branches skip them.
     _indexer_score_kernel[(B * n_tiles, splits)](
-        q, w, k, ids, counts, w if tau is None else tau, q if m is None else m, out,
-        counts if out_count is None else out_count, counts if rows is None else rows,
+        q, w, k, w if k_scale is None else k_scale, ids, counts, w if tau is None else tau,
+        q if m is None else m, out, counts if out_count is None else out_count, counts if rows is None else rows,
         S, T, H, cap, out.shape[-1], tiles_per_list, n_tiles, n_slots,
         q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), k.stride(0), k.stride(1),
+        0 if k_scale is None else k_scale.stride(0),
         ids.stride(0), ids.stride(1), counts.stride(0), msb, mss, mst, out.stride(0), out.stride(1),
         0 if rows is None else rows.stride(0),
-        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET,
+        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET and not fp8,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
-        TF32=tf32_scores(q.dtype), TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=defaults.TRIM_BLOCK,
+        TF32=tf32_scores(q.dtype), FP8=fp8, TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=defaults.TRIM_BLOCK,
         **scorer_config(q.dtype).kwargs(),
     )
     return out
 
 
-def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=False):
+def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=False, k_scale=None):
     """Dense scoring: codes [B,R,T] int64, ``codes[b, j, t]`` the order code of key t for query row
     j (R = S), or for row ``rows[b, j]`` (``rows`` [B,R] int64, -1 an empty slot: nothing written);
     bitwise the codes ``score_keys`` gives the same keys (module docstring). ``words``: int32
     [B,R,T] instead, each code's high word (``code >> 32``; the code is ``(word << 32) + T - 1 -
     t``, half the bytes to write and to read back).
 
-    q, w, k, mask as for ``score_keys``. ``splits``: programs per query tile (at most one per key
+    q, w, k, mask, k_scale as for ``score_keys``. ``splits``: programs per query tile (at most one per key
     group). ``maxima`` [B,R,n] int64 (n a multiple of ``chunk_multiple(q.dtype)``): also written,
     ``maxima[b, j, c]`` = the largest code of chunk c = keys c, c + n, c + 2n, ... of that row
     (interleaved chunks, as threshold_select takes them). With a mask, one pass over the mask
@@ -466,6 +526,7 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
     """
     B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows)
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
+    fp8 = check_fp8(q, k, k_scale)
     n_groups = max(1, splits)
     if maxima is not None:
         multiple = chunk_multiple(q.dtype)
@@ -485,14 +546,15 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
                                              MASK_KIND=kind, ROWS=rows is not None, R=defaults.BOUNDS_ROWS,
                                              BLOCK=defaults.BOUNDS_BLOCK, num_warps=4)
     _dense_score_kernel[(B * n_tiles, splits)](
-        q, w, k, q if m is None else m, out if bounds is None else bounds, out,
-        out if maxima is None else maxima, out if rows is None else rows,
+        q, w, k, w if k_scale is None else k_scale, q if m is None else m, out if bounds is None else bounds,
+        out, out if maxima is None else maxima, out if rows is None else rows,
         S, T, H, n_tiles, n_slots, n_groups,
         q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), k.stride(0), k.stride(1),
+        0 if k_scale is None else k_scale.stride(0),
         msb, mss, mst, out.stride(0), out.stride(1), 0 if rows is None else rows.stride(0),
         0 if maxima is None else maxima.stride(0), 0 if maxima is None else maxima.stride(1),
-        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, TO_FP32=INTERPRET, ROWS=rows is not None,
-        SEQUENTIAL=SEQUENTIAL, TF32=tf32_scores(q.dtype), MAXIMA=maxima is not None, WORDS=words,
+        BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, TO_FP32=INTERPRET and not fp8, ROWS=rows is not None,
+        SEQUENTIAL=SEQUENTIAL, TF32=tf32_scores(q.dtype), FP8=fp8, MAXIMA=maxima is not None, WORDS=words,
         **scorer_config(q.dtype).kwargs(),
     )
     return out

@@ -40,17 +40,16 @@ def sequential_group_sum(y, n, G: tl.constexpr, R: tl.constexpr, N: tl.constexpr
 
 @triton.jit
 def tile_dot(at, a_ptr, a_off, a_ok, k_ptr, k_off, k_ok, D: tl.constexpr, M: tl.constexpr,
-             N: tl.constexpr, SEQUENTIAL: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr):
+             N: tl.constexpr, SEQUENTIAL: tl.constexpr, IEEE: tl.constexpr):
     """[M, N] fp32 products of the rows ``at`` [M, D] (loaded from ``a_ptr + a_off``, masked by
     ``a_ok``) with the key rows ``k_ptr + k_off`` (masked by ``k_ok`` [N]): one ``tl.dot`` (fp32
-    accumulation; ``input_precision="ieee"`` when IEEE, operands upcast when TO_FP32), or
-    ``sequential_dot`` when SEQUENTIAL (``at`` unused)."""
+    accumulation; ``input_precision="ieee"`` when IEEE; the keys converted to the rows' dtype, exact
+    for E4M3 keys against bf16 rows), or ``sequential_dot`` when SEQUENTIAL (``at`` unused)."""
     if SEQUENTIAL:
         x = sequential_dot(a_ptr, a_off, a_ok, k_ptr, k_off, k_ok, D, M, N)
     else:
         kt = tl.load(k_ptr + k_off[:, None] + tl.arange(0, D)[None, :], mask=k_ok[:, None], other=0.0)
-        if TO_FP32:
-            kt = kt.to(tl.float32)
+        kt = kt.to(at.dtype)
         if IEEE:
             x = tl.dot(at, tl.trans(kt), input_precision="ieee")
         else:

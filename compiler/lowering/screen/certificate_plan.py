@@ -30,9 +30,11 @@ def _column(x, slot, i):
 
 @triton.jit
 def _q_chunk(q_ptr, base, heads, d, sqh, D, ok):
-    """q[heads, d] as float64 ([len(heads), len(d)]; zero where not ``ok`` or d >= D)."""
+    """q[heads, d] as float64 ([len(heads), len(d)]; zero where not ``ok`` or d >= D), by way of
+    float32 (exact for every q dtype; E4M3 has no direct float64 conversion on every target)."""
     m = ok[:, None] & (d < D)[None, :]
-    return tl.load(q_ptr + base + heads[:, None] * sqh + d[None, :], mask=m, other=0.0).to(tl.float64)
+    x = tl.load(q_ptr + base + heads[:, None] * sqh + d[None, :], mask=m, other=0.0)
+    return x.to(tl.float32).to(tl.float64)
 
 
 @triton.jit

@@ -7,7 +7,8 @@ are compacted per refine list (the queries of one scorer tile) into ``ids[b, lis
 particular order; ``count[b, list]`` goes on past ``cap`` so that the scorer rescans an overflowed
 list densely. The launch config is tuned per shape (``choose_screen_config`` over
 ``defaults.SCREEN_CONFIGS``); every config keeps every key with ``U >= tau``, so the pipeline's
-output does not depend on it."""
+output does not depend on it. E4M3 keys (SPEC A.10): U in the units of the unscaled sum, the keys
+multiplied as bf16 (exact), then the scorer's own last step ``scale_and_bias`` before the test."""
 from __future__ import annotations
 
 from typing import Callable
@@ -17,22 +18,22 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active
-from compiler.lowering.scoring.indexer_scores import INTERPRET, key_splits, load_mask_tile, mask_operand
+from compiler.lowering.scoring.indexer_scores import INTERPRET, key_splits, load_mask_tile, mask_operand, scale_and_bias
 from compiler.lowering.scoring.tile_arith import group_sum, tile_dot
 from compiler.lowering import defaults
 
-DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float8_e4m3fn: 3}
 """Key dtypes the screen takes, as ints for the tuning key."""
 
 
 @triton.jit
 def _screen_kernel(
-    g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, tau_ptr, k_ptr, nk_ptr, mask_ptr, ids_ptr, count_ptr,
+    g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, tau_ptr, k_ptr, ks_ptr, nk_ptr, mask_ptr, ids_ptr, count_ptr,
     S, T, cap, n_tiles, n_lists,
-    sgb, sgs, sgr, sab, sas, skb, skt, snb, sib, sil, scb, msb, mss, mst,
+    sgb, sgs, sgr, sab, sas, skb, skt, ssb, snb, sib, sil, scb, msb, mss, mst,
     BLOCK_SS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     G: tl.constexpr, MASK_KIND: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
-    ATOMIC: tl.constexpr, SEQUENTIAL: tl.constexpr,
+    ATOMIC: tl.constexpr, SEQUENTIAL: tl.constexpr, FP8: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = (pid // n_tiles).to(tl.int64)  # b * (stride of a batch row) can pass 2^31
@@ -68,13 +69,16 @@ def _screen_kernel(
         kok = key < t_hi
         nk = tl.load(nk_ptr + b * snb + key, mask=kok, other=0.0)
         x = tile_dot(gt, g_ptr, g_off, rok, k_ptr, b * skb + key * skt, kok, D, BLOCK_SS * RP,
-                     BLOCK_T, SEQUENTIAL, IEEE, TO_FP32)
+                     BLOCK_T, SEQUENTIAL, IEEE)
         x = (tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * alpha[:, None]
              + tl.minimum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * beta[:, None])
         u = group_sum(x, RP, BLOCK_SS, RP, BLOCK_T, SEQUENTIAL) + e[:, None] * nk[None, :] + c[:, None]
         visible, bias = load_mask_tile(mask_ptr, b, rows, key, row_ok[:, None] & kok[None, :],
                                        msb, mss, mst, MASK_KIND)
-        u = u + bias
+        if FP8:  # the scorer's own last step (a monotone function of u)
+            u = scale_and_bias(u, tl.load(ks_ptr + b * ssb + key, mask=kok, other=1.0), bias, SEQUENTIAL)
+        else:
+            u = u + bias
         survive = (visible & ~(u < tau[:, None])).to(tl.int32)
         sub = tl.max(tl.reshape(survive, (NSUB, G, BLOCK_T)), axis=1)
         if ATOMIC:
@@ -95,11 +99,13 @@ def screen_tile_queries(rp: int, g: int) -> int:
 
 
 def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_queries, cap,
-           config: LaunchConfig | None = None):
+           config: LaunchConfig | None = None, k_scale=None):
     """Screen every key for every query; returns (ids [B,L,cap] int32, count [B,L] int32).
 
-    g [B,S,RP,D] in k's dtype (RP a power of two), alpha/beta [B,S,RP] fp32, e/c [B,S] fp32, tau [B,S]
-    fp32, k [B,T,D], nk [B,T] fp32 upper bounds of the key norms, mask None | [B,S,T].
+    g [B,S,RP,D] in k's dtype, bf16 for E4M3 keys (RP a power of two), alpha/beta [B,S,RP] fp32, e/c
+    [B,S] fp32, tau [B,S] fp32, k [B,T,D], nk [B,T] fp32 upper bounds of the key norms, mask None |
+    [B,S,T]. ``k_scale`` [B,T] fp32 (E4M3 keys): U, in the units of the unscaled sum, goes through
+    the scorer's last step (``scale_and_bias``) before the comparison.
     ``list_queries`` (G) consecutive queries share one list; L = lists_per_batch = ceil(S / G).
     ``config``: a launch config (e.g. one of defaults.SCREEN_CONFIGS); None chooses one by measurement on
     CUDA (cached per device and bucketed T), defaults.SCREEN_CONFIGS[0] elsewhere. Every config gives the
@@ -114,7 +120,7 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
     def launch(cfg: LaunchConfig) -> None:
         count.zero_()
         _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids, count,
-                       lists_per_batch, list_queries, cfg)
+                       lists_per_batch, list_queries, cfg, k_scale)
 
     if config is None:
         config = choose_screen_config(launch, k, kind, RP, list_queries, work=B * S * T * RP * D)
@@ -138,7 +144,7 @@ def choose_screen_config(launch: Callable[[LaunchConfig], None], k, mask_kind: i
 
 
 def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids, count,
-                   lists_per_batch, list_queries, config: LaunchConfig) -> None:
+                   lists_per_batch, list_queries, config: LaunchConfig, k_scale=None) -> None:
     """One launch of the screen kernel with ``config`` (BLOCK_T, num_warps, num_stages)."""
     B, S, RP, D = g.shape
     T = k.shape[1]
@@ -149,11 +155,12 @@ def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids,
     launch = config.kwargs()
     splits = key_splits(B * n_tiles, T, launch["BLOCK_T"])
     _screen_kernel[(B * n_tiles, splits)](
-        g, alpha, beta, e, c, tau, k, nk, k if m is None else m, ids, count,  # k: unread mask slot
+        g, alpha, beta, e, c, tau, k, nk if k_scale is None else k_scale, nk,  # nk: unread scale slot
+        k if m is None else m, ids, count,  # k: unread mask slot
         S, T, ids.shape[-1], n_tiles, lists_per_batch,
         g.stride(0), g.stride(1), g.stride(2), alpha.stride(0), alpha.stride(1),
-        k.stride(0), k.stride(1), nk.stride(0), ids.stride(0), ids.stride(1), count.stride(0),
-        msb, mss, mst,
+        k.stride(0), k.stride(1), 0 if k_scale is None else k_scale.stride(0), nk.stride(0),
+        ids.stride(0), ids.stride(1), count.stride(0), msb, mss, mst,
         BLOCK_SS=block_ss, RP=RP, D=D, G=list_queries, MASK_KIND=kind, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, ATOMIC=splits > 1, SEQUENTIAL=INTERPRET, **launch,
+        TO_FP32=INTERPRET or ieee, ATOMIC=splits > 1, SEQUENTIAL=INTERPRET, FP8=k_scale is not None, **launch,
     )

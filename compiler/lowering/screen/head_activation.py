@@ -1,8 +1,8 @@
 """Activation frequencies of the certificate's heads, in one Triton kernel (SPEC A.3, C.2).
 
 ``activation_frequency(q, k, seed_ids, A, samples)``: q [B,S,H,D], k [B,T,D] (one dtype,
-bf16/fp16/fp32), seed_ids [B,G,W] int32 key ids (G = ceil(S / A) groups of A queries), samples
->= 1. Returns p [B,S,H] fp32: for query s of group g = s // A and head h, the fraction of the first
+bf16/fp16/fp32, or float8_e4m3fn multiplied as bf16), seed_ids [B,G,W] int32 key ids (G =
+ceil(S / A) groups of A queries), samples >= 1. Returns p [B,S,H] fp32: for query s of group g = s // A and head h, the fraction of the first
 min(samples, W) witness keys ``seed_ids[b, g, :m]`` with q_h . k > 0. p steers the plan's choices
 only, never its soundness, so the products' rounding may differ from any other form."""
 from __future__ import annotations
@@ -20,9 +20,10 @@ __all__ = ["activation_frequency"]
 @triton.jit
 def _activation_kernel(q_ptr, k_ptr, ids_ptr, out_ptr, S, H, A, m, sqb, sqs, sqh, skb, skt, sib, sig,
                        D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr, KEYS: tl.constexpr,
-                       TO_FP32: tl.constexpr):
+                       TO_FP32: tl.constexpr, TO_BF16: tl.constexpr):
     """out[b, s, h] (contiguous [B, S, H]) for the ROWS rows (s, h) of group g, block rb. TO_FP32:
-    operands upcast before the dot (the interpreter multiplies bf16 operands wrongly)."""
+    operands upcast before the dot (the interpreter multiplies bf16 operands wrongly); TO_BF16:
+    E4M3 operands converted (exactly) to bf16."""
     b = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     rows = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
@@ -34,6 +35,8 @@ def _activation_kernel(q_ptr, k_ptr, ids_ptr, out_ptr, S, H, A, m, sqb, sqs, sqh
                 mask=rok[:, None] & (d < D)[None, :], other=0.0)
     if TO_FP32:
         q = q.to(tl.float32)
+    elif TO_BF16:
+        q = q.to(tl.bfloat16)
     positive = tl.zeros([ROWS], dtype=tl.int32)
     for p0 in range(0, m, KEYS):
         j = p0 + tl.arange(0, KEYS)
@@ -43,6 +46,8 @@ def _activation_kernel(q_ptr, k_ptr, ids_ptr, out_ptr, S, H, A, m, sqb, sqs, sqh
                      other=0.0)
         if TO_FP32:
             kt = kt.to(tl.float32)
+        elif TO_BF16:
+            kt = kt.to(tl.bfloat16)
         x = tl.dot(q, kt)
         positive += tl.sum(((x > 0) & jok[None, :]).to(tl.int32), axis=1)
     tl.store(out_ptr + (b * S + s) * H + head, positive.to(tl.float32) / m, mask=rok)
@@ -68,5 +73,5 @@ def activation_frequency(q: torch.Tensor, k: torch.Tensor, seed_ids: torch.Tenso
         _activation_kernel[grid](q, k, ids, out, S, H, A, m, q.stride(0), q.stride(1), q.stride(2),
                                  k.stride(0), k.stride(1), ids.stride(0), ids.stride(1), D=D,
                                  DP=max(16, triton.next_power_of_2(D)), ROWS=defaults.ACTIVATION_ROWS, KEYS=defaults.ACTIVATION_KEYS,
-                                 TO_FP32=INTERPRET)
+                                 TO_FP32=INTERPRET, TO_BF16=q.dtype == torch.float8_e4m3fn)
     return out

@@ -1,0 +1,98 @@
+"""E4M3 quantisation of the indexer's q, k and weights, as DeepSeek-V3.2 scores its indexer (SPEC A.10).
+
+``PRECISIONS``: what the indexer top-K scores, ``"bf16"`` THE SCORER on the inputs as given,
+``"fp8"`` the FP8 scorer on E4M3 inputs made from a Hadamard rotation of q and k (DeepSeek-V3.2's
+reference), ``"fp8_unrotated"`` the same without the rotation. A row x [D] (a key, or one head of
+a query) is quantised in float32: ``x <- hadamard(x)`` (rotated precisions), ``scale =
+fl32(max(max_d |x_d|, AMAX_FLOOR) / E4M3_MAX)``, ``x8 = e4m3(clamp(fl32(x_d / scale), +-E4M3_MAX))``
+(nearest even). Keys keep their scale (``k_scale`` [B,T] fp32, applied by the scorer after the
+head sum); a query head's scale is folded into its weight, ``w'_h = fl32(w_h * scale_h)``. Every
+step is elementwise or an exact maximum: the same bits on every device, and a key's quantisation
+does not depend on the other keys (a cache grown by appending equals quantising the whole). A
+non-finite row gives a non-finite scale or NaN values (its queries are then scored densely)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["PRECISIONS", "E4M3_MAX", "AMAX_FLOOR", "check_precision", "rotates", "hadamard",
+           "quantize_rows", "quantize_keys", "quantize_queries", "quantize_indexer_inputs"]
+
+PRECISIONS = ("bf16", "fp8", "fp8_unrotated")
+"""What the indexer top-K scores (module docstring); "bf16" is the default everywhere."""
+E4M3_MAX = 448.0
+"""The largest finite float8_e4m3fn value."""
+AMAX_FLOOR = 2.0**-64
+"""Smallest row maximum a scale is made from: an all-zero or tiny row still gets a normal, positive
+scale (its values quantise to 0 or to small E4M3 values)."""
+
+
+def check_precision(name: str, value: object) -> str:
+    """``value`` if it is one of PRECISIONS, else ValueError naming ``name``."""
+    if not isinstance(value, str) or value not in PRECISIONS:
+        raise ValueError(f"{name}: expected one of {list(PRECISIONS)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def rotates(precision: str) -> bool:
+    """True for the precisions that rotate q and k by ``hadamard`` before quantising."""
+    return precision == "fp8"
+
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    """x H / sqrt(D) over the last dimension (D a power of two), float32: the fast Walsh-Hadamard
+    butterflies (a + b, a - b) in log2(D) elementwise stages, then one multiply by fl32(D^-1/2)."""
+    D = x.shape[-1]
+    if D < 1 or D & (D - 1):
+        raise ValueError(f"hadamard: the last dimension must be a power of two, got {D}")
+    y = x.to(torch.float32)
+    lead = y.shape[:-1]
+    h = 1
+    while h < D:
+        pairs = y.reshape(*lead, D // (2 * h), 2, h)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2).reshape(*lead, D)
+        h *= 2
+    return y * torch.tensor(1.0 / math.sqrt(D), dtype=torch.float32, device=y.device)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x8 [..., D] float8_e4m3fn, scale [...] float32) of float rows x [..., D] (module docstring)."""
+    x = x.to(torch.float32)
+    amax = x.abs().amax(-1) if x.shape[-1] else x.new_zeros(x.shape[:-1])
+    scale = torch.clamp(amax, min=AMAX_FLOOR) / E4M3_MAX  # NaN and inf stay
+    x8 = torch.clamp(x / scale[..., None], -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return x8, scale
+
+
+def _rotated(x: torch.Tensor, precision: str) -> torch.Tensor:
+    return hadamard(x) if rotates(precision) else x
+
+
+def quantize_keys(k: torch.Tensor, precision: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys k [B,T,D] (float) -> (k8 [B,T,D] float8_e4m3fn, k_scale [B,T] float32)."""
+    check_precision("precision", precision)
+    if precision == "bf16":
+        raise ValueError("precision: expected an fp8 precision to quantise keys, got 'bf16'")
+    return quantize_rows(_rotated(k, precision))
+
+
+def quantize_queries(q: torch.Tensor, weights: torch.Tensor,
+                     precision: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries q [B,S,H,D] and weights [B,S,H] (float) -> (q8 [B,S,H,D] float8_e4m3fn, w' [B,S,H]
+    float32): one scale per (query, head), folded into that head's weight, w' = fl32(w * scale)."""
+    check_precision("precision", precision)
+    if precision == "bf16":
+        raise ValueError("precision: expected an fp8 precision to quantise queries, got 'bf16'")
+    q8, scale = quantize_rows(_rotated(q, precision))
+    return q8, weights.to(torch.float32) * scale
+
+
+def quantize_indexer_inputs(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, precision: str = "fp8"
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q8, k8, w', k_scale): the FP8 scorer's inputs (``quantize_queries`` and ``quantize_keys``)
+    for ``dense_topk`` / ``certified_topk`` with ``key_scale=k_scale``."""
+    q8, w8 = quantize_queries(q, weights, precision)
+    k8, k_scale = quantize_keys(k, precision)
+    return q8, k8, w8, k_scale
