@@ -390,7 +390,9 @@ def main(argv=None) -> int:
         env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
                "PULSAR_DOSA_AUTOTUNE_CACHE": os.path.join(caches, "autotune.json")}
         cold = run_first_calls(shapes, args.device, env, FIRST_CALL_TIMEOUT_S)
+        _write_partial(args.out, {"device": args.device, "first_calls": {"cold_caches": cold}})
         warm = run_first_calls(shapes, args.device, env, FIRST_CALL_TIMEOUT_S / 2)
+        _write_partial(args.out, {"device": args.device, "first_calls": {"cold_caches": cold, "warm_disk_caches": warm}})
         tallies = run_workers(SMOKE_CLASSES if args.smoke else CLASSES, cases, budget, args.device, args.smoke,
                               args.seed, env)
     total = summarise(tallies)
@@ -405,6 +407,13 @@ def main(argv=None) -> int:
            or cold["timed_out"] or cold["exit_code"]
            or warm["timed_out"] or warm["exit_code"] or not all(c.get("identical", True) for c in cold["calls"]))
     return 1 if bad else 0
+
+
+def _write_partial(out: str, result: dict) -> None:
+    """The results so far (a stage at a time), written and printed, so that a run cut short keeps them."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({**result, "partial": True}, indent=1))
+    print(json.dumps(result), flush=True)
 
 
 def print_tables(result: dict) -> None:

@@ -61,15 +61,20 @@ CONFIGS = {
     "h64_n64_w8_s2": LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_H=64, BLOCK_N=64),
     "h64_n32_w8_s3": LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_H=64, BLOCK_N=32),
     "h32_n32_w8_s4": LaunchConfig.of(num_warps=8, num_stages=4, BLOCK_H=32, BLOCK_N=32),
-    "h128_n32_w16_s2": LaunchConfig.of(num_warps=16, num_stages=2, BLOCK_H=128, BLOCK_N=32),
 }
 """Launch configurations on a GPU, by name (heads per program, indices per tile, warps, stages).
 At Dc = 512 a program's fp32 accumulator is BLOCK_H·512·4 bytes (128 KB at 64 heads: 128
 registers a thread over 8 warps; 64 at 32 heads) and its shared memory holds q_lat
-(BLOCK_H·512·2 bytes) and ``num_stages`` gathered tiles of BLOCK_N·576·2 bytes. 64 and 128 heads
-fill Hopper's 64-row warpgroup products; 32 heads halve the accumulator's registers."""
+(BLOCK_H·512·2 bytes) and ``num_stages`` gathered tiles of BLOCK_N·576·2 bytes. 64 heads fill
+Hopper's 64-row warpgroup products; 32 heads halve the accumulator's registers. 128 heads a program
+(16 warps) is not offered: ptxas rejects it (sparse_attention_h200.json)."""
 DEFAULT_CONFIG = "h64_n64_w8_s2"
-"""The configuration the op runs."""
+"""The configuration the op runs on more than FEW_QUERIES queries (prefill): sparse_attention_h200.md."""
+FEW_QUERIES_CONFIG = "h32_n32_w8_s4"
+"""The configuration the op runs on at most FEW_QUERIES queries (decode), whose programs are few and
+short: 0.69-0.78 ms against 1.22 at B = 1 over 131072 keys, sparse_attention_h200.md."""
+FEW_QUERIES = 256
+"""Most queries (B·S) of a call that runs FEW_QUERIES_CONFIG first."""
 FALLBACK_CONFIGS = ("h64_n32_w8_s3", "h32_n32_w8_s4")
 """Tried in turn, for the op only, when the default configuration does not compile or launch on the
 device (e.g. its shared memory exceeds the device's); the first that does is kept per kernel shape."""
@@ -261,6 +266,12 @@ def _visible_indices(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k:
     return out
 
 
+def default_configs(queries: int) -> tuple[str, ...]:
+    """The configurations the op tries in turn for a call of ``queries`` queries (B·S)."""
+    first = FEW_QUERIES_CONFIG if queries <= FEW_QUERIES else DEFAULT_CONFIG
+    return (first, *(name for name in (DEFAULT_CONFIG, *FALLBACK_CONFIGS) if name != first))
+
+
 def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, names: tuple[str, ...],
                    splits: Optional[int]) -> None:
     """o_lat ``[B, H, n, Dc]`` of n queries: the attention kernel (and the merge when split), in the
@@ -323,8 +334,8 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
 
     ``distinct``: the caller guarantees that no row repeats an in-range index (indices from a
     top-K), so the per-row sort that removes repeats is skipped; with repeats the result would
-    count a repeated key more than once. ``config`` names a CONFIGS entry (None: DEFAULT_CONFIG,
-    then FALLBACK_CONFIGS where it does not compile); ``splits`` forces the number of programs each
+    count a repeated key more than once. ``config`` names a CONFIGS entry (None: ``default_configs``,
+    each tried where the one before does not compile); ``splits`` forces the number of programs each
     query's indices are split over (default: enough to fill the GPU).
     Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``. Raises
     TypeError/ValueError naming the argument for a bad shape, dtype, device or scalar.
@@ -335,9 +346,9 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
         raise TypeError(f"distinct must be a bool, got {type(distinct).__name__}")
     if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
         raise ValueError(f"splits must be None or an int >= 1, got {splits!r}")
-    names = (DEFAULT_CONFIG, *FALLBACK_CONFIGS) if config is None else (config,)
-    launch_config(names[0])  # a ValueError for an unknown name, before any work
     b, heads, s, _ = q.shape
+    names = default_configs(b * s) if config is None else (config,)
+    launch_config(names[0])  # a ValueError for an unknown name, before any work
     t_len, lat_dim = latent.shape[1], latent.shape[2]
     nope_dim, _, v_dim = absorbed_dims(q, rope_key, kv_b_weight)
     w_uk, w_uv = head_weights(kv_b_weight, heads, nope_dim)

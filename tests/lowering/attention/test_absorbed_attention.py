@@ -155,3 +155,14 @@ def test_a_configuration_that_does_not_compile_falls_back_for_the_op_only(monkey
         tried.clear()
         absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, None, scale=0.3,
                                          config="h32_n32_w8_s4")
+
+
+def test_decode_sized_calls_try_the_few_queries_config_first_and_every_config_stays_a_fallback():
+    from compiler.lowering.attention.absorbed_attention import (CONFIGS, DEFAULT_CONFIG, FEW_QUERIES,
+                                                                FEW_QUERIES_CONFIG, default_configs)
+
+    few, many = default_configs(FEW_QUERIES), default_configs(FEW_QUERIES + 1)
+    assert few[0] == FEW_QUERIES_CONFIG and many[0] == DEFAULT_CONFIG
+    for names in (few, many):
+        assert len(set(names)) == len(names) and set(names) <= set(CONFIGS)
+        assert DEFAULT_CONFIG in names and FEW_QUERIES_CONFIG in names
