@@ -14,7 +14,11 @@ the last S queries of a held-out window of T tokens), K in ``--topk``:
 * ``groups``: the pruning an exact variant would reach at the oracle threshold if the negative
   heads were credited by m group terms, sum_G relu(sum_{h in G} |w_h| q_h . k) <= sum_{h in N}
   |w_h| relu(q_h . k) (heads grouped by k-means on their unit q directions), with every positive
-  head retained exactly: the best any screen of |H+| + m dots per key can do with such groups.
+  head retained exactly: the best any screen of |H+| + m dots per key can do with such groups;
+* ``oracle_tiles``: per query tile of n in ``QUERY_TILES`` consecutive queries, the share of
+  (query tile, tile of KEY_TILE keys) pairs with a visible key whose largest exact score stays below
+  every one of the tile's tau_K: the most that any bound shared by the tile (which cannot be below
+  the exact scores it bounds) lets a tiled scorer skip, even at the oracle threshold.
 
     python benchmarks/certificate_slack.py --out benchmarks/results/certificate_slack_trained.json --T 8192
 """
@@ -33,6 +37,19 @@ from runtime.rounding import key_norm_up
 from runtime.seeds import seed_mask
 
 H, D = 64, 128
+QUERY_TILES = (1, 16, 64)
+KEY_TILE = 64
+
+
+def oracle_tiles(s: torch.Tensor, visible: torch.Tensor, tau: torch.Tensor, n: int) -> float:
+    """Share of (n-query tile, KEY_TILE-key tile) pairs with a visible key where every score is
+    below each of the tile's queries' tau (``s`` [S, T] with -inf where hidden)."""
+    S, T = s.shape
+    rows, cols = S // n * n, T // KEY_TILE * KEY_TILE
+    excess = (s[:rows, :cols] - tau[:rows, None]).view(rows // n, n, cols // KEY_TILE, KEY_TILE)
+    seen = visible[:rows, :cols].view(rows // n, n, cols // KEY_TILE, KEY_TILE).any(3).any(1)
+    below = excess.amax(dim=(1, 3)) < 0
+    return float((below & seen).sum() / seen.sum())
 
 
 def exact(q: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -116,7 +133,8 @@ def layer_report(layer: int, S: int, T: int, topk: int, rs: list[int], groups: l
             "positive_heads": float((w > 0).double().mean()),
             "seed_gap": float(((tau_k - tau_seed) / (tau_k - median).clamp_min(1e-30)).median()),
             "tau_k_median": float(tau_k.median()), "score_median": float(median.median()),
-            "certificate": rows, "groups": grouped}
+            "certificate": rows, "groups": grouped,
+            "oracle_tiles": {n: oracle_tiles(s, visible, tau_k, n) for n in QUERY_TILES}}
 
 
 def render(result: dict, md: Path) -> None:
@@ -125,16 +143,19 @@ def render(result: dict, md: Path) -> None:
              "Pruned share of screened keys per r at the seed threshold / at the oracle tau_K; 'groups m': all positive "
              "heads exact, negative heads credited by m group terms, at tau_K. Medians over keys below tau_K "
              "(score units): gap tau_K - s, bound excess U - s, negative mass, positive residual E||k||.", "",
+             f"'oracle tiles n': the share of (n queries x {KEY_TILE} keys) tiles whose exact scores all stay below "
+             "the tile's tau_K, the most a bound shared by the tile could skip.", "",
              "| layer | K | positive heads | seed gap | r: pruned at seed / oracle | groups m: pruned | "
-             "r=8: gap, excess, negative mass, residual |", "|---|---|---|---|---|---|---|"]
+             "oracle tiles n: skippable | r=8: gap, excess, negative mass, residual |", "|---|---|---|---|---|---|---|---|"]
     for row in result["layers"]:
         cert = "; ".join(f"{c['r']}: {c['pruned_at_tau_seed']:.2f}/{c['pruned_at_tau_k']:.2f}" for c in row["certificate"])
         groups = "; ".join(f"{g['m']}: {g['pruned_at_tau_k']:.2f}" for g in row["groups"])
         r8 = next((c for c in row["certificate"] if c["r"] == 8), None)
         slack = "-" if r8 is None else (f"{r8['median_gap']:.3g}, {r8['median_excess']:.3g}, "
                                         f"{r8['median_negative_mass']:.3g}, {r8['median_positive_residual']:.3g}")
+        tiles = "; ".join(f"{n}: {v:.2f}" for n, v in row.get("oracle_tiles", {}).items()) or "-"
         lines.append(f"| {row['layer']} | {row['topk']} | {row['positive_heads']:.2f} | {row['seed_gap']:.2f} | "
-                     f"{cert} | {groups} | {slack} |")
+                     f"{cert} | {groups} | {tiles} | {slack} |")
     md.write_text("\n".join(lines) + "\n")
     import matplotlib
 
@@ -185,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps({"layer": layer, "topk": topk, "positive_heads": round(row["positive_heads"], 3),
                               "seed_gap": round(row["seed_gap"], 3),
                               "pruned_tau_k": {c["r"]: round(c["pruned_at_tau_k"], 3) for c in row["certificate"]},
-                              "groups": {g["m"]: round(g["pruned_at_tau_k"], 3) for g in row["groups"]}}), flush=True)
+                              "groups": {g["m"]: round(g["pruned_at_tau_k"], 3) for g in row["groups"]},
+                              "oracle_tiles": {n: round(v, 3) for n, v in row["oracle_tiles"].items()}}), flush=True)
             args.out.write_text(json.dumps(result, indent=1))
     result["seconds"] = round(time.time() - t0, 1)
     args.out.write_text(json.dumps(result, indent=1))

@@ -359,6 +359,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cases", type=int, default=None, help=f"stage 2 cases in all (default {CASES}; smoke 20)")
     p.add_argument("--budget-s", type=float, default=None, help=f"stage 2 deadline (default {BUDGET_S} s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--first-call-timeout-s", type=float, default=FIRST_CALL_TIMEOUT_S,
+                   help="stage 1's limit for the cold process (the warm one gets half)")
     p.add_argument("--first-calls-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
@@ -368,6 +370,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.device = "cpu" if args.smoke else "cuda"
     if not (args.first_calls_child or args.worker) and not args.out:
         p.error("--out is required")
+    if not args.first_call_timeout_s > 0:
+        p.error(f"--first-call-timeout-s: expected a positive number of seconds, got {args.first_call_timeout_s}")
     return args
 
 
@@ -389,9 +393,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as caches:
         env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
                "PULSAR_DOSA_AUTOTUNE_CACHE": os.path.join(caches, "autotune.json")}
-        cold = run_first_calls(shapes, args.device, env, FIRST_CALL_TIMEOUT_S)
+        cold = run_first_calls(shapes, args.device, env, args.first_call_timeout_s)
         _write_partial(args.out, {"device": args.device, "first_calls": {"cold_caches": cold}})
-        warm = run_first_calls(shapes, args.device, env, FIRST_CALL_TIMEOUT_S / 2)
+        warm = run_first_calls(shapes, args.device, env, args.first_call_timeout_s / 2)
         _write_partial(args.out, {"device": args.device, "first_calls": {"cold_caches": cold, "warm_disk_caches": warm}})
         tallies = run_workers(SMOKE_CLASSES if args.smoke else CLASSES, cases, budget, args.device, args.smoke,
                               args.seed, env)

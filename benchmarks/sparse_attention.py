@@ -29,7 +29,7 @@ within its visible keys; a row with at most 2048 visible keys selects keys 0..20
 
 Methods, timed by CUDA events (median): ``absorbed:<config>`` for every entry of
 ``compiler.lowering.attention.absorbed_attention.CONFIGS`` on a case's first kind and the fastest of
-them on its other kinds (the op runs ``DEFAULT_CONFIG``),
+them on its other kinds (the op runs ``default_configs``' first),
 ``union`` (``pulsar_dosa.sparse_attention``'s kernels on the expanded keys and values) and
 ``masked_sdpa`` (what transformers runs: index mask, combined mask, SDPA over all T keys; timed
 once per case, its work does not depend on the selection). ``tflops`` is the absorbed form's
