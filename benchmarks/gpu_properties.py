@@ -16,7 +16,8 @@ in -2..2 (many ties), a causal mask.
 
 Stage 2, properties. ``len(CLASSES)`` worker processes run at once, each one class of (dtype, H, D)
 so that they compile different kernels. Each draws cases (``draw_case``; seeded, reproducible)
-until twice its share of ``--cases`` or the deadline: shapes (B, S, T, topk), every budget r of small
+until twice its share of ``--cases`` or the deadline (one still compiling WORKER_GRACE_S past it is
+stopped, its last tally counted): shapes (B, S, T, topk), every budget r of small
 H (a spread for H = 64) and -1, values that tie (integers, ReLU zeros, repeated keys), NaN and
 inf in q, k, weights or an additive mask, huge magnitudes, masks None / bool (random, causal
 either way, rows with no visible key) / additive (ties in the bias), and calls the op with path
@@ -72,6 +73,11 @@ SMOKE_T, SMOKE_S, SMOKE_TOPK = (1, 7, 17, 40), (1, 2, 5), (1, 3, 8, 50)
 H64_BUDGETS = (1, 2, 3, 4, 5, 7, 8, 15, 16, 31, 64)
 """Budgets r drawn for H = 64 (every r in 1..H for smaller H)."""
 EXAMPLES = 10
+TALLY_EVERY_S = 2.0
+"""Seconds between a worker's rewrites of its tally."""
+WORKER_GRACE_S = 15.0
+"""Seconds a worker may run past the deadline (finishing a case) before it is stopped and its last
+tally counted."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,8 +271,11 @@ def identical(a, b) -> bool:
     return torch.equal(a[1], b[1]) and torch.equal(a[0].view(torch.int32), b[0].view(torch.int32))
 
 
-def property_worker(klass, cases: int, deadline: float, seed: int, device: str, smoke: bool) -> dict:
-    """Stage 2's worker: draw and check cases of one class until ``cases`` or ``deadline`` (epoch s)."""
+def property_worker(klass, cases: int, deadline: float, seed: int, device: str, smoke: bool,
+                    result: Path | None = None) -> dict:
+    """Stage 2's worker: draw and check cases of one class until ``cases`` or ``deadline`` (epoch s);
+    the tally so far is rewritten to ``result`` every TALLY_EVERY_S, so that a worker stopped in a
+    compilation past the deadline still reports the cases it checked."""
     import torch
 
     import compiler  # noqa: F401  (registers the op)
@@ -274,7 +283,11 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
     dtype_name, H, D = klass
     op = torch.ops.pulsar_dosa.certified_topk
     tally = {"class": list(klass), "cases": 0, "mismatches": 0, "errors": 0, "by_category": {}, "examples": []}
+    written = time.time()
     for i in range(cases):
+        if result is not None and time.time() - written > TALLY_EVERY_S:
+            Path(result).write_text(json.dumps(tally))
+            written = time.time()
         if time.time() > deadline:
             break
         case_seed = seed * 1_000_003 + i
@@ -319,13 +332,15 @@ def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, 
                                                         stderr=subprocess.PIPE, text=True)))
         tallies = []
         for klass, path, proc in procs:
+            cut = False
             try:
-                _, err = proc.communicate(timeout=max(1.0, deadline - time.time()) + 120)
+                _, err = proc.communicate(timeout=max(1.0, deadline - time.time()) + WORKER_GRACE_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 _, err = proc.communicate()
-            if proc.returncode == 0 and path.exists():
-                tallies.append(json.loads(path.read_text()))
+                cut = True
+            if (proc.returncode == 0 or cut) and path.exists():
+                tallies.append({**json.loads(path.read_text()), **({"cut_at_deadline": True} if cut else {})})
             else:
                 tallies.append({"class": list(klass), "cases": 0, "mismatches": 0, "errors": 0, "by_category": {},
                                 "examples": [], "failed": f"exit code {proc.returncode}: {err[-3000:]}"})
@@ -383,7 +398,7 @@ def main(argv=None) -> int:
     if args.worker:
         dtype_name, H, D = args.worker.split(",")
         tally = property_worker((dtype_name, int(H), int(D)), args.cases, args.deadline, args.seed, args.device,
-                                args.smoke)
+                                args.smoke, Path(args.result))
         Path(args.result).write_text(json.dumps(tally))
         return 0
     shapes = SMOKE_FIRST_CALL_SHAPES if args.smoke else FIRST_CALL_SHAPES

@@ -32,3 +32,12 @@ def test_cases_are_reproducible_and_adversarial():
                                                      "nonfinite_q", "nonfinite_k", "nonfinite_weights",
                                                      "nonfinite_mask", "topk>=T", "bias=integers"}
     assert wanted <= tags
+
+
+def test_a_worker_keeps_its_tally_on_disk_as_it_goes(tmp_path, monkeypatch):
+    """A worker stopped past the deadline (in a compilation) is counted from the tally it wrote last."""
+    monkeypatch.setattr(gpu_properties, "TALLY_EVERY_S", 0.0)
+    path = tmp_path / "worker.json"
+    tally = gpu_properties.property_worker(("float32", 2, 8), 3, float("inf"), 0, "cpu", True, path)
+    assert tally["cases"] == 3
+    assert json.loads(path.read_text())["cases"] == 2  # written before the third case
