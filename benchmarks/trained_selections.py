@@ -4,9 +4,9 @@ The sparse-attention form is chosen on shapes (``compiler.policy.sparse_attentio
 union form wins when the queries of a 64-query block select nearly the same keys (a sliding
 window), the absorbed form when they do not. This measures which case trained selections are: per
 layer of ``benchmarks/models/tiny-dsa`` (the ``trained`` zoo family: the last S queries of a
-held-out window of T tokens), the indexer's exact top-K (float32 scores, causal), then per block of
-UNION_BLOCK consecutive queries the distinct keys they select, over K (1: all the same keys; up to
-UNION_BLOCK: disjoint), and the share of selected keys among each query's K most recent keys.
+held-out window of T tokens), the indexer's exact top-K (the op's scorer and order, causal), then
+per block of UNION_BLOCK consecutive queries the distinct keys they select, over K (1: all the same
+keys; up to UNION_BLOCK: disjoint), and the share of selected keys among each query's K most recent.
 ``--save`` writes the selections ``[layers, S, K]`` int32 with T for ``sparse_attention.py
 --selections`` (one batch row per layer).
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import harness
-from runtime.dense_scorer import exact_scores
+from runtime.dense_scorer import dense_topk
 from runtime.indexer_zoo import zoo_inputs
 
 H, D = 64, 128
@@ -30,12 +30,11 @@ UNION_BLOCK = 64
 
 
 def layer_selections(layer: int, S: int, T: int, topk: int, seed: int = 0) -> torch.Tensor:
-    """[S, topk] int64: the trained indexer's exact top-K of the last S queries (causal) of layer ``layer``."""
+    """[S, topk] int64: the trained indexer's exact top-K (``dense_topk``, the op's order) of the last
+    S queries (causal) of layer ``layer``."""
     q, k, w, _ = zoo_inputs("trained", 1, S, T, H, D, seed=seed, layer=layer)
-    scores = exact_scores(q, w, k)[0]
-    position = torch.arange(T - S, T)[:, None]
-    scores = scores.masked_fill(torch.arange(T)[None, :] > position, float("-inf"))
-    return scores.topk(topk, dim=-1).indices
+    causal = torch.arange(T)[None, None, :] <= torch.arange(T - S, T)[None, :, None]
+    return dense_topk(q, k, w, topk, causal)[1][0]
 
 
 def sharing(indices: torch.Tensor, T: int) -> dict:

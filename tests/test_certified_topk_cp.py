@@ -4,7 +4,6 @@ as much as each rank's own; the Triton pipeline honours the shared bound; bad ar
 errors before any collective."""
 import datetime
 import os
-import socket
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from runtime.certified_topk_cp import certified_topk_cp
 from runtime.dense_scorer import dense_topk, select_topk
 from runtime.order_codes import PADDING, decode_order_codes, encode_order_codes
 from runtime.structured_indexer import structured_indexer_inputs
+from tests.runtime.test_distributed import free_port
 
 SMALL = CertifiedTopkConfig(anchor_stride=4, sink=2, window=4)
 """Few seeds at these sizes, so that most keys are screened."""
@@ -143,12 +143,6 @@ def worker(rank, world_size, port, workdir):
         torch.save(results, os.path.join(workdir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

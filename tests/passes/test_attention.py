@@ -4,14 +4,15 @@ ordinary attention with no layout and follows the Pulsar layout when one is acti
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import compiler.ops.attention  # noqa: F401  (registers pulsar_dosa::attention)
 from compiler.report import collecting
 from runtime.assembly import assemble
 from runtime.attention_layout import PackedPhase, use_layout
 from runtime.attention_reference import two_interval_attention
-from runtime.pulsar import PulsarConfig, cache_keyword, encode_context, generate
+from runtime.pulsar import PulsarConfig, encode_context, generate
+from tests.runtime.test_pulsar import assert_same_kv, naive_kept_kv
 
 BACKEND = dict(backend="pulsar_dosa", options={"downstream": "eager"})
 
@@ -141,26 +142,6 @@ def test_attention_op_passes_opcheck():
         torch.ops.pulsar_dosa.attention(q, k, v, None, False, None, True, "eager_mul")
 
 
-CACHE_ARG = cache_keyword(LlamaForCausalLM)
-
-
-def naive_kept_kv(model, ids, layout):
-    """Each assembled input as an ordinary causal forward of the uncompiled model; its block's KV."""
-    per_layer = [([], []) for _ in range(model.config.num_hidden_layers)]
-    bounds = layout.cu_seqlens.tolist()
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        cache = DynamicCache(config=model.config)
-        with torch.no_grad():
-            model(input_ids=ids[layout.source_index[start:stop]][None],
-                  position_ids=layout.position_ids[start:stop][None],
-                  attention_mask=torch.ones(1, stop - start, dtype=torch.long), use_cache=True,
-                  **{CACHE_ARG: cache})
-        for layer, (keys, values) in zip(cache.layers, per_layer):
-            keys.append(layer.keys[:, :, layout.keep[start:stop]])
-            values.append(layer.values[:, :, layout.keep[start:stop]])
-    return [(torch.cat(k, 2), torch.cat(v, 2)) for k, v in per_layer]
-
-
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_compiled_llama_follows_pulsar_phases_like_the_uncompiled_model(implementation):
     """Phase 1 through the pass keeps the naive per-input KV; generate gives the uncompiled tokens;
@@ -184,9 +165,7 @@ def test_compiled_llama_follows_pulsar_phases_like_the_uncompiled_model(implemen
     assert modules == {"model.layers.0.self_attn", "model.layers.1.self_attn"} and not report.near_misses
     assert torch.equal(tokens, generate(model, ids, query, pulsar, max_new_tokens=5))
     separate = assemble(ids, 32, sink=4, chunk=4, ratio=0.25)
-    for (k1, v1), (k2, v2) in zip(kept, naive_kept_kv(model, ids, separate)):
-        torch.testing.assert_close(k1, k2, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
+    assert_same_kv(kept, naive_kept_kv(model, ids, separate))
 
 
 def test_layouts_accept_the_triton_kernel_as_attention_function():

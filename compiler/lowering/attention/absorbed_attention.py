@@ -36,19 +36,16 @@ graph.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from compiler.autotune import LaunchConfig, interpreter_active, multiprocessor_count
-from compiler.lowering.attention.online_softmax import merge_split_partials, online_softmax_step
-from compiler.lowering.attention.sparse_attention import TARGET_PROGRAMS_PER_SM
+from compiler.autotune import LaunchConfig, interpreter_active
+from compiler.lowering.attention.online_softmax import LOG2_E, attention_splits, merge_split_partials, online_softmax_step
 from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs, head_weights
 
-_LOG2_E = math.log2(math.e)
 _INTERPRETED = interpreter_active()
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -242,14 +239,6 @@ def _run_with_fallback(shape: tuple, names: tuple[str, ...], launch) -> None:
         return
 
 
-def _num_splits(programs: int, width: int, block_n: int, device: torch.device) -> int:
-    """Splits of each query's indices so that the grid fills the GPU (1 when it already does)."""
-    if device.type != "cuda":
-        return 1
-    target = TARGET_PROGRAMS_PER_SM * multiprocessor_count(device)
-    return max(1, min(triton.cdiv(target, programs), triton.cdiv(width, block_n)))
-
-
 def _visible_indices(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k: int, dedup: bool) -> torch.Tensor:
     """``[B, n, K]`` int32: each index where its key counts, else -1 (``_visible_indices_kernel``)."""
     b, n, width = indices.shape
@@ -291,9 +280,7 @@ def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: f
     block_n = meta["BLOCK_N"]
     block_c = max(16, triton.next_power_of_2(lat_dim))
     head_blocks = triton.cdiv(heads, block_h)
-    n_split = splits if splits is not None else _num_splits(head_blocks * n * b, width, block_n, q_lat.device)
-    split_len = triton.cdiv(triton.cdiv(width, n_split), block_n) * block_n
-    n_split = triton.cdiv(width, split_len)
+    n_split, split_len = attention_splits(head_blocks * n * b, width, block_n, q_lat.device, splits)
     if n_split > 1:
         part_o = torch.empty((n_split, b, heads, n, block_c), dtype=torch.float32, device=q_lat.device)
         part_lse = torch.empty((n_split, b, heads, n), dtype=torch.float32, device=q_lat.device)
@@ -304,7 +291,7 @@ def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: f
     _absorbed_attention_kernel[(head_blocks * n_split, n, b)](
         q_lat, q_rope, latent, rope_key, indices, mean_arg, o_lat, part_o, part_lse,
         *q_lat.stride(), *q_rope.stride(), *latent.stride(), *rope_key.stride(), *indices.stride(),
-        *o_lat.stride(), heads, n, seq_k, width, n_split, split_len, scale * _LOG2_E,
+        *o_lat.stride(), heads, n, seq_k, width, n_split, split_len, scale * LOG2_E,
         rope_dim=rope_dim, SPLIT=n_split > 1, UPCAST=_INTERPRETED,
         DOT_PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(rope_dim)), num_warps=config.num_warps,

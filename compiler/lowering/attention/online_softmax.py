@@ -1,11 +1,37 @@
-"""The two steps the attention kernels share: folding one key tile into an online softmax, and
-merging partials computed over disjoint key sets by log-sum-exp. Base 2 throughout (scores in log2
-units, lse2 = log2 of the row's sum of exp2); the numerics are those of ``runtime.lse_merge``.
+"""What the attention kernels share: folding one key tile into an online softmax, merging partials
+computed over disjoint key sets by log-sum-exp, and how a row's keys are split into those sets
+(``attention_splits``). Base 2 throughout (scores in log2 units, lse2 = log2 of the row's sum of exp2);
+the numerics are those of ``runtime.lse_merge``.
 """
 from __future__ import annotations
 
+import math
+from typing import Optional
+
+import torch
 import triton
 import triton.language as tl
+
+from compiler.autotune import multiprocessor_count
+
+LOG2_E = math.log2(math.e)
+"""Scale from natural-log scores to the base-2 units of the kernels."""
+TARGET_PROGRAMS_PER_SM = 4
+"""Attention programs wanted per streaming multiprocessor before a row's keys are split."""
+
+
+def attention_splits(programs: int, width: int, block_n: int, device: torch.device,
+               splits: Optional[int] = None) -> tuple[int, int]:
+    """(number of splits, keys per split, a multiple of block_n) of rows of ``width`` keys run by
+    ``programs`` programs: ``splits`` when given, else enough to fill the GPU (1 off CUDA or when the
+    grid already fills it); the count is then trimmed so that no split is empty."""
+    if splits is None:
+        splits = 1
+        if device.type == "cuda":
+            target = TARGET_PROGRAMS_PER_SM * multiprocessor_count(device)
+            splits = max(1, min(triton.cdiv(target, programs), triton.cdiv(width, block_n)))
+    split_len = triton.cdiv(triton.cdiv(width, splits), block_n) * block_n
+    return triton.cdiv(width, split_len), split_len
 
 
 @triton.jit

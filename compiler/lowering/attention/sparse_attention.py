@@ -51,19 +51,17 @@ runs and the first is the plain loop (its register use unchanged).
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket, multiprocessor_count
-from compiler.lowering.attention.online_softmax import merge_split_partials
+from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket
+from compiler.lowering.attention.online_softmax import LOG2_E, attention_splits, merge_split_partials
 from runtime.sparse_attention import check_sparse_attention_inputs
 from runtime.workspace import check_workspace
 
-_LOG2_E = math.log2(math.e)
 _INTERPRETED = interpreter_active()
 
 BUILD_LANES = 4096
@@ -72,8 +70,6 @@ COMPACT_BLOCK = 1024
 """Keys per step of the compaction scan; a key range is a multiple of it."""
 MIN_RANGE = 8192
 """Smallest key range per compaction program (ranges only split T when tiles are few)."""
-TARGET_PROGRAMS_PER_SM = 4
-"""Attention programs wanted per streaming multiprocessor before tiles' unions are split."""
 
 
 def tile_rows(seq_q: int) -> int:
@@ -358,14 +354,6 @@ def _split_head_dim(qk_dim: int) -> tuple[int, int, bool]:
     return head, max(16, triton.next_power_of_2(tail)) if tail > 0 else 16, tail > 0
 
 
-def _num_splits(programs: int, union_cap: int, block_n: int, device: torch.device) -> int:
-    """Splits of each tile's union so that the grid fills the GPU (1 when it already does)."""
-    if device.type != "cuda":
-        return 1
-    target = TARGET_PROGRAMS_PER_SM * multiprocessor_count(device)
-    return max(1, min(triton.cdiv(target, programs), triton.cdiv(union_cap, block_n)))
-
-
 def build_union(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k: int,
                 block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Per tile of ``block_m`` rows: ``(words [B·tiles, T] int64, keys [B·tiles, cap] int32,
@@ -420,9 +408,7 @@ def _launch(q, k, v, indices, mask, scale: float, masked_rows: str, splits: Opti
 
     def run(config: LaunchConfig) -> None:
         block_n = dict(config.meta)["BLOCK_N"]
-        n_split = splits if splits is not None else _num_splits(tiles * hq * b, cap, block_n, q.device)
-        split_len = triton.cdiv(triton.cdiv(cap, n_split), block_n) * block_n
-        n_split = triton.cdiv(cap, split_len)
+        n_split, split_len = attention_splits(tiles * hq * b, cap, block_n, q.device, splits)
         if n_split > 1:
             part_o = torch.empty((n_split, b, hq, s, block_dv), dtype=torch.float32, device=q.device)
             part_lse = torch.empty((n_split, b, hq, s), dtype=torch.float32, device=q.device)
@@ -430,7 +416,7 @@ def _launch(q, k, v, indices, mask, scale: float, masked_rows: str, splits: Opti
             part_o = part_lse = lse
         _sparse_attention_kernel[(tiles * n_split, hq, b)](
             q, k, v, words, keys, sizes, o, lse, part_o, part_lse, *strides,
-            hq, hq // hkv, s, seq_k, tiles, n_split, split_len, cap, scale * _LOG2_E,
+            hq, hq // hkv, s, seq_k, tiles, n_split, split_len, cap, scale * LOG2_E,
             qk_dim=qk_dim, v_dim=v_dim, SPLIT=n_split > 1, **common, **config.kwargs())
         if n_split > 1:
             _merge_splits_kernel[(tiles, hq, b)](

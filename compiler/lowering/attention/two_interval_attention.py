@@ -11,18 +11,14 @@ registers it as the CUDA kernel of Pulsar layouts (the package's ``pulsar_dosa.a
 entry point names this module)."""
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket
-from compiler.lowering.attention.online_softmax import online_softmax_step
+from compiler.lowering.attention.online_softmax import LOG2_E, online_softmax_step
 from runtime.attention_layout import register_attention_kernel
 from runtime.attention_reference import check_attention_inputs, two_interval_attention
-
-_LOG2_E = math.log2(math.e)
 
 
 @triton.jit
@@ -216,7 +212,7 @@ def _launch(q, k, v, prefix_end, segment_start, scale: float, q_start: int):
             q, k, v, prefix_end, segment_start, o, lse,
             *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             *prefix_end.stride(), *segment_start.stride(), *lse.stride(),
-            hq, hq // hkv, sq, sk, d, q_start, scale * _LOG2_E,
+            hq, hq // hkv, sq, sk, d, q_start, scale * LOG2_E,
             BLOCK_D=block_d, EVEN_D=block_d == d, UPCAST=_INTERPRETED,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             **config.kwargs())
