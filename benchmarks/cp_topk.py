@@ -170,14 +170,17 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (plain-torch shard kernel)")
     args = p.parse_args(argv)
     sizes = SMOKE if args.smoke else FULL
-    rows = [row for name in INPUTS for row in measure(name, sizes)]
-    print(table(rows))
     device = torch.cuda.get_device_name() if sizes["device"] == "cuda" else "cpu (smoke)"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     described = {n: v for n, v in sizes.items() if n not in ("config", "random_params", "device")}
-    out.write_text(json.dumps({"device": device, "versions": {"torch": torch.__version__}, "nccl": NCCL,
-                               "sizes": described, "config": repr(sizes["config"]), "rows": rows}, indent=1) + "\n")
+    rows = []
+    for name in INPUTS:  # the document is rewritten after each input, so that a run cut short keeps it
+        rows += measure(name, sizes)
+        out.write_text(json.dumps({"device": device, "versions": {"torch": torch.__version__}, "nccl": NCCL,
+                                   "sizes": described, "config": repr(sizes["config"]), "rows": rows}, indent=1)
+                       + "\n")
+    print(table(rows))
     return 0
 
 

@@ -27,7 +27,9 @@ the expanded keys and values, where the default takes MLA's absorbed form at 128
 DeepSeek-V3.2 scores it, SPEC A.10; its argmax agreement is the FP8 indexer's against bf16's).
 ``argmax_agree``: the last position's argmax equals stock's (null where stock failed), with the
 largest absolute logit difference; the models have random weights, so near-ties can flip an
-argmax without any error: read it with ``max_abs_diff``.
+argmax without any error: read it with ``max_abs_diff``. ``--profile S ...``: at those lengths one
+more call per method runs under ``torch.profiler``; the row's ``kernels_ms`` holds the total GPU
+time and the largest kernels by name.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import median_ms
+from benchmarks.harness import kernel_breakdown, median_ms
 
 SIZES = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
              q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=128, qk_rope_head_dim=64,
@@ -69,6 +71,8 @@ MODELS = SHAPES["small"]["models"]
 METHOD_OPTIONS = {"pulsar_dosa_every_call": {"stock_below": 0}, "pulsar_dosa_union": {"sparse_form": "union"},
                   "pulsar_dosa_fp8": {"indexer_precision": "fp8"}}
 """Backend options of the pulsar_dosa methods besides the defaults (the plan method adds its plan)."""
+PROFILE_TOP = 15
+"""Kernels listed per profiled row (``--profile``), largest GPU time first."""
 PLAN_TIMEOUT_S = 150
 """A plan that takes longer is recorded as the plan rows' error."""
 
@@ -167,6 +171,9 @@ def run_model(name: str, args, emit) -> None:
                         row["peak_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
                     row["ms"] = round(median_ms(lambda: compiled(ids, use_cache=False, logits_to_keep=1),
                                                 args.reps, device), 2)
+                    if device == "cuda" and S in args.profile:
+                        row["kernels_ms"] = kernel_breakdown(lambda: compiled(ids, use_cache=False, logits_to_keep=1),
+                                                             top=PROFILE_TOP)
                 if method == "stock":
                     reference[S] = logits
                 elif S in reference:
@@ -218,6 +225,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--plan-tokens", type=int, default=4096)
+    p.add_argument("--profile", nargs="+", type=int, default=[], metavar="S",
+                   help="lengths at which one call per method is also profiled (GPU time per kernel name)")
     p.add_argument("--smoke", action="store_true", help="tiny models on the CPU (checks the script)")
     args = p.parse_args(argv)
     shape = SHAPES[args.shape]

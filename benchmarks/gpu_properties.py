@@ -2,22 +2,25 @@
 
     python -m benchmarks.gpu_properties --out $OUT/gpu_properties.json    # GPU (H200: about 3 min)
     python -m benchmarks.gpu_properties --smoke --out /tmp/props.json       # CPU, seconds
+    python -m benchmarks.gpu_properties --stages properties --out ...      # stage 2 only
 
 Stage 1, first calls. A fresh process (cold Triton cache and autotune cache, ``first_calls``)
 calls ``torch.ops.pulsar_dosa.certified_topk`` at each shape of ``FIRST_CALL_SHAPES``, path
 "dense" then "certified", and reports per shape and path: the first call's seconds, the Triton
 compiles it made (count and seconds, Triton's compilation listener), the seconds spent choosing
 launch configs by measurement, the second call's milliseconds and whether both paths agree. The
-process runs under a hard timeout; past it the run records the timeout and the process's Python
-stack (``faulthandler``, dumped shortly before). Then a second fresh process with the now warm
+process runs under a hard timeout; at it the process is asked for its Python stack (``faulthandler``
+on SIGUSR1) and then killed, and the run records the timeout and that stack. (A stack dumped by a
+timer while the process is still working can crash it inside Triton's compiler: the dump is taken
+only from a process about to be killed.) Then a second fresh process with the now warm
 disk caches repeats it: the difference is compilation. The first shape is the call that did not
 return within 100 s on the H200: B=2, S=54, H=64, D=128, T=2694, topk 1991, r=8, fp16 integers
 in -2..2 (many ties), a causal mask.
 
 Stage 2, properties. ``len(CLASSES)`` worker processes run at once, each one class of (dtype, H, D)
 so that they compile different kernels. Each draws cases (``draw_case``; seeded, reproducible)
-until twice its share of ``--cases`` or the deadline (one still compiling WORKER_GRACE_S past it is
-stopped, its last tally counted): shapes (B, S, T, topk), every budget r of small
+until twice its share of ``--cases`` or the deadline (every worker still running WORKER_GRACE_S past
+it is stopped, its last tally counted): shapes (B, S, T, topk), every budget r of small
 H (a spread for H = 64) and -1, values that tie (integers, ReLU zeros, repeated keys), NaN and
 inf in q, k, weights or an additive mask, huge magnitudes, masks None / bool (random, causal
 either way, rows with no visible key) / additive (ties in the bias), and calls the op with path
@@ -34,6 +37,7 @@ import json
 import math
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +61,8 @@ FIRST_CALL_SHAPES = (
 SMOKE_FIRST_CALL_SHAPES = ((1, 6, 3, 8, 40, 5, 2, "end"), (1, 5, 3, 8, 41, 7, -1, "start"))
 FIRST_CALL_TIMEOUT_S = 150
 """Hard limit of the cold first-call process (the warm one gets half)."""
+STACK_DUMP_S = 3.0
+"""Seconds a timed-out first-call process is given to write its stacks before it is killed."""
 CLASSES = (("float16", 1, 16), ("float16", 4, 32), ("float16", 8, 64), ("float16", 64, 128),
            ("bfloat16", 1, 16), ("bfloat16", 4, 32), ("bfloat16", 8, 64), ("bfloat16", 64, 128),
            ("float32", 8, 64), ("float32", 64, 128))
@@ -105,8 +111,9 @@ def item7_inputs(shape, device, dtype):
 def first_calls(shapes, device: str) -> None:
     """The child process of stage 1: one JSON line per (shape, path) on stdout, as it goes."""
     import faulthandler
+    import signal
 
-    faulthandler.dump_traceback_later(float(os.environ.get("FIRST_CALL_DUMP_S", "60")), repeat=True)
+    faulthandler.register(signal.SIGUSR1)
     started = time.perf_counter()
     import torch
     import triton
@@ -161,13 +168,20 @@ def run_first_calls(shapes, device: str, env: dict, timeout: float) -> dict:
     args = [sys.executable, "-m", "benchmarks.gpu_properties", "--first-calls-child", "--device", device]
     if shapes is SMOKE_FIRST_CALL_SHAPES:
         args.append("--smoke")
-    env = {**env, "FIRST_CALL_DUMP_S": str(max(1.0, timeout - 10))}
     t0 = time.perf_counter()
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        out, err, timed_out, code = done.stdout, done.stderr, False, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        out, err, timed_out, code = _text(exc.stdout), _text(exc.stderr), True, None
+        out, err = proc.communicate(timeout=timeout)
+        timed_out, code = False, proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # faulthandler writes every thread's stack to stderr
+        try:
+            out, err = proc.communicate(timeout=STACK_DUMP_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        proc.kill()
+        timed_out, code = True, None
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     result = {"wall_s": round(time.perf_counter() - t0, 1), "timed_out": timed_out, "exit_code": code,
               "startup_s": next((r["startup_s"] for r in rows if "startup_s" in r), None),
@@ -175,10 +189,6 @@ def run_first_calls(shapes, device: str, env: dict, timeout: float) -> dict:
     if timed_out or code:
         result["stderr_tail"] = err[-6000:]
     return result
-
-
-def _text(data) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,10 +341,11 @@ def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, 
             procs.append((klass, path, subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                                         stderr=subprocess.PIPE, text=True)))
         tallies = []
+        cut_at = deadline + WORKER_GRACE_S  # one cut for all: the stage ends by then whatever the workers do
         for klass, path, proc in procs:
             cut = False
             try:
-                _, err = proc.communicate(timeout=max(1.0, deadline - time.time()) + WORKER_GRACE_S)
+                _, err = proc.communicate(timeout=max(0.1, cut_at - time.time()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 _, err = proc.communicate()
@@ -374,6 +385,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cases", type=int, default=None, help=f"stage 2 cases in all (default {CASES}; smoke 20)")
     p.add_argument("--budget-s", type=float, default=None, help=f"stage 2 deadline (default {BUDGET_S} s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stages", nargs="+", choices=("first_calls", "properties"), default=["first_calls", "properties"],
+                   help="which stages to run (default both)")
     p.add_argument("--first-call-timeout-s", type=float, default=FIRST_CALL_TIMEOUT_S,
                    help="stage 1's limit for the cold process (the warm one gets half)")
     p.add_argument("--first-calls-child", action="store_true", help=argparse.SUPPRESS)
@@ -405,26 +418,33 @@ def main(argv=None) -> int:
     cases = args.cases if args.cases is not None else (20 if args.smoke else CASES)
     budget = args.budget_s if args.budget_s is not None else (120 if args.smoke else BUDGET_S)
     started = time.perf_counter()
+    result = {"device": args.device}
     with tempfile.TemporaryDirectory() as caches:
         env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
                "PULSAR_DOSA_AUTOTUNE_CACHE": os.path.join(caches, "autotune.json")}
-        cold = run_first_calls(shapes, args.device, env, args.first_call_timeout_s)
-        _write_partial(args.out, {"device": args.device, "first_calls": {"cold_caches": cold}})
-        warm = run_first_calls(shapes, args.device, env, args.first_call_timeout_s / 2)
-        _write_partial(args.out, {"device": args.device, "first_calls": {"cold_caches": cold, "warm_disk_caches": warm}})
-        tallies = run_workers(SMOKE_CLASSES if args.smoke else CLASSES, cases, budget, args.device, args.smoke,
-                              args.seed, env)
-    total = summarise(tallies)
-    result = {"device": args.device, "first_calls": {"cold_caches": cold, "warm_disk_caches": warm},
-              "properties": {**total, "target": cases, "workers": [{k: v for k, v in t.items() if k not in ("by_category", "examples")}
-                                                  for t in tallies]},
-              "wall_s": round(time.perf_counter() - started, 1)}
+        if "first_calls" in args.stages:
+            stages = result["first_calls"] = {}
+            stages["cold_caches"] = run_first_calls(shapes, args.device, env, args.first_call_timeout_s)
+            _write_partial(args.out, result)
+            stages["warm_disk_caches"] = run_first_calls(shapes, args.device, env, args.first_call_timeout_s / 2)
+            _write_partial(args.out, result)
+        if "properties" in args.stages:
+            tallies = run_workers(SMOKE_CLASSES if args.smoke else CLASSES, cases, budget, args.device, args.smoke,
+                                  args.seed, env)
+            total = summarise(tallies)
+            result["properties"] = {**total, "target": cases, "budget_s": budget,
+                                    "workers": [{k: v for k, v in t.items() if k not in ("by_category", "examples")}
+                                                for t in tallies]}
+    result["wall_s"] = round(time.perf_counter() - started, 1)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print_tables(result)
-    bad = (total["mismatches"] or total["errors"] or total["failed_workers"] or total["cases"] < cases
-           or cold["timed_out"] or cold["exit_code"]
-           or warm["timed_out"] or warm["exit_code"] or not all(c.get("identical", True) for c in cold["calls"]))
+    bad = False
+    for stage in result.get("first_calls", {}).values():
+        bad |= bool(stage["timed_out"] or stage["exit_code"] or not all(c.get("identical", True) for c in stage["calls"]))
+    if "properties" in result:
+        p = result["properties"]
+        bad |= bool(p["mismatches"] or p["errors"] or p["failed_workers"] or p["cases"] < cases)
     return 1 if bad else 0
 
 
@@ -436,7 +456,7 @@ def _write_partial(out: str, result: dict) -> None:
 
 
 def print_tables(result: dict) -> None:
-    for name, stage in result["first_calls"].items():
+    for name, stage in result.get("first_calls", {}).items():
         print(f"first calls, {name}: startup {stage['startup_s']} s, wall {stage['wall_s']} s"
               + (" TIMED OUT" if stage["timed_out"] else ""))
         print(f"  {'B,S,H,D,T,topk,r,mask':34s} {'path':9s} {'first s':>8s} {'compiles':>8s} {'compile s':>9s} "
@@ -444,11 +464,15 @@ def print_tables(result: dict) -> None:
         for c in stage["calls"]:
             print(f"  {','.join(map(str, c['shape'])):34s} {c['path']:9s} {c['first_s']:8.2f} {c['compiles']:8d} "
                   f"{c['compile_s']:9.2f} {c['tuning_s']:8.2f} {c['second_ms']:9.2f} {c.get('identical', '')}")
-    p = result["properties"]
-    print(f"properties: {p['cases']} cases (target {p['target']}), {p['mismatches']} mismatches, {p['errors']} errors, "
-          f"{p['failed_workers']} failed workers; whole run {result['wall_s']} s")
-    for tag, c in p["by_category"].items():
-        print(f"  {tag:28s} {c['cases']:6d} cases {c['mismatches']:4d} mismatches {c['errors']:4d} errors")
+    if "properties" in result:
+        p = result["properties"]
+        print(f"properties: {p['cases']} cases (target {p['target']}), {p['mismatches']} mismatches, {p['errors']} "
+              f"errors, {p['failed_workers']} failed workers; whole run {result['wall_s']} s")
+        for w in p["workers"]:
+            print(f"  worker {','.join(map(str, w['class'])):18s} {w['cases']:6d} cases"
+                  + (" (cut at the deadline)" if w.get("cut_at_deadline") else "") + (" FAILED" if "failed" in w else ""))
+        for tag, c in p["by_category"].items():
+            print(f"  {tag:28s} {c['cases']:6d} cases {c['mismatches']:4d} mismatches {c['errors']:4d} errors")
 
 
 if __name__ == "__main__":

@@ -108,6 +108,24 @@ def graph_ms(fn: Callable[[], Any], device: torch.device | str = "cuda", reps: i
     return median_ms(graph.replay, reps)
 
 
+def kernel_breakdown(fn: Callable[[], Any], top: int = 12) -> dict[str, Any]:
+    """GPU time per kernel name (ms) of one call of fn, from torch.profiler, largest first."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0)
+        if t > 0:
+            per[e.key[:80]] = per.get(e.key[:80], 0.0) + t / 1e3
+    items = sorted(per.items(), key=lambda kv: -kv[1])
+    return {"total_ms": sum(per.values()), "kernels": items[:top]}
+
+
 def ceilings(device: torch.device | str = "cuda") -> dict[str, float]:
     """The device's limits measured in the same run: copy bandwidth (read + write of 2 GiB) and the
     bf16 matmul rate (8192^3, random data); empty off CUDA."""

@@ -190,24 +190,6 @@ def stage_times(q, k, w, mask, tr):
     return screen_ms, refine_ms
 
 
-def kernel_breakdown(fn, top=12):
-    """GPU time per kernel name (ms) of one call of fn, from torch.profiler, largest first."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.key_averages():
-        t = getattr(e, "self_device_time_total", None)
-        if t is None:
-            t = getattr(e, "self_cuda_time_total", 0)
-        if t > 0:
-            per[e.key[:80]] = per.get(e.key[:80], 0.0) + t / 1e3
-    items = sorted(per.items(), key=lambda kv: -kv[1])
-    return {"total_ms": sum(per.values()), "kernels": items[:top]}
-
-
 def auto_op(q, k, w, mask, layer):
     """The op as a compiled layer without a plan calls it: path "auto" (the cost model's crossover,
     then the runtime guard of ``layer``, compiler.ops.guard)."""
@@ -249,9 +231,9 @@ def run_config(S, T, H, inputs, kk, ceil, rows, do_inductor):
                  "screen_ms": screen_ms, "refine_ms": refine_ms, "screen_rows_padded": rp,
                  "screen_tc_floor_ms": floor_ms, "screen_vs_floor": screen_ms / floor_ms})
     if S == max(ARGS.S) and T == 131072 and H == 64 and inputs == "structured":
-        BREAKDOWN["certified_forced"] = kernel_breakdown(lambda: certified_topk_cuda(
+        BREAKDOWN["certified_forced"] = harness.kernel_breakdown(lambda: certified_topk_cuda(
             q, k, w, TOPK, mask, config=CertifiedTopkConfig(path="certified")))
-        BREAKDOWN["triton_dense"] = kernel_breakdown(lambda: dense_topk_cuda(q, k, w, TOPK, mask))
+        BREAKDOWN["triton_dense"] = harness.kernel_breakdown(lambda: dense_topk_cuda(q, k, w, TOPK, mask))
     if do_inductor and inputs == "structured":
         ind_ms, ind_mem, ii = timed(lambda: inductor_dense(q, k, w, mask, kk), 3000, 3)
         same = (ii.long().sort(-1).values == di.sort(-1).values).all(-1).float().mean()

@@ -7,8 +7,8 @@ layer of ``benchmarks/models/tiny-dsa`` (the ``trained`` zoo family: the last S 
 held-out window of T tokens), the indexer's exact top-K (the op's scorer and order, causal), then
 per block of UNION_BLOCK consecutive queries the distinct keys they select, over K (1: all the same
 keys; up to UNION_BLOCK: disjoint), and the share of selected keys among each query's K most recent.
-``--save`` writes the selections ``[layers, S, K]`` int32 with T for ``sparse_attention.py
---selections`` (one batch row per layer).
+``--save`` writes the selections ``[layers, S, K]`` with T for ``sparse_attention.py
+--selections`` (one batch row per layer; int16 when T <= 2^15, so that the file is half the size).
 
     python3 benchmarks/trained_selections.py --T 32768 --S 1024 --out benchmarks/results/trained_selections_cpu.json
 """
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
                             "seconds": round(time.perf_counter() - t0, 1)})
         print(doc["rows"][-1], flush=True)
         harness.write_json(args.out, doc)
-        kept.append(indices.to(torch.int32))
+        kept.append(indices.to(torch.int16 if args.T <= 1 << 15 else torch.int32))
     if args.save:
         torch.save({"indices": torch.stack(kept), "T": args.T, "layers": args.layers}, args.save)
     harness.write_results(args.out, doc, harness.rows_table(doc["rows"]))

@@ -41,3 +41,24 @@ def test_a_worker_keeps_its_tally_on_disk_as_it_goes(tmp_path, monkeypatch):
     tally = gpu_properties.property_worker(("float32", 2, 8), 3, float("inf"), 0, "cpu", True, path)
     assert tally["cases"] == 3
     assert json.loads(path.read_text())["cases"] == 2  # written before the third case
+
+
+def test_a_first_call_process_past_its_timeout_is_stopped_and_reported(tmp_path):
+    import os
+
+    result = gpu_properties.run_first_calls(gpu_properties.SMOKE_FIRST_CALL_SHAPES, "cpu", dict(os.environ), 0.2)
+    assert result["timed_out"] and result["exit_code"] is None and "stderr_tail" in result
+    assert result["wall_s"] < 0.2 + gpu_properties.STACK_DUMP_S + 5
+
+
+def test_workers_past_the_deadline_are_all_cut_at_one_time(monkeypatch):
+    """The stage ends WORKER_GRACE_S after its deadline, not a grace per worker."""
+    import os
+    import time
+
+    monkeypatch.setattr(gpu_properties, "WORKER_GRACE_S", 1.0)
+    classes = gpu_properties.SMOKE_CLASSES * 3
+    start = time.perf_counter()
+    tallies = gpu_properties.run_workers(classes, 10_000, 0.1, "cpu", True, 0, dict(os.environ))
+    assert len(tallies) == len(classes)
+    assert time.perf_counter() - start < 0.1 + 1.0 + 3.0  # a grace per worker would take >= 6 s

@@ -58,12 +58,14 @@ CONFIGS = {
     "h64_n64_w8_s2": LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_H=64, BLOCK_N=64),
     "h64_n32_w8_s3": LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_H=64, BLOCK_N=32),
     "h32_n32_w8_s4": LaunchConfig.of(num_warps=8, num_stages=4, BLOCK_H=32, BLOCK_N=32),
+    "h64_n64_w16_s2": LaunchConfig.of(num_warps=16, num_stages=2, BLOCK_H=64, BLOCK_N=64),
 }
 """Launch configurations on a GPU, by name (heads per program, indices per tile, warps, stages).
 At Dc = 512 a program's fp32 accumulator is BLOCK_H·512·4 bytes (128 KB at 64 heads: 128
-registers a thread over 8 warps; 64 at 32 heads) and its shared memory holds q_lat
+registers a thread over 8 warps, 64 over 16; 64 at 32 heads) and its shared memory holds q_lat
 (BLOCK_H·512·2 bytes) and ``num_stages`` gathered tiles of BLOCK_N·576·2 bytes. 64 heads fill
-Hopper's 64-row warpgroup products; 32 heads halve the accumulator's registers. 128 heads a program
+Hopper's 64-row warpgroup products; 32 heads halve the accumulator's registers; 16 warps give the
+64-head program twice the threads to hide the gathers' latency behind. 128 heads a program
 (16 warps) is not offered: ptxas rejects it (sparse_attention_h200.json)."""
 DEFAULT_CONFIG = "h64_n64_w8_s2"
 """The configuration the op runs on more than FEW_QUERIES queries (prefill): sparse_attention_h200.md."""

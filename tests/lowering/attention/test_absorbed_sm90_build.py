@@ -1,0 +1,50 @@
+"""Every launch configuration of the absorbed attention kernel builds for Hopper (sm_90) at
+DeepSeek-V3.2's latent shape: Triton's compiler and the ptxas its wheel ships run on the CPU, so a
+configuration that ptxas rejects or whose shared memory exceeds a Hopper block's never ships."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HOPPER_SHARED_BYTES = 232448
+"""Most shared memory one block may opt into on sm_90 (227 KiB)."""
+
+_BUILD = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from compiler.lowering.attention import absorbed_attention as A
+
+kernel = A._absorbed_attention_kernel
+unit = ("stride_qc", "stride_rd", "stride_lc", "stride_kd", "stride_ik", "stride_oc")
+tensors = ("qlat_ptr", "qrope_ptr", "lat_ptr", "rope_ptr", "o_ptr")
+for name, config in A.CONFIGS.items():
+    meta = dict(config.meta)
+    consts = dict({u: 1 for u in unit}, lat_dim=512, rope_dim=64, MEAN_ROWS=False, SPLIT=False, UPCAST=False,
+                  DOT_PRECISION="tf32", BLOCK_H=meta["BLOCK_H"], BLOCK_N=meta["BLOCK_N"], BLOCK_C=512, BLOCK_R=64)
+    signature = {n: "constexpr" if n in consts else "*bf16" if n in tensors else "*i32" if n == "idx_ptr"
+                 else "*fp32" if n.endswith("_ptr") else "fp32" if n == "qk_scale_log2" else "i32"
+                 for n in kernel.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+               if n not in consts and (n.endswith("_ptr") or n.startswith("stride"))}
+    built = triton.compile(ASTSource(kernel, signature, constexprs=consts, attrs=aligned),
+                           target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    print(json.dumps({"config": name, "shared": built.metadata.shared, "cubin": len(built.asm["cubin"])}), flush=True)
+"""
+
+
+def test_every_absorbed_config_builds_for_sm90_within_a_blocks_shared_memory(tmp_path):
+    from compiler.lowering.attention.absorbed_attention import CONFIGS
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", _BUILD], cwd=Path(__file__).resolve().parents[3], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = {row["config"]: row for row in map(json.loads, done.stdout.splitlines())}
+    assert set(built) == set(CONFIGS)
+    for name, row in built.items():
+        assert row["cubin"] > 0 and row["shared"] <= HOPPER_SHARED_BYTES, (name, row)
