@@ -12,16 +12,19 @@ and k bf16. The keys are sharded contiguously over R in {2, 4, 8} ranks. The ran
 another, each its share exactly as ``certified_topk_cp`` runs it (``shard_candidates``: the
 shard's certified top-K on the device's kernel, ``compiler.certified_topk_cp.shard_kernel``, with
 the structured plan's config, ``dense_roofline.PLAN``, for both inputs; then the order codes it
-sends), twice: with its own thresholds, and with the shared bound (the max over the ranks of
-their seed thresholds, recorded by the first run's warm-up calls: what the all-reduce returns).
-Then the merge that every rank runs (``merge_candidates``), and both merged results are checked
-against the one-GPU dense op (indices equal, values bitwise).
+sends), three times: dense (config path "dense": every rank scores every key of its shard, as
+vLLM's context parallelism does: the anchor), certified with its own thresholds, and certified with
+the shared bound (the max over the ranks of their seed thresholds, recorded by the first certified
+run's warm-up calls: what the all-reduce returns). Then the merge that every rank runs
+(``merge_candidates``), and the three merged results are checked against the one-GPU dense op
+(indices equal, values bitwise).
 
 Reported per (input, R): ``one_gpu_ms`` (the one-GPU certified op) and ``dense_ms``; per rank
 the time of its share, the fraction of its screened (query, key) pairs it pruned (``TopkStats``;
 on CUDA refined pairs are counted per scorer tile) and the fractions of its rows that were short
 or redone densely, without (``local``) and with (``shared``) the shared bound; the slowest
-rank's time, the merge's, ``cp_ms`` = slowest shared rank + merge and ``speedup`` = one_gpu_ms /
+rank's time, the merge's, ``cp_ms`` = slowest shared rank + merge, ``dense_cp_ms`` = slowest
+dense rank + merge, ``speedup`` = one_gpu_ms / cp_ms and ``speedup_vs_dense_cp`` = dense_cp_ms /
 cp_ms. The collectives do not run here: ``bytes_per_rank`` gives each rank's payloads (the
 all-reduce: B*S float32; the all-gather: B*S*topk + 1 int64) and what a ring algorithm sends
 (2 (R-1)/R of the all-reduce's, R-1 times the all-gather's); their time is not in cp_ms.
@@ -33,6 +36,7 @@ with NCCL on several GPUs it has not been run (``nccl`` in the JSON).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -105,18 +109,24 @@ def simulate(q, k, w, mask, R: int, sizes: dict, want) -> dict:
         seen.append(bound)
         return bound
 
+    dense_sizes = {**sizes, "config": dataclasses.replace(sizes["config"], path="dense")}
+    dense = [rank_share(q, k, w, mask, keys, dense_sizes, None, None) for keys in shards]
     local = [rank_share(q, k, w, mask, keys, sizes, record, None) for keys in shards]
     bound = torch.stack(seen).amax(0) if seen else None  # what the all-reduce returns
     hook = None if bound is None else (lambda own: torch.maximum(own, bound))
     shared = [rank_share(q, k, w, mask, keys, sizes, hook, hook) for keys in shards]
     kk = min(topk, T)
-    codes = {name: torch.stack([c for _, c in runs]) for name, runs in (("local", local), ("shared", shared))}
+    codes = {name: torch.stack([c for _, c in runs])
+             for name, runs in (("dense", dense), ("local", local), ("shared", shared))}
     merge_ms = median_ms(lambda: merge_candidates(codes["shared"], kk), sizes["reps"], torch.device(sizes["device"]))
     max_shared = max(r["ms"] for r, _ in shared)
     row = {"R": R, "T_per_rank": [s.stop - s.start for s in shards],
            "local": [r for r, _ in local], "shared": [r for r, _ in shared],
            "max_rank_local_ms": max(r["ms"] for r, _ in local), "max_rank_shared_ms": max_shared,
            "merge_ms": round(merge_ms, 3), "cp_ms": round(max_shared + merge_ms, 3),
+           "max_rank_dense_ms": max(r["ms"] for r, _ in dense),
+           "dense_cp_ms": round(max(r["ms"] for r, _ in dense) + merge_ms, 3),
+           "identical_dense": identical(merge_candidates(codes["dense"], kk), want),
            "identical_local": identical(merge_candidates(codes["local"], kk), want),
            "identical_shared": identical(merge_candidates(codes["shared"], kk), want)}
     reduce_bytes, gather_bytes = 4 * B * S, 8 * (B * S * topk + 1)
@@ -145,6 +155,7 @@ def measure(name: str, sizes: dict) -> list[dict]:
     for R in sizes["ranks"]:
         row = {**base, **simulate(q, k, w, mask, R, sizes, want)}
         row["speedup"] = round(row["one_gpu_ms"] / row["cp_ms"], 3)
+        row["speedup_vs_dense_cp"] = round(row["dense_cp_ms"] / row["cp_ms"], 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -152,15 +163,17 @@ def measure(name: str, sizes: dict) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     """A readable table of the rows."""
-    head = ("input", "R", "one-GPU ms", "slowest rank ms (own / shared)", "merge ms", "speedup",
-            "pruned % own", "pruned % shared", "exact")
+    head = ("input", "R", "one-GPU ms (dense)", "slowest rank ms: dense / own / shared", "merge ms",
+            "speed-up vs one GPU", "vs dense shards", "pruned % own", "pruned % shared", "exact")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         pruned = {m: "/".join(f"{100 * x['pruned']:.1f}" for x in r[m]) for m in ("local", "shared")}
         lines.append(" | ".join(str(x) for x in (
-            r["input"], r["R"], r["one_gpu_ms"], f"{r['max_rank_local_ms']} / {r['max_rank_shared_ms']}",
-            r["merge_ms"], r["speedup"], pruned["local"], pruned["shared"],
-            r["identical_local"] and r["identical_shared"] and r["one_gpu_identical"])))
+            r["input"], r["R"], f"{r['one_gpu_ms']} ({r['dense_ms']})",
+            f"{r.get('max_rank_dense_ms', '-')} / {r['max_rank_local_ms']} / {r['max_rank_shared_ms']}",
+            r["merge_ms"], r["speedup"], r.get("speedup_vs_dense_cp", "-"), pruned["local"], pruned["shared"],
+            r.get("identical_dense", True) and r["identical_local"] and r["identical_shared"]
+            and r["one_gpu_identical"])))
     return "\n".join(lines)
 
 

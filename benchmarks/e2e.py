@@ -24,7 +24,8 @@ the expanded keys and values, where the default takes MLA's absorbed form at 128
 ``pulsar_dosa_plan`` = the backend with a per-layer plan made by ``python -m compiler.plan`` on
 ``--plan-tokens`` random tokens (random-init indexers do not prune, so the plan should say dense);
 ``pulsar_dosa_fp8`` = the backend with option ``indexer_precision="fp8"`` (the indexer in E4M3 as
-DeepSeek-V3.2 scores it, SPEC A.10; its argmax agreement is the FP8 indexer's against bf16's).
+DeepSeek-V3.2 scores it, SPEC A.10; its row also compares its logits with ``pulsar_dosa``'s, the
+bf16 indexer's, where that method ran: ``argmax_agree_bf16_indexer``).
 ``argmax_agree``: the last position's argmax equals stock's (null where stock failed), with the
 largest absolute logit difference; the models have random weights, so near-ties can flip an
 argmax without any error: read it with ``max_abs_diff``. ``--profile S ...``: at those lengths one
@@ -139,7 +140,7 @@ def run_model(name: str, args, emit) -> None:
     model, config = build(name, args.layers, sizes, device, dtype)
     lengths = args.lengths
     methods = args.methods
-    reference: dict[int, torch.Tensor] = {}
+    references: dict[str, dict[int, torch.Tensor]] = {"stock": {}, "pulsar_dosa": {}}  # last logits per S
     plan, plan_error = None, None
     for method in methods:
         if method == "pulsar_dosa_plan":
@@ -174,11 +175,15 @@ def run_model(name: str, args, emit) -> None:
                     if device == "cuda" and S in args.profile:
                         row["kernels_ms"] = kernel_breakdown(lambda: compiled(ids, use_cache=False, logits_to_keep=1),
                                                              top=PROFILE_TOP)
-                if method == "stock":
-                    reference[S] = logits
-                elif S in reference:
-                    row["argmax_agree"] = bool(logits.argmax() == reference[S].argmax())
-                    row["max_abs_diff"] = float((logits - reference[S]).abs().max())
+                if method in ("stock", "pulsar_dosa"):
+                    references[method][S] = logits
+                if method != "stock" and S in references["stock"]:
+                    row["argmax_agree"] = bool(logits.argmax() == references["stock"][S].argmax())
+                    row["max_abs_diff"] = float((logits - references["stock"][S]).abs().max())
+                if method == "pulsar_dosa_fp8" and S in references["pulsar_dosa"]:
+                    bf16 = references["pulsar_dosa"][S]
+                    row["argmax_agree_bf16_indexer"] = bool(logits.argmax() == bf16.argmax())
+                    row["max_abs_diff_bf16_indexer"] = float((logits - bf16).abs().max())
             except Exception as exc:  # out of memory, or any failure of this method at this S
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             finally:
@@ -206,8 +211,10 @@ def render_markdown(doc: dict) -> str:
                                                     else f"{r['ms']:.1f} ({r['peak_gib']})"))
             stock, ours = by.get("stock"), by.get("pulsar_dosa")
             speed = (f"{stock['ms'] / ours['ms']:.2f}x" if stock and ours and stock["ms"] and ours["ms"]
-                     else ("stock fails" if ours and ours["ms"] else "-"))
-            agree = ", ".join(str(r["argmax_agree"]) for r in by.values() if r["argmax_agree"] is not None) or "-"
+                     else ("stock fails" if stock and ours and ours["ms"] else "-"))
+            agree = ", ".join([str(r["argmax_agree"]) for r in by.values() if r["argmax_agree"] is not None]
+                              + [f"fp8 vs bf16 indexer {r['argmax_agree_bf16_indexer']}" for r in by.values()
+                                 if "argmax_agree_bf16_indexer" in r]) or "-"
             lines.append(f"| {S} | " + " | ".join(cells) + f" | {speed} | {agree} |")
         lines.append("")
     return "\n".join(lines)

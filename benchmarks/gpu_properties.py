@@ -328,33 +328,36 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
 def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, seed: int,
                 env: dict) -> list[dict]:
     """Stage 2: one process per class, all at once, with ``env`` (stage 1's warm caches); their
-    tallies (or how each ended)."""
+    tallies (or how each ended). Each worker runs in its own session with its output in a file:
+    one past the cut is killed with every process it started (compile pools among them), and no
+    worker can block on a full pipe that nobody reads."""
     deadline = time.time() + budget_s
     share = 2 * math.ceil(cases / len(classes))
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, klass in enumerate(classes):
-            path = Path(tmp) / f"worker{i}.json"
+            path, log = Path(tmp) / f"worker{i}.json", Path(tmp) / f"worker{i}.log"
             args = [sys.executable, "-m", "benchmarks.gpu_properties", "--worker", ",".join(map(str, klass)),
                     "--cases", str(share), "--deadline", str(deadline), "--seed", str(seed + i), "--device", device,
                     "--result", str(path)] + (["--smoke"] if smoke else [])
-            procs.append((klass, path, subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                                        stderr=subprocess.PIPE, text=True)))
+            with open(log, "w") as sink:
+                procs.append((klass, path, log, subprocess.Popen(args, cwd=ROOT, env=env, stdout=sink, stderr=sink,
+                                                                 stdin=subprocess.DEVNULL, start_new_session=True)))
         tallies = []
         cut_at = deadline + WORKER_GRACE_S  # one cut for all: the stage ends by then whatever the workers do
-        for klass, path, proc in procs:
+        for klass, path, log, proc in procs:
             cut = False
             try:
-                _, err = proc.communicate(timeout=max(0.1, cut_at - time.time()))
+                proc.wait(timeout=max(0.1, cut_at - time.time()))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                _, err = proc.communicate()
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
                 cut = True
             if (proc.returncode == 0 or cut) and path.exists():
                 tallies.append({**json.loads(path.read_text()), **({"cut_at_deadline": True} if cut else {})})
             else:
                 tallies.append({"class": list(klass), "cases": 0, "mismatches": 0, "errors": 0, "by_category": {},
-                                "examples": [], "failed": f"exit code {proc.returncode}: {err[-3000:]}"})
+                                "examples": [], "failed": f"exit code {proc.returncode}: {log.read_text()[-3000:]}"})
     return tallies
 
 

@@ -10,8 +10,8 @@ or a failed collective). Every rank returns exactly ``dense_topk`` of the unshar
 
 One call, two collectives (SPEC A.9):
 
-1. Shared threshold: the shard's certified top-K (``runtime.certified_topk``, or the device's
-   kernel passed as ``kernel``) is called with ``shared_bound``: its seed thresholds (a score that
+1. Shared threshold: the shard's top-K (``runtime.certified_topk``, or the device's kernel passed
+   as ``kernel``; dense unless ``config`` asks for the certified path) is called with ``shared_bound``: its seed thresholds (a score that
    topk keys of the shard reach, per query; -inf where it has none) are all-reduced (max) over the
    ranks before its screen, one [B,S] float32. The global kk-th score is at least every rank's,
    hence at least the max, so every rank prunes against the max (strictly below it) and stays
@@ -105,6 +105,12 @@ def _all_reduce_max(bound: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
+DEFAULT_SHARD_CONFIG = CertifiedTopkConfig(path="dense")
+"""The shards' config when the caller gives none: dense, as the op keeps layers without a plan.
+Where the indexer does not prune, a certified shard costs more than a dense one
+(benchmarks/results/cp_topk_h200.md), so pruning is opted into with a config."""
+
+
 def shard_candidates(q, k_shard, weights, topk: int, mask_shard, keys: torch.Tensor | int, *,
                      kernel: ShardKernel, config: CertifiedTopkConfig, stats: TopkStats | None,
                      shared_bound: SharedBound | None) -> torch.Tensor:
@@ -158,14 +164,16 @@ def certified_topk_cp(
     q [B,S,H,D], weights [B,S,H] (replicated), k_shard [B,T_r,D], mask_shard None or [B,S,T_r]
     (bool or additive), topk a positive int: as ``runtime.indexer_inputs`` (T_r = 0 allowed).
     key_offset: int or integer tensor [T_r] (on the CPU or q's device). config: the shard kernel's
-    (``CertifiedTopkConfig``; None: the default). stats: the shard kernel's counters.
+    (``CertifiedTopkConfig``; None: ``DEFAULT_SHARD_CONFIG``, dense shards; the certified path, and
+    with it the shared threshold, is asked for by a config, e.g. a layer's plan). stats: the shard
+    kernel's counters.
     share_threshold: False prunes against each rank's own thresholds (no all-reduce).
     kernel: the shard's top-K (None: ``runtime.certified_topk.certified_topk``).
     Returns (values [B,S,kk] float32, indices [B,S,kk] int64), kk = min(topk, T).
     """
     _check_shard(q, k_shard, weights, topk, mask_shard)
     keys = _global_keys(key_offset, k_shard.shape[1], q.device)
-    config = CertifiedTopkConfig() if config is None else config
+    config = DEFAULT_SHARD_CONFIG if config is None else config
     if not isinstance(config, CertifiedTopkConfig):
         raise TypeError(f"config: expected a CertifiedTopkConfig or None, got {type(config).__name__}")
     if stats is not None and not isinstance(stats, TopkStats):

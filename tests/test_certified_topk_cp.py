@@ -309,3 +309,24 @@ def test_cp_benchmark_smoke_is_exact_and_sharing_prunes_at_least_as_much(tmp_pat
         assert all(s["pruned"] >= own["pruned"] for s, own in zip(r["shared"], r["local"]))
         assert r["bytes_per_rank"]["all_gather_payload"] == 8 * (cp_topk.SMOKE["S"] * cp_topk.SMOKE["topk"] + 1)
     assert result["nccl"].startswith("not run")
+
+
+def test_without_a_config_the_shards_are_scored_densely_and_a_certified_config_prunes(tmp_path):
+    """The default never costs more than dense shards; pruning is opted into with a config."""
+    import compiler
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        q, k, w, topk, mask, config, _ = case_inputs("structured_causal", 1)
+        want = dense_topk(q, k, w, topk, mask)
+        summary = {}
+        for name, given in (("default", None), ("certified", config)):
+            stats = TopkStats()
+            got = compiler.certified_topk_cp(q, k, w, topk, mask, key_offset=0, config=given, stats=stats)
+            assert_identical(got, want, name)
+            summary[name] = (stats.summary(), stats.pruned_frac)
+        (default, default_pruned), (certified, certified_pruned) = summary["default"], summary["certified"]
+        assert default["fallbacks"]["dense_cheaper"] == q.shape[0] * q.shape[1] and default_pruned == 0.0
+        assert certified["fallbacks"]["dense_cheaper"] == 0 and certified_pruned > 0.3
+    finally:
+        dist.destroy_process_group()

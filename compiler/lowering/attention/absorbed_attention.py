@@ -58,22 +58,23 @@ CONFIGS = {
     "h64_n64_w8_s2": LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_H=64, BLOCK_N=64),
     "h64_n32_w8_s3": LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_H=64, BLOCK_N=32),
     "h32_n32_w8_s4": LaunchConfig.of(num_warps=8, num_stages=4, BLOCK_H=32, BLOCK_N=32),
-    "h64_n64_w16_s2": LaunchConfig.of(num_warps=16, num_stages=2, BLOCK_H=64, BLOCK_N=64),
 }
 """Launch configurations on a GPU, by name (heads per program, indices per tile, warps, stages).
 At Dc = 512 a program's fp32 accumulator is BLOCK_H·512·4 bytes (128 KB at 64 heads: 128
-registers a thread over 8 warps, 64 over 16; 64 at 32 heads) and its shared memory holds q_lat
+registers a thread over 8 warps; 64 at 32 heads) and its shared memory holds q_lat
 (BLOCK_H·512·2 bytes) and ``num_stages`` gathered tiles of BLOCK_N·576·2 bytes. 64 heads fill
-Hopper's 64-row warpgroup products; 32 heads halve the accumulator's registers; 16 warps give the
-64-head program twice the threads to hide the gathers' latency behind. 128 heads a program
-(16 warps) is not offered: ptxas rejects it (sparse_attention_h200.json)."""
+Hopper's 64-row warpgroup products; 32 heads halve the accumulator's registers. Not offered: 128
+heads a program (ptxas rejects it), and 64 heads over 16 warps (it spills and runs at half the
+8-warp form's rate: sparse_attention_more_h200.md)."""
 DEFAULT_CONFIG = "h64_n64_w8_s2"
 """The configuration the op runs on more than FEW_QUERIES queries (prefill): sparse_attention_h200.md."""
 FEW_QUERIES_CONFIG = "h32_n32_w8_s4"
 """The configuration the op runs on at most FEW_QUERIES queries (decode), whose programs are few and
-short: 0.69-0.78 ms against 1.22 at B = 1 over 131072 keys, sparse_attention_h200.md."""
-FEW_QUERIES = 256
-"""Most queries (B·S) of a call that runs FEW_QUERIES_CONFIG first."""
+short: at B = 1 over 131072 keys 0.40 ms against the default's 1.14 (sparse_attention_more_h200.md)."""
+FEW_QUERIES = 8
+"""Most queries (B·S) of a call that runs FEW_QUERIES_CONFIG first: it wins at B = 1 and loses at
+B = 64 (0.89 ms against the default's 0.75, sparse_attention_more_h200.md); between them the
+crossover has not been measured, and 8 keeps the small batches on the form that won at 1."""
 FALLBACK_CONFIGS = ("h64_n32_w8_s3", "h32_n32_w8_s4")
 """Tried in turn, for the op only, when the default configuration does not compile or launch on the
 device (e.g. its shared memory exceeds the device's); the first that does is kept per kernel shape."""
