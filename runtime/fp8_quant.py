@@ -42,32 +42,48 @@ def rotates(precision: str) -> bool:
 
 def hadamard(x: torch.Tensor) -> torch.Tensor:
     """x H / sqrt(D) over the last dimension (D a power of two), float32: the fast Walsh-Hadamard
-    butterflies (a + b, a - b) in log2(D) elementwise stages, then one multiply by fl32(D^-1/2)."""
+    butterflies (a + b, a - b) in log2(D) elementwise stages, then one multiply by fl32(D^-1/2).
+    Each stage writes its sums and differences straight into the next buffer (two float32 buffers
+    in turn), so a stage reads and writes the rows once."""
     D = x.shape[-1]
     if D < 1 or D & (D - 1):
         raise ValueError(f"hadamard: the last dimension must be a power of two, got {D}")
-    y = x.to(torch.float32)
+    y = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     lead = y.shape[:-1]
+    spare = torch.empty_like(y) if D > 1 else y
     h = 1
     while h < D:
-        pairs = y.reshape(*lead, D // (2 * h), 2, h)
-        a, b = pairs[..., 0, :], pairs[..., 1, :]
-        y = torch.stack((a + b, a - b), dim=-2).reshape(*lead, D)
+        pairs = y.view(*lead, D // (2 * h), 2, h)
+        out = spare.view(*lead, D // (2 * h), 2, h)
+        torch.add(pairs[..., 0, :], pairs[..., 1, :], out=out[..., 0, :])
+        torch.sub(pairs[..., 0, :], pairs[..., 1, :], out=out[..., 1, :])
+        y, spare = spare, y
         h *= 2
-    return y * torch.tensor(1.0 / math.sqrt(D), dtype=torch.float32, device=y.device)
+    return y.mul_(torch.tensor(1.0 / math.sqrt(D), dtype=torch.float32, device=y.device))
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x8 [..., D] float8_e4m3fn, scale [...] float32) of float rows x [..., D] (module docstring)."""
-    x = x.to(torch.float32)
-    amax = x.abs().amax(-1) if x.shape[-1] else x.new_zeros(x.shape[:-1])
+    return _quantize_rows(x.to(torch.float32, memory_format=torch.contiguous_format, copy=True))
+
+
+def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` of float32 rows x that may be overwritten (one pass for the maximum, one
+    for the quotient and its clamp in place, one for the cast)."""
+    if x.shape[-1]:
+        low, high = torch.aminmax(x, dim=-1)
+        amax = torch.maximum(high, -low)  # max |x_d| exactly, NaN kept
+    else:
+        amax = x.new_zeros(x.shape[:-1])
     scale = torch.clamp(amax, min=AMAX_FLOOR) / E4M3_MAX  # NaN and inf stay
-    x8 = torch.clamp(x / scale[..., None], -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    x8 = x.div_(scale[..., None]).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return x8, scale
 
 
-def _rotated(x: torch.Tensor, precision: str) -> torch.Tensor:
-    return hadamard(x) if rotates(precision) else x
+def _quantized(x: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` of x, rotated first under the rotated precisions (the rotation's own
+    buffer is quantised in place)."""
+    return _quantize_rows(hadamard(x)) if rotates(precision) else quantize_rows(x)
 
 
 def quantize_keys(k: torch.Tensor, precision: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +91,7 @@ def quantize_keys(k: torch.Tensor, precision: str = "fp8") -> tuple[torch.Tensor
     check_precision("precision", precision)
     if precision == "bf16":
         raise ValueError("precision: expected an fp8 precision to quantise keys, got 'bf16'")
-    return quantize_rows(_rotated(k, precision))
+    return _quantized(k, precision)
 
 
 def quantize_queries(q: torch.Tensor, weights: torch.Tensor,
@@ -85,7 +101,7 @@ def quantize_queries(q: torch.Tensor, weights: torch.Tensor,
     check_precision("precision", precision)
     if precision == "bf16":
         raise ValueError("precision: expected an fp8 precision to quantise queries, got 'bf16'")
-    q8, scale = quantize_rows(_rotated(q, precision))
+    q8, scale = _quantized(q, precision)
     return q8, weights.to(torch.float32) * scale
 
 

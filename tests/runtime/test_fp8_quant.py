@@ -64,3 +64,37 @@ def test_query_scales_are_folded_into_the_weights_and_rotation_follows_the_preci
         quantize_keys(q[:, 0], "e5m2")
     with pytest.raises(ValueError, match="got int 8"):
         check_precision("precision", 8)
+
+
+def _butterflies(x: torch.Tensor) -> torch.Tensor:
+    """The rotation's definition, stage by stage with new tensors: a + b and a - b in float32."""
+    D = x.shape[-1]
+    y = x.float()
+    h = 1
+    while h < D:
+        pairs = y.reshape(*y.shape[:-1], D // (2 * h), 2, h)
+        y = torch.stack((pairs[..., 0, :] + pairs[..., 1, :], pairs[..., 0, :] - pairs[..., 1, :]), dim=-2)
+        y = y.reshape(*x.shape[:-1], D)
+        h *= 2
+    return y * torch.tensor(D ** -0.5, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_rotation_and_quantisation_are_bitwise_their_definitions_and_leave_the_input_alone(dtype):
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(3, 5, 64, generator=g) * torch.logspace(-6, 6, 5)[:, None]).to(dtype)
+    x[0, 1, 7], x[1, 2, 0], x[2, 3, 63], x[2, 4] = float("nan"), float("inf"), float("-inf"), -0.0
+    x = x.transpose(0, 1)  # a strided view
+    before = x.clone()
+    rotated = hadamard(x)
+    assert torch.equal(rotated.view(torch.int32), _butterflies(x).view(torch.int32))
+    for rows in (rotated, x):
+        x8, scale = quantize_rows(rows)
+        f = rows.float()
+        want_scale = torch.clamp(f.abs().amax(-1), min=AMAX_FLOOR) / E4M3_MAX
+        want8 = torch.clamp(f / want_scale[..., None], -E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        assert torch.equal(scale.view(torch.int32), want_scale.view(torch.int32))
+        assert torch.equal(x8.view(torch.uint8), want8.view(torch.uint8))
+    assert torch.equal(x.view(torch.uint8) if dtype != torch.float32 else x.view(torch.int32),
+                       before.view(torch.uint8) if dtype != torch.float32 else before.view(torch.int32))
+    assert torch.equal(hadamard(x[..., :1]), x[..., :1].float())  # D = 1: the identity
