@@ -350,7 +350,10 @@ def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, 
             try:
                 proc.wait(timeout=max(0.1, cut_at - time.time()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:  # the worker and its children ended since the wait
+                    pass
                 proc.wait()
                 cut = True
             if (proc.returncode == 0 or cut) and path.exists():
