@@ -79,6 +79,14 @@ def causal_chunk_mask(S, T):
     return torch.ones(S, T, dtype=torch.bool, device=DEVICE).tril(T - S)[None]
 
 
+def row_overlap(got, want, T):
+    """(mean, min) over rows of |got_row & want_row| / kk for key-index tensors [..., kk] (keys < T)."""
+    got, want = got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1])
+    offset = torch.arange(got.shape[0], device=got.device)[:, None] * T  # per-row sets, flattened
+    same = torch.isin(got + offset, want + offset).float().mean(-1)
+    return round(float(same.mean()), 4), round(float(same.min()), 4)
+
+
 def all_codes(q, w, k, mask=None, maxima=None, words=False, k_scale=None):
     """The dense path's scorer: every key's order code [1,S,T] (int32 high words with ``words``)
     (and the chunk ``maxima``); ``k_scale``: the FP8 scorer."""
@@ -241,10 +249,9 @@ def grid(emit, lengths_s, lengths_t, structured_inputs):
             try:
                 want = dense_topk_cuda(q, k, w, TOPK, mask)[1][0]
                 got = torch_gemm_topk(q, k, w, mask, kk)
-                offset = torch.arange(S, device=got.device)[:, None] * T  # per-row sets, flattened
-                same = torch.isin(got + offset, want + offset).float().mean()
+                same, _ = row_overlap(got, want, T)
                 row.update(ms=round(timed(lambda: torch_gemm_topk(q, k, w, mask, kk), reps=3), 2),
-                           dense_ms=round(ms, 2), same_index_fraction=round(float(same), 4))
+                           dense_ms=round(ms, 2), same_index_fraction=same)
                 del want, got
             except Exception as exc:  # out of memory at some size: recorded
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
@@ -299,10 +306,9 @@ def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=
             got = op()
             want = scorer.decode_codes(torch.topk(all_codes(q, w, k), kk, dim=-1).values, T)
             stock = lambda: stock_decode_topk(q, k, w, kk)
-            offset = torch.arange(B, device=q.device)[:, None, None] * T  # per-row sets, flattened
-            stock_same = torch.isin(stock() + offset, got[1] + offset).float().mean()
+            stock_same, _ = row_overlap(stock(), got[1], T)
             row = {"S": 1, "B": B, "T": T, "H": H, "D": D, "topk": TOPK, "method": "decode",
-                   "identical": harness.identical(got, want), "stock_same_index_fraction": round(float(stock_same), 4)}
+                   "identical": harness.identical(got, want), "stock_same_index_fraction": stock_same}
             forms = {"op": op, "dense": lambda: dense_topk_cuda(q, k, w, TOPK), "stock": stock}
             if stock_compiled is not None:
                 forms["stock_compiled"] = lambda: stock_compiled(q, k, w, kk)
@@ -361,13 +367,6 @@ def fp8_family_inputs(family, S, T, gaussian, structured_inputs):
     from runtime.indexer_zoo import zoo_inputs
 
     return zoo_inputs(family, 1, S, T, H, D, device=DEVICE, dtype=torch.bfloat16)[:3]
-
-
-def row_overlap(got, want, T):
-    """(mean, min) over rows of |got_row & want_row| / kk for index tensors [1, S, kk]."""
-    offset = torch.arange(got.shape[1], device=got.device)[None, :, None] * T  # per-row sets, flattened
-    same = torch.isin(got + offset, want + offset).float().mean(-1)
-    return round(float(same.mean()), 4), round(float(same.min()), 4)
 
 
 def fp8_grid(emit, lengths_s, lengths_t, structured_inputs, rate):

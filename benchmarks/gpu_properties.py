@@ -111,7 +111,6 @@ def item7_inputs(shape, device, dtype):
 def first_calls(shapes, device: str) -> None:
     """The child process of stage 1: one JSON line per (shape, path) on stdout, as it goes."""
     import faulthandler
-    import signal
 
     faulthandler.register(signal.SIGUSR1)
     started = time.perf_counter()
@@ -163,31 +162,55 @@ def first_calls(shapes, device: str) -> None:
             print(json.dumps(row), flush=True)
 
 
+def start_child(args: list[str], env: dict, out: Path, err: Path) -> subprocess.Popen:
+    """``args`` run from the repository root in a session of its own, stdout and stderr to the files
+    ``out`` and ``err``: no pipe to fill or to be held open by the processes it starts, and
+    ``stop_child`` ends them all."""
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        return subprocess.Popen(args, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def stop_child(proc: subprocess.Popen, timeout: float, ask: int | None = None) -> bool:
+    """Wait up to ``timeout`` seconds for ``start_child``'s process; past it send it ``ask`` (a signal
+    it answers, given STACK_DUMP_S), then kill its whole session. True when it was stopped."""
+    try:
+        proc.wait(timeout=max(0.1, timeout))
+        return False
+    except subprocess.TimeoutExpired:
+        pass
+    if ask is not None:
+        proc.send_signal(ask)
+        try:
+            proc.wait(timeout=STACK_DUMP_S)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the process and every one it started have ended
+        pass
+    proc.wait()
+    return True
+
+
 def run_first_calls(shapes, device: str, env: dict, timeout: float) -> dict:
     """Stage 1 in a fresh process with ``env``: its rows, or the timeout and its stack dumps."""
     args = [sys.executable, "-m", "benchmarks.gpu_properties", "--first-calls-child", "--device", device]
     if shapes is SMOKE_FIRST_CALL_SHAPES:
         args.append("--smoke")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        timed_out, code = False, proc.returncode
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGUSR1)  # faulthandler writes every thread's stack to stderr
-        try:
-            out, err = proc.communicate(timeout=STACK_DUMP_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        proc.kill()
-        timed_out, code = True, None
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "out", Path(tmp) / "err"
+        proc = start_child(args, env, out, err)
+        timed_out = stop_child(proc, timeout, ask=signal.SIGUSR1)  # faulthandler writes the stacks to stderr
+        out_text, err_text = out.read_text(), err.read_text()
+    code = None if timed_out else proc.returncode
+    rows = [json.loads(line) for line in out_text.splitlines() if line.startswith("{")]
     result = {"wall_s": round(time.perf_counter() - t0, 1), "timed_out": timed_out, "exit_code": code,
               "startup_s": next((r["startup_s"] for r in rows if "startup_s" in r), None),
               "calls": [r for r in rows if "path" in r]}
     if timed_out or code:
-        result["stderr_tail"] = err[-6000:]
+        result["stderr_tail"] = err_text[-6000:]
     return result
 
 
@@ -328,39 +351,27 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
 def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, seed: int,
                 env: dict) -> list[dict]:
     """Stage 2: one process per class, all at once, with ``env`` (stage 1's warm caches); their
-    tallies (or how each ended). Each worker runs in its own session with its output in a file:
-    one past the cut is killed with every process it started (compile pools among them), and no
-    worker can block on a full pipe that nobody reads."""
+    tallies (or how each ended). Every worker still running WORKER_GRACE_S past the deadline is
+    stopped with the processes it started (``stop_child``)."""
     deadline = time.time() + budget_s
     share = 2 * math.ceil(cases / len(classes))
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, klass in enumerate(classes):
-            path, log = Path(tmp) / f"worker{i}.json", Path(tmp) / f"worker{i}.log"
+            path, err = Path(tmp) / f"worker{i}.json", Path(tmp) / f"worker{i}.err"
             args = [sys.executable, "-m", "benchmarks.gpu_properties", "--worker", ",".join(map(str, klass)),
                     "--cases", str(share), "--deadline", str(deadline), "--seed", str(seed + i), "--device", device,
                     "--result", str(path)] + (["--smoke"] if smoke else [])
-            with open(log, "w") as sink:
-                procs.append((klass, path, log, subprocess.Popen(args, cwd=ROOT, env=env, stdout=sink, stderr=sink,
-                                                                 stdin=subprocess.DEVNULL, start_new_session=True)))
+            procs.append((klass, path, err, start_child(args, env, Path(tmp) / f"worker{i}.out", err)))
         tallies = []
         cut_at = deadline + WORKER_GRACE_S  # one cut for all: the stage ends by then whatever the workers do
-        for klass, path, log, proc in procs:
-            cut = False
-            try:
-                proc.wait(timeout=max(0.1, cut_at - time.time()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:  # the worker and its children ended since the wait
-                    pass
-                proc.wait()
-                cut = True
+        for klass, path, err, proc in procs:
+            cut = stop_child(proc, cut_at - time.time())
             if (proc.returncode == 0 or cut) and path.exists():
                 tallies.append({**json.loads(path.read_text()), **({"cut_at_deadline": True} if cut else {})})
             else:
                 tallies.append({"class": list(klass), "cases": 0, "mismatches": 0, "errors": 0, "by_category": {},
-                                "examples": [], "failed": f"exit code {proc.returncode}: {log.read_text()[-3000:]}"})
+                                "examples": [], "failed": f"exit code {proc.returncode}: {err.read_text()[-3000:]}"})
     return tallies
 
 

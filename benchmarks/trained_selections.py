@@ -21,12 +21,13 @@ from pathlib import Path
 import torch
 
 from benchmarks import harness
+from compiler.lowering.attention.sparse_attention import tile_rows
 from runtime.dense_scorer import dense_topk
 from runtime.indexer_zoo import zoo_inputs
 
 H, D = 64, 128
-UNION_BLOCK = 64
-"""Queries per tile of the union op (``compiler.lowering.attention.sparse_attention``, from S > 32)."""
+UNION_BLOCK = tile_rows(1 << 30)
+"""Queries per tile of the union op at prefill lengths (any S > 32)."""
 
 
 def layer_selections(layer: int, S: int, T: int, topk: int, seed: int = 0) -> torch.Tensor:

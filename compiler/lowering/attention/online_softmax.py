@@ -21,7 +21,7 @@ TARGET_PROGRAMS_PER_SM = 4
 
 
 def attention_splits(programs: int, width: int, block_n: int, device: torch.device,
-               splits: Optional[int] = None) -> tuple[int, int]:
+                     splits: Optional[int] = None) -> tuple[int, int]:
     """(number of splits, keys per split, a multiple of block_n) of rows of ``width`` keys run by
     ``programs`` programs: ``splits`` when given, else enough to fill the GPU (1 off CUDA or when the
     grid already fills it); the count is then trimmed so that no split is empty."""
