@@ -163,7 +163,7 @@ def first_calls(shapes, device: str) -> None:
 
 
 def start_child(args: list[str], env: dict, out: Path, err: Path) -> subprocess.Popen:
-    """``args`` run from the repository root in a session of its own, stdout and stderr to the files
+    """``args`` run from the repository root as the leader of a new process group, stdout and stderr to the files
     ``out`` and ``err``: no pipe to fill or to be held open by the processes it starts, and
     ``stop_child`` ends them all."""
     with open(out, "w") as stdout, open(err, "w") as stderr:
@@ -173,7 +173,7 @@ def start_child(args: list[str], env: dict, out: Path, err: Path) -> subprocess.
 
 def stop_child(proc: subprocess.Popen, timeout: float, ask: int | None = None) -> bool:
     """Wait up to ``timeout`` seconds for ``start_child``'s process; past it send it ``ask`` (a signal
-    it answers, given STACK_DUMP_S), then kill its whole session. True when it was stopped."""
+    it answers, given STACK_DUMP_S), then kill its whole process group. True when it was stopped."""
     try:
         proc.wait(timeout=max(0.1, timeout))
         return False
