@@ -13,11 +13,12 @@ non-finite row gives a non-finite scale or NaN values (its queries are then scor
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
 __all__ = ["PRECISIONS", "E4M3_MAX", "AMAX_FLOOR", "check_precision", "rotates", "hadamard",
-           "quantize_rows", "quantize_keys", "quantize_queries", "quantize_indexer_inputs"]
+           "quantize_rows", "quantize", "quantize_keys", "quantize_queries", "quantize_indexer_inputs"]
 
 PRECISIONS = ("bf16", "fp8", "fp8_unrotated")
 """What the indexer top-K scores (module docstring); "bf16" is the default everywhere."""
@@ -80,35 +81,44 @@ def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x8, scale
 
 
-def _quantized(x: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_rows`` of x, rotated first under the rotated precisions (the rotation's own
-    buffer is quantised in place)."""
-    return _quantize_rows(hadamard(x)) if rotates(precision) else quantize_rows(x)
+def quantize(x: torch.Tensor, rotate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` of x, rotated by ``hadamard`` first when ``rotate`` (the rotation's own
+    buffer is quantised in place). The definition; ``compiler.lowering.scoring.fp8_quant.quantize_rows``
+    computes the same bits on the GPU in one pass."""
+    return _quantize_rows(hadamard(x)) if rotate else quantize_rows(x)
 
 
-def quantize_keys(k: torch.Tensor, precision: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys k [B,T,D] (float) -> (k8 [B,T,D] float8_e4m3fn, k_scale [B,T] float32)."""
+Quantizer = Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor]]
+"""(x [..., D], rotate) -> (x8 [..., D] float8_e4m3fn, scale [...] fp32): ``quantize`` or a kernel
+that gives its bits."""
+
+
+def _checked_fp8(precision: str, what: str) -> str:
     check_precision("precision", precision)
     if precision == "bf16":
-        raise ValueError("precision: expected an fp8 precision to quantise keys, got 'bf16'")
-    return _quantized(k, precision)
+        raise ValueError(f"precision: expected an fp8 precision to quantise {what}, got 'bf16'")
+    return precision
 
 
-def quantize_queries(q: torch.Tensor, weights: torch.Tensor,
-                     precision: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_keys(k: torch.Tensor, precision: str = "fp8",
+                  quantizer: Quantizer = quantize) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys k [B,T,D] (float) -> (k8 [B,T,D] float8_e4m3fn, k_scale [B,T] float32)."""
+    return quantizer(k, rotates(_checked_fp8(precision, "keys")))
+
+
+def quantize_queries(q: torch.Tensor, weights: torch.Tensor, precision: str = "fp8",
+                     quantizer: Quantizer = quantize) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries q [B,S,H,D] and weights [B,S,H] (float) -> (q8 [B,S,H,D] float8_e4m3fn, w' [B,S,H]
     float32): one scale per (query, head), folded into that head's weight, w' = fl32(w * scale)."""
-    check_precision("precision", precision)
-    if precision == "bf16":
-        raise ValueError("precision: expected an fp8 precision to quantise queries, got 'bf16'")
-    q8, scale = _quantized(q, precision)
+    q8, scale = quantizer(q, rotates(_checked_fp8(precision, "queries")))
     return q8, weights.to(torch.float32) * scale
 
 
-def quantize_indexer_inputs(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, precision: str = "fp8"
+def quantize_indexer_inputs(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, precision: str = "fp8",
+                            quantizer: Quantizer = quantize
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q8, k8, w', k_scale): the FP8 scorer's inputs (``quantize_queries`` and ``quantize_keys``)
     for ``dense_topk`` / ``certified_topk`` with ``key_scale=k_scale``."""
-    q8, w8 = quantize_queries(q, weights, precision)
-    k8, k_scale = quantize_keys(k, precision)
+    q8, w8 = quantize_queries(q, weights, precision, quantizer)
+    k8, k_scale = quantize_keys(k, precision, quantizer)
     return q8, k8, w8, k_scale

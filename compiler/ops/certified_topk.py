@@ -12,7 +12,8 @@ Returns (values [B,S,kk] fp32, indices [B,S,kk] int64), kk = min(topk, T): exact
 statistics and the runtime guard; ``path``, ``r``, ``min_keys`` are the layer's ``TopkSettings``,
 resolved per call by ``compiler.ops.guard.call_path``. Every kernel checks its arguments first
 (``check_call``: a clear error naming the argument) and answers empty inputs with empty outputs.
-The CPU runs ``runtime.certified_topk``; CUDA ``compiler/lowering/topk_pipeline.py``. The fake
+The CPU runs ``runtime.certified_topk``; CUDA ``compiler/lowering/topk_pipeline.py`` (its FP8 inputs
+quantised by ``compiler/lowering/scoring/fp8_quant.py``, the same bits). The fake
 kernel keeps symbolic sizes and adds no guards."""
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from compiler.ops.guard import call_path
 from compiler.ops.stats import TOPK_STATS
 from compiler.topk_settings import TopkSettings, settings_of
 from runtime.certified_topk import CertifiedTopkConfig, certified_topk as reference_certified_topk
-from runtime.fp8_quant import check_precision, quantize_keys, quantize_queries, rotates
+from runtime.fp8_quant import Quantizer, check_precision, quantize, quantize_keys, quantize_queries, rotates
 from runtime.indexer_inputs import checked_kk
 
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
@@ -116,15 +117,17 @@ def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch
         return kernel(a, kk, config, call_stats)
 
 
-def scored_operands(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def scored_operands(a: dict[str, Any], quantizer: Quantizer = quantize
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(q, k, weights, k_scale) that the scorer reads: the call's own for "bf16" (k_scale None); for
-    an fp8 precision the E4M3 quantisation of ``runtime.fp8_quant`` (q8, k8 or the given FP8 keys,
-    w' with the query scales folded in, the key scales)."""
+    an fp8 precision the E4M3 quantisation of ``runtime.fp8_quant`` by ``quantizer`` (q8, k8 or the
+    given FP8 keys, w' with the query scales folded in, the key scales)."""
     precision = a["precision"]
     if precision == "bf16":
         return a["q"], a["k"], a["weights"], None
-    q8, w8 = quantize_queries(a["q"], a["weights"], precision)
-    k8, k_scale = quantize_keys(a["k"], precision) if a["k_scale"] is None else (a["k"], a["k_scale"])
+    q8, w8 = quantize_queries(a["q"], a["weights"], precision, quantizer)
+    k8, k_scale = (quantize_keys(a["k"], precision, quantizer) if a["k_scale"] is None
+                   else (a["k"], a["k_scale"]))
     return q8, k8, w8, k_scale
 
 
@@ -134,12 +137,13 @@ def _reference_kernel(a, kk, config, stats):
 
 
 def _cuda_kernel(a, kk, config, stats):
+    from compiler.lowering.scoring.fp8_quant import quantize_rows
     from compiler.lowering.scoring.indexer_scores import check_fp8_head_dim
     from compiler.lowering.topk_pipeline import checked_certified_topk_cuda
 
     if a["precision"] != "bf16":
         check_fp8_head_dim(a["q"].shape[3])
-    q, k, w, k_scale = scored_operands(a)
+    q, k, w, k_scale = scored_operands(a, quantize_rows)
     return checked_certified_topk_cuda(q, k, w, kk, a["mask"], k_scale=k_scale, config=config, stats=stats)
 
 
