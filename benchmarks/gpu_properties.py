@@ -309,6 +309,9 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
     """Stage 2's worker: draw and check cases of one class until ``cases`` or ``deadline`` (epoch s);
     the tally so far is rewritten to ``result`` every TALLY_EVERY_S, so that a worker stopped in a
     compilation past the deadline still reports the cases it checked."""
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1)  # run_workers asks an overdue worker for its stacks
     import torch
 
     import compiler  # noqa: F401  (registers the op)
@@ -324,6 +327,9 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
         if time.time() > deadline:
             break
         case_seed = seed * 1_000_003 + i
+        tally["current_seed"] = case_seed
+        if result is not None and tally["cases"] == 0:
+            Path(result).write_text(json.dumps(tally))
         (q, k, w, topk, mask, r), tags = draw_case(case_seed, dtype_name, H, D, device, smoke)
         outcome = "cases"
         try:
@@ -352,7 +358,8 @@ def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, 
                 env: dict) -> list[dict]:
     """Stage 2: one process per class, all at once, with ``env`` (stage 1's warm caches); their
     tallies (or how each ended). Every worker still running WORKER_GRACE_S past the deadline is
-    stopped with the processes it started (``stop_child``)."""
+    asked for its Python stacks (SIGUSR1, ``faulthandler``), given STACK_DUMP_S, then stopped with
+    the processes it started (``stop_child``); its tally keeps the case it was in and its stderr tail."""
     deadline = time.time() + budget_s
     share = 2 * math.ceil(cases / len(classes))
     procs = []
@@ -363,15 +370,30 @@ def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, 
                     "--cases", str(share), "--deadline", str(deadline), "--seed", str(seed + i), "--device", device,
                     "--result", str(path)] + (["--smoke"] if smoke else [])
             procs.append((klass, path, err, start_child(args, env, Path(tmp) / f"worker{i}.out", err)))
-        tallies = []
         cut_at = deadline + WORKER_GRACE_S  # one cut for all: the stage ends by then whatever the workers do
+        for _, _, _, proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, cut_at - time.time()))
+            except subprocess.TimeoutExpired:
+                pass
+        overdue = [proc for _, _, _, proc in procs if proc.poll() is None]
+        for proc in overdue:
+            proc.send_signal(signal.SIGUSR1)
+        if overdue:
+            time.sleep(STACK_DUMP_S)
+        tallies = []
         for klass, path, err, proc in procs:
-            cut = stop_child(proc, cut_at - time.time())
-            if (proc.returncode == 0 or cut) and path.exists():
-                tallies.append({**json.loads(path.read_text()), **({"cut_at_deadline": True} if cut else {})})
-            else:
-                tallies.append({"class": list(klass), "cases": 0, "mismatches": 0, "errors": 0, "by_category": {},
-                                "examples": [], "failed": f"exit code {proc.returncode}: {err.read_text()[-3000:]}"})
+            cut = proc in overdue
+            stop_child(proc, 0.0)
+            tally = json.loads(path.read_text()) if (proc.returncode == 0 or cut) and path.exists() else None
+            if tally is None:
+                tally = {"class": list(klass), "cases": 0, "mismatches": 0, "errors": 0, "by_category": {},
+                         "examples": [], "failed": f"exit code {proc.returncode}"}
+            if cut:
+                tally["cut_at_deadline"] = True
+            if cut or "failed" in tally:
+                tally["stderr_tail"] = err.read_text()[-3000:]
+            tallies.append(tally)
     return tallies
 
 

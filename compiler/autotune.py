@@ -1,8 +1,9 @@
 """Triton launch configurations chosen by measurement, keyed on bucketed lengths, cached on disk.
 
-``choose_config(kernel, configs, launch, device=, length=, shape=)``: under ``TRITON_INTERPRET=1``,
-off CUDA, or for a call with less work than ``MIN_TUNED_WORK`` the first candidate, neither compiled
-nor measured beyond it; otherwise the cached choice for (kernel, device name,
+``choose_config(kernel, configs, launch, device=, length=, shape=)``: under ``TRITON_INTERPRET=1`` or
+off CUDA the first candidate; for a call with less work than ``MIN_TUNED_WORK`` the first candidate
+that launches (``first_launchable``: e.g. one whose shared memory the device has), none measured;
+otherwise the cached choice for (kernel, device name,
 torch and triton versions, power-of-two bucket of the length, the other shape ints), or the fastest
 candidate that launches (a failing one is skipped), measured once and stored. The cache is a JSON
 file (``PULSAR_DOSA_AUTOTUNE_CACHE`` or ``~/.cache/pulsar_dosa/autotune.json``) written atomically;
@@ -173,6 +174,28 @@ def fastest_config(configs: Sequence[LaunchConfig], launch: Callable[[LaunchConf
 
 
 _SHARED_CACHE: AutotuneCache | None = None
+_FIRST_LAUNCHABLE: dict[str, LaunchConfig] = {}
+
+
+def first_launchable(kernel: str, configs: Sequence[LaunchConfig], launch: Callable[[LaunchConfig], None], *,
+                     device: torch.device, shape: Mapping[str, int]) -> LaunchConfig:
+    """The first candidate whose ``launch`` succeeds (a failing one, ``launch_errors``, is skipped;
+    the last failure is raised when none succeeds), found once per (kernel, device, shape) and
+    process: the candidates after it are neither compiled nor run."""
+    key = tuning_key(kernel, device, 0, shape)
+    found = _FIRST_LAUNCHABLE.get(key)
+    if found in configs:
+        return found
+    failure = None
+    for config in configs:
+        try:
+            launch(config)
+        except launch_errors() as err:
+            failure = err
+            continue
+        _FIRST_LAUNCHABLE[key] = config
+        return config
+    raise failure
 
 
 def choose_config(kernel: str, configs: Sequence[LaunchConfig], launch: Callable[[LaunchConfig], None], *,
@@ -185,8 +208,10 @@ def choose_config(kernel: str, configs: Sequence[LaunchConfig], launch: Callable
         raise ValueError("configs: expected at least one LaunchConfig")
     if isinstance(work, bool) or not isinstance(work, int) or work < 0:
         raise ValueError(f"work: expected an int >= 0, got {work!r}")
-    if device.type != "cuda" or interpreter_active() or work < MIN_TUNED_WORK:
+    if device.type != "cuda" or interpreter_active():
         return configs[0]
+    if work < MIN_TUNED_WORK:
+        return first_launchable(kernel, configs, launch, device=device, shape=shape)
     if cache is None:
         if _SHARED_CACHE is None:
             _SHARED_CACHE = AutotuneCache()

@@ -43,19 +43,45 @@ def test_a_small_call_on_the_gpu_takes_the_first_config_without_compiling_the_ot
     # must not pay that. Outside the interpreter, as on a CUDA device:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    launched = []
+    cache = AutotuneCache(tmp_path / "cache.json")
+    cuda = torch.device("cuda", 0)
+    for _ in range(2):
+        assert choose_config("screen", [LARGE, SMALL], launched.append, device=cuda, length=5000,
+                             shape={"heads": 8, "case": 1}, work=MIN_TUNED_WORK - 1, cache=cache) == LARGE
+    assert launched == [LARGE]  # launched once to know that it launches, then remembered
 
     def launch(config):
         raise Tuning(config)
 
-    cache = AutotuneCache(tmp_path / "cache.json")
-    cuda = torch.device("cuda", 0)
-    assert choose_config("screen", [LARGE, SMALL], launch, device=cuda, length=5000, shape={"heads": 8},
-                         work=MIN_TUNED_WORK - 1, cache=cache) == LARGE
     with pytest.raises(Tuning):
         choose_config("screen", [LARGE, SMALL], launch, device=cuda, length=5000, shape={"heads": 8},
                       work=MIN_TUNED_WORK, cache=cache)
     with pytest.raises(ValueError, match="work: expected an int >= 0"):
         choose_config("screen", [LARGE, SMALL], launch, device=cuda, length=5000, shape={}, work=-1, cache=cache)
+
+
+def test_a_small_call_skips_a_first_config_the_device_cannot_launch(tmp_path, monkeypatch):
+    # e.g. the screen's first candidate at r = 64 asks for more shared memory than a Hopper block has
+    from triton.runtime.errors import OutOfResources
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    launched = []
+
+    def launch(config):
+        launched.append(config)
+        if config == LARGE:
+            raise OutOfResources(245760, 232448, "shared memory")
+
+    cuda = torch.device("cuda", 0)
+    for _ in range(2):
+        assert choose_config("screen", [LARGE, SMALL], launch, device=cuda, length=50, shape={"RP": 128},
+                             work=1, cache=AutotuneCache(tmp_path / "cache.json")) == SMALL
+    assert launched == [LARGE, SMALL]
+    with pytest.raises(OutOfResources):
+        choose_config("screen", [LARGE], launch, device=cuda, length=50, shape={"RP": 256}, work=1,
+                      cache=AutotuneCache(tmp_path / "cache.json"))
 
 
 def test_fastest_config_is_the_one_with_the_least_measured_time():
