@@ -4,7 +4,7 @@
 interval one large product and products just below the truncation unit after it
 ("swamped_tail"), the same with cancelling signs ("cancelling"), one interval of large products
 and products just below the running sum's unit after it ("unpromoted_tail": within the bound only
-when the scorer promotes its partial sums every FP8_PROMOTE products), and random rows of varied
+when the scorer promotes its partial sums every ``fp8_interval(D)`` products), and random rows of varied
 scales ("random").
 
 ``dot_check(D, device)``: for each set, the largest ratio |x^ - x| / (phi * sum_d |q_d k_d|) over
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from compiler.lowering.scoring.indexer_scores import FP8_PROMOTE, decode_codes, score_dense
+from compiler.lowering.scoring.indexer_scores import decode_codes, fp8_interval, score_dense
 from compiler.lowering.topk_pipeline import fp8_dot_error
 
 __all__ = ["adversarial_pairs", "dot_check"]
@@ -29,13 +29,14 @@ def _e4m3(x: torch.Tensor) -> torch.Tensor:
 
 def adversarial_pairs(D: int, random_pairs: int = 64, seed: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """name -> (q [N, D], k [N, D]) float8_e4m3fn on the CPU (module docstring); D a multiple of
-    FP8_PROMOTE."""
+    its promotion interval ``fp8_interval(D)``."""
     d = torch.arange(D)
-    lead = d % FP8_PROMOTE == 0
+    interval = fp8_interval(D)
+    lead = d % interval == 0
     # 448^2 has exponent 17 and 4 * 3.75 = 15 sits just below 2^(17 - 13); 32 * 15 = 480 just below 2^(22 - 13)
     q_tail = torch.where(lead, 448.0, 4.0)
     k_tail = torch.where(lead, 448.0, 3.75)
-    first = d < FP8_PROMOTE
+    first = d < interval
     sign = torch.where(d % 2 == 0, 1.0, -1.0)
     g = torch.Generator().manual_seed(seed)
     spread = 2.0 ** torch.randint(-6, 7, (2, random_pairs, 1), generator=g)

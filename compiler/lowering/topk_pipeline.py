@@ -21,7 +21,7 @@ import torch
 import triton
 
 from compiler.lowering.scoring.indexer_scores import (
-    FP8_PROMOTE,
+    fp8_interval,
     chunk_multiple,
     decode_codes,
     key_splits,
@@ -174,14 +174,15 @@ class ScreenPlan:
 
 def fp8_dot_error(D: int) -> float:
     """phi with |x^ - x| <= phi * sum_d |q_d k_d| for the FP8 scorer's D-term dot on the GPU (SPEC
-    A.10): each promotion interval of K = FP8_PROMOTE products is summed from zero by the tensor
+    A.10): each promotion interval of K = fp8_interval(D) products is summed from zero by the tensor
     cores with n = K + 2 ceil(K / m) - 1 truncations (K products, the running sum of every step but
     the first, every step's stored sum; m = FP8_MMA_STEP), each below 2^-P of the interval's
     absolute sum (P = FP8_MMA_BITS): rho = gamma_n(2^-P); the c = D / K intervals then reach fp32
     (one rounding) and are added in fp32 in any order: phi = rho + gamma_c(u32) (1 + rho)."""
-    n = FP8_PROMOTE + 2 * triton.cdiv(FP8_PROMOTE, FP8_MMA_STEP) - 1
+    K = fp8_interval(D)
+    n = K + 2 * triton.cdiv(K, FP8_MMA_STEP) - 1
     rho = gamma(n, 2.0**-FP8_MMA_BITS)
-    return rho + gamma(triton.cdiv(D, FP8_PROMOTE), U32) * (1 + rho)
+    return rho + gamma(triton.cdiv(D, K), U32) * (1 + rho)
 
 
 def screen_margin(M_s, W, row_mass, D, H, RP, fp8=False):

@@ -10,7 +10,7 @@ kernel scored it: one tile function, one launch config per operand dtype
 ``TRITON_INTERPRET=1`` the dot and the head sum use ``tile_arith``'s sequential form: exactly
 ``runtime.dense_scorer``'s scorer. fp32 operands are multiplied as tf32 (``tf32_scores``). The FP8
 scorer (``k_scale`` given, q and k float8_e4m3fn, ``check_fp8``; SPEC A.10): E4M3 products on the
-FP8 tensor cores, promoted to fp32 every FP8_PROMOTE, then ``scale_and_bias``; launched with
+FP8 tensor cores, promoted to fp32 every ``fp8_interval(D)`` products, then ``scale_and_bias``; launched with
 ``defaults.FP8_SCORER_CONFIG``. ``order_code`` / ``decode_codes`` map between scores and codes."""
 from __future__ import annotations
 
@@ -27,11 +27,20 @@ INTERPRET = interpreter_active()
 MASK_NONE = 0
 MASK_BOOL = 1
 MASK_ADDITIVE = 2
-FP8_PROMOTE = 32
+FP8_PROMOTE = 128
 """FP8 operands: products summed in the tensor cores before each promotion of the partial sum to
-fp32 registers (``tl.dot``'s ``max_num_imprecise_acc``; the hardware's FP8 instruction depth on sm_90).
-The GPU margin's model of FP8 accumulation counts on it (topk_pipeline.fp8_dot_error, SPEC A.10)."""
+fp32 registers (``tl.dot``'s ``max_num_imprecise_acc``), or D when D is smaller (``fp8_interval``):
+at D = 128 one key tile's whole dot, as DeepSeek-V3 promotes. Every 32 products (one sm_90 FP8
+instruction) costs an fp32 add per accumulator element and register spills, 0.62x the speed. The GPU
+margin's model of FP8 accumulation counts on it (topk_pipeline.fp8_dot_error, SPEC A.10)."""
 _FP8_PROMOTE = tl.constexpr(FP8_PROMOTE)
+FP8_MIN_HEAD_DIM = 32
+"""Smallest head dimension of the FP8 scorer on the GPU: one sm_90 FP8 tensor-core K step."""
+
+
+def fp8_interval(D: int) -> int:
+    """Products per promotion interval of the FP8 scorer's D-term dot (FP8_PROMOTE, or D when smaller)."""
+    return min(D, FP8_PROMOTE)
 
 
 @triton.jit
@@ -131,7 +140,7 @@ def _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S: tl.co
                  TF32: tl.constexpr, TO_FP32: tl.constexpr, FP8: tl.constexpr):
     """[BLOCK_S, BLOCK_T] fp32 ``sum_h w_h relu(q_h . k)`` of the program's query rows (``qt``
     [BLOCK_S * HP, D], ``wt`` [BLOCK_S * HP]) against one key tile (rows ``k_ptr + k_off``, ``pok``).
-    FP8: E4M3 operands, the tensor cores' sums promoted to fp32 every FP8_PROMOTE products."""
+    FP8: E4M3 operands, the tensor cores' sums promoted to fp32 every ``fp8_interval(D)`` products."""
     if SEQUENTIAL:
         x = sequential_dot(q_ptr, q_off, rok, k_ptr, k_off, pok, D, BLOCK_S * HP, BLOCK_T)
         x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[:, None]
@@ -143,7 +152,7 @@ def _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S: tl.co
         if TF32:
             xt = tl.dot(kt, tl.trans(qt), input_precision="tf32")
         elif FP8:
-            xt = tl.dot(kt, tl.trans(qt), max_num_imprecise_acc=_FP8_PROMOTE)
+            xt = tl.dot(kt, tl.trans(qt), max_num_imprecise_acc=_FP8_PROMOTE if D >= _FP8_PROMOTE else D)
         else:
             xt = tl.dot(kt, tl.trans(qt))
         xt = tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[None, :]
@@ -388,7 +397,7 @@ SEQUENTIAL = INTERPRET
 
 def check_fp8(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None) -> bool:
     """True for the FP8 scorer (``k_scale`` given: q and k float8_e4m3fn, k_scale [B,T] fp32 with
-    stride 1 along T, D a power of two >= FP8_PROMOTE); False without ``k_scale`` (q and k must
+    stride 1 along T, D a power of two >= FP8_MIN_HEAD_DIM); False without ``k_scale`` (q and k must
     not be FP8 then). ValueError / TypeError naming the argument otherwise."""
     fp8 = torch.float8_e4m3fn
     if k_scale is None:
@@ -406,11 +415,10 @@ def check_fp8(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor | None) ->
 
 
 def check_fp8_head_dim(D: int) -> None:
-    """ValueError unless the FP8 scorer takes head dimension D: a power of two >= FP8_PROMOTE (one
-    promotion interval per tensor-core K step)."""
-    if D < FP8_PROMOTE or D & (D - 1):
+    """ValueError unless the FP8 scorer takes head dimension D: a power of two >= FP8_MIN_HEAD_DIM."""
+    if D < FP8_MIN_HEAD_DIM or D & (D - 1):
         raise ValueError(f"q, k: the FP8 scorer on the GPU takes a head dimension D that is a power of two "
-                         f">= {FP8_PROMOTE}, got D={D}")
+                         f">= {FP8_MIN_HEAD_DIM}, got D={D}")
 
 
 def tf32_scores(dtype: torch.dtype) -> bool:
