@@ -429,7 +429,10 @@ def tf32_scores(dtype: torch.dtype) -> bool:
 
 
 def scorer_config(dtype: torch.dtype) -> LaunchConfig:
-    """The one launch config of the scorer for operands of ``dtype``."""
+    """The one launch config of the scorer for operands of ``dtype``. Both scorer kernels are also
+    compiled without fusing multiplies into adds (``enable_fp_fusion=False``): which head's product
+    a fused multiply-add keeps exact depends on how the compiler schedules a kernel's code, so with
+    fusion a key scored by the dense and by the key-list kernel could differ in its last bit."""
     if dtype == torch.float8_e4m3fn:
         return defaults.FP8_SCORER_CONFIG
     return defaults.FP32_SCORER_CONFIG if dtype == torch.float32 else defaults.SCORER_CONFIG
@@ -513,7 +516,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET and not fp8,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
         TF32=tf32_scores(q.dtype), FP8=fp8, TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=defaults.TRIM_BLOCK,
-        **scorer_config(q.dtype).kwargs(),
+        enable_fp_fusion=False, **scorer_config(q.dtype).kwargs(),
     )
     return out
 
@@ -563,7 +566,7 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
         0 if maxima is None else maxima.stride(0), 0 if maxima is None else maxima.stride(1),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, TO_FP32=INTERPRET and not fp8, ROWS=rows is not None,
         SEQUENTIAL=SEQUENTIAL, TF32=tf32_scores(q.dtype), FP8=fp8, MAXIMA=maxima is not None, WORDS=words,
-        **scorer_config(q.dtype).kwargs(),
+        enable_fp_fusion=False, **scorer_config(q.dtype).kwargs(),
     )
     return out
 
