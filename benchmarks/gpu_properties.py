@@ -354,6 +354,25 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
     return tally
 
 
+def stop_overdue(procs: list[subprocess.Popen], cut_at: float) -> list[subprocess.Popen]:
+    """Wait for ``start_child``'s processes until the epoch time ``cut_at``; ask every one still
+    running for its Python stacks (SIGUSR1, which a worker answers with ``faulthandler``), give them
+    STACK_DUMP_S together, then stop each with the processes it started. Returns those it stopped."""
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, cut_at - time.time()))
+        except subprocess.TimeoutExpired:
+            pass
+    overdue = [proc for proc in procs if proc.poll() is None]
+    for proc in overdue:
+        proc.send_signal(signal.SIGUSR1)
+    if overdue:
+        time.sleep(STACK_DUMP_S)
+    for proc in overdue:
+        stop_child(proc, 0.0)
+    return overdue
+
+
 def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, seed: int,
                 env: dict) -> list[dict]:
     """Stage 2: one process per class, all at once, with ``env`` (stage 1's warm caches); their
@@ -371,20 +390,10 @@ def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, 
                     "--result", str(path)] + (["--smoke"] if smoke else [])
             procs.append((klass, path, err, start_child(args, env, Path(tmp) / f"worker{i}.out", err)))
         cut_at = deadline + WORKER_GRACE_S  # one cut for all: the stage ends by then whatever the workers do
-        for _, _, _, proc in procs:
-            try:
-                proc.wait(timeout=max(0.1, cut_at - time.time()))
-            except subprocess.TimeoutExpired:
-                pass
-        overdue = [proc for _, _, _, proc in procs if proc.poll() is None]
-        for proc in overdue:
-            proc.send_signal(signal.SIGUSR1)
-        if overdue:
-            time.sleep(STACK_DUMP_S)
+        overdue = stop_overdue([proc for _, _, _, proc in procs], cut_at)
         tallies = []
         for klass, path, err, proc in procs:
             cut = proc in overdue
-            stop_child(proc, 0.0)
             tally = json.loads(path.read_text()) if (proc.returncode == 0 or cut) and path.exists() else None
             if tally is None:
                 tally = {"class": list(klass), "cases": 0, "mismatches": 0, "errors": 0, "by_category": {},

@@ -57,8 +57,26 @@ def test_workers_past_the_deadline_are_all_cut_at_one_time(monkeypatch):
     import time
 
     monkeypatch.setattr(gpu_properties, "WORKER_GRACE_S", 1.0)
+    monkeypatch.setattr(gpu_properties, "STACK_DUMP_S", 0.5)
     classes = gpu_properties.SMOKE_CLASSES * 3
     start = time.perf_counter()
     tallies = gpu_properties.run_workers(classes, 10_000, 0.1, "cpu", True, 0, dict(os.environ))
     assert len(tallies) == len(classes)
-    assert time.perf_counter() - start < 0.1 + 1.0 + 3.0  # a grace per worker would take >= 6 s
+    assert time.perf_counter() - start < 0.1 + 1.0 + 0.5 + 3.0  # a grace per worker would take >= 6 s
+
+
+def test_an_overdue_worker_is_asked_for_its_stacks_before_it_is_stopped(tmp_path):
+    import sys
+    import time
+
+    child = ("import faulthandler, signal, time; faulthandler.register(signal.SIGUSR1); "
+             "print('ready', flush=True); time.sleep(120)")
+    out, err = tmp_path / "out", tmp_path / "err"
+    proc = gpu_properties.start_child([sys.executable, "-c", child], {}, out, err)
+    while "ready" not in out.read_text():
+        time.sleep(0.05)
+    quick = gpu_properties.start_child([sys.executable, "-c", "pass"], {}, tmp_path / "o2", tmp_path / "e2")
+    start = time.perf_counter()
+    assert gpu_properties.stop_overdue([proc, quick], time.time() + 1.0) == [proc]
+    assert time.perf_counter() - start < 1.0 + gpu_properties.STACK_DUMP_S + 2.0
+    assert proc.returncode is not None and "Current thread" in err.read_text()
