@@ -18,7 +18,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -145,21 +145,26 @@ def launch_errors() -> tuple[type[BaseException], ...]:
     return (CompilationError, OutOfResources, InterpreterError, RuntimeError)
 
 
-def launchable_configs(configs: Sequence[LaunchConfig],
-                       launch: Callable[[LaunchConfig], None]) -> tuple[LaunchConfig, ...]:
-    """The candidates whose ``launch`` succeeds once (in order; this also compiles them); a failing
-    one (``launch_errors``) is skipped. Raises the last failure when none succeeds."""
-    ok, failure = [], None
+def _launching(configs: Sequence[LaunchConfig], launch: Callable[[LaunchConfig], None]) -> Iterator[LaunchConfig]:
+    """The candidates whose ``launch`` succeeds once, in order and lazily (a launch also compiles);
+    a failing one (``launch_errors``) is skipped; the last failure is raised when none succeeded."""
+    failure, any_ok = None, False
     for config in configs:
         try:
             launch(config)
         except launch_errors() as err:
             failure = err
             continue
-        ok.append(config)
-    if not ok:
+        any_ok = True
+        yield config
+    if not any_ok:
         raise failure
-    return tuple(ok)
+
+
+def launchable_configs(configs: Sequence[LaunchConfig],
+                       launch: Callable[[LaunchConfig], None]) -> tuple[LaunchConfig, ...]:
+    """Every candidate whose ``launch`` succeeds once (``_launching``)."""
+    return tuple(_launching(configs, launch))
 
 
 def fastest_config(configs: Sequence[LaunchConfig], launch: Callable[[LaunchConfig], None],
@@ -184,18 +189,9 @@ def first_launchable(kernel: str, configs: Sequence[LaunchConfig], launch: Calla
     process: the candidates after it are neither compiled nor run."""
     key = tuning_key(kernel, device, 0, shape)
     found = _FIRST_LAUNCHABLE.get(key)
-    if found in configs:
-        return found
-    failure = None
-    for config in configs:
-        try:
-            launch(config)
-        except launch_errors() as err:
-            failure = err
-            continue
-        _FIRST_LAUNCHABLE[key] = config
-        return config
-    raise failure
+    if found not in configs:
+        found = _FIRST_LAUNCHABLE[key] = next(_launching(configs, launch))
+    return found
 
 
 def choose_config(kernel: str, configs: Sequence[LaunchConfig], launch: Callable[[LaunchConfig], None], *,
