@@ -20,7 +20,7 @@ in -2..2 (many ties), a causal mask.
 Stage 2, properties. ``len(CLASSES)`` worker processes run at once, each one class of (dtype, H, D)
 so that they compile different kernels. Each draws cases (``draw_case``; seeded, reproducible)
 until twice its share of ``--cases`` or the deadline (every worker still running WORKER_GRACE_S past
-it is stopped, its last tally counted): shapes (B, S, T, topk), every budget r of small
+it is asked for its stacks and stopped, its last tally counted with the case it was in): shapes (B, S, T, topk), every budget r of small
 H (a spread for H = 64) and -1, values that tie (integers, ReLU zeros, repeated keys), NaN and
 inf in q, k, weights or an additive mask, huge magnitudes, masks None / bool (random, causal
 either way, rows with no visible key) / additive (ties in the bias), and calls the op with path
