@@ -94,6 +94,7 @@ that gives its bits."""
 
 
 def _checked_fp8(precision: str, what: str) -> str:
+    """``precision`` if it is an fp8 one, else ValueError naming it (``what``: what is quantised)."""
     check_precision("precision", precision)
     if precision == "bf16":
         raise ValueError(f"precision: expected an fp8 precision to quantise {what}, got 'bf16'")

@@ -30,9 +30,10 @@ MASK_ADDITIVE = 2
 FP8_PROMOTE = 128
 """FP8 operands: products summed in the tensor cores before each promotion of the partial sum to
 fp32 registers (``tl.dot``'s ``max_num_imprecise_acc``), or D when D is smaller (``fp8_interval``):
-at D = 128 one key tile's whole dot, as DeepSeek-V3 promotes. Every 32 products (one sm_90 FP8
-instruction) costs an fp32 add per accumulator element and register spills, 0.62x the speed. The GPU
-margin's model of FP8 accumulation counts on it (topk_pipeline.fp8_dot_error, SPEC A.10)."""
+at D = 128 one key tile's whole dot, as DeepSeek-V3 promotes (promoting every 32 products, one sm_90
+FP8 instruction, adds an fp32 add per accumulator element and spills registers:
+benchmarks/results/fp8_promotion_h200.json). The GPU margin's model of FP8 accumulation counts on
+it (topk_pipeline.fp8_dot_error, SPEC A.10)."""
 _FP8_PROMOTE = tl.constexpr(FP8_PROMOTE)
 FP8_MIN_HEAD_DIM = 32
 """Smallest head dimension of the FP8 scorer on the GPU: one sm_90 FP8 tensor-core K step."""
