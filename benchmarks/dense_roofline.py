@@ -323,9 +323,10 @@ def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=
             del q, k, w
 
 
-FP8_FORMS = [LaunchConfig.of(num_warps=w, num_stages=s, BLOCK_T=bt)
-             for (bt, w, s) in [(64, 8, 3), (64, 4, 3), (128, 8, 3), (128, 4, 3)]]
-"""Launch configs of the FP8 scorer timed by ``--fp8``; the first is the module default."""
+FP8_FORMS = [defaults.FP8_SCORER_CONFIG] + [
+    config for config in (LaunchConfig.of(num_warps=w, num_stages=3, BLOCK_T=bt) for bt in (64, 128) for w in (8, 4))
+    if config != defaults.FP8_SCORER_CONFIG]
+"""Launch configs of the FP8 scorer timed by ``--fp8``; the first is the default."""
 FP8_FAMILIES = ("structured", "gaussian", "random_indexer", "trained")
 """Input families of the FP8/bf16 overlap rows (module docstring)."""
 

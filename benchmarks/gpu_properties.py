@@ -165,32 +165,19 @@ def first_calls(shapes, device: str) -> None:
 def start_child(args: list[str], env: dict, out: Path, err: Path) -> subprocess.Popen:
     """``args`` run from the repository root as the leader of a new process group, stdout and stderr to the files
     ``out`` and ``err``: no pipe to fill or to be held open by the processes it starts, and
-    ``stop_child`` ends them all."""
+    ``stop_child`` ends them all (``stop_overdue`` first asks an overdue one for its stacks)."""
     with open(out, "w") as stdout, open(err, "w") as stderr:
         return subprocess.Popen(args, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 
 
-def stop_child(proc: subprocess.Popen, timeout: float, ask: int | None = None) -> bool:
-    """Wait up to ``timeout`` seconds for ``start_child``'s process; past it send it ``ask`` (a signal
-    it answers, given STACK_DUMP_S), then kill its whole process group. True when it was stopped."""
-    try:
-        proc.wait(timeout=max(0.1, timeout))
-        return False
-    except subprocess.TimeoutExpired:
-        pass
-    if ask is not None:
-        proc.send_signal(ask)
-        try:
-            proc.wait(timeout=STACK_DUMP_S)
-        except subprocess.TimeoutExpired:
-            pass
+def stop_child(proc: subprocess.Popen) -> None:
+    """Kill ``start_child``'s process with every process it started (its process group), and reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:  # the process and every one it started have ended
         pass
     proc.wait()
-    return True
 
 
 def run_first_calls(shapes, device: str, env: dict, timeout: float) -> dict:
@@ -202,7 +189,7 @@ def run_first_calls(shapes, device: str, env: dict, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "out", Path(tmp) / "err"
         proc = start_child(args, env, out, err)
-        timed_out = stop_child(proc, timeout, ask=signal.SIGUSR1)  # faulthandler writes the stacks to stderr
+        timed_out = bool(stop_overdue([proc], time.time() + timeout))  # its stacks go to stderr
         out_text, err_text = out.read_text(), err.read_text()
     code = None if timed_out else proc.returncode
     rows = [json.loads(line) for line in out_text.splitlines() if line.startswith("{")]
@@ -319,17 +306,15 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
     dtype_name, H, D = klass
     op = torch.ops.pulsar_dosa.certified_topk
     tally = {"class": list(klass), "cases": 0, "mismatches": 0, "errors": 0, "by_category": {}, "examples": []}
-    written = time.time()
+    written = -math.inf  # the first case's tally is written before it runs
     for i in range(cases):
-        if result is not None and time.time() - written > TALLY_EVERY_S:
-            Path(result).write_text(json.dumps(tally))
-            written = time.time()
         if time.time() > deadline:
             break
         case_seed = seed * 1_000_003 + i
         tally["current_seed"] = case_seed
-        if result is not None and tally["cases"] == 0:
+        if result is not None and time.time() - written > TALLY_EVERY_S:
             Path(result).write_text(json.dumps(tally))
+            written = time.time()
         (q, k, w, topk, mask, r), tags = draw_case(case_seed, dtype_name, H, D, device, smoke)
         outcome = "cases"
         try:
@@ -369,7 +354,7 @@ def stop_overdue(procs: list[subprocess.Popen], cut_at: float) -> list[subproces
     if overdue:
         time.sleep(STACK_DUMP_S)
     for proc in overdue:
-        stop_child(proc, 0.0)
+        stop_child(proc)
     return overdue
 
 

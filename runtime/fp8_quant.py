@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["PRECISIONS", "E4M3_MAX", "AMAX_FLOOR", "check_precision", "rotates", "hadamard",
+__all__ = ["PRECISIONS", "E4M3_MAX", "AMAX_FLOOR", "check_precision", "rotates", "hadamard_scale", "hadamard",
            "quantize_rows", "quantize", "quantize_keys", "quantize_queries", "quantize_indexer_inputs"]
 
 PRECISIONS = ("bf16", "fp8", "fp8_unrotated")
@@ -41,6 +41,11 @@ def rotates(precision: str) -> bool:
     return precision == "fp8"
 
 
+def hadamard_scale(D: int) -> float:
+    """fl32(D^-1/2), the rotation's last factor, as a Python float."""
+    return float(torch.tensor(1.0 / math.sqrt(D), dtype=torch.float32))
+
+
 def hadamard(x: torch.Tensor) -> torch.Tensor:
     """x H / sqrt(D) over the last dimension (D a power of two), float32: the fast Walsh-Hadamard
     butterflies (a + b, a - b) in log2(D) elementwise stages, then one multiply by fl32(D^-1/2).
@@ -60,7 +65,7 @@ def hadamard(x: torch.Tensor) -> torch.Tensor:
         torch.sub(pairs[..., 0, :], pairs[..., 1, :], out=out[..., 1, :])
         y, spare = spare, y
         h *= 2
-    return y.mul_(torch.tensor(1.0 / math.sqrt(D), dtype=torch.float32, device=y.device))
+    return y.mul_(torch.tensor(hadamard_scale(D), dtype=torch.float32, device=y.device))
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

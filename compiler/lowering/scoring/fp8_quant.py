@@ -10,13 +10,11 @@ non-finite scale and NaN values (which NaN encoding is not specified).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from runtime.fp8_quant import AMAX_FLOOR, E4M3_MAX
+from runtime.fp8_quant import AMAX_FLOOR, E4M3_MAX, hadamard_scale
 
 ROWS_PER_PROGRAM = 32
 """Rows of one program: 16 KB of float32 at D = 128."""
@@ -90,11 +88,7 @@ def quantize_rows(x: torch.Tensor, rotate: bool) -> tuple[torch.Tensor, torch.Te
     scale = torch.empty((n,), dtype=torch.float32, device=x.device)
     if n:
         _quantize_rows_kernel[(triton.cdiv(n, ROWS_PER_PROGRAM),)](
-            rows, x8, scale, n, rows.stride(0), _fl32(1.0 / math.sqrt(D)), AMAX_FLOOR, E4M3_MAX,
+            rows, x8, scale, n, rows.stride(0), hadamard_scale(D), AMAX_FLOOR, E4M3_MAX,
             D=D, LOG2_D=D.bit_length() - 1, ROTATE=rotate and D > 1, R=ROWS_PER_PROGRAM, num_warps=4)
     return x8.view(torch.float8_e4m3fn).view(*lead, D), scale.view(lead)
 
-
-def _fl32(value: float) -> float:
-    """``value`` rounded to float32 (the definition's fl32(D^-1/2)), as a Python float."""
-    return float(torch.tensor(value, dtype=torch.float32))

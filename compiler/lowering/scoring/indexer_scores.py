@@ -430,13 +430,18 @@ def tf32_scores(dtype: torch.dtype) -> bool:
 
 
 def scorer_config(dtype: torch.dtype) -> LaunchConfig:
-    """The one launch config of the scorer for operands of ``dtype``. Both scorer kernels are also
-    compiled without fusing multiplies into adds (``enable_fp_fusion=False``): which head's product
-    a fused multiply-add keeps exact depends on how the compiler schedules a kernel's code, so with
-    fusion a key scored by the dense and by the key-list kernel could differ in its last bit."""
+    """The one launch config of the scorer for operands of ``dtype``."""
     if dtype == torch.float8_e4m3fn:
         return defaults.FP8_SCORER_CONFIG
     return defaults.FP32_SCORER_CONFIG if dtype == torch.float32 else defaults.SCORER_CONFIG
+
+
+def scorer_launch(dtype: torch.dtype) -> dict:
+    """Launch keywords of both scorer kernels: ``scorer_config(dtype)``, compiled without fusing
+    multiplies into adds (``enable_fp_fusion=False``): which head's product a fused multiply-add
+    keeps exact depends on how the compiler schedules a kernel's code, so with fusion a key scored
+    by the dense and by the key-list kernel could differ in its last bit."""
+    return {**scorer_config(dtype).kwargs(), "enable_fp_fusion": False}
 
 
 def score_tile_shape(H: int) -> tuple[int, int]:
@@ -492,7 +497,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     ``rows`` [B,R] int64 (non-compact mode only): score the query rows ``rows[b, j]`` instead of
     0..S-1 and write query row ``rows[b, j]`` to ``out[b, j]`` (codes [B,R,cap']); ``-1`` marks an
     empty slot (nothing written; a tile of empty slots reads no key). Tiles are over slots.
-    Always launched with ``scorer_config(q.dtype)``.
+    Always launched with ``scorer_launch(q.dtype)``.
     """
     B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows)
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
@@ -517,7 +522,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET and not fp8,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
         TF32=tf32_scores(q.dtype), FP8=fp8, TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=defaults.TRIM_BLOCK,
-        enable_fp_fusion=False, **scorer_config(q.dtype).kwargs(),
+        **scorer_launch(q.dtype),
     )
     return out
 
@@ -534,7 +539,7 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
     ``maxima[b, j, c]`` = the largest code of chunk c = keys c, c + n, c + 2n, ... of that row
     (interleaved chunks, as threshold_select takes them). With a mask, one pass over the mask
     rows first finds each row's first unclear key and last visible key (``_mask_bounds_kernel``).
-    Always launched with ``scorer_config(q.dtype)``.
+    Always launched with ``scorer_launch(q.dtype)``.
     """
     B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows)
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
@@ -567,7 +572,7 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
         0 if maxima is None else maxima.stride(0), 0 if maxima is None else maxima.stride(1),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, TO_FP32=INTERPRET and not fp8, ROWS=rows is not None,
         SEQUENTIAL=SEQUENTIAL, TF32=tf32_scores(q.dtype), FP8=fp8, MAXIMA=maxima is not None, WORDS=words,
-        enable_fp_fusion=False, **scorer_config(q.dtype).kwargs(),
+        **scorer_launch(q.dtype),
     )
     return out
 
