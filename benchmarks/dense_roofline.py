@@ -30,6 +30,7 @@ from compiler.lowering.topk_pipeline import (_all_keys, certified_topk_cuda, den
                                                      dense_chunk_rows, dense_topk_cuda, scorer_chunks)
 from compiler.lowering.selection.threshold_select import codes_of_words, top_codes
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
+from compiler.lowering.scoring.fp8_quant import quantize_rows
 from runtime.fp8_quant import quantize_indexer_inputs
 
 H, D, TOPK = 64, 128, 2048
@@ -380,6 +381,11 @@ def fp8_grid(emit, lengths_s, lengths_t, structured_inputs, rate):
             kk = min(TOPK, T)
             quant_ms = timed(lambda: quantize_indexer_inputs(q, k, w, "fp8"), reps=3)
             q8, k8, w8, ks = quantize_indexer_inputs(q, k, w, "fp8")
+            triton_quant = lambda: quantize_indexer_inputs(q, k, w, "fp8", quantize_rows)
+            triton_quant_ms = timed(triton_quant, reps=3)
+            quant_bits_same = all(torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                                              b.view(torch.uint8) if b.element_size() == 1 else b)
+                                  for a, b in zip(triton_quant(), (q8, k8, w8, ks)))
             rows = min(S, dense_chunk_rows(1, S, H, T, kk, q8.dtype, q8.device))
             part = (q8[:, :rows], w8[:, :rows], k8, mask[:, :rows])
             maxima = dense_maxima(rows, T, kk, q8.dtype)
@@ -398,6 +404,7 @@ def fp8_grid(emit, lengths_s, lengths_t, structured_inputs, rate):
             bf16_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
             tflops = 2 * S * T * H * D / score_ms / 1e9
             emit({"S": S, "T": T, "H": H, "D": D, "topk": TOPK, "method": "fp8_dense", "quant_ms": round(quant_ms, 2),
+                  "triton_quant_ms": round(triton_quant_ms, 2), "triton_quant_bitwise": quant_bits_same,
                   "score_ms": round(score_ms, 2), "select_ms": round(select_ms, 2), "ms": round(ms, 2),
                   "op_ms": round(op_ms, 2), "bf16_dense_ms": round(bf16_ms, 2),
                   "speedup_vs_bf16": round(bf16_ms / op_ms, 2), "score_tflops": round(tflops, 1),

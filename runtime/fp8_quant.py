@@ -81,7 +81,9 @@ def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         amax = torch.maximum(high, -low)  # max |x_d| exactly, NaN kept
     else:
         amax = x.new_zeros(x.shape[:-1])
-    scale = torch.clamp(amax, min=AMAX_FLOOR) / E4M3_MAX  # NaN and inf stay
+    # NaN and inf stay. The divisor is a tensor: CUDA torch divides by a Python number as a
+    # multiply by its reciprocal, which is not the quotient rounded once.
+    scale = torch.clamp(amax, min=AMAX_FLOOR) / torch.full_like(amax, E4M3_MAX)
     x8 = x.div_(scale[..., None]).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return x8, scale
 

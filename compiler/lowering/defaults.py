@@ -15,6 +15,7 @@ PRODUCT_COLUMNS = 32 if _INTERPRET else 256  # queries x heads per program: 78-8
 BOUNDS_BLOCK = 2048  # mask entries per step of the mask-bounds kernel (1024 and 4096 were no faster)
 BOUNDS_ROWS = 16 if _INTERPRET else 1  # query rows per mask-bounds program (the interpreter pays per program)
 TRIM_BLOCK = 4096  # positions per step of a key list's mask scan (latency-bound): dense_scorer_mask_ab_h200.json
+TRIM_ENTRIES = 16384  # most mask entries (query rows x positions) of one scan step: TRIM_BLOCK at H = 64; at H = 1 (256 rows) a full step took Triton minutes to compile
 
 # Screen (screen/)
 SCREEN_CONFIGS = (  # screen launch candidates tuned per shape, the first off CUDA: indexer_autotune_h200.md

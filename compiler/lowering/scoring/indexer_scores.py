@@ -482,6 +482,12 @@ def _launch_shape(q, k, rows):
     return B, S, H, D, k.shape[1], block_s, hp, n_slots, triton.cdiv(n_slots, block_s)
 
 
+def trim_positions(block_s: int) -> int:
+    """List positions per step of the key-list scorer's mask scan for ``block_s`` query rows a
+    program: defaults.TRIM_BLOCK, fewer where the step's tile would pass defaults.TRIM_ENTRIES."""
+    return max(1, min(defaults.TRIM_BLOCK, defaults.TRIM_ENTRIES // block_s))
+
+
 def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None, out=None,
                out_count=None, splits=1, fill=False, rows=None, k_scale=None):
     """Run the scorer over key lists (SPEC C.1).
@@ -521,7 +527,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         0 if rows is None else rows.stride(0),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET and not fp8,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
-        TF32=tf32_scores(q.dtype), FP8=fp8, TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=defaults.TRIM_BLOCK,
+        TF32=tf32_scores(q.dtype), FP8=fp8, TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=trim_positions(block_s),
         **scorer_launch(q.dtype),
     )
     return out

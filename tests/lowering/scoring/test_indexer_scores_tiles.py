@@ -11,7 +11,7 @@ import torch
 
 from compiler.lowering import defaults
 from compiler.lowering.scoring import indexer_scores
-from compiler.lowering.scoring.indexer_scores import decode_codes, score_keys, score_tile_shape
+from compiler.lowering.scoring.indexer_scores import decode_codes, score_keys, score_tile_shape, trim_positions
 from runtime.dense_scorer import exact_scores
 
 
@@ -116,10 +116,11 @@ def test_masks_with_clear_runs_broken_anywhere_score_exactly(kind, anomaly):
 @pytest.mark.parametrize("last_visible,unclear", [(2, 1), (1, 0)])
 def test_the_mask_scan_spans_several_steps(last_visible, unclear):
     """A mask whose first unclear entry and last visible key lie in given scan steps (steps of
-    TRIM_BLOCK positions): every code is still the runtime scorer's, hidden keys after the last
+    ``trim_positions``): every code is still the runtime scorer's, hidden keys after the last
     visible one included."""
-    step = defaults.TRIM_BLOCK
-    S, T, H, D = 3, 2 * step + 700, 2, 8
+    S, H, D = 3, 2, 8
+    step = trim_positions(score_tile_shape(H)[0])
+    T = 2 * step + 700
     q, k, w = general_inputs(S, T, H, D, torch.bfloat16, seed=5)
     visible = torch.ones(S, T, dtype=torch.bool)
     visible[:, last_visible * step + 100:] = False
@@ -128,6 +129,20 @@ def test_the_mask_scan_spans_several_steps(last_visible, unclear):
     want = reference_scores(q, w, k, list(range(T))).masked_fill(~visible, float("-inf")) + 0.0
     assert torch.equal(got_keys[0], torch.arange(T).expand(S, T))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.parametrize("H", [1, 2, 3, 4, 8, 16, 64])
+def test_a_mask_scan_step_stays_small_at_every_head_count(monkeypatch, H):
+    """The scan's tile (query rows x positions) is at most TRIM_ENTRIES for the GPU's tile shape
+    at every H: at H = 1 a program holds 256 query rows, and a step of TRIM_BLOCK positions there
+    (a million mask entries) took Triton minutes to compile. At H = 64 the step stays TRIM_BLOCK."""
+    monkeypatch.setattr(defaults, "PRODUCT_COLUMNS", 256)
+    block_s, _ = score_tile_shape(H)
+    step = trim_positions(block_s)
+    assert step >= 1 and step & (step - 1) == 0
+    assert block_s * step <= defaults.TRIM_ENTRIES
+    if H == 64:
+        assert step == defaults.TRIM_BLOCK
 
 
 @pytest.mark.parametrize("splits", [2, 5])
