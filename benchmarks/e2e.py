@@ -70,8 +70,9 @@ SHAPES = {"small": dict(sizes=SIZES, layers=2, models=("DeepseekV32ForCausalLM",
 """``--shape``: sizes, default layers, models and prefill lengths."""
 MODELS = SHAPES["small"]["models"]
 METHOD_OPTIONS = {"pulsar_dosa_every_call": {"stock_below": 0}, "pulsar_dosa_union": {"sparse_form": "union"},
-                  "pulsar_dosa_fp8": {"indexer_precision": "fp8"}}
-"""Backend options of the pulsar_dosa methods besides the defaults (the plan method adds its plan)."""
+                  "pulsar_dosa_fp8": {"indexer_precision": "fp8"}, "pulsar_dosa_fp8_cache": {"indexer_precision": "fp8"}}
+"""Backend options of the pulsar_dosa methods besides the defaults (the plan method adds its plan;
+``pulsar_dosa_fp8_cache``, decode only, also runs on an FP8 indexer key cache)."""
 PROFILE_TOP = 15
 """Kernels listed per profiled row (``--profile``), largest GPU time first."""
 PLAN_TIMEOUT_S = 150

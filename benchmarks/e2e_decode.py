@@ -16,8 +16,9 @@ Row fields: ``ms`` (median, every step at a cache length not run before, as gene
 ``argmax_agree`` and ``max_abs_diff``. Methods: ``stock``, ``pulsar_dosa`` (small calls keep their
 stock subgraph, ``compiler.policy.keeps_stock``; an MLA layer's sparse attention at decode takes
 the absorbed form), ``pulsar_dosa_every_call`` (``stock_below=0``), ``pulsar_dosa_union``
-(``sparse_form="union"``) and ``pulsar_dosa_fp8`` (``indexer_precision="fp8"``: every indexer call
-quantises q and the model's bf16 indexer key cache; transformers keeps no FP8 key cache).
+(``sparse_form="union"``), ``pulsar_dosa_fp8`` (``indexer_precision="fp8"``: every indexer call
+quantises q and the model's bf16 indexer key cache) and ``pulsar_dosa_fp8_cache`` (the same over
+an FP8 indexer key cache, ``compiler.fp8_indexer_cache.to_fp8_indexer_cache`` of the copy).
 """
 from __future__ import annotations
 
@@ -136,6 +137,14 @@ def run_model(name: str, args, emit) -> None:
         del compiled
 
 
+def method_cache(method: str, cache):
+    """The copy of ``cache`` that ``method`` decodes over (with FP8 indexer keys for pulsar_dosa_fp8_cache)."""
+    from compiler.fp8_indexer_cache import to_fp8_indexer_cache
+
+    running = copy.deepcopy(cache)
+    return to_fp8_indexer_cache(running) if method == "pulsar_dosa_fp8_cache" else running
+
+
 def decode_row(compiled, report, name, method, B, T, cache, first, reference, args, device) -> dict:
     """One result row (module docstring) of ``compiled`` at batch B, context T; ``report``
     collects the method's compiles, ``reference`` the first method's logits per size."""
@@ -143,10 +152,11 @@ def decode_row(compiled, report, name, method, B, T, cache, first, reference, ar
            "indexer_rewrites": None, "attention_forms": None, "argmax_agree": None, "max_abs_diff": None}
     try:
         with torch.no_grad():
-            running = copy.deepcopy(cache)
+            running = method_cache(method, cache)
             ids = decode_steps(compiled, running, first, WARMUP_STEPS, device)[2]
             times = decode_steps(compiled, running, ids, args.steps, device)[0]
-            seen, logits, _ = decode_steps(compiled, copy.deepcopy(cache), first, WARMUP_STEPS + args.steps, device)
+            seen, logits, _ = decode_steps(compiled, method_cache(method, cache), first, WARMUP_STEPS + args.steps,
+                                           device)
         row["indexer_rewrites"] = len({r.module for r in report.rewrites if r.kind == "dsa_indexer"})
         row["attention_forms"] = sorted({r.path for r in report.rewrites if r.kind == "sparse_attention"})
         row["ms"], row["ms_seen_lengths"] = median(times), median(seen)
@@ -205,7 +215,8 @@ def main(argv=None) -> int:
     p.add_argument("--shape", default="small", choices=list(SHAPES), help="model sizes (module docstring)")
     p.add_argument("--models", nargs="+", default=[SHAPES["small"]["models"][0]], choices=SHAPES["small"]["models"])
     p.add_argument("--methods", nargs="+", default=None,
-                   choices=["stock", "pulsar_dosa", "pulsar_dosa_every_call", "pulsar_dosa_union", "pulsar_dosa_fp8"],
+                   choices=["stock", "pulsar_dosa", "pulsar_dosa_every_call", "pulsar_dosa_union", "pulsar_dosa_fp8",
+                            "pulsar_dosa_fp8_cache"],
                    help="pulsar_dosa_every_call: the op on every indexer call (option stock_below=0); "
                         "pulsar_dosa_union: option sparse_form='union'. Default: stock and pulsar_dosa (small), "
                         "and pulsar_dosa_union (v32)")

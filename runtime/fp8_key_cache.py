@@ -16,9 +16,19 @@ from __future__ import annotations
 import torch
 
 from runtime import defaults
-from runtime.fp8_quant import check_precision, quantize_keys
+from runtime.fp8_quant import check_precision, hadamard, quantize_keys, rotates
 
-__all__ = ["Fp8KeyCache"]
+__all__ = ["Fp8KeyCache", "dequantize_keys"]
+
+
+def dequantize_keys(keys: torch.Tensor, scales: torch.Tensor, precision: str, dtype: torch.dtype) -> torch.Tensor:
+    """The keys an FP8 cache stands for, [B, T, D] in ``dtype``: fl32(keys · scale) per row, rotated
+    back by ``runtime.fp8_quant.hadamard`` (its own inverse) for a rotating ``precision``. Within
+    E4M3's rounding of the keys that were quantised; what a model reads where the indexer op does
+    not take the cache itself (uncompiled, or a call kept stock)."""
+    check_precision("precision", precision)
+    x = keys.to(torch.float32) * scales.unsqueeze(-1)
+    return (hadamard(x) if rotates(precision) else x).to(dtype)
 
 
 class Fp8KeyCache:

@@ -2,13 +2,15 @@
 call-time path choice of the certified top-K (``guard``).
 
 Importing this package registers ``torch.ops.pulsar_dosa.certified_topk``, ``capture_topk``,
-``attention``, ``sparse_attention`` and ``absorbed_sparse_attention``; their Triton kernels are in
-``compiler/lowering/``.
+``attention``, ``sparse_attention``, ``absorbed_sparse_attention`` and the FP8 key cache's
+``fp8_quantize_keys`` and ``fp8_cached_keys``; their Triton kernels are in ``compiler/lowering/``.
 """
 from compiler.ops.absorbed_sparse_attention import absorbed_sparse_attention
 from compiler.ops.attention import attention
 from compiler.ops.capture_topk import capture_topk
 from compiler.ops.certified_topk import certified_topk
+from compiler.ops.fp8_keys import fp8_cached_keys, fp8_quantize_keys
 from compiler.ops.sparse_attention import sparse_attention
 
-__all__ = ["absorbed_sparse_attention", "attention", "capture_topk", "certified_topk", "sparse_attention"]
+__all__ = ["absorbed_sparse_attention", "attention", "capture_topk", "certified_topk", "fp8_cached_keys", "fp8_quantize_keys",
+           "sparse_attention"]

@@ -28,7 +28,7 @@ import compiler.ops.certified_topk  # noqa: F401  (registers pulsar_dosa::certif
 from compiler.passes.base import Declined, PatternPass
 from compiler.passes.matcher import (NearMiss, NotCandidate, arg, escaping_nodes, insert_call, is_scalar, is_unit,
                                      module_path, normalize_dim, op_kind, post_dominators, same_shape, same_size,
-                                     skip_layout_preserving, tensor_meta, value)
+                                     is_layout_preserving, skip_layout_preserving, tensor_meta, value)
 from compiler.policy import indexer_settings, keeps_stock, stock_threshold
 
 KIND = "dsa_indexer"
@@ -503,12 +503,62 @@ def _indexer_op(options):
     return torch.ops.pulsar_dosa.capture_topk.default if options.capture else torch.ops.pulsar_dosa.certified_topk.default
 
 
+_CACHE_VIEW_KINDS = ("cast", "contiguous", "clone", "detach", "unsqueeze", "squeeze", "transpose", "permute")
+"""Ops between an FP8 cache's keys and the indexer's product that ``cached_fp8_keys`` follows."""
+
+
+def _moved_dims(dims: list, kind: str, args: tuple) -> list | None:
+    """The source dims (labels) a tensor of ``dims`` holds after ``kind(args)``, or None."""
+    rank = len(dims)
+    if kind in ("cast", "contiguous", "clone", "detach"):
+        return dims
+    if kind == "unsqueeze":
+        d = normalize_dim(args[0], rank + 1)
+        return None if d is None else dims[:d] + [None] + dims[d:]
+    if kind == "squeeze":
+        d = normalize_dim(args[0], rank) if args else None
+        return None if d is None or dims[d] is not None else dims[:d] + dims[d + 1:]
+    if kind == "transpose":
+        a, b = (normalize_dim(x, rank) for x in args[:2])
+        if a is None or b is None:
+            return None
+        out = list(dims)
+        out[a], out[b] = out[b], out[a]
+        return out
+    if kind == "permute":
+        order = [normalize_dim(x, rank) for x in (args[0] if len(args) == 1 else args)]
+        return None if None in order or sorted(order) != list(range(rank)) else [dims[x] for x in order]
+    return None
+
+
+def cached_fp8_keys(o: Operand, precision: str) -> tuple[fx.Node, fx.Node] | None:
+    """(the E4M3 keys [B, T, D], their scales) when the k operand ``o`` is, element for element, an
+    FP8 indexer key cache of ``precision`` (``pulsar_dosa::fp8_cached_keys``, ``compiler.fp8_indexer_cache``)
+    read through value-preserving casts and dim moves that ``o``'s own steps undo; else None."""
+    chain, node = [], o.node
+    while (isinstance(node, fx.Node) and op_kind(node) in _CACHE_VIEW_KINDS
+           and (op_kind(node) != "cast" or is_layout_preserving(node))):
+        chain.append(node)
+        node = node.args[0]
+    if not (isinstance(node, fx.Node) and op_kind(node) == "fp8_cached_keys" and arg(node, 2, "precision") == precision):
+        return None
+    dims = ["B", "T", "D"]
+    steps = [(op_kind(n), tuple(n.args[1:])) for n in [*reversed(chain), *o.replay]] + list(o.fix)
+    for kind, args in steps:
+        dims = None if dims is None else _moved_dims(dims, kind, args)
+    return (arg(node, 0, "keys"), arg(node, 1, "scales")) if dims == ["B", "T", "D"] else None
+
+
 def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
     """Insert one certified_topk call for the matched region before its anchor (``settings``: its plan
-    arguments); returns the op node (the pass runner reroutes the anchor's users and erases the region)."""
+    arguments); returns the op node (the pass runner reroutes the anchor's users and erases the region).
+    Keys from an FP8 indexer cache of the compiled precision go to the op as they are cached, with
+    their scales (``cached_fp8_keys``)."""
     anchor = match.anchor
+    cached = None if options.indexer_precision == "bf16" else cached_fp8_keys(match.k, options.indexer_precision)
     with graph.inserting_before(anchor):
-        q, k, w = (_emit(graph, o, anchor) for o in (match.q, match.k, match.weights))
+        q, k, w = (_emit(graph, o, anchor) for o in (match.q, match.k if cached is None else Operand(cached[0]),
+                                                      match.weights))
         for scale in match.scales:
             target = {"mul": torch.mul, "div": torch.div}[scale.op]
             if scale.target == "q":
@@ -523,6 +573,8 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
                      for node, dim in ((q, 0), (q, 1), (k, 1))]
             mask = insert_call(graph, "call_method", "expand", (mask, *sizes), like=anchor)
         precision = {} if options.indexer_precision == "bf16" else {"precision": options.indexer_precision}
+        if cached is not None:
+            precision["k_scale"] = cached[1]
         op = insert_call(graph, "call_function", _indexer_op(options), (q, k, w, match.topk, mask),
                          {"layer": match.module, **settings.topk.op_arguments(), "record_stats": options.record_stats,
                           **precision}, like=anchor)

@@ -24,6 +24,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+import compiler.ops.fp8_keys  # noqa: F401  (registers pulsar_dosa::fp8_cached_keys, a kind below)
+
 
 class NearMiss(Exception):
     """A candidate that must stay untouched; the message is the reason."""
@@ -43,6 +45,7 @@ _FUNCTION_KINDS: dict[Any, str] = {
     torch.div: "div", operator.truediv: "div", operator.invert: "invert", torch.logical_not: "invert",
     operator.getitem: "getitem", torch.squeeze: "squeeze", torch.unsqueeze: "unsqueeze",
     torch.reshape: "reshape", torch.transpose: "transpose", torch.permute: "permute", torch.clone: "clone",
+    torch.ops.pulsar_dosa.fp8_cached_keys: "fp8_cached_keys", torch.ops.pulsar_dosa.fp8_cached_keys.default: "fp8_cached_keys",
 }
 _METHOD_KINDS = {
     "matmul": "matmul", "bmm": "bmm", "relu": "relu", "clamp_min": "clamp_min", "clamp": "clamp",
@@ -253,7 +256,7 @@ def insert_call(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
 
 
 _PURE_KINDS = {"cast", "reshape", "squeeze", "unsqueeze", "transpose", "permute", "clone", "contiguous",
-               "detach", "expand", "invert", "getitem"}
+               "detach", "expand", "invert", "getitem", "fp8_cached_keys"}
 
 
 def erase_dead_pure(graph: fx.Graph, nodes: Iterable[Any]) -> None:

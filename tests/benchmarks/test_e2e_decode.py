@@ -60,3 +60,30 @@ def test_a_synthetic_cache_grows_along_its_token_axis_and_decodes_through_the_ab
         got = compiled(step, use_cache=True, **cache_argument(compiled, copy.deepcopy(cache))).logits
     assert [r.path for r in report.rewrites if r.kind == "sparse_attention"] == ["absorbed"]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+def test_decoding_over_a_converted_fp8_indexer_cache_gives_the_fp8_indexer_output():
+    """pulsar_dosa_fp8_cache decodes over the copy converted to FP8 indexer keys
+    (``to_fp8_indexer_cache``): the same logits as pulsar_dosa_fp8 over the bf16 copy, to the bit."""
+    from transformers import DynamicCache
+
+    from benchmarks.e2e_decode import method_cache
+    from compiler.fp8_indexer_cache import Fp8IndexedLayer
+
+    model, config = build("DeepseekV32ForCausalLM", 1, SMOKE_SIZES, "cpu", torch.bfloat16)
+    cache = DynamicCache(config=config)
+    prompt = torch.randint(0, config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model(prompt, use_cache=True, logits_to_keep=1, **cache_argument(model, cache))
+    converted = method_cache("pulsar_dosa_fp8_cache", cache)
+    assert isinstance(converted.layers[0], Fp8IndexedLayer) and not isinstance(cache.layers[0], Fp8IndexedLayer)
+    assert converted.layers[0].indexer_keys.dtype == torch.float8_e4m3fn
+    assert converted.get_seq_length() == cache.get_seq_length()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="pulsar_dosa", dynamic=True,
+                             options={"downstream": "eager", "indexer_precision": "fp8"})
+    reference = {}
+    rows = [decode_row(compiled, Report(), "tiny", method, 1, 40, cache, prompt[:, :1], reference,
+                       SimpleNamespace(steps=2), "cpu") for method in ("pulsar_dosa_fp8", "pulsar_dosa_fp8_cache")]
+    assert all(r["error"] is None for r in rows), rows
+    assert rows[1]["argmax_agree"] is True and rows[1]["max_abs_diff"] == 0.0
