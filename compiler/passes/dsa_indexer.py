@@ -613,4 +613,5 @@ class IndexerPass(PatternPass):
         if op.args[4] is not None:
             shapes["mask"] = value(op.args[4]).shape
         return dict(variant=match.variant, shapes=shapes, topk=str(value(match.topk)),
-                    precision=op.kwargs.get("precision", "bf16"), **settings.report_fields())
+                    precision=op.kwargs.get("precision", "bf16"), fp8_key_cache=op.kwargs.get("k_scale") is not None,
+                    **settings.report_fields())

@@ -10,6 +10,7 @@ import compiler.ops.fp8_keys as fp8_keys
 from compiler.demo import build_model, tiny_config
 from compiler.fp8_indexer_cache import Fp8IndexedLayer, fp8_indexer_cache
 from compiler.passes.dsa_indexer import _moved_dims
+from compiler.report import collecting
 from runtime.fp8_quant import quantize_keys
 
 STEPS = ((0, 30), (30, 31), (31, 34))
@@ -34,11 +35,13 @@ def test_a_compiled_model_reads_the_fp8_cache_as_it_is_stored(dequantised):
     compiled = torch.compile(model, backend="pulsar_dosa", dynamic=True,
                              options={"downstream": "eager", "indexer_precision": "fp8"})
     ours, theirs = fp8_indexer_cache(model.config), DynamicCache(config=model.config)
-    with torch.no_grad():
+    with torch.no_grad(), collecting() as report:
         for start, stop in STEPS:
             want = compiled(ids[:, start:stop], cache=theirs, use_cache=True).logits
             got = compiled(ids[:, start:stop], cache=ours, use_cache=True).logits
             assert torch.equal(got, want)
+    indexer = [r for r in report.rewrites if r.kind == "dsa_indexer"]
+    assert {r.details["fp8_key_cache"] for r in indexer} == {False, True}  # transformers' cache, then ours
     assert not dequantised  # the op took the E4M3 keys and their scales; the dequantised keys never existed
     layer = ours.layers[0]
     keys = theirs.layers[0].indexer_keys
