@@ -7,6 +7,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig
 
 import compiler.ops.fp8_keys as fp8_keys
+from benchmarks.e2e import SMOKE_SIZES, build
 from compiler.demo import build_model, tiny_config
 from compiler.fp8_indexer_cache import Fp8IndexedLayer, fp8_indexer_cache
 from compiler.passes.dsa_indexer import _moved_dims
@@ -26,10 +27,14 @@ def dequantised(monkeypatch):
     return calls
 
 
-def test_a_compiled_model_reads_the_fp8_cache_as_it_is_stored(dequantised):
+@pytest.mark.parametrize("name", ["DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"])
+def test_a_compiled_model_reads_the_fp8_cache_as_it_is_stored(name, dequantised):
     """bf16, as a model runs: the indexer's upcast keys are narrowed back to the cache's op and
     folded through it."""
-    model = build_model(tiny_config(layers=1), torch.bfloat16)
+    if name == "DeepseekV32ForCausalLM":
+        model = build_model(tiny_config(layers=1), torch.bfloat16)
+    else:
+        model, _ = build(name, 1, SMOKE_SIZES, "cpu", torch.bfloat16)
     ids = torch.randint(0, 128, (1, STEPS[-1][1]), generator=torch.Generator().manual_seed(3))
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="pulsar_dosa", dynamic=True,
