@@ -13,7 +13,9 @@ not exact: ``same_index_fraction``); ``certified_plan`` (the structured plan's r
 ``identical`` to dense. Decode rows time the op, the dense path and the transformers indexer.
 ``--sweep`` times the scorer's forms and fp32 operands, checking every form's scores. ``--fp8``
 (SPEC A.10): the FP8 matmul rates, ``fp8_dot_check``, the FP8 scorer's forms, then per (S, T)
-``fp8_dense``, ``fp8_certified_plan`` and ``fp8_overlap`` (rows described in benchmarks/README.md)."""
+``fp8_dense`` (with ``quant_ms`` the torch definition's quantisation, ``triton_quant_ms`` the Triton
+quantiser's and ``triton_quant_bitwise`` whether their bits agree), ``fp8_certified_plan`` and
+``fp8_overlap`` (rows described in benchmarks/README.md)."""
 from __future__ import annotations
 
 import argparse
