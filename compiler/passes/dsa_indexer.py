@@ -507,26 +507,40 @@ _CACHE_VIEW_KINDS = ("cast", "contiguous", "clone", "detach", "unsqueeze", "sque
 """Ops between an FP8 cache's keys and the indexer's product that ``cached_fp8_keys`` follows."""
 
 
+def _dim_args(node: fx.Node) -> tuple:
+    """The dim arguments of a dim-moving call, positional or by keyword (``_moved_dims``'s ``args``)."""
+    kind = op_kind(node)
+    if kind in ("unsqueeze", "squeeze"):
+        return tuple(d for d in (arg(node, 1, "dim"),) if d is not None)
+    if kind == "transpose":
+        return arg(node, 1, "dim0"), arg(node, 2, "dim1")
+    if kind == "permute":
+        return tuple(node.args[1:]) or (node.kwargs.get("dims"),)
+    return ()
+
+
 def _moved_dims(dims: list, kind: str, args: tuple) -> list | None:
-    """The source dims (labels) a tensor of ``dims`` holds after ``kind(args)``, or None."""
+    """The source dims (labels) a tensor of ``dims`` holds after ``kind(*args)``, or None where the
+    step is not a dim move this follows (a squeeze of a non-unit dim, a dim out of range)."""
     rank = len(dims)
     if kind in ("cast", "contiguous", "clone", "detach"):
         return dims
-    if kind == "unsqueeze":
+    if kind == "unsqueeze" and len(args) == 1:
         d = normalize_dim(args[0], rank + 1)
         return None if d is None else dims[:d] + [None] + dims[d:]
-    if kind == "squeeze":
-        d = normalize_dim(args[0], rank) if args else None
+    if kind == "squeeze" and len(args) == 1:
+        d = normalize_dim(args[0], rank)
         return None if d is None or dims[d] is not None else dims[:d] + dims[d + 1:]
-    if kind == "transpose":
-        a, b = (normalize_dim(x, rank) for x in args[:2])
+    if kind == "transpose" and len(args) == 2:
+        a, b = (normalize_dim(x, rank) for x in args)
         if a is None or b is None:
             return None
         out = list(dims)
         out[a], out[b] = out[b], out[a]
         return out
-    if kind == "permute":
-        order = [normalize_dim(x, rank) for x in (args[0] if len(args) == 1 else args)]
+    if kind == "permute" and args:
+        order = list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
+        order = [normalize_dim(x, rank) for x in order]
         return None if None in order or sorted(order) != list(range(rank)) else [dims[x] for x in order]
     return None
 
@@ -543,7 +557,7 @@ def cached_fp8_keys(o: Operand, precision: str) -> tuple[fx.Node, fx.Node] | Non
     if not (isinstance(node, fx.Node) and op_kind(node) == "fp8_cached_keys" and arg(node, 2, "precision") == precision):
         return None
     dims = ["B", "T", "D"]
-    steps = [(op_kind(n), tuple(n.args[1:])) for n in [*reversed(chain), *o.replay]] + list(o.fix)
+    steps = [(op_kind(n), _dim_args(n)) for n in [*reversed(chain), *o.replay]] + list(o.fix)
     for kind, args in steps:
         dims = None if dims is None else _moved_dims(dims, kind, args)
     return (arg(node, 0, "keys"), arg(node, 1, "scales")) if dims == ["B", "T", "D"] else None

@@ -100,3 +100,6 @@ def test_only_dim_moves_that_undo_each_other_fold():
     assert _moved_dims(_moved_dims(moved, "squeeze", (1,)), "transpose", (1, 2)) == dims
     assert _moved_dims(moved, "squeeze", (1,)) == ["B", "D", "T"]
     assert _moved_dims(dims, "squeeze", (1,)) is None  # T is not a unit dim
+    assert _moved_dims(dims, "squeeze", ()) is None  # squeeze() of every unit dim: not followed
+    assert _moved_dims(dims, "permute", ((0, 2, 1),)) == _moved_dims(dims, "permute", (0, 2, 1)) == ["B", "D", "T"]
+    assert _moved_dims(dims, "transpose", (0, 3)) is None
