@@ -106,7 +106,5 @@ def to_fp8_indexer_cache(cache: DynamicCache, precision: str = "fp8") -> Dynamic
         if layer.is_indexer_initialized:
             fp8.indexer_keys, fp8.indexer_key_scales = torch.ops.pulsar_dosa.fp8_quantize_keys(layer.indexer_keys,
                                                                                                 precision)
-        else:
-            fp8.is_indexer_initialized = False
         cache.layers[i] = fp8
     return cache
