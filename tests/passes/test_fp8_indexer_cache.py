@@ -14,8 +14,8 @@ from compiler.passes.dsa_indexer import _moved_dims
 from compiler.report import collecting
 from runtime.fp8_quant import quantize_keys
 
-STEPS = ((0, 30), (30, 31), (31, 34))
-"""Prefill, a decode step, a chunk."""
+STEPS = ((0, 30), (30, 31), (31, 32))
+"""Prefill and two decode steps."""
 
 
 @pytest.fixture
