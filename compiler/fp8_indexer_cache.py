@@ -22,7 +22,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicIndexedLayer
 
 import compiler.ops  # noqa: F401  (registers the ops below)
-from runtime.fp8_quant import check_precision
+from runtime.fp8_quant import checked_fp8
 
 INDEXED_LAYER_TYPE = "indexed_attention"
 """transformers' layer type of a DSA layer (its cache layer: ``DynamicIndexedLayer``)."""
@@ -33,9 +33,7 @@ class Fp8IndexedLayer(DynamicIndexedLayer):
 
     def __init__(self, precision: str = "fp8", **kwargs):
         super().__init__(**kwargs)
-        if check_precision("precision", precision) == "bf16":
-            raise ValueError("precision: an FP8 indexer cache takes an fp8 precision, got 'bf16'")
-        self.precision = precision
+        self.precision = checked_fp8(precision, "cached indexer keys")
         self.indexer_key_scales: torch.Tensor | None = None
 
     def lazy_initialization_indexer(self, indexer_key_states: torch.Tensor) -> None:

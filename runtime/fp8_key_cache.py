@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from runtime import defaults
-from runtime.fp8_quant import check_precision, hadamard, quantize_keys, rotates
+from runtime.fp8_quant import checked_fp8, hadamard, quantize_keys, rotates
 
 __all__ = ["Fp8KeyCache", "dequantize_keys"]
 
@@ -26,7 +26,7 @@ def dequantize_keys(keys: torch.Tensor, scales: torch.Tensor, precision: str, dt
     back by ``runtime.fp8_quant.hadamard`` (its own inverse) for a rotating ``precision``. Within
     E4M3's rounding of the keys that were quantised; what a model reads where the indexer op does
     not take the cache itself (uncompiled, or a call kept stock)."""
-    check_precision("precision", precision)
+    checked_fp8(precision, "cached keys")
     x = keys.to(torch.float32) * scales.unsqueeze(-1)
     return (hadamard(x) if rotates(precision) else x).to(dtype)
 
@@ -35,9 +35,7 @@ class Fp8KeyCache:
     """E4M3 keys [B, length, D] and their scales [B, length] fp32, appended along the key axis."""
 
     def __init__(self, precision: str = "fp8") -> None:
-        if check_precision("precision", precision) == "bf16":
-            raise ValueError("precision: an FP8 key cache takes an fp8 precision, got 'bf16'")
-        self.precision = precision
+        self.precision = checked_fp8(precision, "cached keys")
         self.length = 0
         self._keys: torch.Tensor | None = None
         self._scales: torch.Tensor | None = None

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["PRECISIONS", "E4M3_MAX", "AMAX_FLOOR", "check_precision", "rotates", "hadamard_scale", "hadamard",
+__all__ = ["PRECISIONS", "E4M3_MAX", "AMAX_FLOOR", "check_precision", "checked_fp8", "rotates", "hadamard_scale", "hadamard",
            "quantize_rows", "quantize", "quantize_keys", "quantize_queries", "quantize_indexer_inputs"]
 
 PRECISIONS = ("bf16", "fp8", "fp8_unrotated")
@@ -100,8 +100,8 @@ Quantizer = Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor]]
 that gives its bits."""
 
 
-def _checked_fp8(precision: str, what: str) -> str:
-    """``precision`` if it is an fp8 one, else ValueError naming it (``what``: what is quantised)."""
+def checked_fp8(precision: str, what: str) -> str:
+    """``precision`` if it is an fp8 one, else ValueError naming it (``what``: what is quantised or kept)."""
     check_precision("precision", precision)
     if precision == "bf16":
         raise ValueError(f"precision: expected an fp8 precision to quantise {what}, got 'bf16'")
@@ -111,14 +111,14 @@ def _checked_fp8(precision: str, what: str) -> str:
 def quantize_keys(k: torch.Tensor, precision: str = "fp8",
                   quantizer: Quantizer = quantize) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys k [B,T,D] (float) -> (k8 [B,T,D] float8_e4m3fn, k_scale [B,T] float32)."""
-    return quantizer(k, rotates(_checked_fp8(precision, "keys")))
+    return quantizer(k, rotates(checked_fp8(precision, "keys")))
 
 
 def quantize_queries(q: torch.Tensor, weights: torch.Tensor, precision: str = "fp8",
                      quantizer: Quantizer = quantize) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries q [B,S,H,D] and weights [B,S,H] (float) -> (q8 [B,S,H,D] float8_e4m3fn, w' [B,S,H]
     float32): one scale per (query, head), folded into that head's weight, w' = fl32(w * scale)."""
-    q8, scale = quantizer(q, rotates(_checked_fp8(precision, "queries")))
+    q8, scale = quantizer(q, rotates(checked_fp8(precision, "queries")))
     return q8, weights.to(torch.float32) * scale
 
 

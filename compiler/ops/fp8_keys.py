@@ -2,9 +2,9 @@
 cache in a graph (``compiler.fp8_indexer_cache``).
 
 ``fp8_quantize_keys(Tensor k, str precision) -> (Tensor, Tensor)``: keys k [B, T, D] (float) ->
-(E4M3 keys [B, T, D], scales [B, T] fp32), the bits of ``runtime.fp8_quant.quantize_keys``: the
-plain-torch definition on the CPU, the one-pass Triton quantiser on CUDA (the same bits), so that
-a cache holds exactly what the indexer op would quantise from the same keys.
+(E4M3 keys [B, T, D], scales [B, T] fp32), ``runtime.fp8_quant.quantize_keys`` by the quantiser
+the indexer op uses on k's device (the plain-torch definition, on CUDA the one-pass Triton
+quantiser: the same bits), so that a cache holds exactly what the op would quantise.
 
 ``fp8_cached_keys(Tensor keys, Tensor scales, str precision, ScalarType dtype) -> Tensor``: the
 keys such a cache stands for, [B, T, D] in ``dtype`` (``runtime.fp8_key_cache.dequantize_keys``).
@@ -19,15 +19,11 @@ from __future__ import annotations
 import torch
 
 from runtime.fp8_key_cache import dequantize_keys
-from runtime.fp8_quant import check_precision, quantize_keys
+from runtime.fp8_quant import checked_fp8, quantize, quantize_keys
 
 
-def _check_fp8_precision(precision: str) -> None:
-    if check_precision("precision", precision) == "bf16":
-        raise ValueError("precision: an FP8 key cache takes an fp8 precision, got 'bf16'")
-
-
-def _check_keys(k: torch.Tensor) -> None:
+def _check_keys(k: torch.Tensor, precision: str) -> None:
+    checked_fp8(precision, "cached keys")
     if k.dim() != 3 or not k.is_floating_point():
         raise ValueError(f"k: expected float keys [B, T, D], got {k.dtype} {tuple(k.shape)}")
 
@@ -35,30 +31,23 @@ def _check_keys(k: torch.Tensor) -> None:
 @torch.library.custom_op("pulsar_dosa::fp8_quantize_keys", mutates_args=(),
                          schema="(Tensor k, str precision) -> (Tensor, Tensor)")
 def fp8_quantize_keys(k: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(E4M3 keys, scales) of k by the definition (module docstring)."""
-    _check_fp8_precision(precision)
-    _check_keys(k)
-    return quantize_keys(k, precision)
+    """(E4M3 keys, scales) of k (module docstring)."""
+    _check_keys(k, precision)
+    if k.is_cuda:
+        from compiler.lowering.scoring.fp8_quant import quantize_rows
 
-
-@fp8_quantize_keys.register_kernel("cuda")
-def _fp8_quantize_keys_cuda(k: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from compiler.lowering.scoring.fp8_quant import quantize_rows
-
-    _check_fp8_precision(precision)
-    _check_keys(k)
-    return quantize_keys(k, precision, quantize_rows)
+        return quantize_keys(k, precision, quantize_rows)
+    return quantize_keys(k, precision, quantize)
 
 
 @fp8_quantize_keys.register_fake
 def _fp8_quantize_keys_fake(k: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_fp8_precision(precision)
-    _check_keys(k)
+    _check_keys(k, precision)
     return k.new_empty(k.shape, dtype=torch.float8_e4m3fn), k.new_empty(k.shape[:2], dtype=torch.float32)
 
 
 def _check_cache(keys: torch.Tensor, scales: torch.Tensor, precision: str, dtype: torch.dtype) -> None:
-    _check_fp8_precision(precision)
+    checked_fp8(precision, "cached keys")
     if keys.dtype != torch.float8_e4m3fn or keys.dim() != 3:
         raise ValueError(f"keys: expected float8_e4m3fn [B, T, D], got {keys.dtype} {tuple(keys.shape)}")
     if scales.dtype != torch.float32 or tuple(scales.shape) != tuple(keys.shape[:2]):
