@@ -20,12 +20,14 @@ in -2..2 (many ties), a causal mask.
 Stage 2, properties. ``len(CLASSES)`` worker processes run at once, each one class of (dtype, H, D)
 so that they compile different kernels. Each draws cases (``draw_case``; seeded, reproducible)
 until twice its share of ``--cases`` or the deadline (every worker still running WORKER_GRACE_S past
-it is asked for its stacks and stopped, its last tally counted with the case it was in): shapes (B, S, T, topk), every budget r of small
+it is asked for its stacks and stopped, its last tally counted with the case it was in), GROUP_CASES
+cases at a time at one drawn shape: shapes (B, S, T, topk), every budget r of small
 H (a spread for H = 64) and -1, values that tie (integers, ReLU zeros, repeated keys), NaN and
 inf in q, k, weights or an additive mask, huge magnitudes, masks None / bool (random, causal
 either way, rows with no visible key) / additive (ties in the bias), and calls the op with path
 "dense" and "certified": the indices must be identical and the values bitwise equal. Counts per
-category and the first mismatches (with their seeds) go to the JSON; the exit code is 1 when a
+category, per worker its shapes and Triton compilations (count, seconds), and the first mismatches
+(with their seeds) go to the JSON; the exit code is 1 when a
 case mismatched or failed, a process timed out or fewer than ``--cases`` cases ran.
 
 ``--smoke``: tiny shapes on the CPU (the op's plain-torch reference), two workers, a few cases.
@@ -78,6 +80,10 @@ TOPK_CHOICES = (1, 2, 5, 16, 17, 64, 100, 255, 512, 1000, 1991, 2048, 4096)
 SMOKE_T, SMOKE_S, SMOKE_TOPK = (1, 7, 17, 40), (1, 2, 5), (1, 3, 8, 50)
 H64_BUDGETS = (1, 2, 3, 4, 5, 7, 8, 15, 16, 31, 64)
 """Budgets r drawn for H = 64 (every r in 1..H for smaller H)."""
+GROUP_CASES = 48
+"""Cases a worker draws at one shape (B, S, T, topk) before it draws the next. Triton compiles kernels
+per shape class (its integer arguments are specialised), seconds a kernel; a case at a compiled shape
+takes milliseconds. The values, mask, budget r and non-finite entries are drawn afresh per case."""
 EXAMPLES = 10
 TALLY_EVERY_S = 2.0
 """Seconds between a worker's rewrites of its tally."""
@@ -205,17 +211,26 @@ def run_first_calls(shapes, device: str, env: dict, timeout: float) -> dict:
 # Stage 2
 
 
-def draw_case(seed: int, dtype_name: str, H: int, D: int, device: str, smoke: bool):
-    """One adversarial case, a function of its seed: ((q, k, weights, topk, mask, r), tags)."""
+def draw_shape(rng: random.Random, smoke: bool) -> tuple[int, int, int, int]:
+    """(B, S, T, topk) of a case."""
+    B = rng.choice((1, 1, 2, 3))
+    S = rng.choice(SMOKE_S if smoke else S_CHOICES)
+    T = rng.choice(SMOKE_T if smoke else T_CHOICES)
+    return B, S, T, rng.choice(SMOKE_TOPK if smoke else TOPK_CHOICES + (T, T + 7))
+
+
+def draw_case(seed: int, dtype_name: str, H: int, D: int, device: str, smoke: bool, shape_seed: int | None = None):
+    """One adversarial case, a function of its seed: ((q, k, weights, topk, mask, r), tags). Its shape
+    (``draw_shape``) is the one drawn from ``shape_seed`` when given (a case drawn with its own seed
+    as ``shape_seed`` is the case drawn without one)."""
     import torch
 
     rng = random.Random(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     dtype = getattr(torch, dtype_name)
-    B = rng.choice((1, 1, 2, 3))
-    S = rng.choice(SMOKE_S if smoke else S_CHOICES)
-    T = rng.choice(SMOKE_T if smoke else T_CHOICES)
-    topk = rng.choice(SMOKE_TOPK if smoke else TOPK_CHOICES + (T, T + 7))
+    B, S, T, topk = draw_shape(rng, smoke)
+    if shape_seed is not None:
+        B, S, T, topk = draw_shape(random.Random(shape_seed), smoke)
     r = rng.choice((-1,) + (H64_BUDGETS if H == 64 else tuple(range(1, H + 1))))
     tags = [f"dtype={dtype_name}", f"H={H}", f"r={r}"]
 
@@ -305,17 +320,28 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
 
     dtype_name, H, D = klass
     op = torch.ops.pulsar_dosa.certified_topk
-    tally = {"class": list(klass), "cases": 0, "mismatches": 0, "errors": 0, "by_category": {}, "examples": []}
+    tally = {"class": list(klass), "cases": 0, "shapes": 0, "compiles": 0, "compile_s": 0.0, "mismatches": 0,
+             "errors": 0, "by_category": {}, "examples": []}
+    if not smoke:  # Triton's compilations (none under the CPU interpreter)
+        import triton
+
+        def compiled(*, src, metadata, metadata_group, times, cache_hit):
+            if not cache_hit:
+                tally["compiles"] += 1
+                tally["compile_s"] = round(tally["compile_s"] + times.total / 1e6, 2)
+
+        triton.knobs.compilation.listener = compiled
     written = -math.inf  # the first case's tally is written before it runs
     for i in range(cases):
         if time.time() > deadline:
             break
         case_seed = seed * 1_000_003 + i
+        shape_seed = seed * 1_000_003 + i - i % GROUP_CASES  # the seed of the group's first case
         tally["current_seed"] = case_seed
         if result is not None and time.time() - written > TALLY_EVERY_S:
             Path(result).write_text(json.dumps(tally))
             written = time.time()
-        (q, k, w, topk, mask, r), tags = draw_case(case_seed, dtype_name, H, D, device, smoke)
+        (q, k, w, topk, mask, r), tags = draw_case(case_seed, dtype_name, H, D, device, smoke, shape_seed)
         outcome = "cases"
         try:
             dense = op(q, k, w, topk, mask, "", "dense", budget(r), None, False)
@@ -325,6 +351,7 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
         except Exception as exc:  # a valid input must never fail: counted and shown
             outcome, error = "errors", f"{type(exc).__name__}: {str(exc)[:300]}"
         tally["cases"] += 1
+        tally["shapes"] += i % GROUP_CASES == 0
         for tag in tags:
             cat = tally["by_category"].setdefault(tag, {"cases": 0, "mismatches": 0, "errors": 0})
             cat["cases"] += 1
@@ -333,7 +360,7 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
         if outcome != "cases":
             tally[outcome] += 1
             if len(tally["examples"]) < EXAMPLES:
-                tally["examples"].append({"seed": case_seed, "outcome": outcome, "tags": tags, "topk": topk, "r": r,
+                tally["examples"].append({"seed": case_seed, "shape_seed": shape_seed, "outcome": outcome, "tags": tags, "topk": topk, "r": r,
                                           "shape": list(q.shape) + [k.shape[1]],
                                           **({"error": error} if outcome == "errors" else {})})
     return tally
@@ -381,8 +408,8 @@ def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, 
             cut = proc in overdue
             tally = json.loads(path.read_text()) if (proc.returncode == 0 or cut) and path.exists() else None
             if tally is None:
-                tally = {"class": list(klass), "cases": 0, "mismatches": 0, "errors": 0, "by_category": {},
-                         "examples": [], "failed": f"exit code {proc.returncode}"}
+                tally = {"class": list(klass), "cases": 0, "shapes": 0, "mismatches": 0, "errors": 0,
+                         "by_category": {}, "examples": [], "failed": f"exit code {proc.returncode}"}
             if cut:
                 tally["cut_at_deadline"] = True
             if cut or "failed" in tally:
@@ -393,9 +420,10 @@ def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, 
 
 def summarise(tallies: list[dict]) -> dict:
     """Totals and per-category counts over the workers."""
-    total = {"cases": 0, "mismatches": 0, "errors": 0, "failed_workers": 0, "by_category": {}, "examples": []}
+    total = {"cases": 0, "shapes": 0, "mismatches": 0, "errors": 0, "failed_workers": 0, "by_category": {},
+             "examples": []}
     for t in tallies:
-        for key in ("cases", "mismatches", "errors"):
+        for key in ("cases", "shapes", "mismatches", "errors"):
             total[key] += t[key]
         total["failed_workers"] += "failed" in t
         for tag, counts in t["by_category"].items():
@@ -499,10 +527,12 @@ def print_tables(result: dict) -> None:
                   f"{c['compile_s']:9.2f} {c['tuning_s']:8.2f} {c['second_ms']:9.2f} {c.get('identical', '')}")
     if "properties" in result:
         p = result["properties"]
-        print(f"properties: {p['cases']} cases (target {p['target']}), {p['mismatches']} mismatches, {p['errors']} "
+        print(f"properties: {p['cases']} cases at {p['shapes']} shapes (target {p['target']}), {p['mismatches']} "
+              f"mismatches, {p['errors']} "
               f"errors, {p['failed_workers']} failed workers; whole run {result['wall_s']} s")
         for w in p["workers"]:
-            print(f"  worker {','.join(map(str, w['class'])):18s} {w['cases']:6d} cases"
+            print(f"  worker {','.join(map(str, w['class'])):18s} {w['cases']:6d} cases {w['shapes']:5d} shapes "
+                  f"{w.get('compiles', 0):5d} compiles {w.get('compile_s', 0):7.1f} s"
                   + (" (cut at the deadline)" if w.get("cut_at_deadline") else "") + (" FAILED" if "failed" in w else ""))
         for tag, c in p["by_category"].items():
             print(f"  {tag:28s} {c['cases']:6d} cases {c['mismatches']:4d} mismatches {c['errors']:4d} errors")

@@ -15,6 +15,7 @@ def test_smoke_run_times_first_calls_and_finds_certified_equal_to_dense(tmp_path
         assert all(c["identical"] for c in stage["calls"] if c["path"] == "certified")
     props = result["properties"]
     assert props["cases"] >= 20 and props["mismatches"] == props["errors"] == props["failed_workers"] == 0
+    assert props["shapes"] == sum(-(-w["cases"] // gpu_properties.GROUP_CASES) for w in props["workers"])
     assert sum(c["cases"] for tag, c in props["by_category"].items() if tag.startswith("dtype=")) == props["cases"]
 
 
@@ -32,6 +33,22 @@ def test_cases_are_reproducible_and_adversarial():
                                                      "nonfinite_q", "nonfinite_k", "nonfinite_weights",
                                                      "nonfinite_mask", "topk>=T", "bias=integers"}
     assert wanted <= tags
+
+
+def test_a_group_of_cases_shares_its_shape_and_draws_everything_else_afresh():
+    def case(seed, shape_seed=None):
+        return gpu_properties.draw_case(seed, "bfloat16", 4, 8, "cpu", True, shape_seed)
+
+    (q0, k0, _, topk0, _, _), _ = case(40)
+    (q1, k1, _, topk1, _, _), _ = case(40, shape_seed=40)
+    assert q0.equal(q1) and k0.equal(k1) and topk0 == topk1  # a group's first case is the case of its seed
+    shapes, values = set(), set()
+    for seed in range(41, 41 + 30):
+        (q, k, w, topk, mask, r), _ = case(seed, shape_seed=40)
+        shapes.add((tuple(q.shape), tuple(k.shape), topk))
+        values.add((q.float().sum().item(), r, None if mask is None else mask.dtype))
+    assert shapes == {(tuple(q0.shape), tuple(k0.shape), topk0)} and len(values) > 20
+    assert len({case(seed)[0][0].shape for seed in range(41, 71)}) > 1  # without a group: shapes vary
 
 
 def test_a_worker_keeps_its_tally_on_disk_as_it_goes(tmp_path, monkeypatch):
