@@ -17,8 +17,8 @@ disk caches repeats it: the difference is compilation. The first shape is the ca
 return within 100 s on the H200: B=2, S=54, H=64, D=128, T=2694, topk 1991, r=8, fp16 integers
 in -2..2 (many ties), a causal mask.
 
-Stage 2, properties. ``len(CLASSES)`` worker processes run at once, each one class of (dtype, H, D)
-so that they compile different kernels. Each draws cases (``draw_case``; seeded, reproducible)
+Stage 2, properties. Worker processes run at once, each one class of (dtype, H, D) of CLASSES
+(``worker_classes``: LOW_PRECISION_WORKERS for a bf16 / fp16 class), so that they compile different kernels. Each draws cases (``draw_case``; seeded, reproducible)
 until twice its share of ``--cases`` or the deadline (every worker still running WORKER_GRACE_S past
 it is asked for its stacks and stopped, its last tally counted with the case it was in), GROUP_CASES
 cases at a time at one drawn shape: shapes (B, S, T, topk), every budget r of small
@@ -30,7 +30,7 @@ category, per worker its shapes and Triton compilations (count, seconds), and th
 (with their seeds) go to the JSON; the exit code is 1 when a
 case mismatched or failed, a process timed out or fewer than ``--cases`` cases ran.
 
-``--smoke``: tiny shapes on the CPU (the op's plain-torch reference), two workers, a few cases.
+``--smoke``: tiny shapes on the CPU (the op's plain-torch reference), three workers, a few cases.
 """
 from __future__ import annotations
 
@@ -70,6 +70,9 @@ CLASSES = (("float16", 1, 16), ("float16", 4, 32), ("float16", 8, 64), ("float16
            ("float32", 8, 64), ("float32", 64, 128))
 """Worker classes (dtype, H, D). fp32 operands are scored densely on the GPU on both paths."""
 SMOKE_CLASSES = (("float32", 2, 8), ("bfloat16", 3, 8))
+LOW_PRECISION_WORKERS = 2
+"""Worker processes per bf16 / fp16 class (each its own seed): their cases wait on compilation, one
+CPU core each; an fp32 class, scored densely, compiles little and gets one."""
 CASES = 10_000
 BUDGET_S = 120
 """Stage 2's deadline from its start; a worker stops drawing cases there or after twice its share
@@ -80,7 +83,7 @@ TOPK_CHOICES = (1, 2, 5, 16, 17, 64, 100, 255, 512, 1000, 1991, 2048, 4096)
 SMOKE_T, SMOKE_S, SMOKE_TOPK = (1, 7, 17, 40), (1, 2, 5), (1, 3, 8, 50)
 H64_BUDGETS = (1, 2, 3, 4, 5, 7, 8, 15, 16, 31, 64)
 """Budgets r drawn for H = 64 (every r in 1..H for smaller H)."""
-GROUP_CASES = 48
+GROUP_CASES = 160
 """Cases a worker draws at one shape (B, S, T, topk) before it draws the next. Triton compiles kernels
 per shape class (its integer arguments are specialised), seconds a kernel; a case at a compiled shape
 takes milliseconds. The values, mask, budget r and non-finite entries are drawn afresh per case."""
@@ -385,6 +388,11 @@ def stop_overdue(procs: list[subprocess.Popen], cut_at: float) -> list[subproces
     return overdue
 
 
+def worker_classes(classes) -> list[tuple]:
+    """The class of each worker process: LOW_PRECISION_WORKERS for a bf16 / fp16 class, one for fp32."""
+    return [klass for klass in classes for _ in range(1 if klass[0] == "float32" else LOW_PRECISION_WORKERS)]
+
+
 def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, seed: int,
                 env: dict) -> list[dict]:
     """Stage 2: one process per class, all at once, with ``env`` (stage 1's warm caches); their
@@ -490,8 +498,8 @@ def main(argv=None) -> int:
             stages["warm_disk_caches"] = run_first_calls(shapes, args.device, env, args.first_call_timeout_s / 2)
             _write_partial(args.out, result)
         if "properties" in args.stages:
-            tallies = run_workers(SMOKE_CLASSES if args.smoke else CLASSES, cases, budget, args.device, args.smoke,
-                                  args.seed, env)
+            tallies = run_workers(worker_classes(SMOKE_CLASSES if args.smoke else CLASSES), cases, budget, args.device,
+                                  args.smoke, args.seed, env)
             total = summarise(tallies)
             result["properties"] = {**total, "target": cases, "budget_s": budget,
                                     "workers": [{k: v for k, v in t.items() if k not in ("by_category", "examples")}

@@ -97,3 +97,10 @@ def test_an_overdue_worker_is_asked_for_its_stacks_before_it_is_stopped(tmp_path
     assert gpu_properties.stop_overdue([proc, quick], time.time() + 1.0) == [proc]
     assert time.perf_counter() - start < 1.0 + gpu_properties.STACK_DUMP_S + 2.0
     assert proc.returncode is not None and "Current thread" in err.read_text()
+
+
+def test_compile_bound_classes_get_more_workers():
+    workers = gpu_properties.worker_classes(gpu_properties.CLASSES)
+    for klass in gpu_properties.CLASSES:
+        want = 1 if klass[0] == "float32" else gpu_properties.LOW_PRECISION_WORKERS
+        assert workers.count(klass) == want

@@ -73,7 +73,8 @@ def _quantize_rows_kernel(x_ptr, x8_ptr, scale_ptr, n_rows, stride_x, inv_sqrt_d
 
 def quantize_rows(x: torch.Tensor, rotate: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(x8 [..., D] float8_e4m3fn, scale [...] float32) of x [..., D] (module docstring); ``rotate``:
-    the Hadamard rotation first (precision "fp8")."""
+    the Hadamard rotation first (precision "fp8"). Both are tensors of their own, not views: a model's
+    cache keeps them, and Dynamo guards on whether a cached tensor is a view."""
     D = x.shape[-1]
     if D < 1 or D & (D - 1):
         raise ValueError(f"x: the last dimension must be a power of two, got {D}")
@@ -84,11 +85,11 @@ def quantize_rows(x: torch.Tensor, rotate: bool) -> tuple[torch.Tensor, torch.Te
     if rows.stride(1) != 1:
         rows = rows.contiguous()
     n = rows.shape[0]
-    x8 = torch.empty((n, D), dtype=torch.uint8, device=x.device)
-    scale = torch.empty((n,), dtype=torch.float32, device=x.device)
+    x8 = torch.empty((*lead, D), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(lead, dtype=torch.float32, device=x.device)
     if n:
         _quantize_rows_kernel[(triton.cdiv(n, ROWS_PER_PROGRAM),)](
-            rows, x8, scale, n, rows.stride(0), hadamard_scale(D), AMAX_FLOOR, E4M3_MAX,
+            rows, x8.view(torch.uint8), scale, n, rows.stride(0), hadamard_scale(D), AMAX_FLOOR, E4M3_MAX,
             D=D, LOG2_D=D.bit_length() - 1, ROTATE=rotate and D > 1, R=ROWS_PER_PROGRAM, num_warps=4)
-    return x8.view(torch.float8_e4m3fn).view(*lead, D), scale.view(lead)
+    return x8, scale
 
