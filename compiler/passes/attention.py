@@ -17,12 +17,12 @@ from typing import Any, Optional
 
 import torch
 import torch.fx as fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from compiler.ops.attention import SDPA_FORM
 from compiler.passes.base import PatternPass
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call,
-                                     normalize_dim, op_kind, same_size, single_use, softmax_of, tensor_meta)
+                                     may_be_equal, normalize_dim, op_kind, same_size, single_use, softmax_of,
+                                     tensor_meta)
 
 KIND = "attention"
 OP = torch.ops.pulsar_dosa.attention.default
@@ -56,7 +56,7 @@ def check_operands(q: Any, k: Any, v: Any) -> None:
     if any(m is None or m.dim() != 4 for m in metas):
         raise NearMiss("q, k and v must be 4-D [B, H, S, D] tensors")
     mq, mk, mv = metas
-    if any(statically_known_true(a != b) for a, b in zip(mk.shape, mv.shape)):
+    if not all(may_be_equal(a, b) for a, b in zip(mk.shape, mv.shape)):
         raise NearMiss(f"k and v have different shapes {tuple(mk.shape)} and {tuple(mv.shape)}")
     if not same_size(mq.shape[3], mk.shape[3]) or not same_size(mq.shape[0], mk.shape[0]):
         raise NearMiss("q and k differ in batch or head dim")

@@ -90,6 +90,13 @@ def same_size(a: Any, b: Any) -> bool:
     return a is b or bool(statically_known_true(a == b))
 
 
+def may_be_equal(a: Any, b: Any) -> bool:
+    """Sizes not provably different (ints or SymInts), without adding a guard: for two sizes the
+    matched graph itself combines (a contraction, or a broadcast of sizes that are not 1), equal
+    whenever it runs, however Dynamo named them; the op that replaces it checks them again."""
+    return not statically_known_true(a != b)
+
+
 def is_unit(size: Any) -> bool:
     return same_size(size, 1)
 

@@ -59,7 +59,8 @@ import compiler.ops.absorbed_sparse_attention  # noqa: F401  (registers pulsar_d
 import compiler.ops.sparse_attention  # noqa: F401  (registers pulsar_dosa::sparse_attention)
 from compiler.passes.base import Declined, PatternPass, near_miss
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call, is_unit,
-                                     normalize_dim, op_kind, same_size, single_use, softmax_of, tensor_meta, value)
+                                     may_be_equal, normalize_dim, op_kind, same_size, single_use, softmax_of,
+                                     tensor_meta, value)
 from compiler.passes.matcher import LatentKV, NotLatent, latent_form
 from compiler.policy import keeps_stock, sparse_attention_form, stock_threshold
 from runtime.sparse_attention import FLOAT_DTYPES
@@ -331,7 +332,9 @@ def eager_attention(anchor: fx.Node) -> _Attention:
 
 
 def check_operands(att: _Attention, index: IndexMask, model_mask: Optional[fx.Node], out: fx.Node) -> None:
-    """q [B,Hq,S,Dqk], k [B,Hkv,T,Dqk], v [B,Hkv,T,Dv], indices [B,S,K], index mask and M sized to them."""
+    """q [B,Hq,S,Dqk], k [B,Hkv,T,Dqk], v [B,Hkv,T,Dv], indices [B,S,K], index mask and M sized to them.
+    The key length of v and of the masks need only not be provably different from k's: the graph
+    contracts and broadcasts them against it (``may_be_equal``)."""
     metas = [tensor_meta(x) for x in (att.q, att.k, att.v)]
     if any(m is None or m.dim() != 4 for m in metas):
         raise NearMiss("q, k and v must be 4-D [B, H, S, D] tensors")
@@ -339,7 +342,7 @@ def check_operands(att: _Attention, index: IndexMask, model_mask: Optional[fx.No
     b, hq, s, dqk = mq.shape
     hkv, t = mk.shape[1], mk.shape[2]
     if not (same_size(mk.shape[0], b) and same_size(mv.shape[0], b) and same_size(mk.shape[3], dqk)
-            and same_size(mv.shape[1], hkv) and same_size(mv.shape[2], t)):
+            and same_size(mv.shape[1], hkv) and may_be_equal(mv.shape[2], t)):
         raise NearMiss(f"q {tuple(mq.shape)}, k {tuple(mk.shape)}, v {tuple(mv.shape)} are not "
                        "[B,Hq,S,Dqk], [B,Hkv,T,Dqk], [B,Hkv,T,Dv]")
     if not (isinstance(hq, int) and isinstance(hkv, int) and hkv > 0 and hq % hkv == 0):
@@ -351,13 +354,14 @@ def check_operands(att: _Attention, index: IndexMask, model_mask: Optional[fx.No
             or not (same_size(mi.shape[0], b) and same_size(mi.shape[1], s)):
         raise NearMiss(f"indices must be an int32/int64 [B,S,K] tensor for q {tuple(mq.shape)}")
     ones = tensor_meta(index.nodes[2])
-    if ones.dim() != 3 or not all(same_size(x, y) for x, y in zip(ones.shape, (b, s, t))):
+    if ones.dim() != 3 or not (same_size(ones.shape[0], b) and same_size(ones.shape[1], s)
+                               and may_be_equal(ones.shape[2], t)):
         raise NearMiss(f"index mask {tuple(ones.shape)} is not [B,S,T] of q and k")
     if model_mask is not None:
         mm = tensor_meta(model_mask)
         if mm is None or mm.dtype != torch.bool or mm.dim() != 4 or not is_unit(mm.shape[1]) \
                 or not (is_unit(mm.shape[0]) or same_size(mm.shape[0], b)) \
-                or not (is_unit(mm.shape[2]) or same_size(mm.shape[2], s)) or not same_size(mm.shape[3], t):
+                or not (is_unit(mm.shape[2]) or same_size(mm.shape[2], s)) or not may_be_equal(mm.shape[3], t):
             raise NearMiss("the model's mask is not a bool tensor broadcastable to [B,1,S,T]")
     if tensor_meta(out).dtype != mq.dtype or mk.dtype != mq.dtype or mv.dtype != mq.dtype:
         raise NearMiss("q, k, v and the attention output differ in dtype")

@@ -228,3 +228,44 @@ def test_a_dsa_model_under_runtime_pulsar_stops_with_the_reason():
     with pytest.raises(RuntimeError, match="does not follow Pulsar layouts"):
         generate(compiled, _ids(1, 48)[0], _ids(1, 4)[0], PulsarConfig(block_size=16, sink=4, chunk=4),
                  max_new_tokens=1)
+
+
+
+def _operand_nodes(t_of):
+    """fx nodes of a DSA attention's operands whose example values have key lengths ``t_of[name]``: an
+    int, or a name: each name its own symbol (Dynamo without duck sizing, as after a recompilation)."""
+    from types import SimpleNamespace
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False))
+    shapes = {"q": (1, 2, 10, 24), "k": (1, 2, None, 24), "v": (1, 2, None, 16), "indices": (1, 10, 4),
+              "ones": (1, 10, None), "mask": (1, 1, 10, None), "out": (1, 2, 10, 16)}
+    graph, nodes = torch.fx.Graph(), {}
+    for name, shape in shapes.items():
+        t = t_of.get(name, 12)
+        real = torch.zeros([12 if d is None else d for d in shape],
+                           dtype={"indices": torch.int64, "ones": torch.bool, "mask": torch.bool}.get(name))
+        dims = [DimDynamic.DYNAMIC if d is None and isinstance(t, str) else DimDynamic.STATIC for d in shape]
+        if not isinstance(t, str):
+            real = torch.zeros([t if d is None else d for d in shape], dtype=real.dtype)
+        with mode:
+            fake = mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+        nodes[name] = graph.placeholder(name)
+        nodes[name].meta["val"] = fake
+    att = SimpleNamespace(q=nodes["q"], k=nodes["k"], v=nodes["v"], scale=0.3)
+    return att, SimpleNamespace(indices=nodes["indices"], nodes=[None, None, nodes["ones"]]), nodes["mask"], nodes["out"]
+
+
+def test_key_lengths_of_separate_symbols_match_and_provably_different_ones_do_not():
+    """After a recompilation Dynamo can name k's, v's and the masks' key lengths apart; the graph
+    contracts and broadcasts them against each other, so they are equal whenever it runs (the op
+    checks them again)."""
+    from compiler.passes.matcher import NearMiss
+    from compiler.passes.sparse_attention import check_operands
+
+    check_operands(*_operand_nodes({"k": "t_k", "v": "t_v", "ones": "t_i", "mask": "t_m"}))
+    for name in ("v", "ones", "mask"):
+        with pytest.raises(NearMiss):
+            check_operands(*_operand_nodes({name: 13}))
