@@ -18,17 +18,18 @@ return within 100 s on the H200: B=2, S=54, H=64, D=128, T=2694, topk 1991, r=8,
 in -2..2 (many ties), a causal mask.
 
 Stage 2, properties. Worker processes run at once, each one class of (dtype, H, D) of CLASSES
-(``worker_classes``: LOW_PRECISION_WORKERS for a bf16 / fp16 class), so that they compile different kernels. Each draws cases (``draw_case``; seeded, reproducible)
-until twice its share of ``--cases`` or the deadline (every worker still running WORKER_GRACE_S past
-it is asked for its stacks and stopped, its last tally counted with the case it was in), GROUP_CASES
-cases at a time at one drawn shape: shapes (B, S, T, topk), every budget r of small
+(``worker_classes``: LOW_PRECISION_WORKERS for a bf16 / fp16 class), so that they compile different
+kernels. Each draws cases (``draw_case``; seeded, reproducible) until twice its share of ``--cases``
+or the deadline (every worker still running WORKER_GRACE_S past it is asked for its stacks and
+stopped, its last tally counted with the case it was in), GROUP_CASES cases at a time at one drawn
+shape: shapes (B, S, T, topk), every budget r of small
 H (a spread for H = 64) and -1, values that tie (integers, ReLU zeros, repeated keys), NaN and
 inf in q, k, weights or an additive mask, huge magnitudes, masks None / bool (random, causal
 either way, rows with no visible key) / additive (ties in the bias), and calls the op with path
 "dense" and "certified": the indices must be identical and the values bitwise equal. Counts per
 category, per worker its shapes and Triton compilations (count, seconds), and the first mismatches
-(with their seeds) go to the JSON; the exit code is 1 when a
-case mismatched or failed, a process timed out or fewer than ``--cases`` cases ran.
+(with their seeds) go to the JSON; the exit code is 1 when a case mismatched or failed, a process
+timed out or fewer than ``--cases`` cases ran.
 
 ``--smoke``: tiny shapes on the CPU (the op's plain-torch reference), three workers, a few cases.
 """
@@ -309,6 +310,12 @@ def identical(a, b) -> bool:
     return torch.equal(a[1], b[1]) and torch.equal(a[0].view(torch.int32), b[0].view(torch.int32))
 
 
+def new_tally(klass, **fields) -> dict:
+    """A worker's tally before its first case (``fields`` added)."""
+    return {"class": list(klass), "cases": 0, "shapes": 0, "compiles": 0, "compile_s": 0.0, "mismatches": 0,
+            "errors": 0, "by_category": {}, "examples": [], **fields}
+
+
 def property_worker(klass, cases: int, deadline: float, seed: int, device: str, smoke: bool,
                     result: Path | None = None) -> dict:
     """Stage 2's worker: draw and check cases of one class until ``cases`` or ``deadline`` (epoch s);
@@ -323,8 +330,7 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
 
     dtype_name, H, D = klass
     op = torch.ops.pulsar_dosa.certified_topk
-    tally = {"class": list(klass), "cases": 0, "shapes": 0, "compiles": 0, "compile_s": 0.0, "mismatches": 0,
-             "errors": 0, "by_category": {}, "examples": []}
+    tally = new_tally(klass)
     if not smoke:  # Triton's compilations (none under the CPU interpreter)
         import triton
 
@@ -363,8 +369,8 @@ def property_worker(klass, cases: int, deadline: float, seed: int, device: str, 
         if outcome != "cases":
             tally[outcome] += 1
             if len(tally["examples"]) < EXAMPLES:
-                tally["examples"].append({"seed": case_seed, "shape_seed": shape_seed, "outcome": outcome, "tags": tags, "topk": topk, "r": r,
-                                          "shape": list(q.shape) + [k.shape[1]],
+                tally["examples"].append({"seed": case_seed, "shape_seed": shape_seed, "outcome": outcome, "tags": tags,
+                                          "topk": topk, "r": r, "shape": list(q.shape) + [k.shape[1]],
                                           **({"error": error} if outcome == "errors" else {})})
     return tally
 
@@ -416,8 +422,7 @@ def run_workers(classes, cases: int, budget_s: float, device: str, smoke: bool, 
             cut = proc in overdue
             tally = json.loads(path.read_text()) if (proc.returncode == 0 or cut) and path.exists() else None
             if tally is None:
-                tally = {"class": list(klass), "cases": 0, "shapes": 0, "mismatches": 0, "errors": 0,
-                         "by_category": {}, "examples": [], "failed": f"exit code {proc.returncode}"}
+                tally = new_tally(klass, failed=f"exit code {proc.returncode}")
             if cut:
                 tally["cut_at_deadline"] = True
             if cut or "failed" in tally:
@@ -536,11 +541,10 @@ def print_tables(result: dict) -> None:
     if "properties" in result:
         p = result["properties"]
         print(f"properties: {p['cases']} cases at {p['shapes']} shapes (target {p['target']}), {p['mismatches']} "
-              f"mismatches, {p['errors']} "
-              f"errors, {p['failed_workers']} failed workers; whole run {result['wall_s']} s")
+              f"mismatches, {p['errors']} errors, {p['failed_workers']} failed workers; whole run {result['wall_s']} s")
         for w in p["workers"]:
             print(f"  worker {','.join(map(str, w['class'])):18s} {w['cases']:6d} cases {w['shapes']:5d} shapes "
-                  f"{w.get('compiles', 0):5d} compiles {w.get('compile_s', 0):7.1f} s"
+                  f"{w['compiles']:5d} compiles {w['compile_s']:7.1f} s"
                   + (" (cut at the deadline)" if w.get("cut_at_deadline") else "") + (" FAILED" if "failed" in w else ""))
         for tag, c in p["by_category"].items():
             print(f"  {tag:28s} {c['cases']:6d} cases {c['mismatches']:4d} mismatches {c['errors']:4d} errors")

@@ -230,7 +230,6 @@ def test_a_dsa_model_under_runtime_pulsar_stops_with_the_reason():
                  max_new_tokens=1)
 
 
-
 def _operand_nodes(t_of):
     """fx nodes of a DSA attention's operands whose example values have key lengths ``t_of[name]``: an
     int, or a name: each name its own symbol (Dynamo without duck sizing, as after a recompilation)."""
@@ -245,11 +244,10 @@ def _operand_nodes(t_of):
     graph, nodes = torch.fx.Graph(), {}
     for name, shape in shapes.items():
         t = t_of.get(name, 12)
-        real = torch.zeros([12 if d is None else d for d in shape],
+        length = 12 if isinstance(t, str) else t
+        real = torch.zeros([length if d is None else d for d in shape],
                            dtype={"indices": torch.int64, "ones": torch.bool, "mask": torch.bool}.get(name))
         dims = [DimDynamic.DYNAMIC if d is None and isinstance(t, str) else DimDynamic.STATIC for d in shape]
-        if not isinstance(t, str):
-            real = torch.zeros([t if d is None else d for d in shape], dtype=real.dtype)
         with mode:
             fake = mode.from_tensor(real, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
         nodes[name] = graph.placeholder(name)
