@@ -29,6 +29,10 @@ writes each row's index list with -1 for every such key, so that the attention l
 through one level of indirection. Rows without a visible key get o_lat = 0 or the mean latent row
 (``masked_rows="mean"``, the mean of v over all keys once multiplied by W_UV).
 
+On sm_90 with bf16/fp16 operands, calls whose grid fills the GPU run the same loop as a
+warp-specialised Gluon kernel instead (``absorbed_attention_ws``, form WARP_SPECIALISED): a
+producer partition gathers the latent rows while the consumers multiply; same numerics.
+
 Decode. When ``B·S·ceil(H/BLOCK_H)`` programs are too few to fill the GPU, each query's indices
 are split over several programs writing fp32 partials (o_lat, lse), merged by log-sum-exp in
 ``_merge_splits_kernel``. No host synchronisation anywhere: a call can be captured in a CUDA
@@ -44,6 +48,7 @@ import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active
 from compiler.lowering.attention.online_softmax import LOG2_E, attention_splits, merge_split_partials, online_softmax_step
+from compiler.lowering.attention import absorbed_attention_ws
 from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs, head_weights
 
 _INTERPRETED = interpreter_active()
@@ -67,7 +72,8 @@ Hopper's 64-row warpgroup products; 32 heads halve the accumulator's registers. 
 heads a program (ptxas rejects it), and 64 heads over 16 warps (it spills and runs at half the
 8-warp form's rate: sparse_attention_more_h200.md)."""
 DEFAULT_CONFIG = "h64_n64_w8_s2"
-"""The configuration the op runs on more than FEW_QUERIES queries (prefill): sparse_attention_h200.md."""
+"""The Triton configuration for more than FEW_QUERIES queries where WARP_SPECIALISED does not apply
+(its split decode, fewer heads, fp32, off sm_90): sparse_attention_h200.md."""
 FEW_QUERIES_CONFIG = "h32_n32_w8_s4"
 """The configuration the op runs on at most FEW_QUERIES queries (decode), whose programs are few and
 short: at B = 1 over 131072 keys 0.40 ms against the default's 1.14 (sparse_attention_more_h200.md)."""
@@ -78,6 +84,16 @@ crossover has not been measured, and 8 keeps the small batches on the form that 
 FALLBACK_CONFIGS = ("h64_n32_w8_s3", "h32_n32_w8_s4")
 """Tried in turn, for the op only, when the default configuration does not compile or launch on the
 device (e.g. its shared memory exceeds the device's); the first that does is kept per kernel shape."""
+WARP_SPECIALISED = "ws"
+"""The form name of ``absorbed_attention_ws``'s Gluon kernel (sm_90, bf16/fp16, calls that need no
+split), the first form for more than FEW_QUERIES queries: 1.45-1.50x DEFAULT_CONFIG's speed on every
+prefill selection kind at 16-64K with 128 heads (sparse_attention_ws_h200.md). Where it does not
+apply, or does not compile, the op runs DEFAULT_CONFIG and its fallbacks instead."""
+WARP_SPECIALISED_MIN_HEADS = 16
+"""Fewest heads the Gluon kernel takes: its 64-row products idle 3/4 of their rows at 16 heads and it
+still wins there (sparse_attention_ws_h200.md); fewer heads were not measured."""
+FORMS = (*CONFIGS, WARP_SPECIALISED)
+"""Every name ``config`` takes."""
 INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOCK_N=16)
 """The configuration under the CPU interpreter (every name maps to it there)."""
 
@@ -208,13 +224,22 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, mean_ptr, o_ptr,
 
 _WORKING: dict[tuple, str] = {}
 """(configurations asked for, kernel shape) -> the one that compiled and launched there."""
+_WS_FAILED: set[tuple] = set()
+"""(device, dtype, Dc, mean rows) where the Gluon kernel did not compile or launch: the Triton chain runs there."""
+
+
+def check_form(name: str) -> None:
+    """ValueError naming the known forms unless ``name`` is one of FORMS."""
+    if name not in FORMS:
+        raise ValueError(f"config must be one of {sorted(FORMS)}, got {name!r}")
 
 
 def launch_config(name: str) -> LaunchConfig:
     """The configuration ``name`` of CONFIGS (INTERPRETER_CONFIG under the interpreter); ValueError
-    naming the known ones otherwise."""
+    naming the known forms otherwise."""
+    check_form(name)
     if name not in CONFIGS:
-        raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {name!r}")
+        raise ValueError(f"config {name!r} is not a Triton launch configuration")
     return INTERPRETER_CONFIG if _INTERPRETED else CONFIGS[name]
 
 
@@ -259,18 +284,44 @@ def _visible_indices(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k:
 
 
 def default_configs(queries: int) -> tuple[str, ...]:
-    """The configurations the op tries in turn for a call of ``queries`` queries (B·S)."""
-    first = FEW_QUERIES_CONFIG if queries <= FEW_QUERIES else DEFAULT_CONFIG
+    """The forms the op tries in turn for a call of ``queries`` queries (B·S): FEW_QUERIES_CONFIG
+    first for at most FEW_QUERIES queries, else WARP_SPECIALISED (which runs DEFAULT_CONFIG's
+    chain where it does not apply); then DEFAULT_CONFIG and the fallbacks."""
+    first = FEW_QUERIES_CONFIG if queries <= FEW_QUERIES else WARP_SPECIALISED
     return (first, *(name for name in (DEFAULT_CONFIG, *FALLBACK_CONFIGS) if name != first))
 
 
 def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, names: tuple[str, ...],
                    splits: Optional[int]) -> None:
     """o_lat ``[B, H, n, Dc]`` of n queries: the attention kernel (and the merge when split), in the
-    first configuration of ``names`` that runs (``_run_with_fallback``)."""
+    first configuration of ``names`` that runs (``_run_with_fallback``); WARP_SPECIALISED first runs
+    the Gluon kernel where it applies (``_warp_specialised_applies``), else DEFAULT_CONFIG's chain."""
+    if names[0] == WARP_SPECIALISED:
+        key = (q_lat.device, q_lat.dtype, q_lat.shape[3], mean is not None)
+        if key not in _WS_FAILED and _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat,
+                                                               indices.shape[2], splits):
+            try:
+                absorbed_attention_ws.attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat,
+                                                       scale * LOG2_E)
+                return
+            except _launch_failures():
+                _WS_FAILED.add(key)
+        names = (DEFAULT_CONFIG, *FALLBACK_CONFIGS)
     shape = (names, q_lat.device, q_lat.dtype, q_lat.shape[1], q_lat.shape[3], rope_key.shape[2], splits is None)
     _run_with_fallback(shape, names, lambda config: _attend_with(
         q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale, config, splits))
+
+
+def _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat, width: int, splits: Optional[int]) -> bool:
+    """Whether the Gluon kernel takes a call: not interpreted, at least WARP_SPECIALISED_MIN_HEADS
+    heads, its inputs (``absorbed_attention_ws.usable``), and a grid that fills the GPU without
+    splitting the queries' indices."""
+    b, heads, n, _ = q_lat.shape
+    if _INTERPRETED or splits not in (None, 1) or heads < WARP_SPECIALISED_MIN_HEADS or \
+            not absorbed_attention_ws.usable(q_lat, q_rope, latent, rope_key, o_lat):
+        return False
+    programs = triton.cdiv(heads, absorbed_attention_ws.BLOCK_H) * n * b
+    return splits == 1 or attention_splits(programs, width, absorbed_attention_ws.BLOCK_N, q_lat.device)[0] == 1
 
 
 def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, config: LaunchConfig,
@@ -324,7 +375,7 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
 
     ``distinct``: the caller guarantees that no row repeats an in-range index (indices from a
     top-K), so the per-row sort that removes repeats is skipped; with repeats the result would
-    count a repeated key more than once. ``config`` names a CONFIGS entry (None: ``default_configs``,
+    count a repeated key more than once. ``config`` names one of FORMS (None: ``default_configs``,
     each tried where the one before does not compile); ``splits`` forces the number of programs each
     query's indices are split over (default: enough to fill the GPU).
     Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``. Raises
@@ -338,7 +389,7 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
         raise ValueError(f"splits must be None or an int >= 1, got {splits!r}")
     b, heads, s, _ = q.shape
     names = default_configs(b * s) if config is None else (config,)
-    launch_config(names[0])  # a ValueError for an unknown name, before any work
+    check_form(names[0])  # a ValueError for an unknown name, before any work
     t_len, lat_dim = latent.shape[1], latent.shape[2]
     nope_dim, _, v_dim = absorbed_dims(q, rope_key, kv_b_weight)
     w_uk, w_uv = head_weights(kv_b_weight, heads, nope_dim)

@@ -157,12 +157,30 @@ def test_a_configuration_that_does_not_compile_falls_back_for_the_op_only(monkey
                                          config="h32_n32_w8_s4")
 
 
-def test_decode_sized_calls_try_the_few_queries_config_first_and_every_config_stays_a_fallback():
+def test_decode_sized_calls_try_the_few_queries_config_first_prefill_the_warp_specialised_kernel():
     from compiler.lowering.attention.absorbed_attention import (CONFIGS, DEFAULT_CONFIG, FEW_QUERIES,
-                                                                FEW_QUERIES_CONFIG, default_configs)
+                                                                FEW_QUERIES_CONFIG, FORMS, WARP_SPECIALISED,
+                                                                default_configs)
 
     few, many = default_configs(FEW_QUERIES), default_configs(FEW_QUERIES + 1)
-    assert few[0] == FEW_QUERIES_CONFIG and many[0] == DEFAULT_CONFIG
+    assert few[0] == FEW_QUERIES_CONFIG and many[0] == WARP_SPECIALISED
+    assert set(few) <= set(CONFIGS) and set(many[1:]) <= set(CONFIGS)
     for names in (few, many):
-        assert len(set(names)) == len(names) and set(names) <= set(CONFIGS)
+        assert len(set(names)) == len(names) and set(names) <= set(FORMS)
         assert DEFAULT_CONFIG in names and FEW_QUERIES_CONFIG in names
+
+
+def test_the_warp_specialised_form_runs_the_triton_chain_where_it_does_not_apply():
+    # Under the interpreter (and off sm_90, for fp32, with fewer than WARP_SPECIALISED_MIN_HEADS heads
+    # or a split grid) the Gluon kernel does not apply: "ws" gives DEFAULT_CONFIG's result, bitwise.
+    q, latent, rope_key, weight, indices = mla_inputs(1, 16, 12, 40, 10, dtype=torch.bfloat16, seed=7)
+    mask = causal(1, 12, 40)
+    ws = assert_matches_reference(q, latent, rope_key, weight, indices, mask, masked_rows="mean", config="ws")
+    default = absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, mask, scale=0.3,
+                                               masked_rows="mean", config=lowering.DEFAULT_CONFIG)
+    assert torch.equal(ws, default)
+    b, heads, s, _ = q.shape
+    q_lat = torch.empty(b, heads, s, latent.shape[2], dtype=q.dtype)
+    assert not lowering._warp_specialised_applies(q_lat, q[..., 6:], latent, rope_key, q_lat, 10, None)
+    with pytest.raises(ValueError, match="config must be one of .*'ws'"):
+        absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, mask, scale=0.3, config="wss")
