@@ -48,7 +48,10 @@ import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active
 from compiler.lowering.attention.online_softmax import LOG2_E, attention_splits, merge_split_partials, online_softmax_step
-from compiler.lowering.attention import absorbed_attention_ws
+try:  # Gluon's API is experimental: a Triton whose Gluon lacks what the kernel uses runs the Triton chain
+    from compiler.lowering.attention import absorbed_attention_ws
+except (ImportError, AttributeError):
+    absorbed_attention_ws = None
 from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs, head_weights
 
 _INTERPRETED = interpreter_active()
@@ -317,8 +320,9 @@ def _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat, width: int
     heads, its inputs (``absorbed_attention_ws.usable``), and a grid that fills the GPU without
     splitting the queries' indices."""
     b, heads, n, _ = q_lat.shape
-    if _INTERPRETED or splits not in (None, 1) or heads < WARP_SPECIALISED_MIN_HEADS or \
-            not absorbed_attention_ws.usable(q_lat, q_rope, latent, rope_key, o_lat):
+    if _INTERPRETED or absorbed_attention_ws is None or splits not in (None, 1) \
+            or heads < WARP_SPECIALISED_MIN_HEADS or not absorbed_attention_ws.usable(q_lat, q_rope, latent,
+                                                                                     rope_key, o_lat):
         return False
     programs = triton.cdiv(heads, absorbed_attention_ws.BLOCK_H) * n * b
     return splits == 1 or attention_splits(programs, width, absorbed_attention_ws.BLOCK_N, q_lat.device)[0] == 1

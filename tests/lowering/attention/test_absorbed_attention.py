@@ -184,3 +184,24 @@ def test_the_warp_specialised_form_runs_the_triton_chain_where_it_does_not_apply
     assert not lowering._warp_specialised_applies(q_lat, q[..., 6:], latent, rope_key, q_lat, 10, None)
     with pytest.raises(ValueError, match="config must be one of .*'ws'"):
         absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, mask, scale=0.3, config="wss")
+
+
+def test_a_warp_specialised_kernel_that_does_not_launch_leaves_the_triton_chain_for_good(monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    calls = []
+
+    def fails(*args):
+        calls.append(args)
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setattr(lowering, "_warp_specialised_applies", lambda *args: True)
+    monkeypatch.setattr(lowering.absorbed_attention_ws, "attend_latent_ws", fails)
+    monkeypatch.setattr(lowering, "_WS_FAILED", set())
+    q, latent, rope_key, weight, indices = mla_inputs(1, 16, 9, 30, 8, dtype=torch.bfloat16, seed=8)
+    want = absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, None, scale=0.3,
+                                            config=lowering.DEFAULT_CONFIG)
+    for _ in range(2):
+        got = absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, None, scale=0.3, config="ws")
+        assert torch.equal(got, want)
+    assert len(calls) == 1 and len(lowering._WS_FAILED) == 1
