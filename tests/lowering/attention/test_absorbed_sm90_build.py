@@ -61,30 +61,30 @@ from compiler.lowering.attention import absorbed_attention_ws as W
 kernel = W._absorbed_attention_ws_kernel
 ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 tensors = ("qlat_ptr", "qrope_ptr", "lat_ptr", "rope_ptr", "o_ptr")
-for dtype, mean_rows in (("bf16", True), ("fp16", False)):
-    if True:
-        consts = dict(LAT_DIM=512, ROPE_DIM=64, MEAN_ROWS=mean_rows, BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N,
-                      NUM_BUFFERS=W.NUM_BUFFERS, CONSUMER_WARPS=W.CONSUMER_WARPS,
-                      CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, num_warps=W.PRODUCER_WARPS)
-        signature = {n: "constexpr" if n in consts else f"*{dtype}" if n in tensors else "*i32" if n == "idx_ptr"
-                     else "*fp32" if n.endswith("_ptr") else "fp32" if n == "qk_scale_log2" else "i32"
-                     for n in kernel.arg_names}
-        aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-                   if n not in consts and (n.endswith("_ptr") or n.startswith("stride"))}
-        built = triton.compile(GluonASTSource(kernel, signature, constexprs=consts, attrs=aligned),
-                               target=GPUTarget("cuda", 90, 32), options={"num_warps": W.PRODUCER_WARPS})
-        ptx = built.asm["ptx"]
-        Path("k.ptx").write_text(ptx)
-        report = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", "k.ptx", "-o", "k.cubin"], capture_output=True,
-                                text=True, check=True).stderr
-        spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
-        print(json.dumps({"dtype": dtype, "mean_rows": mean_rows, "shared": built.metadata.shared,
-                          "wgmma": ptx.count("wgmma.mma_async"), "cp_async": ptx.count("cp.async.cg"),
-                          "setmaxnreg": ptx.count("setmaxnreg"), "spill_bytes": sum(spills)}), flush=True)
+for dtype, mean_rows, index in (("bf16", True, "i32"), ("fp16", False, "i64")):
+    consts = dict(LAT_DIM=512, ROPE_DIM=64, MEAN_ROWS=mean_rows, BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N,
+                  NUM_BUFFERS=W.NUM_BUFFERS, CONSUMER_WARPS=W.CONSUMER_WARPS,
+                  CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, num_warps=W.PRODUCER_WARPS)
+    signature = {n: "constexpr" if n in consts else f"*{dtype}" if n in tensors else f"*{index}" if n == "idx_ptr"
+                 else "*fp32" if n.endswith("_ptr") else "fp32" if n == "qk_scale_log2" else "i32"
+                 for n in kernel.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+               if n not in consts and (n.endswith("_ptr") or n.startswith("stride"))}
+    built = triton.compile(GluonASTSource(kernel, signature, constexprs=consts, attrs=aligned),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": W.PRODUCER_WARPS})
+    ptx = built.asm["ptx"]
+    Path("k.ptx").write_text(ptx)
+    report = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", "k.ptx", "-o", "k.cubin"], capture_output=True,
+                            text=True, check=True).stderr
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    print(json.dumps({"dtype": dtype, "mean_rows": mean_rows, "index": index, "shared": built.metadata.shared,
+                      "wgmma": ptx.count("wgmma.mma_async"), "cp_async": ptx.count("cp.async.cg"),
+                      "setmaxnreg": ptx.count("setmaxnreg"), "spill_bytes": sum(spills)}), flush=True)
 """
 
 
 def test_the_warp_specialised_kernel_builds_for_sm90_without_spills(tmp_path):
+    # bf16 with mean rows and int32 index lists (the masked, deduplicated path); fp16 with int64 top-K indices.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
