@@ -13,7 +13,7 @@ partition of CONSUMER_WARPS warps) score the tile with wgmma (the heads are the 
 warpgroup takes half of the keys), fold it into the online softmax, accumulate P·c (each warpgroup
 half of the Dc columns) and hand the buffer back.
 
-Takes bf16 or fp16 operands, Dc a multiple of 64 up to 512, Dr = 64, on sm_90 only (``usable``).
+Takes bf16 or fp16 operands, Dc = 512 and Dr = 64, on sm_90 only (``usable``).
 """
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ BLOCK_H = 64
 """Heads a program: the rows of every warpgroup product (Hopper's wgmma takes 64)."""
 BLOCK_N = 64
 """Indices per tile."""
+LAT_DIM = 512
+ROPE_DIM = 64
+"""The latent and rope widths the kernel is built and measured for (DeepSeek-V3.2's MLA; shared
+memory holds q and two tiles at these widths)."""
 NUM_BUFFERS = 2
 """Gathered tiles in flight: 2 x 64 x 576 x 2 bytes beside q's 64 x 576 x 2."""
 CONSUMER_WARPS = 8
@@ -194,15 +198,14 @@ def _absorbed_attention_ws_kernel(
 
 def usable(q_lat: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
            o_lat: torch.Tensor) -> bool:
-    """Whether this kernel takes the call: CUDA sm_90, bf16/fp16 throughout, Dc a multiple of 64 up to
-    512, Dr = 64, unit inner strides."""
+    """Whether this kernel takes the call: CUDA sm_90, bf16/fp16 throughout, Dc = LAT_DIM, Dr = ROPE_DIM,
+    unit inner strides."""
     if q_lat.device.type != "cuda" or torch.cuda.get_device_capability(q_lat.device) != (9, 0):
         return False
-    lat_dim, rope_dim = latent.shape[2], rope_key.shape[2]
     tensors = (q_lat, q_rope, latent, rope_key, o_lat)
     return (q_lat.dtype in (torch.bfloat16, torch.float16) and all(x.dtype == q_lat.dtype for x in tensors)
-            and all(x.stride(-1) == 1 for x in tensors) and lat_dim % 64 == 0 and 64 <= lat_dim <= 512
-            and rope_dim == 64)
+            and all(x.stride(-1) == 1 for x in tensors) and latent.shape[2] == LAT_DIM
+            and rope_key.shape[2] == ROPE_DIM)
 
 
 def attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale_log2: float) -> None:

@@ -62,7 +62,7 @@ kernel = W._absorbed_attention_ws_kernel
 ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 tensors = ("qlat_ptr", "qrope_ptr", "lat_ptr", "rope_ptr", "o_ptr")
 for dtype, mean_rows, index in (("bf16", True, "i32"), ("fp16", False, "i64")):
-    consts = dict(LAT_DIM=512, ROPE_DIM=64, MEAN_ROWS=mean_rows, BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N,
+    consts = dict(LAT_DIM=W.LAT_DIM, ROPE_DIM=W.ROPE_DIM, MEAN_ROWS=mean_rows, BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N,
                   NUM_BUFFERS=W.NUM_BUFFERS, CONSUMER_WARPS=W.CONSUMER_WARPS,
                   CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, num_warps=W.PRODUCER_WARPS)
     signature = {n: "constexpr" if n in consts else f"*{dtype}" if n in tensors else f"*{index}" if n == "idx_ptr"
