@@ -87,6 +87,8 @@ crossover has not been measured, and 8 keeps the small batches on the form that 
 FALLBACK_CONFIGS = ("h64_n32_w8_s3", "h32_n32_w8_s4")
 """Tried in turn, for the op only, when the default configuration does not compile or launch on the
 device (e.g. its shared memory exceeds the device's); the first that does is kept per kernel shape."""
+TRITON_CHAIN = (DEFAULT_CONFIG, *FALLBACK_CONFIGS)
+"""The Triton configurations tried in turn after a form that does not apply or does not run."""
 WARP_SPECIALISED = "ws"
 """The form name of ``absorbed_attention_ws``'s Gluon kernel (sm_90, bf16/fp16, calls that need no
 split), the first form for more than FEW_QUERIES queries: 1.45-1.50x DEFAULT_CONFIG's speed on every
@@ -238,11 +240,7 @@ def check_form(name: str) -> None:
 
 
 def launch_config(name: str) -> LaunchConfig:
-    """The configuration ``name`` of CONFIGS (INTERPRETER_CONFIG under the interpreter); ValueError
-    naming the known forms otherwise."""
-    check_form(name)
-    if name not in CONFIGS:
-        raise ValueError(f"config {name!r} is not a Triton launch configuration")
+    """The configuration ``name`` of CONFIGS (INTERPRETER_CONFIG under the interpreter)."""
     return INTERPRETER_CONFIG if _INTERPRETED else CONFIGS[name]
 
 
@@ -291,7 +289,7 @@ def default_configs(queries: int) -> tuple[str, ...]:
     first for at most FEW_QUERIES queries, else WARP_SPECIALISED (which runs DEFAULT_CONFIG's
     chain where it does not apply); then DEFAULT_CONFIG and the fallbacks."""
     first = FEW_QUERIES_CONFIG if queries <= FEW_QUERIES else WARP_SPECIALISED
-    return (first, *(name for name in (DEFAULT_CONFIG, *FALLBACK_CONFIGS) if name != first))
+    return (first, *(name for name in TRITON_CHAIN if name != first))
 
 
 def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, names: tuple[str, ...],
@@ -309,7 +307,7 @@ def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale:
                 return
             except _launch_failures():
                 _WS_FAILED.add(key)
-        names = (DEFAULT_CONFIG, *FALLBACK_CONFIGS)
+        names = TRITON_CHAIN
     shape = (names, q_lat.device, q_lat.dtype, q_lat.shape[1], q_lat.shape[3], rope_key.shape[2], splits is None)
     _run_with_fallback(shape, names, lambda config: _attend_with(
         q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale, config, splits))

@@ -59,23 +59,21 @@ def _gather_tiles(lat_rows, rope_rows, idx_row, c_bufs, r_bufs, ready, empty, st
     """Producer: tile t's latent and rope rows into buffer t % NUM_BUFFERS, once the consumers freed
     it, each as one asynchronous copy; tile t+1's indices are read while tile t's rows arrive."""
     # 16-byte pieces, a warp's 32 lanes over 4 rows of 128 bytes: a lane addresses few distinct rows.
-    c_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    offs_c = gl.arange(0, LAT_DIM, layout=gl.SliceLayout(0, c_layout))
-    offs_r = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, r_layout))
+    # The latent and rope tiles share the layout, so one read of a tile's indices serves both copies.
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    offs_c = gl.arange(0, LAT_DIM, layout=gl.SliceLayout(0, layout))
+    offs_r = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, layout))
     n_tiles = gl.cdiv(stop - start, BLOCK_N)
-    key_c, ok_c = _tile_keys(idx_row, 0, start, stop, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, c_layout))
-    key_r, ok_r = _tile_keys(idx_row, 0, start, stop, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, r_layout))
+    key, ok = _tile_keys(idx_row, 0, start, stop, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, layout))
     for t in range(n_tiles):
         slot = t % NUM_BUFFERS
         mbarrier.wait(empty.index(slot), ((t // NUM_BUFFERS) & 1) ^ 1)
         async_copy.async_copy_global_to_shared(
-            c_bufs.index(slot), lat_rows + key_c[:, None] * stride_lt + offs_c[None, :], mask=ok_c[:, None])
+            c_bufs.index(slot), lat_rows + key[:, None] * stride_lt + offs_c[None, :], mask=ok[:, None])
         async_copy.async_copy_global_to_shared(
-            r_bufs.index(slot), rope_rows + key_r[:, None] * stride_kt + offs_r[None, :], mask=ok_r[:, None])
+            r_bufs.index(slot), rope_rows + key[:, None] * stride_kt + offs_r[None, :], mask=ok[:, None])
         async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
-        key_c, ok_c = _tile_keys(idx_row, t + 1, start, stop, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, c_layout))
-        key_r, ok_r = _tile_keys(idx_row, t + 1, start, stop, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, r_layout))
+        key, ok = _tile_keys(idx_row, t + 1, start, stop, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, layout))
 
 
 @gluon.jit

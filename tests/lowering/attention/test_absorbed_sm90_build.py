@@ -10,7 +10,20 @@ from pathlib import Path
 HOPPER_SHARED_BYTES = 232448
 """Most shared memory one block may opt into on sm_90 (227 KiB)."""
 
-_BUILD = r"""
+_SIGNATURE = r"""
+def sm90_args(kernel, consts, tensor_type, index_type):
+    # (signature, attrs) of a build: q/latent/rope/o tensors of tensor_type, indices of index_type,
+    # other pointers fp32, the scale fp32, other integers i32; pointers and strides 16-aligned.
+    tensors = ("qlat_ptr", "qrope_ptr", "lat_ptr", "rope_ptr", "o_ptr")
+    signature = {n: "constexpr" if n in consts else f"*{tensor_type}" if n in tensors
+                 else f"*{index_type}" if n == "idx_ptr" else "*fp32" if n.endswith("_ptr")
+                 else "fp32" if n == "qk_scale_log2" else "i32" for n in kernel.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+               if n not in consts and (n.endswith("_ptr") or n.startswith("stride"))}
+    return signature, aligned
+"""
+
+_BUILD = _SIGNATURE + r"""
 import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
@@ -19,16 +32,11 @@ from compiler.lowering.attention import absorbed_attention as A
 
 kernel = A._absorbed_attention_kernel
 unit = ("stride_qc", "stride_rd", "stride_lc", "stride_kd", "stride_ik", "stride_oc")
-tensors = ("qlat_ptr", "qrope_ptr", "lat_ptr", "rope_ptr", "o_ptr")
 for name, config in A.CONFIGS.items():
     meta = dict(config.meta)
     consts = dict({u: 1 for u in unit}, lat_dim=512, rope_dim=64, MEAN_ROWS=False, SPLIT=False, UPCAST=False,
                   DOT_PRECISION="tf32", BLOCK_H=meta["BLOCK_H"], BLOCK_N=meta["BLOCK_N"], BLOCK_C=512, BLOCK_R=64)
-    signature = {n: "constexpr" if n in consts else "*bf16" if n in tensors else "*i32" if n == "idx_ptr"
-                 else "*fp32" if n.endswith("_ptr") else "fp32" if n == "qk_scale_log2" else "i32"
-                 for n in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-               if n not in consts and (n.endswith("_ptr") or n.startswith("stride"))}
+    signature, aligned = sm90_args(kernel, consts, "bf16", "i32")
     built = triton.compile(ASTSource(kernel, signature, constexprs=consts, attrs=aligned),
                            target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": config.num_warps, "num_stages": config.num_stages})
@@ -36,21 +44,28 @@ for name, config in A.CONFIGS.items():
 """
 
 
+def build_rows(script: str, tmp_path: Path) -> list[dict]:
+    """The JSON rows a build script prints, run compiled (not interpreted) in ``tmp_path`` with the
+    project importable and a Triton cache of its own."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
 def test_every_absorbed_config_builds_for_sm90_within_a_blocks_shared_memory(tmp_path):
     from compiler.lowering.attention.absorbed_attention import CONFIGS
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    done = subprocess.run([sys.executable, "-c", _BUILD], cwd=Path(__file__).resolve().parents[3], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    built = {row["config"]: row for row in map(json.loads, done.stdout.splitlines())}
+    built = {row["config"]: row for row in build_rows(_BUILD, tmp_path)}
     assert set(built) == set(CONFIGS)
     for name, row in built.items():
         assert row["cubin"] > 0 and row["shared"] <= HOPPER_SHARED_BYTES, (name, row)
 
 
-_BUILD_WS = r"""
+_BUILD_WS = _SIGNATURE + r"""
 import json, re, subprocess, sys
 from pathlib import Path
 import triton
@@ -60,16 +75,11 @@ from compiler.lowering.attention import absorbed_attention_ws as W
 
 kernel = W._absorbed_attention_ws_kernel
 ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-tensors = ("qlat_ptr", "qrope_ptr", "lat_ptr", "rope_ptr", "o_ptr")
 for dtype, mean_rows, index in (("bf16", True, "i32"), ("fp16", False, "i64")):
     consts = dict(LAT_DIM=W.LAT_DIM, ROPE_DIM=W.ROPE_DIM, MEAN_ROWS=mean_rows, BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N,
                   NUM_BUFFERS=W.NUM_BUFFERS, CONSUMER_WARPS=W.CONSUMER_WARPS,
                   CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, num_warps=W.PRODUCER_WARPS)
-    signature = {n: "constexpr" if n in consts else f"*{dtype}" if n in tensors else f"*{index}" if n == "idx_ptr"
-                 else "*fp32" if n.endswith("_ptr") else "fp32" if n == "qk_scale_log2" else "i32"
-                 for n in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-               if n not in consts and (n.endswith("_ptr") or n.startswith("stride"))}
+    signature, aligned = sm90_args(kernel, consts, dtype, index)
     built = triton.compile(GluonASTSource(kernel, signature, constexprs=consts, attrs=aligned),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": W.PRODUCER_WARPS})
     ptx = built.asm["ptx"]
@@ -85,13 +95,7 @@ for dtype, mean_rows, index in (("bf16", True, "i32"), ("fp16", False, "i64")):
 
 def test_the_warp_specialised_kernel_builds_for_sm90_without_spills(tmp_path):
     # bf16 with mean rows and int32 index lists (the masked, deduplicated path); fp16 with int64 top-K indices.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
-    done = subprocess.run([sys.executable, "-c", _BUILD_WS], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    rows = build_rows(_BUILD_WS, tmp_path)
     assert len(rows) == 2
     for row in rows:
         assert row["shared"] <= HOPPER_SHARED_BYTES, row
