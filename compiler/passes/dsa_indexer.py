@@ -8,8 +8,8 @@ Anchored on every ``topk``, the matcher walks producers through layout-preservin
     scales, relu   [(*|/) c] relu | clamp_min(., 0) | clamp(., min=0) [(*|/) c]
     q·k            matmul(Q[B,S,H,D], K[B,1,D,T]) | einsum(bshd,btd->bsht) | view(bmm(Q[B,S*H,D], K[B,D,T]))
 
-Scales fold into the weights (c > 0) or q (exact in real arithmetic); bf16/fp16 q and k reach the
-op without their upcast. The op selects the exact top-K as its scorer evaluates the function in
+Scales fold into the weights (c > 0) or q, or split into sign and magnitude (exact in real
+arithmetic); bf16/fp16 q and k reach the op without their upcast. The op selects the exact top-K as its scorer evaluates the function in
 fp32: the graph's selection unless keys tie, or lie within BLAS rounding, at the kk-th place. A
 topk without a head contraction (a router) is not a candidate; escaping intermediates or unusable
 operands make a near miss; a call too small for the op (``policy.keeps_stock``) is declined."""
@@ -83,7 +83,9 @@ class Operand:
 
 @dataclasses.dataclass
 class Scale:
-    """A scalar factor folded into ``target`` ("q" or "weights") by ``op`` ("mul" or "div")."""
+    """A scalar factor folded into ``target`` by ``op`` ("mul" or "div"): "q", "weights", or "signed"
+    (a pre-relu factor c split as ``relu(c·x) = |c|·relu(sign(c)·x)``: sign(c), +-1, into q, exact
+    in any dtype; |c| into the weights)."""
 
     target: str
     op: str
@@ -453,15 +455,25 @@ def narrow_upcast_operands(m: _Builder) -> None:
     (``.float()`` / ``.to(torch.float32)`` among layout-preserving ops, as transformers' indexers
     do): the products of two bf16 (fp16) values are exact in fp32, so fp32-accumulated scoring of
     the originals computes the same real function, without an fp32 operand path. Both operands
-    must narrow to one dtype, and no scale may be folded into q (it would be applied in the
-    narrow dtype); otherwise the operands stay as matched."""
-    if any(scale.target == "q" for scale in m.scales):
+    must narrow to one dtype. A scale folded into q would be rounded in the narrow dtype: a finite
+    constant or a traced scalar (Dynamo passes a module's float as one under dynamic shapes; its
+    sign is unknown when compiling) is split instead ("signed" in ``Scale``), exact for every finite
+    value (a non-finite traced scale makes the scores non-finite in both forms, not equal ones);
+    with any other scale the operands stay as matched."""
+    if any(s.target == "q" and not _splits_exactly(s.factor) for s in m.scales):
         return
     narrowed = [_narrowed(o) for o in (m.q, m.k)]
     if None in narrowed or value(narrowed[0].node).dtype != value(narrowed[1].node).dtype:
         return
     m.operand_nodes += [m.q.node, m.k.node]  # the upcast chains: erased when left unused
     m.q, m.k = narrowed
+    m.scales = [Scale("signed", s.op, s.factor) if s.target == "q" else s for s in m.scales]
+
+
+def _splits_exactly(c: Any) -> bool:
+    """Whether a scale folded into q may be split into sign and magnitude: a finite constant, or a
+    traced scalar (a node)."""
+    return isinstance(c, fx.Node) or (isinstance(c, (int, float)) and math.isfinite(c))
 
 
 def _narrowed(o: Operand) -> Operand | None:
@@ -487,6 +499,20 @@ def _fixed_shape(o: Operand) -> tuple:
 
 # ---------------------------------------------------------------------------------------------
 # rewrite
+
+
+def _fold_signed(graph: fx.Graph, q: fx.Node, w: fx.Node, c: Any, target: Any, like: fx.Node) -> tuple[fx.Node, fx.Node]:
+    """(q·sign(c), w ``target`` |c|) for a "signed" scale c (sign(c) = -1 for c < 0, else 1)."""
+    if not isinstance(c, fx.Node):
+        return (insert_call(graph, "call_function", torch.mul, (q, -1.0 if c < 0 else 1.0), like=like),
+                insert_call(graph, "call_function", target, (w, abs(c)), like=like))
+    if tensor_meta(c) is None:  # a traced Python scalar: as a 0-dim fp32 tensor
+        c = insert_call(graph, "call_function", torch.full, ((), c), {"dtype": torch.float32}, like=like)
+    negative = insert_call(graph, "call_function", torch.lt, (c, 0), like=like)
+    sign = insert_call(graph, "call_function", torch.where, (negative, -1.0, 1.0), like=like)
+    magnitude = insert_call(graph, "call_function", torch.abs, (c,), like=like)
+    return (insert_call(graph, "call_function", torch.mul, (q, sign), like=like),
+            insert_call(graph, "call_function", target, (w, magnitude), like=like))
 
 
 def _emit(graph: fx.Graph, operand: Operand, like: fx.Node) -> fx.Node:
@@ -575,7 +601,9 @@ def rewrite(graph: fx.Graph, match: IndexerMatch, options, settings) -> fx.Node:
                                                       match.weights))
         for scale in match.scales:
             target = {"mul": torch.mul, "div": torch.div}[scale.op]
-            if scale.target == "q":
+            if scale.target == "signed":
+                q, w = _fold_signed(graph, q, w, scale.factor, target, anchor)
+            elif scale.target == "q":
                 q = insert_call(graph, "call_function", target, (q, scale.factor), like=anchor)
             else:
                 w = insert_call(graph, "call_function", target, (w, scale.factor), like=anchor)

@@ -341,12 +341,58 @@ def test_upcast_operands_reach_the_op_in_their_own_dtype(dtype):
     assert torch.equal(out, model(q, k, w, additive))
 
 
-def test_operands_stay_fp32_when_a_scale_is_folded_into_q():
-    class NegativeScale(torch.nn.Module):
+class AttributeScale(torch.nn.Module):
+    """The scale before relu is a module attribute, as DeepseekV32Indexer's softmax_scale is: under
+    dynamic shapes Dynamo traces it as a scalar input whose sign is unknown when compiling."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q, k, w):
+        x = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * self.scale)
+        return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).topk(KK)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("scale", [SCALE, -0.5, 0.0])
+def test_a_scale_before_relu_of_any_sign_keeps_the_operands_narrow(scale, dynamic):
+    """relu(c·x) = |c|·relu(sign(c)·x): the op scores the bf16 operands (q times sign(c), exact) for
+    a constant or traced scale of either sign, and selects what the model selects."""
+    from compiler.backend import pulsar_dosa
+
+    q, k, w, _, _ = make_inputs(seed=6)
+    q, k = integer_valued(q).bfloat16(), integer_valued(k).bfloat16()
+    model = AttributeScale(scale)
+    ops = []
+
+    def backend(gm, example_inputs):
+        compiled = pulsar_dosa(gm, example_inputs, options=EAGER_OPS)
+        ops.extend(n for n in gm.graph.nodes if n.target is torch.ops.pulsar_dosa.certified_topk.default)
+        return compiled
+
+    torch._dynamo.reset()
+    got = torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic)(q, k, w)
+    (op,) = ops
+    assert [a.meta["example_value"].dtype for a in op.args[:2]] == [torch.bfloat16, torch.bfloat16]
+    want = model(q, k, w)
+    torch.testing.assert_close(got.values, want.values, rtol=1e-6, atol=0)  # the scale is applied elsewhere
+    if scale != 0.0:  # all scores tie at 0: the op breaks ties by index, torch.topk its own way
+        assert torch.equal(got.indices, want.indices)
+
+
+def integer_valued(x):
+    """Small integers: every q·k is exact whatever the summation order, so that rounding decides
+    no selection."""
+    return torch.round(x * 4)
+
+
+def test_operands_stay_fp32_when_a_scale_before_relu_is_not_finite():
+    class InfiniteScale(torch.nn.Module):
         def forward(self, q, k, w):
-            x = torch.relu(torch.matmul(q.float(), k.float().transpose(-1, -2).unsqueeze(1)) * -0.5)
+            x = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * float("inf"))
             return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).topk(KK).indices
 
     q, k, w, _, _ = make_inputs(seed=6)
-    _, op, _ = rewritten_graph(NegativeScale(), q.bfloat16(), k.bfloat16(), w)
+    _, op, _ = rewritten_graph(InfiniteScale(), q.bfloat16(), k.bfloat16(), w)
     assert op.args[0].meta["example_value"].dtype == torch.float32
