@@ -420,6 +420,9 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
         o_lat = torch.empty_like(q_lat)
         _attend_latent(q_lat.transpose(0, 1), q[:, :, start:stop, nope_dim:], latent, rope_key, rows, mean,
                        o_lat.transpose(0, 1), float(scale), names, splits)
-        out[:, :, start:stop] = torch.bmm(o_lat.view(heads, b * n, lat_dim), w_uv_t).view(heads, b, n, v_dim) \
-            .transpose(0, 1)
+        if b == 1:  # the product straight into out's rows (batch stride S·Dv): no copy
+            torch.bmm(o_lat.view(heads, n, lat_dim), w_uv_t, out=out[0, :, start:stop])
+        else:
+            out[:, :, start:stop] = torch.bmm(o_lat.view(heads, b * n, lat_dim), w_uv_t) \
+                .view(heads, b, n, v_dim).transpose(0, 1)
     return out

@@ -83,11 +83,13 @@ def test_a_key_that_does_not_count_never_reaches_the_output():
         torch.testing.assert_close(got, clean, rtol=0, atol=2e-6)
 
 
-def test_queries_in_several_chunks(monkeypatch):
-    q, latent, rope_key, weight, indices = mla_inputs(2, 3, 21, 30, 9, seed=5)
-    whole = assert_matches_reference(q, latent, rope_key, weight, indices, causal(2, 21, 30))
-    monkeypatch.setattr(lowering, "CHUNK_ELEMENTS", 2 * 3 * 24 * 8)  # 8 queries per chunk
-    chunked = absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, causal(2, 21, 30), scale=0.3)
+@pytest.mark.parametrize("batch", [1, 2])  # one batch row: the products are written into out's rows in place
+def test_queries_in_several_chunks(monkeypatch, batch):
+    q, latent, rope_key, weight, indices = mla_inputs(batch, 3, 21, 30, 9, seed=5)
+    whole = assert_matches_reference(q, latent, rope_key, weight, indices, causal(batch, 21, 30))
+    monkeypatch.setattr(lowering, "CHUNK_ELEMENTS", batch * 3 * 24 * 8)  # 8 queries per chunk
+    chunked = absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, causal(batch, 21, 30),
+                                               scale=0.3)
     torch.testing.assert_close(chunked, whole, rtol=0, atol=2e-6)
 
 
