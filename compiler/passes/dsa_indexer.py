@@ -457,9 +457,9 @@ def narrow_upcast_operands(m: _Builder) -> None:
     the originals computes the same real function, without an fp32 operand path. Both operands
     must narrow to one dtype. A scale folded into q would be rounded in the narrow dtype: a finite
     constant or a traced scalar (Dynamo passes a module's float as one under dynamic shapes; its
-    sign is unknown when compiling) is split instead ("signed" in ``Scale``), exact for every finite
-    value (a non-finite traced scale makes the scores non-finite in both forms, not equal ones);
-    with any other scale the operands stay as matched."""
+    sign is unknown when compiling) is split instead ("signed" in ``Scale``), exact whenever the
+    factor applied (c, or 1/c for a division) is finite (else the scores are non-finite in both
+    forms, not necessarily equal); with any other scale the operands stay as matched."""
     if any(s.target == "q" and not _splits_exactly(s.factor) for s in m.scales):
         return
     narrowed = [_narrowed(o) for o in (m.q, m.k)]
