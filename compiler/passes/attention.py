@@ -6,7 +6,9 @@ Two spellings on the Dynamo graph, each with GQA ``repeat_kv`` on k and v folded
     sdpa     F.scaled_dot_product_attention(q, k, v, attn_mask?, dropout_p=0, is_causal, scale?, enable_gqa)
     eager    matmul(softmax(matmul(q, kᵀ) (*|/) c [+ mask], dim=-1[, dtype=float32]) [.to] [dropout p=0], v)
 
-with kᵀ any spelling of ``k.transpose(-2, -1)`` and c a Python number. Variant: the op form
+with kᵀ any spelling of ``k.transpose(-2, -1)`` and c a finite non-zero Python number or a symbolic
+float (``matcher.scale_value``: ``dynamic=True`` traces a module's float as one; the op takes it as
+it is). Variant: the op form
 (``compiler.ops.attention.FORMS``), ``+gqa``, ``+mask``. A matched chain is closed (every interior
 node feeds only the next one). Near misses: dropout that may be active, a tensor scale, a softmax
 over another dim or dtype, operands that are not 4-D [B, H, S, D], k and v of different shapes."""
@@ -21,8 +23,8 @@ import torch.fx as fx
 from compiler.ops.attention import SDPA_FORM
 from compiler.passes.base import PatternPass
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call,
-                                     may_be_equal, normalize_dim, op_kind, same_size, single_use, softmax_of,
-                                     tensor_meta)
+                                     may_be_equal, normalize_dim, op_kind, same_size, scale_value, single_use,
+                                     softmax_of, tensor_meta)
 
 KIND = "attention"
 OP = torch.ops.pulsar_dosa.attention.default
@@ -38,7 +40,7 @@ class AttentionMatch:
     v: fx.Node
     mask: Optional[fx.Node]
     is_causal: bool
-    scale: Optional[float]
+    scale: Optional[float | fx.Node]
     enable_gqa: bool
     form: str
     interior: list[fx.Node]
@@ -78,13 +80,12 @@ def match_sdpa(node: fx.Node) -> AttentionMatch:
         raise NearMiss(f"dropout_p={dropout} may be active")
     if not isinstance(is_causal, bool) or not isinstance(enable_gqa, bool):
         raise NearMiss("is_causal/enable_gqa are not constants")
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise NearMiss("scale is not a Python number")
+    if scale is not None:
+        scale = scale_value(scale)
     k, v, folded, repeats = fold_repeat_kv(k, v)
     single_use(repeats)
     check_operands(q, k, v)
-    return AttentionMatch(node, q, k, v, mask, is_causal, None if scale is None else float(scale),
-                          enable_gqa or folded, SDPA_FORM, repeats)
+    return AttentionMatch(node, q, k, v, mask, is_causal, scale, enable_gqa or folded, SDPA_FORM, repeats)
 
 
 def match_eager(anchor: fx.Node) -> Optional[AttentionMatch]:
@@ -110,11 +111,10 @@ def match_eager(anchor: fx.Node) -> Optional[AttentionMatch]:
     if op_kind(scores) in ("mul", "div"):
         left, right = scores.args[0], scores.args[1]
         divides = op_kind(scores) == "div"
-        factor, product = (right, left) if isinstance(right, (int, float)) or divides else (left, right)
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool):
-            raise NearMiss("the score scale is not a Python number")
+        factor, product = (right, left) if divides or tensor_meta(right) is None else (left, right)
+        scale = scale_value(factor)
         chain.append(scores)
-        scores, scale = product, float(factor)
+        scores = product
     if op_kind(scores) != "matmul":
         raise NearMiss("the softmax input is not matmul(q, kᵀ) [scaled] [+ mask]")
     chain.append(scores)

@@ -13,6 +13,7 @@ an absorbed attention, or raises :class:`NotLatent`. A step that does not see it
 :class:`NotCandidate`; one that sees it in a form that must stay untouched, :class:`NearMiss`."""
 from __future__ import annotations
 
+import math
 import operator
 import re
 from dataclasses import dataclass
@@ -152,6 +153,18 @@ def is_layout_preserving(node: fx.Node) -> bool:
             return same_shape(src.shape, out.shape)
         return len(non_unit(src.shape)) == len(non_unit(out.shape)) and same_shape(non_unit(src.shape), non_unit(out.shape))
     return False
+
+
+def scale_value(factor: Any) -> float | fx.Node:
+    """A score scale the op can take: a finite non-zero Python number, or a node of a symbolic float
+    (``dynamic=True`` traces module float attributes as inputs); NearMiss otherwise (a tensor)."""
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool):
+        if factor == 0 or not math.isfinite(factor):
+            raise NearMiss(f"score scale {factor} is zero or not finite")
+        return float(factor)
+    if isinstance(factor, fx.Node) and isinstance(value(factor), (torch.SymFloat, torch.SymInt)):
+        return factor
+    raise NearMiss("the score scale is not a Python number or a symbolic float")
 
 
 def skip_layout_preserving(node: fx.Node) -> tuple[fx.Node, list[fx.Node]]:

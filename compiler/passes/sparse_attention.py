@@ -47,7 +47,6 @@ with (B, S, T) those of q and k, or q, k, v in a dtype the op does not compute (
 """
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -59,8 +58,8 @@ import compiler.ops.absorbed_sparse_attention  # noqa: F401  (registers pulsar_d
 import compiler.ops.sparse_attention  # noqa: F401  (registers pulsar_dosa::sparse_attention)
 from compiler.passes.base import Declined, PatternPass, near_miss
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call, is_unit,
-                                     may_be_equal, normalize_dim, op_kind, same_size, single_use, softmax_of,
-                                     tensor_meta, value)
+                                     may_be_equal, normalize_dim, op_kind, same_size, scale_value, single_use,
+                                     softmax_of, tensor_meta, value)
 from compiler.passes.matcher import LatentKV, NotLatent, latent_form
 from compiler.policy import keeps_stock, sparse_attention_form, stock_threshold
 from runtime.sparse_attention import FLOAT_DTYPES
@@ -231,18 +230,6 @@ def _bool_source_of_additive(additive: Any, fill: Any) -> fx.Node:
             and tensor_meta(cond).dtype == torch.bool):
         raise NearMiss("additive attention mask is not where(bool, 0, finfo.min): its values are unknown")
     return cond
-
-
-def scale_value(factor: Any) -> float | fx.Node:
-    """A score scale the op can take: a finite non-zero Python number, or a node of a symbolic float
-    (``dynamic=True`` traces module float attributes as inputs); NearMiss otherwise (a tensor)."""
-    if isinstance(factor, (int, float)) and not isinstance(factor, bool):
-        if factor == 0 or not math.isfinite(factor):
-            raise NearMiss(f"score scale {factor} is zero or not finite")
-        return float(factor)
-    if isinstance(factor, fx.Node) and isinstance(value(factor), (torch.SymFloat, torch.SymInt)):
-        return factor
-    raise NearMiss("the score scale is not a Python number or a symbolic float")
 
 
 @dataclass

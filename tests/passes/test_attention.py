@@ -66,6 +66,10 @@ def softmax_over_queries(q, k, v):
     return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.5, dim=2), v)
 
 
+def tensor_scale(q, k, v):
+    return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * torch.full((), 0.5), dim=-1), v)
+
+
 def sdpa_with_dropout(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
 
@@ -118,6 +122,7 @@ def test_rewritten_attention_follows_the_active_layout():
     (weights_returned, "used outside the attention chain"),
     (softmax_over_queries, "softmax over dim 2"),
     (sdpa_with_dropout, "dropout_p=0.1"),
+    (tensor_scale, "not a Python number or a symbolic float"),
 ])
 def test_near_misses_are_reported_and_left_untouched(fn, reason):
     q, k, v = qkv(hkv=4)
@@ -142,10 +147,11 @@ def test_attention_op_passes_opcheck():
         torch.ops.pulsar_dosa.attention(q, k, v, None, False, None, True, "eager_mul")
 
 
-@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_compiled_llama_follows_pulsar_phases_like_the_uncompiled_model(implementation):
+@pytest.mark.parametrize("implementation,dynamic", [("sdpa", False), ("eager", False), ("sdpa", True), ("eager", True)])
+def test_compiled_llama_follows_pulsar_phases_like_the_uncompiled_model(implementation, dynamic):
     """Phase 1 through the pass keeps the naive per-input KV; generate gives the uncompiled tokens;
-    without a layout the compiled model is the same model."""
+    without a layout the compiled model is the same model. Under dynamic shapes Dynamo traces the
+    attention scale (a module float) as a symbolic float, which the op takes as it is."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, attn_implementation=implementation)
@@ -155,7 +161,7 @@ def test_compiled_llama_follows_pulsar_phases_like_the_uncompiled_model(implemen
     pulsar = PulsarConfig(32, sink=4, chunk=4, ratio=0.25)
     torch._dynamo.reset()
     with collecting() as report:
-        compiled = torch.compile(model, **BACKEND)
+        compiled = torch.compile(model, **BACKEND, dynamic=dynamic)
         kept = encode_context(compiled, ids, pulsar.layout(ids))
         tokens = generate(compiled, ids, query, pulsar, max_new_tokens=5)
         with torch.no_grad():
