@@ -9,8 +9,9 @@ Anchored on every ``topk``, the matcher walks producers through layout-preservin
     q·k            matmul(Q[B,S,H,D], K[B,1,D,T]) | einsum(bshd,btd->bsht) | view(bmm(Q[B,S*H,D], K[B,D,T]))
 
 Scales fold into the weights (c > 0) or q, or split into sign and magnitude (exact in real
-arithmetic); bf16/fp16 q and k reach the op without their upcast. The op selects the exact top-K as its scorer evaluates the function in
-fp32: the graph's selection unless keys tie, or lie within BLAS rounding, at the kk-th place. A
+arithmetic); bf16/fp16 q and k reach the op without their upcast. The op selects the exact top-K
+as its scorer evaluates the function in fp32: the graph's selection unless keys tie, or lie within
+BLAS rounding, at the kk-th place. A
 topk without a head contraction (a router) is not a candidate; escaping intermediates or unusable
 operands make a near miss; a call too small for the op (``policy.keeps_stock``) is declined."""
 from __future__ import annotations
@@ -501,7 +502,8 @@ def _fixed_shape(o: Operand) -> tuple:
 # rewrite
 
 
-def _fold_signed(graph: fx.Graph, q: fx.Node, w: fx.Node, c: Any, target: Any, like: fx.Node) -> tuple[fx.Node, fx.Node]:
+def _fold_signed(graph: fx.Graph, q: fx.Node, w: fx.Node, c: Any, target: Any,
+                 like: fx.Node) -> tuple[fx.Node, fx.Node]:
     """(q·sign(c), w ``target`` |c|) for a "signed" scale c (sign(c) = -1 for c < 0, else 1)."""
     if not isinstance(c, fx.Node):
         return (insert_call(graph, "call_function", torch.mul, (q, -1.0 if c < 0 else 1.0), like=like),
