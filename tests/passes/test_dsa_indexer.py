@@ -345,25 +345,26 @@ class AttributeScale(torch.nn.Module):
     """The scale before relu is a module attribute, as DeepseekV32Indexer's softmax_scale is: under
     dynamic shapes Dynamo traces it as a scalar input whose sign is unknown when compiling."""
 
-    def __init__(self, scale):
+    def __init__(self, scale, divide):
         super().__init__()
-        self.scale = scale
+        self.scale, self.divide = scale, divide
 
     def forward(self, q, k, w):
-        x = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * self.scale)
+        x = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))
+        x = torch.relu(x / self.scale if self.divide else x * self.scale)
         return torch.matmul(w.unsqueeze(-2), x).squeeze(-2).topk(KK)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
-@pytest.mark.parametrize("scale", [SCALE, -0.5, 0.0])
-def test_a_scale_before_relu_of_any_sign_keeps_the_operands_narrow(scale, dynamic):
+@pytest.mark.parametrize("scale,divide", [(SCALE, False), (-0.5, False), (0.0, False), (-2.0, True)])
+def test_a_scale_before_relu_of_any_sign_keeps_the_operands_narrow(scale, divide, dynamic):
     """relu(c·x) = |c|·relu(sign(c)·x): the op scores the bf16 operands (q times sign(c), exact) for
-    a constant or traced scale of either sign, and selects what the model selects."""
+    a constant or traced factor (or divisor) of either sign, and selects what the model selects."""
     from compiler.backend import pulsar_dosa
 
     q, k, w, _, _ = make_inputs(seed=6)
     q, k = integer_valued(q).bfloat16(), integer_valued(k).bfloat16()
-    model = AttributeScale(scale)
+    model = AttributeScale(scale, divide)
     ops = []
 
     def backend(gm, example_inputs):
