@@ -23,8 +23,8 @@ import torch.fx as fx
 from compiler.ops.attention import SDPA_FORM
 from compiler.passes.base import PatternPass
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call,
-                                     may_be_equal, normalize_dim, op_kind, same_size, scale_value, single_use,
-                                     softmax_of, tensor_meta)
+                                     may_be_equal, normalize_dim, op_kind, same_size, scale_value, scaled_scores,
+                                     single_use, softmax_of, tensor_meta)
 
 KIND = "attention"
 OP = torch.ops.pulsar_dosa.attention.default
@@ -107,12 +107,8 @@ def match_eager(anchor: fx.Node) -> Optional[AttentionMatch]:
         scores, mask = (left, right) if op_kind(left) in ("mul", "div", "matmul") else (right, left)
         if not isinstance(mask, fx.Node):
             raise NearMiss("the added mask is not a tensor")
-    divides, scale = False, 1.0
-    if op_kind(scores) in ("mul", "div"):
-        left, right = scores.args[0], scores.args[1]
-        divides = op_kind(scores) == "div"
-        factor, product = (right, left) if divides or tensor_meta(right) is None else (left, right)
-        scale = scale_value(factor)
+    product, scale, divides = scaled_scores(scores)
+    if product is not scores:
         chain.append(scores)
         scores = product
     if op_kind(scores) != "matmul":

@@ -85,8 +85,8 @@ class Operand:
 @dataclasses.dataclass
 class Scale:
     """A scalar factor folded into ``target`` by ``op`` ("mul" or "div"): "q", "weights", or "signed"
-    (a pre-relu factor c split as ``relu(c·x) = |c|·relu(sign(c)·x)``: sign(c), +-1, into q, exact
-    in any dtype; |c| into the weights)."""
+    (a pre-relu factor c split as ``relu(c·x) = |c|·relu(sign(c)·x)``: sign(c), -1, 0 or 1, into q,
+    exact in any dtype; |c| into the weights)."""
 
     target: str
     op: str
@@ -504,14 +504,14 @@ def _fixed_shape(o: Operand) -> tuple:
 
 def _fold_signed(graph: fx.Graph, q: fx.Node, w: fx.Node, c: Any, target: Any,
                  like: fx.Node) -> tuple[fx.Node, fx.Node]:
-    """(q·sign(c), w ``target`` |c|) for a "signed" scale c (sign(c) = -1 for c < 0, else 1)."""
+    """(q·sign(c), w ``target`` |c|) for a "signed" scale c (sign(c) in {-1, 0, 1}: exact in q's dtype;
+    c = 0 zeroes both, as it zeroes the model's scores)."""
     if not isinstance(c, fx.Node):
-        return (insert_call(graph, "call_function", torch.mul, (q, -1.0 if c < 0 else 1.0), like=like),
+        return (insert_call(graph, "call_function", torch.mul, (q, math.copysign(1.0, c) if c else 0.0), like=like),
                 insert_call(graph, "call_function", target, (w, abs(c)), like=like))
     if tensor_meta(c) is None:  # a traced Python scalar: as a 0-dim fp32 tensor
         c = insert_call(graph, "call_function", torch.full, ((), c), {"dtype": torch.float32}, like=like)
-    negative = insert_call(graph, "call_function", torch.lt, (c, 0), like=like)
-    sign = insert_call(graph, "call_function", torch.where, (negative, -1.0, 1.0), like=like)
+    sign = insert_call(graph, "call_function", torch.sign, (c,), like=like)
     magnitude = insert_call(graph, "call_function", torch.abs, (c,), like=like)
     return (insert_call(graph, "call_function", torch.mul, (q, sign), like=like),
             insert_call(graph, "call_function", target, (w, magnitude), like=like))

@@ -167,6 +167,17 @@ def scale_value(factor: Any) -> float | fx.Node:
     raise NearMiss("the score scale is not a Python number or a symbolic float")
 
 
+def scaled_scores(scores: fx.Node) -> tuple[fx.Node, float | fx.Node, bool]:
+    """Attention scores as (the product under an optional ``* c`` or ``/ c``, c by ``scale_value``
+    (1.0 without one), whether c divides)."""
+    if op_kind(scores) not in ("mul", "div"):
+        return scores, 1.0, False
+    left, right = scores.args[:2]
+    divides = op_kind(scores) == "div"
+    factor, product = (right, left) if divides or tensor_meta(right) is None else (left, right)
+    return product, scale_value(factor), divides
+
+
 def skip_layout_preserving(node: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
     """Walk producers from ``node`` through layout-preserving ops; returns (first other node, the skipped nodes)."""
     skipped = []

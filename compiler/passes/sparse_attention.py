@@ -58,8 +58,8 @@ import compiler.ops.absorbed_sparse_attention  # noqa: F401  (registers pulsar_d
 import compiler.ops.sparse_attention  # noqa: F401  (registers pulsar_dosa::sparse_attention)
 from compiler.passes.base import Declined, PatternPass, near_miss
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call, is_unit,
-                                     may_be_equal, normalize_dim, op_kind, same_size, scale_value, single_use,
-                                     softmax_of, tensor_meta, value)
+                                     may_be_equal, normalize_dim, op_kind, same_size, scale_value, scaled_scores,
+                                     single_use, softmax_of, tensor_meta, value)
 from compiler.passes.matcher import LatentKV, NotLatent, latent_form
 from compiler.policy import keeps_stock, sparse_attention_form, stock_threshold
 from runtime.sparse_attention import FLOAT_DTYPES
@@ -298,12 +298,8 @@ def eager_attention(anchor: fx.Node) -> _Attention:
     dtype = softmax.kwargs.get("dtype", softmax.args[2] if len(softmax.args) > 2 else None)
     if dtype not in (None, torch.float32):
         raise NearMiss(f"softmax in dtype {dtype}")
-    scale, divide = 1.0, False
-    if op_kind(scores) in ("mul", "div"):
-        left, right = scores.args[:2]
-        divide = op_kind(scores) == "div"
-        factor, product = (right, left) if divide or tensor_meta(right) is None else (left, right)
-        scale = scale_value(factor)
+    product, scale, divide = scaled_scores(scores)
+    if product is not scores:
         chain.append(scores)
         scores = product
     if op_kind(scores) != "matmul":

@@ -308,19 +308,20 @@ def test_lowest_finite_fill_is_rewritten_only_when_values_are_unused():
 
 
 
-def rewritten_graph(model, *args):
-    """(the graph the backend rewrote, the compiled output): backend "pulsar_dosa", eager downstream."""
+def rewritten_graph(model, *args, options=EAGER_OPS, dynamic=False, **kwargs):
+    """(the graph the backend rewrote, its one certified_topk node, the compiled output of
+    ``model(*args, **kwargs)``): backend "pulsar_dosa" with ``options``, one graph."""
     from compiler.backend import pulsar_dosa
 
     graphs = []
 
     def backend(gm, example_inputs):
-        compiled = pulsar_dosa(gm, example_inputs, options=EAGER_OPS)
+        compiled = pulsar_dosa(gm, example_inputs, options=options)
         graphs.append(gm.graph)
         return compiled
 
     torch._dynamo.reset()
-    out = torch.compile(model, backend=backend, fullgraph=True)(*args)
+    out = torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic)(*args, **kwargs)
     (graph,) = graphs
     (op,) = [n for n in graph.nodes if n.target is torch.ops.pulsar_dosa.certified_topk.default]
     return graph, op, out
@@ -360,21 +361,10 @@ class AttributeScale(torch.nn.Module):
 def test_a_scale_before_relu_of_any_sign_keeps_the_operands_narrow(scale, divide, dynamic):
     """relu(c·x) = |c|·relu(sign(c)·x): the op scores the bf16 operands (q times sign(c), exact) for
     a constant or traced factor (or divisor) of either sign, and selects what the model selects."""
-    from compiler.backend import pulsar_dosa
-
     q, k, w, _, _ = make_inputs(seed=6)
     q, k = integer_valued(q).bfloat16(), integer_valued(k).bfloat16()
     model = AttributeScale(scale, divide)
-    ops = []
-
-    def backend(gm, example_inputs):
-        compiled = pulsar_dosa(gm, example_inputs, options=EAGER_OPS)
-        ops.extend(n for n in gm.graph.nodes if n.target is torch.ops.pulsar_dosa.certified_topk.default)
-        return compiled
-
-    torch._dynamo.reset()
-    got = torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic)(q, k, w)
-    (op,) = ops
+    _, op, got = rewritten_graph(model, q, k, w, dynamic=dynamic)
     assert [a.meta["example_value"].dtype for a in op.args[:2]] == [torch.bfloat16, torch.bfloat16]
     want = model(q, k, w)
     torch.testing.assert_close(got.values, want.values, rtol=1e-6, atol=0)  # the scale is applied elsewhere

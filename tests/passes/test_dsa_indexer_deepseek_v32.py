@@ -16,6 +16,7 @@ import compiler
 from compiler.cost_model import default_min_keys
 from compiler.demo import (DEMO_INDEXER, build_model, eager_run, indexers, per_layer_selection, set_trained_geometry,
                            tiny_config, topic_run_ids)
+from tests.passes.test_dsa_indexer import rewritten_graph
 
 SEQ = 64
 INDEXER_ONLY = {"downstream": "eager", "stock_below": 0, "passes": ["dsa_indexer"]}
@@ -53,22 +54,10 @@ def test_each_indexer_rewritten_once_and_logits_equal_eager(attn, dtype, use_cac
 def test_bf16_indexer_operands_reach_the_op_in_bf16_under_dynamic_shapes():
     """Under dynamic=True Dynamo traces the indexer's softmax_scale as a scalar input of unknown sign:
     the op still gets q and k in bf16 (bf16 tensor cores on CUDA), not their fp32 upcasts."""
-    from compiler.backend import pulsar_dosa
-
     model = build_model(tiny_config(layers=1), torch.bfloat16)
-    ops = []
-
-    def backend(gm, example_inputs):
-        compiled = pulsar_dosa(gm, example_inputs, options=INDEXER_ONLY)
-        ops.extend(n for n in gm.graph.nodes if n.target is torch.ops.pulsar_dosa.certified_topk.default)
-        return compiled
-
-    torch._dynamo.reset()
     with torch.no_grad():
-        torch.compile(model, backend=backend, dynamic=True)(_ids(SEQ), use_cache=False)
-    assert ops
-    for op in ops:
-        assert [a.meta["example_value"].dtype for a in op.args[:2]] == [torch.bfloat16, torch.bfloat16]
+        _, op, _ = rewritten_graph(model, _ids(SEQ), options=INDEXER_ONLY, dynamic=True, use_cache=False)
+    assert [a.meta["example_value"].dtype for a in op.args[:2]] == [torch.bfloat16, torch.bfloat16]
 
 
 def test_selection_equals_eager_per_layer():
