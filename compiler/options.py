@@ -22,7 +22,7 @@ from compiler.topk_settings import CHOICES
 from runtime.fp8_quant import PRECISIONS
 
 DOWNSTREAMS = ("inductor", "eager", "tensorrt")
-PASS_FAMILIES = ("dsa_indexer", "sparse_attention", "attention")
+PASS_FAMILIES = ("dsa_indexer", "sparse_attention", "attention", "dsa_mask")
 """The pattern families a user may name, in the order they run (``compiler.passes`` runs them)."""
 SPARSE_FORMS = ("absorbed", "union")
 """The kernels of an MLA layer's DSA sparse attention: the absorbed form (latent rows shared by the

@@ -13,7 +13,7 @@ def test_defaults():
     opts = CompileOptions.from_user(None)
     assert (opts.downstream, opts.passes, opts.path, opts.record_stats) == ("inductor", None, "auto", True)
     assert opts.indexer_precision == "bf16"
-    assert opts.enabled_passes() == ("dsa_indexer", "sparse_attention", "attention")
+    assert opts.enabled_passes() == ("dsa_indexer", "sparse_attention", "attention", "dsa_mask")
     assert CompileOptions(passes=["attention", "dsa_indexer"]).enabled_passes() == ("dsa_indexer", "attention")
 
 

@@ -59,3 +59,7 @@ DEFAULT_R_CAP = 7  # cap of the per-query budget without config.r, so that the s
 DENSE_CHUNK_BYTES = 4 << 30  # largest scorer output [rows, T] the dense path allocates at once
 PLAN_CHUNK_BYTES = 1 << 30  # queries planned at once (a float64 [queries, H, D]): certified_profile_h200.json
 REDO_BUFFER_BYTES = 1 << 30  # dense code buffer of one round of the redo ([B, slots, T] int64)
+
+# Masks (conjunctive_mask.py)
+MASK_BLOCK_S = 16  # query rows per conjunctive-mask program
+MASK_BLOCK_T = 512  # keys per conjunctive-mask program: 8 KiB of mask written per program

@@ -17,13 +17,14 @@ import torch.fx as fx
 from compiler.passes.attention import AttentionPass
 from compiler.passes.base import PassContext, PatternPass, run_pattern_pass
 from compiler.passes.dsa_indexer import IndexerPass
+from compiler.passes.dsa_mask import MaskPass
 from compiler.passes.sparse_attention import SparseAttentionPass
 
 if TYPE_CHECKING:
     from compiler.options import CompileOptions
     from compiler.report import Report
 
-PASSES: dict[str, PatternPass] = {p.kind: p for p in (IndexerPass(), SparseAttentionPass(), AttentionPass())}
+PASSES: dict[str, PatternPass] = {p.kind: p for p in (IndexerPass(), SparseAttentionPass(), AttentionPass(), MaskPass())}
 """Every pass family by its kind (the names of ``compiler.options.PASS_FAMILIES``)."""
 
 
