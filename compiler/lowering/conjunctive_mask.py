@@ -19,34 +19,40 @@ _BITS = 3
 
 
 @triton.jit
-def _conjunctive_mask_kernel(r_ptr, c_ptr, out_ptr, S, T, L, CODES: tl.constexpr, BITS: tl.constexpr, TERMS: tl.constexpr,
-                             BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr):
-    """out[l, s, t] = AND over terms n of code_n(r[n, l, s], c[n, l, t]) (codes: runtime.conjunctive_mask.CODES)."""
+def _term(keep, r, c, CODE: tl.constexpr):
+    """keep & term CODE (runtime.conjunctive_mask.CODES) of rows r [BS, 1] and columns c [1, BT]."""
+    if CODE == 0:
+        keep = keep & (r <= c)
+    elif CODE == 1:
+        keep = keep & (r < c)
+    elif CODE == 2:
+        keep = keep & (r >= c)
+    elif CODE == 3:
+        keep = keep & (r > c)
+    elif CODE == 4:
+        keep = keep & (r == c)
+    elif CODE == 5:
+        keep = keep & (r != c)
+    elif CODE == 6:
+        keep = keep & (r != 0)
+    else:
+        keep = keep & (c != 0)
+    return keep
+
+
+@triton.jit
+def _conjunctive_mask_kernel(r_ptr, c_ptr, out_ptr, S, T, L, CODES: tl.constexpr, BITS: tl.constexpr,
+                             TERMS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr):
+    """out[l, s, t] = AND over terms n of code_n(r[n, l, s], c[n, l, t]), code_n = bits n*BITS.. of CODES."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     plane = tl.program_id(2).to(tl.int64)
     s_ok, t_ok = s < S, t < T
     keep = tl.full((BLOCK_S, BLOCK_T), 1, tl.int1)
     for n in tl.static_range(TERMS):
-        code: tl.constexpr = (CODES >> (BITS * n)) & ((1 << BITS) - 1)
         r = tl.load(r_ptr + (n * L + plane) * S + s, mask=s_ok, other=0)[:, None]
         c = tl.load(c_ptr + (n * L + plane) * T + t, mask=t_ok, other=0)[None, :]
-        if code == 0:
-            keep = keep & (r <= c)
-        elif code == 1:
-            keep = keep & (r < c)
-        elif code == 2:
-            keep = keep & (r >= c)
-        elif code == 3:
-            keep = keep & (r > c)
-        elif code == 4:
-            keep = keep & (r == c)
-        elif code == 5:
-            keep = keep & (r != c)
-        elif code == 6:
-            keep = keep & (r != 0)
-        else:
-            keep = keep & (c != 0)
+        keep = _term(keep, r, c, (CODES >> (BITS * n)) & ((1 << BITS) - 1))
     rows = plane * S + s.to(tl.int64)
     tl.store(out_ptr + rows[:, None] * T + t[None, :], keep, mask=s_ok[:, None] & t_ok[None, :])
 
