@@ -149,7 +149,7 @@ def test_a_dsa_model_keeps_stock_at_decode_and_rewrites_its_prefill():
             got = compiled(ids[:, start:stop], cache=ours, use_cache=True).logits
             torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     prefill = [r.kind for r in report.rewrites if r.compile_index == 0]
-    assert sorted(prefill) == ["dsa_indexer", "sparse_attention"]
+    assert sorted(prefill) == ["dsa_indexer", "dsa_mask", "sparse_attention"]
     decode = [m for m in report.near_misses if m.reason.startswith("kept stock")]
     assert {m.kind for m in decode} == {"dsa_indexer", "sparse_attention"}
     assert not [r for r in report.rewrites if r.compile_index > 0]
