@@ -117,11 +117,12 @@ def dense_chunk_rows(B: int, S: int, H: int, T: int, kk: int, dtype: torch.dtype
     return max(block_s, (defaults.DENSE_CHUNK_BYTES // (width * T * B)) // block_s * block_s)
 
 
-def dense_codes_topk(q, w, k, mask, kk, k_scale=None):
+def dense_codes_topk(q, w, k, mask, kk, k_scale=None, ordered=True):
     """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory
     (``dense_chunk_rows``). Chunks that take threshold_select's threshold path get their chunk
     maxima from the scorer, which writes them int32 words instead of codes (half the bytes to
-    write and to read). ``k_scale``: the FP8 scorer's key scales (E4M3 q and k)."""
+    write and to read). ``k_scale``: the FP8 scorer's key scales (E4M3 q and k). ``ordered``
+    False: each row's codes in an unspecified order."""
     B, S = q.shape[:2]
     T = k.shape[1]
     rows = dense_chunk_rows(B, S, q.shape[2], T, kk, q.dtype, q.device)
@@ -132,14 +133,15 @@ def dense_codes_topk(q, w, k, mask, kk, k_scale=None):
         n = scorer_chunks(B * (sl.stop - s0), T, kk, q.dtype, q.device)
         maxima = None if n is None else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device)
         codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima, words=n is not None, k_scale=k_scale)
-        out.append(top_codes(codes, kk, maxima))
+        out.append(top_codes(codes, kk, maxima, ordered))
     return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 
-def dense_values_topk(q, w, k, mask, kk, k_scale=None):
-    """(values [B,S,kk] fp32, indices [B,S,kk] int64) of dense scoring, in THE ORDER. A call of
-    few rows on CUDA (decode) selects and decodes in one launch after the scorer
-    (few_rows_select); any other: ``dense_codes_topk``, then ``decode_codes``."""
+def dense_values_topk(q, w, k, mask, kk, k_scale=None, ordered=True):
+    """(values [B,S,kk] fp32, indices [B,S,kk] int64) of dense scoring, in THE ORDER (``ordered``
+    False: the same pairs per row in an unspecified order). A call of few rows on CUDA (decode)
+    selects and decodes in one launch after the scorer (few_rows_select); any other:
+    ``dense_codes_topk``, then ``decode_codes``."""
     B, S = q.shape[:2]
     T = k.shape[1]
     multiple = chunk_multiple(q.dtype)
@@ -149,7 +151,7 @@ def dense_values_topk(q, w, k, mask, kk, k_scale=None):
         codes = dense_codes(q, w, k, mask, maxima=maxima, k_scale=k_scale)
         values, idx = few_rows_topk(codes.view(B * S, T), maxima.view(B * S, n), kk, T)
         return values.view(B, S, kk), idx.view(B, S, kk)
-    return decode_codes(dense_codes_topk(q, w, k, mask, kk, k_scale), T)
+    return decode_codes(dense_codes_topk(q, w, k, mask, kk, k_scale, ordered), T)
 
 
 def dense_topk_cuda(q, k, weights, topk, mask=None, k_scale=None):
@@ -344,8 +346,10 @@ def key_norms(k):
     return round_up_to_float32(key_norm_up(k.float()))
 
 
-def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None, k_scale=None):
-    """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (SPEC C.5).
+def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None, k_scale=None,
+                    ordered=True):
+    """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (SPEC C.5); ``ordered``
+    False: a certified row's codes in an unspecified order.
     ``screen_config``: the screen's LaunchConfig (None: autotuned, certificate_screen.screen).
     ``shared_bound``: the hook of the module docstring (short rows are not redone). ``k_scale``:
     the FP8 scorer's key scales (E4M3 q and k)."""
@@ -358,7 +362,8 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
                out_count=cand_count, splits=key_splits(B * ids.shape[1], cap), k_scale=k_scale)
-    codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True).view(B, S, kk)
+    codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True,
+                           ordered=ordered).view(B, S, kk)
     # Every key with s >= tau was written (pruned keys have s < tau); with at least kk of them
     # the row's top-kk is among them. Fewer: fewer than kk visible keys, or theta > the kk-th score,
     # or (short rows) a shared bound above this call's kk-th score.
@@ -452,10 +457,11 @@ def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: Cer
 
 
 def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, config=None, stats=None, trace=None,
-                                screen_config=None, shared_bound=None):
+                                screen_config=None, shared_bound=None, ordered=True):
     """``certified_topk_cuda`` of a call already checked (``checked_kk``), given its ``kk``: the
     op's kernel, which checked the call itself. A call whose ``workspace_bytes`` exceed the
-    device's memory is refused here, naming q and k, before anything is allocated."""
+    device's memory is refused here, naming q and k, before anything is allocated. ``ordered``
+    False: each row's (value, index) pairs in an unspecified order (the final sorts skipped)."""
     config = CertifiedTopkConfig() if config is None else config
     B, S, H, D = q.shape
     T = k.shape[1]
@@ -463,8 +469,9 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, c
     q, k, w, k_scale = _operands(q, k, weights, k_scale)
     if config.path == "dense" or tf32_scores(q.dtype):
         _record(stats, q, T, None)
-        return dense_values_topk(q, w, k, mask, kk, k_scale)
-    codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config, shared_bound, k_scale)
+        return dense_values_topk(q, w, k, mask, kk, k_scale, ordered)
+    codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config, shared_bound, k_scale,
+                                ordered)
     codes = redo_dense(codes, tr.redo, q, w, k, mask, kk, k_scale)
     _record(stats, q, T, tr)
     if trace is not None:

@@ -2,13 +2,14 @@
 
 Schema (:data:`SCHEMA`, shared by ``capture_topk``): ``(Tensor q, Tensor k, Tensor weights, Scalar
 topk, Tensor? mask=None, str layer="", str path="auto", SymInt? r=None, SymInt? min_keys=None,
-bool record_stats=True, str precision="bf16", Tensor? k_scale=None) -> (Tensor, Tensor)``. q
-[B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or [B,S,T] (bool,
-True = visible; or additive float), one device; ``topk`` a positive int (a bool is refused).
-Returns (values [B,S,kk] fp32, indices [B,S,kk] int64), kk = min(topk, T): exactly
+bool record_stats=True, str precision="bf16", Tensor? k_scale=None, bool sorted=True) -> (Tensor,
+Tensor)``. q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or
+[B,S,T] (bool, True = visible; or additive float), one device; ``topk`` a positive int (a bool is
+refused). Returns (values [B,S,kk] fp32, indices [B,S,kk] int64), kk = min(topk, T): exactly
 ``runtime.dense_scorer.dense_topk`` of the scored operands (``scored_operands``: the inputs for
 ``precision`` "bf16"; for "fp8" / "fp8_unrotated" their E4M3 quantisation, SPEC A.10; ``k_scale``
-[B,T] fp32: k is already E4M3 with these scales, e.g. an FP8 key cache). ``layer`` files the
+[B,T] fp32: k is already E4M3 with these scales, e.g. an FP8 key cache); with ``sorted`` False,
+each row's same (value, index) pairs in an unspecified order, for readers of the set. ``layer`` files the
 statistics and the runtime guard; ``path``, ``r``, ``min_keys`` are the layer's ``TopkSettings``,
 resolved per call by ``compiler.ops.guard.call_path``. Every kernel checks its arguments first
 (``check_call``: a clear error naming the argument) and answers empty inputs with empty outputs.
@@ -31,7 +32,7 @@ from runtime.indexer_inputs import checked_kk
 
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
           'str path="auto", SymInt? r=None, SymInt? min_keys=None, bool record_stats=True, str precision="bf16", '
-          'Tensor? k_scale=None) -> (Tensor, Tensor)')
+          'Tensor? k_scale=None, bool sorted=True) -> (Tensor, Tensor)')
 """The schema of ``certified_topk`` and of every op that stands in for it (``capture_topk``)."""
 _ARGUMENTS = torch._C.parse_schema("pulsar_dosa::certified_topk" + SCHEMA).arguments
 
@@ -144,7 +145,8 @@ def _cuda_kernel(a, kk, config, stats):
     if a["precision"] != "bf16":
         check_fp8_head_dim(a["q"].shape[3])
     q, k, w, k_scale = scored_operands(a, quantize_rows)
-    return checked_certified_topk_cuda(q, k, w, kk, a["mask"], k_scale=k_scale, config=config, stats=stats)
+    return checked_certified_topk_cuda(q, k, w, kk, a["mask"], k_scale=k_scale, config=config, stats=stats,
+                                       ordered=a["sorted"])
 
 
 def _default(*args, **kwargs):

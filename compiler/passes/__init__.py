@@ -18,6 +18,7 @@ from compiler.passes.attention import AttentionPass
 from compiler.passes.base import PassContext, PatternPass, run_pattern_pass
 from compiler.passes.dsa_indexer import IndexerPass
 from compiler.passes.dsa_mask import MaskPass
+from compiler.passes.selection_order import set_selections_unsorted
 from compiler.passes.sparse_attention import SparseAttentionPass
 
 if TYPE_CHECKING:
@@ -30,13 +31,15 @@ PASSES: dict[str, PatternPass] = {p.kind: p for p in (IndexerPass(), SparseAtten
 
 def run_passes(gm: fx.GraphModule, options: CompileOptions, report: Report,
                cuda_graphs: bool = False) -> fx.GraphModule:
-    """Run the enabled families in list order on ``gm`` (in place), time each one, lint and recompile;
+    """Run the enabled families in list order on ``gm`` (in place), time each one, then let indexer
+    ops whose selection is read as a set skip its sort (``selection_order``), lint and recompile;
     ``cuda_graphs``: the downstream compiler will replay the graph from CUDA graphs."""
     ctx = PassContext(gm, options, report, cuda_graphs)
     for name in options.enabled_passes():
         start = time.perf_counter()
         run_pattern_pass(ctx, PASSES[name])
         report.add_pass_time(name, time.perf_counter() - start)
+    report.counters["dsa_indexer.unsorted"] += set_selections_unsorted(gm.graph)
     gm.graph.lint()
     gm.recompile()
     return gm

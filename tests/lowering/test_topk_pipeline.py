@@ -313,3 +313,31 @@ def test_the_guarded_cuda_op_path_reads_nothing_back_and_settles_on_one_path():
     assert state["path"] in ("dense", "certified")
     assert state["certified_calls"] + state["dense_calls"] == 4 and state["dense_calls"] >= 1
     GUARD.reset()
+
+
+def _by_index(out):
+    order = out[1].argsort(dim=-1)
+    return out[0].gather(-1, order), out[1].gather(-1, order)
+
+
+@pytest.mark.parametrize("path", ["dense", "certified"])
+def test_unordered_calls_return_the_same_pairs_per_row(path, structured_16):
+    """``ordered=False`` (the op's ``sorted=False``): the ordered call's (value, index) pairs per
+    row, without the final sort of the [rows, kk] codes (other sorts, e.g. of the key sample, stay)."""
+    from compiler.lowering.selection import threshold_select
+    from compiler.lowering.topk_pipeline import checked_certified_topk_cuda
+
+    q, k, w, mask, want = structured_16
+    config = CertifiedTopkConfig(path=path, anchor_stride=16, workspace_frac=0.1)
+    sorts = []
+    real_sort = torch.sort
+
+    def counting_sort(*args, **kwargs):
+        sorts.append(args[0].shape)
+        return real_sort(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(threshold_select.torch, "sort", counting_sort)
+        got = checked_certified_topk_cuda(q, k, w, 32, mask, config=config, ordered=False)
+    assert_same(_by_index(got), _by_index(want))
+    assert not [shape for shape in sorts if shape[-1] == 32]  # torch.sort of the [rows, kk] codes

@@ -180,9 +180,11 @@ def window(N: int, kk: int) -> int:
     return triton.next_power_of_2(max(kk, min(N, defaults.WINDOW_FACTOR * kk)))
 
 
-def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bool = False) -> torch.Tensor:
+def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bool = False,
+                   ordered: bool = True) -> torch.Tensor:
     """[R, kk] int64: the kk largest codes of each candidate row ``cand [R, N]`` int64, descending
-    (``torch.topk`` of the row's codes with INT64_MIN past them), for rows that hold all their codes.
+    (``torch.topk`` of the row's codes with INT64_MIN past them), for rows that hold all their codes;
+    with ``ordered`` False the same codes in an unspecified order (the final sort is skipped).
 
     ``count``: [R] (int32/int64), a candidate row holding its count codes first; or [R, G], the row
     cut into G segments of N // G slots (``compact``'s buffers), segment g holding count[r, g]
@@ -213,7 +215,8 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
         cand = cand.contiguous()
     _top_window_kernel[(R,)](cand, counts, out, N, N // G, kk, cand.stride(0), counts.stride(0), out.stride(0),
                              NP=np_, num_warps=defaults.KTH_WARPS)
-    out = torch.sort(out, dim=-1, descending=True).values
+    if ordered:
+        out = torch.sort(out, dim=-1, descending=True).values
     if np_ < N:
         counts = counts.view(R).contiguous()
         _pad_tail_kernel[(R,)](cand, counts, np_, N, cand.stride(0), BLOCK=1024)
@@ -297,8 +300,9 @@ def codes_of_words(words: torch.Tensor) -> torch.Tensor:
     return (words.to(torch.int64) << 32) + torch.arange(N - 1, -1, -1, device=words.device)
 
 
-def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) -> torch.Tensor:
-    """The kk largest codes of each row of ``codes [..., N]``, descending (module docstring).
+def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None, ordered: bool = True) -> torch.Tensor:
+    """The kk largest codes of each row of ``codes [..., N]``, descending (module docstring); with
+    ``ordered`` False the same codes per row in an unspecified order.
 
     ``codes``: int64 codes, or int32 words standing for the codes ``(word << 32) + N - 1 -
     position`` (the dense scorer's ``words`` output, half the bytes to read). ``maxima [..., n]``
@@ -313,7 +317,7 @@ def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) 
     if not takes_threshold(codes.numel() // max(N, 1), N, kk, codes.device):
         if codes.dtype == torch.int32:
             codes = codes_of_words(codes)
-        return torch.topk(codes, kk, dim=-1, largest=True, sorted=True).values
+        return torch.topk(codes, kk, dim=-1, largest=True, sorted=ordered).values
     rows = codes.reshape(-1, N)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -328,6 +332,6 @@ def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None) 
             maxima = maxima.contiguous()
     tau = kth_largest(maxima, kk)
     cand, count = compact(rows, tau, defaults.THRESHOLD_BUFFER_K * kk)
-    out = top_candidates(cand, count, kk)
+    out = top_candidates(cand, count, kk, ordered=ordered)
     select_top_codes(rows, overflowed(count, cand.shape[1]), kk, out=out)
     return out.reshape(*lead, kk)
