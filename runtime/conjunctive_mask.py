@@ -18,6 +18,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 CODES = ("le", "lt", "ge", "gt", "eq", "ne", "row", "col")
 """A term's code is its index here: the six comparisons rows[i] <op> cols[j], then a bool row or column."""
 COMPARE = {"le": torch.le, "lt": torch.lt, "ge": torch.ge, "gt": torch.gt, "eq": torch.eq, "ne": torch.ne}
+MAX_TERMS = 21
+"""Most terms of one mask (the CUDA kernel packs their codes into one int64)."""
 MIRRORED = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt", "eq": "eq", "ne": "ne"}
 """The comparison with its operands swapped: ``a <op> b`` is ``b <MIRRORED[op]> a``."""
 
@@ -51,8 +53,8 @@ def mask_shape(rows: Sequence[torch.Tensor], cols: Sequence[torch.Tensor], terms
     devices = {x.device for x in (*rows, *cols)}
     if len(devices) > 1:
         raise ValueError(f"rows, cols: expected one device, got {sorted(map(str, devices))}")
-    if len(terms) == 0 or len(terms) % 3:
-        raise ValueError(f"terms: expected a non-empty list of (code, row, col) triples, got {len(terms)} integers")
+    if len(terms) == 0 or len(terms) % 3 or len(terms) > 3 * MAX_TERMS:
+        raise ValueError(f"terms: expected 1 to {MAX_TERMS} (code, row, col) triples, got {len(terms)} integers")
     for t in range(0, len(terms), 3):
         code, i, j = terms[t:t + 3]
         name = _name(code)

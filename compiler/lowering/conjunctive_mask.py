@@ -15,7 +15,8 @@ from compiler.lowering import defaults
 from runtime.conjunctive_mask import CODES, leading_size, mask_shape
 
 _BITS = 3
-"""Bits of one term's code in the kernel's packed CODES (``CODES`` has 8 entries)."""
+"""Bits of one term's code in the kernel's packed CODES (``CODES`` has 8 entries; MAX_TERMS of them
+fit an int64)."""
 
 
 @triton.jit

@@ -36,8 +36,6 @@ from compiler.passes.matcher import NearMiss, NotCandidate, insert_call, is_unit
 from runtime.conjunctive_mask import CODES, MIRRORED
 
 KIND = "dsa_mask"
-MAX_TERMS = 16
-"""Most terms of one mask (the kernel packs their codes into one constexpr)."""
 
 _ops = torch.ops.pulsar_dosa
 DSA_READERS = tuple(target for op in (_ops.certified_topk, _ops.capture_topk, _ops.sparse_attention,
@@ -106,6 +104,9 @@ def _vector(x: Any) -> str | None:
 
 @dataclass
 class MaskMatch:
+    """A matched mask: its top node, the op's arguments (row and column factors, (code, row, col)
+    triples over ``runtime.conjunctive_mask.CODES``) and the tree's nodes that die with it."""
+
     anchor: fx.Node
     rows: list[fx.Node] = field(default_factory=list)
     cols: list[fx.Node] = field(default_factory=list)
@@ -178,8 +179,6 @@ def match_mask(anchor: fx.Node) -> MaskMatch:
         raise NotCandidate("read by an op other than the DSA ops")
     m = MaskMatch(anchor)
     _walk(anchor, m, t.device)
-    if len(m.terms) // 3 > MAX_TERMS:
-        raise NearMiss(f"mask of {len(m.terms) // 3} terms, at most {MAX_TERMS} are taken")
     return m
 
 

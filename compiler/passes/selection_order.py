@@ -4,7 +4,8 @@
 codes. Its readers in a DSA layer do not need that order: the sparse-attention ops (a softmax over
 the selected keys) and the index mask's ``scatter`` of a constant at the indices (the same mask
 for any order). When the op's values are unused and every reader of its indices (through
-elementwise casts; ``new_ones`` and the like read the shape only) is one of those, the op is called with ``sorted=False``: the same set per row. The
+elementwise casts; ``new_ones`` and the like read the shape only) is one of those, the op is
+called with ``sorted=False``: the same set per row (counted as ``dsa_indexer.unsorted``). The
 sparse-attention ops accumulate the selected keys in the order given, so their outputs may differ
 from the sorted call's by rounding only, which their contract allows; a scatter is unchanged."""
 from __future__ import annotations
@@ -29,12 +30,12 @@ _SCATTERS = (torch.scatter, "scatter", "scatter_")
 
 
 def _scatters_a_constant(node: fx.Node, indices: fx.Node) -> bool:
-    """``node`` is ``scatter(input, dim, indices, value)`` with a Python number as the value."""
+    """``node`` is ``scatter(input, dim, indices, value)`` into another tensor, a Python number as the value."""
     if node.op not in ("call_function", "call_method") or node.target not in _SCATTERS or "reduce" in node.kwargs:
         return False
     index = node.kwargs.get("index", node.args[2] if len(node.args) > 2 else None)
     value = node.kwargs.get("value", node.args[3] if len(node.args) > 3 else None)
-    return index is indices and isinstance(value, (int, float, bool))
+    return index is indices and node.args[0] is not indices and isinstance(value, (int, float, bool))
 
 
 def _read_as_set(indices: fx.Node) -> bool:

@@ -36,6 +36,7 @@ def test_each_comparison_is_torch_s(code):
     ([torch.zeros(4, 1, dtype=torch.long)], [torch.zeros(1, 5, dtype=torch.long)], [9, 0, 0], ValueError,
      r"terms\[0\]: expected a code"),
     ([torch.zeros(4, 1, dtype=torch.long)], [torch.zeros(1, 5, dtype=torch.long)], [0, 0], ValueError, "triples"),
+    ([torch.zeros(4, 1, dtype=torch.long)], [torch.zeros(1, 5, dtype=torch.long)], [0, 0, 0] * 22, ValueError, "1 to 21"),
     ([torch.zeros(4, 1)], [torch.zeros(1, 5, dtype=torch.long)], [0, 0, 0], TypeError, r"rows\[0\]: expected an integer"),
     ([torch.zeros(4, 2, dtype=torch.long)], [torch.zeros(1, 5, dtype=torch.long)], [0, 0, 0], ValueError, r"rows\[0\]"),
     ([torch.zeros(4, 1, dtype=torch.long)], [torch.zeros(2, 5, dtype=torch.long)], [0, 0, 0], ValueError, r"cols\[0\]"),
