@@ -65,6 +65,8 @@ class GuardBucket:
         """(path of the next call, whether to time it)."""
         if self.certified_calls == 0:
             return "certified", False  # warm-up: compiles and tunes, its time means nothing
+        if self.dense_calls == 0:
+            return "dense", False  # the dense path's own warm-up: its kernels compile at a new length too
         if self.favoured is None:
             if self.dense_ms is None and not self.pending["dense"]:
                 return "dense", True
