@@ -66,8 +66,9 @@ def mask_shape(rows: Sequence[torch.Tensor], cols: Sequence[torch.Tensor], terms
         if (0 <= j < len(cols)) != want_col or (not want_col and j != -1):
             raise ValueError(f"terms[{t + 2}]: a {name!r} term expected {'a column index' if want_col else '-1'}, "
                              f"got {j}")
-        for which, x in (("rows", rows[i] if want_row else None), ("cols", cols[j] if want_col else None)):
-            if x is not None and name in ("row", "col") and x.dtype != torch.bool:
+        if name in ("row", "col"):
+            which, x = (f"rows[{i}]", rows[i]) if name == "row" else (f"cols[{j}]", cols[j])
+            if x.dtype != torch.bool:
                 raise TypeError(f"{which}: a {name!r} term takes a bool tensor, got {x.dtype}")
     shape = _broadcast([x.shape for x in (*rows, *cols)])
     if len(shape) < 2:

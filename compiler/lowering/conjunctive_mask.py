@@ -3,8 +3,8 @@
 The row and column factors of every term are gathered into int64 [terms, L, S] and [terms, L, T]
 (L planes of the broadcast shape; integer and bool values convert exactly, so every comparison is
 the torch one); program (key block, query block, plane) evaluates the terms of its [BLOCK_S,
-BLOCK_T] tile in registers and writes it once: the mask costs its own bytes, at copy bandwidth.
-Bitwise equal to the definition for every input."""
+BLOCK_T] tile in registers and writes it once, with no per-element index division. Bitwise equal
+to the definition for every input."""
 from __future__ import annotations
 
 import torch
