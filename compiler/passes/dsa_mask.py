@@ -18,7 +18,6 @@ shape) is a near miss and the graph keeps its mask. Exact: the op applies the sa
 the same values (bitwise the same mask)."""
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,32 +30,16 @@ import compiler.ops.certified_topk  # noqa: F401
 import compiler.ops.conjunctive_mask  # noqa: F401
 import compiler.ops.sparse_attention  # noqa: F401
 from compiler.passes.base import PatternPass
-from compiler.passes.matcher import NearMiss, NotCandidate, insert_call, is_unit, is_value_preserving_cast, op_kind, \
-    tensor_meta
+from compiler.passes.matcher import COMPARISONS, NearMiss, NotCandidate, insert_call, is_unit, \
+    is_value_preserving_cast, op_kind, op_targets, tensor_meta
 from runtime.conjunctive_mask import CODES, MIRRORED
 
 KIND = "dsa_mask"
 
 _ops = torch.ops.pulsar_dosa
-DSA_READERS = tuple(target for op in (_ops.certified_topk, _ops.capture_topk, _ops.sparse_attention,
-                                     _ops.absorbed_sparse_attention) for target in (op, op.default))
-"""The extern DSA ops that read a materialised mask (as packets and as overloads)."""
-_AND = {operator.and_: "and", torch.logical_and: "and", torch.bitwise_and: "and", "__and__": "and",
-        "logical_and": "and", "bitwise_and": "and"}
-_CMP = {operator.le: "le", operator.lt: "lt", operator.ge: "ge", operator.gt: "gt", operator.eq: "eq",
-        operator.ne: "ne", torch.le: "le", torch.lt: "lt", torch.ge: "ge", torch.gt: "gt", torch.eq: "eq",
-        torch.ne: "ne", "le": "le", "lt": "lt", "ge": "ge", "gt": "gt", "eq": "eq", "ne": "ne",
-        "__le__": "le", "__lt__": "lt", "__ge__": "ge", "__gt__": "gt", "__eq__": "eq", "__ne__": "ne"}
+DSA_READERS = op_targets(_ops.certified_topk, _ops.capture_topk, _ops.sparse_attention, _ops.absorbed_sparse_attention)
+"""The extern DSA ops that read a materialised mask."""
 _VIEWS = ("expand", "unsqueeze", "reshape", "squeeze", "contiguous", "clone", "detach")
-
-
-def _logic(node: Any, table: dict) -> str | None:
-    if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method"):
-        return None
-    try:
-        return table.get(node.target)
-    except TypeError:  # an unhashable target
-        return None
 
 
 def _basic_index(index: Any) -> bool:
@@ -146,17 +129,18 @@ def _walk(node: Any, m: MaskMatch, device: torch.device) -> None:
         raise NearMiss(f"mask operand {node!r} is not a tensor node")
     kind = _vector(node)
     if kind is not None:
-        m.add(kind, *((_factor(node, device, True), None) if kind == "row" else (None, _factor(node, device, True))))
+        leaf = _factor(node, device, True)
+        m.add(kind, leaf if kind == "row" else None, leaf if kind == "col" else None)
         return
     m.interior.append(node)
-    if op_kind(node) == "cast" and is_value_preserving_cast(node):
+    cmp = op_kind(node)
+    if cmp == "cast" and is_value_preserving_cast(node):
         return _walk(node.args[0], m, device)
-    if _logic(node, _AND) is not None and len(node.args) == 2 and not node.kwargs:
+    if cmp == "and" and len(node.args) == 2 and not node.kwargs:
         for side in node.args:
             _walk(side, m, device)
         return
-    cmp = _logic(node, _CMP)
-    if cmp is not None and len(node.args) == 2 and not node.kwargs:
+    if cmp in COMPARISONS and len(node.args) == 2 and not node.kwargs:
         a, b = node.args
         sides = (_vector(a), _vector(b))
         if sides == ("row", "col"):
@@ -172,7 +156,7 @@ def match_mask(anchor: fx.Node) -> MaskMatch:
     t = tensor_meta(anchor)
     if t is None or t.dtype != torch.bool or t.dim() < 2 or _vector(anchor) is not None:
         raise NotCandidate("not a bool [..., S, T] tensor")
-    if _logic(anchor, _AND) is None and _logic(anchor, _CMP) is None:
+    if op_kind(anchor) != "and" and op_kind(anchor) not in COMPARISONS:
         raise NotCandidate("not an AND or a comparison")
     found = readers(anchor)
     if not found or any(r.target not in DSA_READERS for r in found):
@@ -188,7 +172,7 @@ class MaskPass(PatternPass):
     kind = KIND
 
     def anchors(self, graph):
-        return [n for n in graph.nodes if _logic(n, _AND) is not None or _logic(n, _CMP) is not None]
+        return [n for n in graph.nodes if op_kind(n) == "and" or op_kind(n) in COMPARISONS]
 
     def match(self, anchor, analysis):
         return match_mask(anchor)

@@ -47,6 +47,7 @@ _FUNCTION_KINDS: dict[Any, str] = {
     operator.getitem: "getitem", torch.squeeze: "squeeze", torch.unsqueeze: "unsqueeze",
     torch.reshape: "reshape", torch.transpose: "transpose", torch.permute: "permute", torch.clone: "clone",
     torch.ops.pulsar_dosa.fp8_cached_keys: "fp8_cached_keys", torch.ops.pulsar_dosa.fp8_cached_keys.default: "fp8_cached_keys",
+    operator.and_: "and", torch.logical_and: "and", torch.bitwise_and: "and",
 }
 _METHOD_KINDS = {
     "matmul": "matmul", "bmm": "bmm", "relu": "relu", "clamp_min": "clamp_min", "clamp": "clamp",
@@ -56,7 +57,20 @@ _METHOD_KINDS = {
     "view": "reshape", "reshape": "reshape", "transpose": "transpose", "permute": "permute",
     "clone": "clone", "contiguous": "contiguous", "detach": "detach", "expand": "expand",
     "to": "cast", "float": "cast", "double": "cast", "half": "cast", "bfloat16": "cast", "type": "cast",
+    "__and__": "and", "logical_and": "and", "bitwise_and": "and",
 }
+COMPARISONS = ("le", "lt", "ge", "gt", "eq", "ne")
+"""The kinds of the six comparisons (``operator.le``, ``torch.le``, ``Tensor.le`` / ``__le__``, ...)."""
+for _name in COMPARISONS:
+    _FUNCTION_KINDS[getattr(operator, _name)] = _FUNCTION_KINDS[getattr(torch, _name)] = _name
+    _METHOD_KINDS[_name] = _METHOD_KINDS[f"__{_name}__"] = _name
+del _name
+
+
+def op_targets(*packets: Any) -> tuple[Any, ...]:
+    """The call targets of custom ops in a graph: each op's packet (what Dynamo records for
+    ``torch.ops.ns.op(...)``) and its default overload (what the passes insert)."""
+    return tuple(target for op in packets for target in (op, op.default))
 
 
 def op_kind(node: fx.Node) -> str | None:

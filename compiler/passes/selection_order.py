@@ -18,10 +18,10 @@ import torch.fx as fx
 import compiler.ops.absorbed_sparse_attention  # noqa: F401  (registers the ops read below)
 import compiler.ops.certified_topk  # noqa: F401
 import compiler.ops.sparse_attention  # noqa: F401
+from compiler.passes.matcher import op_targets
 
 _ops = torch.ops.pulsar_dosa
-_SET_READERS = tuple(target for op in (_ops.sparse_attention, _ops.absorbed_sparse_attention)
-                     for target in (op, op.default))
+_SET_READERS = op_targets(_ops.sparse_attention, _ops.absorbed_sparse_attention)
 _CASTS = ("to", "long", "int", "type")
 """Elementwise casts: a permutation of the input permutes the output the same way."""
 _SHAPE_READERS = ("new_ones", "new_zeros", "new_full", "new_empty", "size", "dim")

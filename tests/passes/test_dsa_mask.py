@@ -6,6 +6,7 @@ import torch
 
 import compiler
 from compiler.demo import build_model, tiny_config
+from tests.passes.test_sparse_attention import dsa_model
 
 ALL = {"downstream": "eager", "stock_below": 0}
 WITHOUT_MASK_PASS = {**ALL, "passes": ["dsa_indexer", "sparse_attention"]}
@@ -35,16 +36,7 @@ def test_deepseek_v32_mask_is_rewritten_and_logits_are_bitwise_the_same(padded, 
 
 
 def test_glm_moe_dsa_mask_is_rewritten():
-    from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
-
-    torch.manual_seed(0)
-    config = GlmMoeDsaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4, kv_lora_rank=16,
-        q_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1,
-        num_experts_per_tok=2, index_topk=8, index_head_dim=64, index_n_heads=8, first_k_dense_replace=1,
-        max_position_embeddings=1024)
-    model = GlmMoeDsaForCausalLM(config).eval()
+    model = dsa_model("GlmMoeDsaForCausalLM", "sdpa")
     ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         got = compiler.explain(model, ids, options=ALL, use_cache=False)
