@@ -4,14 +4,21 @@ Same contract and numerics as ``absorbed_attention._absorbed_attention_kernel`` 
 one program takes BLOCK_H = 64 heads of one query; o_lat [B, H, n, Dc] (q's dtype) is the softmax
 over the query's counted indices of the latent rows, rows without a counted key 0 or the mean row.
 
-Why a second kernel. Triton's warp specialisation does not take gathered loads, so its kernel
-issues each tile's gather from the warps that then multiply it. Here a producer partition (the
-default one, PRODUCER_WARPS warps) gathers each tile's BLOCK_N latent rows (Dc + Dr values) with
-``cp.async``, one copy of the whole tile, into one of NUM_BUFFERS shared-memory buffers and signals
-it on an mbarrier, reading the next tile's indices meanwhile; two consumer warpgroups (a worker
-partition of CONSUMER_WARPS warps) score the tile with wgmma (the heads are the rows, each
-warpgroup takes half of the keys), fold it into the online softmax, accumulate P·c (each warpgroup
-half of the Dc columns) and hand the buffer back.
+Three partitions share a program:
+
+- the producer (the default partition, PRODUCER_WARPS warps) gathers each tile's BLOCK_N latent rows
+  (two halves of Dc/2 columns) and rope rows with ``cp.async`` into buffer ``t % 2`` and signals it
+  on an mbarrier, reading the next tile's indices meanwhile;
+- two consumer warpgroups take the tiles in turns, the even one the even tiles and the odd one the
+  odd tiles. Each scores its own tile (the heads are the wgmma rows) and folds it into a running row
+  max it shares with the other through shared memory; its probabilities P (bf16, written over the
+  tile's rope rows, which the scores no longer need) and its max serve the other warpgroup too.
+  Each warpgroup owns one half of the Dc output columns and accumulates P·c of both tiles of a pair
+  into it, its own P from registers and the other's from shared memory.
+
+So one warpgroup's softmax runs while the other's products keep the tensor cores busy, and no
+reduction crosses warpgroups inside a tile: a pair of tiles exchanges one row max each way. At the
+end the two row sums (each kept at the shared max) are added through shared memory.
 
 Takes bf16 or fp16 operands, Dc = 512 and Dr = 64, on sm_90 only (``usable``).
 """
@@ -28,115 +35,195 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 BLOCK_H = 64
 """Heads a program: the rows of every warpgroup product (Hopper's wgmma takes 64)."""
 BLOCK_N = 64
-"""Indices per tile."""
+"""Indices per tile; a P tile [BLOCK_H, BLOCK_N] has the shape of a tile's rope rows [BLOCK_N, ROPE_DIM]."""
 LAT_DIM = 512
 ROPE_DIM = 64
 """The latent and rope widths the kernel is built and measured for (DeepSeek-V3.2's MLA; shared
-memory holds q and two tiles at these widths)."""
-NUM_BUFFERS = 2
-"""Gathered tiles in flight: 2 x 64 x 576 x 2 bytes beside q's 64 x 576 x 2."""
-CONSUMER_WARPS = 8
-"""Two warpgroups: the keys of a tile's scores and the columns of P·c are split between them."""
+memory holds q and two tiles at these widths: 3 x 64 x 576 x 2 bytes)."""
 CONSUMER_REGISTERS = 232
-"""Registers a consumer thread asks for (setmaxnreg): the fp32 accumulator alone takes 128."""
+"""Registers a consumer thread asks for (setmaxnreg): its half of the fp32 accumulator takes 128."""
 PRODUCER_WARPS = 4
-"""Warps of the producer partition (the kernel's ``num_warps``)."""
+"""Warps of the producer partition (the kernel's ``num_warps``); each consumer is one warpgroup."""
 
 
 @gluon.jit
-def _tile_keys(idx_row, t, start, stop, seq_k, stride_ik, BLOCK_N: gl.constexpr, layout: gl.constexpr):
-    """Tile t's indices as (row to read, counted): an index outside [0, T) reads row 0 and does not count."""
-    pos = start + t * BLOCK_N + gl.arange(0, BLOCK_N, layout=layout)
-    key = gl.load(idx_row + pos * stride_ik, mask=pos < stop, other=-1).to(gl.int64)
+def _tile_keys(idx_row, t, width, seq_k, stride_ik, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Tile t's indices as (row to read, counted): an index outside [0, T), or a position past the
+    query's width, reads row 0 and does not count."""
+    pos = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=layout)
+    key = gl.load(idx_row + pos * stride_ik, mask=pos < width, other=-1).to(gl.int64)
     ok = (key >= 0) & (key < seq_k)
     return gl.where(ok, key, 0), ok
 
 
 @gluon.jit
-def _gather_tiles(lat_rows, rope_rows, idx_row, c_bufs, r_bufs, ready, empty, start, stop, seq_k,
-                  stride_lt, stride_kt, stride_ik, LAT_DIM: gl.constexpr, ROPE_DIM: gl.constexpr,
-                  BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, WARPS: gl.constexpr):
-    """Producer: tile t's latent and rope rows into buffer t % NUM_BUFFERS, once the consumers freed
-    it, each as one asynchronous copy; tile t+1's indices are read while tile t's rows arrive."""
+def _gather_tiles(lat_rows, rope_rows, idx_row, lo_bufs, hi_bufs, r_bufs, ready, empty, width, seq_k,
+                  stride_lt, stride_kt, stride_ik, HALF: gl.constexpr, ROPE_DIM: gl.constexpr,
+                  BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+    """Producer: tile t's latent halves and rope rows into buffer t % 2 once both consumers freed it,
+    as asynchronous copies; the tile count is rounded up to pairs (a padding tile counts nothing)."""
     # 16-byte pieces, a warp's 32 lanes over 4 rows of 128 bytes: a lane addresses few distinct rows.
-    # The latent and rope tiles share the layout, so one read of a tile's indices serves both copies.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    offs_c = gl.arange(0, LAT_DIM, layout=gl.SliceLayout(0, layout))
+    offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
     offs_r = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, layout))
-    n_tiles = gl.cdiv(stop - start, BLOCK_N)
-    key, ok = _tile_keys(idx_row, 0, start, stop, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, layout))
+    n_tiles = 2 * gl.cdiv(width, 2 * BLOCK_N)
+    key, ok = _tile_keys(idx_row, 0, width, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, layout))
     for t in range(n_tiles):
-        slot = t % NUM_BUFFERS
-        mbarrier.wait(empty.index(slot), ((t // NUM_BUFFERS) & 1) ^ 1)
-        async_copy.async_copy_global_to_shared(
-            c_bufs.index(slot), lat_rows + key[:, None] * stride_lt + offs_c[None, :], mask=ok[:, None])
+        slot = t % 2
+        mbarrier.wait(empty.index(slot), ((t // 2) & 1) ^ 1)
+        lat = lat_rows + key[:, None] * stride_lt + offs_c[None, :]
+        async_copy.async_copy_global_to_shared(lo_bufs.index(slot), lat, mask=ok[:, None])
+        async_copy.async_copy_global_to_shared(hi_bufs.index(slot), lat + HALF, mask=ok[:, None])
         async_copy.async_copy_global_to_shared(
             r_bufs.index(slot), rope_rows + key[:, None] * stride_kt + offs_r[None, :], mask=ok[:, None])
         async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
-        key, ok = _tile_keys(idx_row, t + 1, start, stop, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, layout))
+        key, ok = _tile_keys(idx_row, t + 1, width, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, layout))
 
 
 @gluon.jit
-def _score_tile(q_smem, qr_smem, c_bufs, r_bufs, ready, t, zero_s, NUM_BUFFERS: gl.constexpr):
-    """Issue (asynchronously) tile t's scores q_lat·cᵀ + q_rope·krᵀ once its buffer is filled."""
-    slot = t % NUM_BUFFERS
-    mbarrier.wait(ready.index(slot), (t // NUM_BUFFERS) & 1)
+def _issue_scores(q_lo, q_hi, q_r, lo, hi, r, zero_s):
+    """Issue (asynchronously) a tile's scores q·cᵀ + q_rope·krᵀ, the latent in its two halves."""
     fence_async_shared()
-    s = warpgroup_mma(qr_smem, r_bufs.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    return warpgroup_mma(q_smem, c_bufs.index(slot).permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(q_r, r.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    s = warpgroup_mma(q_lo, lo.permute((1, 0)), s, is_async=True)
+    return warpgroup_mma(q_hi, hi.permute((1, 0)), s, is_async=True)
 
 
 @gluon.jit
-def _softmax_tile(s, t, idx_row, start, stop, seq_k, stride_ik, qk_scale_log2, m_i, l_i, BLOCK_N: gl.constexpr):
-    """Tile t's scores folded into the running row max and sum: (p, alpha, m, l), base 2; an index
-    outside [0, T) scores -inf."""
-    pos = start + t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
-    key = gl.load(idx_row + pos * stride_ik, mask=pos < stop, other=-1)
-    s = gl.where(((key >= 0) & (key < seq_k))[None, :], s * qk_scale_log2, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no counted key yet stay at 0
-    alpha = gl.exp2(m_i - m_shift)
-    p = gl.exp2(s - m_shift[:, None])
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+def _scaled_scores(s, t, idx_row, width, seq_k, stride_ik, qk_scale_log2, BLOCK_N: gl.constexpr):
+    """Tile t's scores in base 2; an index outside [0, T) or past the width scores -inf."""
+    pos = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+    key = gl.load(idx_row + pos * stride_ik, mask=pos < width, other=-1)
+    return gl.where(((key >= 0) & (key < seq_k))[None, :], s * qk_scale_log2, float("-inf"))
 
 
 @gluon.jit
-def _attend_tiles(q_smem, qr_smem, c_bufs, r_bufs, ready, empty, idx_row, start, stop, seq_k, stride_ik,
-                  qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block,
-                  LAT_DIM: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                  NUM_BUFFERS: gl.constexpr, WARPS: gl.constexpr):
-    """Consumers: the query's tiles folded into the online softmax, then o_lat of its BLOCK_H heads
-    stored."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
-                                                       instr_shape=[16, BLOCK_N // (WARPS // 4), 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
-                                                       instr_shape=[16, LAT_DIM // (WARPS // 4), 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    dtype: gl.constexpr = c_bufs.dtype
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_H], dtype=gl.float32, layout=gl.SliceLayout(1, s_layout))
-    zero_s = gl.zeros([BLOCK_H, BLOCK_N], dtype=gl.float32, layout=s_layout)
-    n_tiles = gl.cdiv(stop - start, BLOCK_N)
-    acc = gl.zeros([BLOCK_H, LAT_DIM], dtype=gl.float32, layout=o_layout)
-    for t in range(n_tiles):
-        s = _score_tile(q_smem, qr_smem, c_bufs, r_bufs, ready, t, zero_s, NUM_BUFFERS)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        p, alpha, m_i, l_i = _softmax_tile(s, t, idx_row, start, stop, seq_k, stride_ik, qk_scale_log2, m_i,
-                                           l_i, BLOCK_N)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), c_bufs.index(t % NUM_BUFFERS), acc,
-                            is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index(t % NUM_BUFFERS))
-    empty_row = gl.convert_layout(l_i == 0.0, gl.SliceLayout(1, o_layout))
-    o = acc / gl.convert_layout(gl.where(l_i == 0.0, 1.0, l_i), gl.SliceLayout(1, o_layout))[:, None]
-    offs_h = (head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))).to(gl.int64)
-    offs_c = gl.arange(0, LAT_DIM, layout=gl.SliceLayout(0, o_layout))
+def _shifted(m):
+    """The row max subtracted before exp2: rows with no counted key yet use 0."""
+    return gl.where(m == float("-inf"), 0.0, m)
+
+
+@gluon.jit
+def _publish(p, m, p_smem, m_smem, signal):
+    """This warpgroup's P tile and row max, stored for the other warpgroup, then ``signal`` arrived."""
+    p_smem.store(p)
+    m_smem.store(m)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(signal)
+
+
+@gluon.jit
+def _store_half(acc, l_i, l_mine, l_other, l_ready, mine: gl.constexpr, mean_row, o_rows, stride_oh, heads, head_block,
+                HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, layout: gl.constexpr):
+    """o_lat's columns [mine·HALF, (mine+1)·HALF) of the program's heads: the two warpgroups' row sums
+    exchanged and added, rows with no counted key 0 or the mean row."""
+    l_mine.store(l_i)
+    gl.thread_barrier()
+    mbarrier.arrive(l_ready.index(mine))
+    mbarrier.wait(l_ready.index(1 - mine), 0)
+    l_sum = gl.convert_layout(l_i + l_other.load(l_i.type.layout), gl.SliceLayout(1, layout))
+    o = acc / gl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+    offs_h = (head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))).to(gl.int64)
+    offs_c = mine * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
     if MEAN_ROWS:
         mean = gl.load(mean_row + offs_c)
-        o = gl.where(empty_row[:, None], mean[None, :], o)
+        o = gl.where((l_sum == 0.0)[:, None], mean[None, :], o)
     gl.store(o_rows + offs_h[:, None] * stride_oh + offs_c[None, :], o.to(o_rows.dtype.element_ty),
              mask=(offs_h < heads)[:, None])
+
+
+@gluon.jit
+def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even_smem, m_odd_smem, l_even, l_odd, ready, empty, p_ready, l_ready,
+                 idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block,
+                 HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Even warpgroup: scores tile 2i, publishes its P and max, adds P·c of tile 2i and then (rescaled
+    to the odd warpgroup's max) of tile 2i+1 into the low half of the columns."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = lo_bufs.dtype
+    m_prev = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_H], dtype=gl.float32, layout=gl.SliceLayout(1, s_layout))
+    zero_s = gl.zeros([BLOCK_H, BLOCK_N], dtype=gl.float32, layout=s_layout)
+    acc = gl.zeros([BLOCK_H, HALF], dtype=gl.float32, layout=o_layout)
+    for i in range(gl.cdiv(width, 2 * BLOCK_N)):
+        mbarrier.wait(ready.index(0), i & 1)
+        s = _issue_scores(q_lo, q_hi, q_r, lo_bufs.index(0), hi_bufs.index(0), r_bufs.index(0), zero_s)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        s = _scaled_scores(s, 2 * i, idx_row, width, seq_k, stride_ik, qk_scale_log2, BLOCK_N)
+        m_new = gl.maximum(m_prev, gl.max(s, axis=1))
+        m_shift = _shifted(m_new)
+        p = gl.exp2(s - m_shift[:, None])
+        alpha = gl.exp2(m_prev - m_shift)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        p = p.to(dtype)
+        _publish(p, m_new, r_bufs.index(0), m_even_smem, p_ready.index(0))
+        acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p, p_layout), lo_bufs.index(0), acc, is_async=True)
+        mbarrier.wait(p_ready.index(1), i & 1)
+        m_odd = m_odd_smem.load(gl.SliceLayout(1, s_layout))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index(0))
+        beta = gl.exp2(m_new - _shifted(m_odd))
+        l_i = l_i * beta
+        acc = acc * gl.convert_layout(beta, rows_o)[:, None]
+        acc = warpgroup_mma(r_bufs.index(1), lo_bufs.index(1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index(1))
+        m_prev = m_odd
+    _store_half(acc, l_i, l_even, l_odd, l_ready, 0, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS,
+                BLOCK_H, o_layout)
+
+
+@gluon.jit
+def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even_smem, m_odd_smem, l_even, l_odd, ready, empty, p_ready, l_ready,
+                idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block,
+                HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Odd warpgroup: issues tile 2i+1's scores, adds P·c of tile 2i (the even warpgroup's P, at its
+    max) into the high half of the columns meanwhile, then folds its own tile in at the new max and
+    publishes its P and max."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = lo_bufs.dtype
+    m_prev = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_H], dtype=gl.float32, layout=gl.SliceLayout(1, s_layout))
+    zero_s = gl.zeros([BLOCK_H, BLOCK_N], dtype=gl.float32, layout=s_layout)
+    acc = gl.zeros([BLOCK_H, HALF], dtype=gl.float32, layout=o_layout)
+    for i in range(gl.cdiv(width, 2 * BLOCK_N)):
+        mbarrier.wait(ready.index(1), i & 1)
+        s = _issue_scores(q_lo, q_hi, q_r, lo_bufs.index(1), hi_bufs.index(1), r_bufs.index(1), zero_s)
+        mbarrier.wait(p_ready.index(0), i & 1)
+        m_even = m_even_smem.load(gl.SliceLayout(1, s_layout))
+        alpha = gl.exp2(m_prev - _shifted(m_even))
+        l_i = l_i * alpha
+        acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+        acc = warpgroup_mma(r_bufs.index(0), hi_bufs.index(0), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+        s = _scaled_scores(s, 2 * i + 1, idx_row, width, seq_k, stride_ik, qk_scale_log2, BLOCK_N)
+        m_new = gl.maximum(m_even, gl.max(s, axis=1))
+        m_shift = _shifted(m_new)
+        p = gl.exp2(s - m_shift[:, None])
+        beta = gl.exp2(m_even - m_shift)
+        l_i = l_i * beta + gl.sum(p, axis=1)
+        p = p.to(dtype)
+        _publish(p, m_new, r_bufs.index(1), m_odd_smem, p_ready.index(1))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index(0))
+        acc = acc * gl.convert_layout(beta, rows_o)[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p, p_layout), hi_bufs.index(1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index(1))
+        m_prev = m_new
+    _store_half(acc, l_i, l_odd, l_even, l_ready, 1, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS,
+                BLOCK_H, o_layout)
 
 
 @gluon.jit
@@ -146,52 +233,67 @@ def _absorbed_attention_ws_kernel(
         stride_kb, stride_kt, stride_ib, stride_is, stride_ik, stride_ob, stride_oh, stride_os,
         heads, seq_k, width, qk_scale_log2,
         LAT_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, MEAN_ROWS: gl.constexpr,
-        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
-        CONSUMER_WARPS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
     """One program: BLOCK_H heads of one query against all of its indices (unit inner strides)."""
     head_block = gl.program_id(0)
     row = gl.program_id(1).to(gl.int64)
     batch = gl.program_id(2).to(gl.int64)
     dtype: gl.constexpr = qlat_ptr.dtype.element_ty
+    HALF: gl.constexpr = LAT_DIM // 2
 
-    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
     qr_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    c_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, LAT_DIM], dtype)
-    r_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], dtype)
-    q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, LAT_DIM], dtype)
-    qr_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE_DIM], dtype)
+    half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF], dtype)
+    rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], dtype)
+    q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, HALF], dtype)
+    q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE_DIM], dtype)
+    row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
     offs_h = (head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_layout))).to(gl.int64)
-    offs_c = gl.arange(0, LAT_DIM, layout=gl.SliceLayout(0, q_layout))
-    q = gl.load(qlat_ptr + batch * stride_qb + offs_h[:, None] * stride_qh + row * stride_qs + offs_c[None, :],
-                mask=(offs_h < heads)[:, None], other=0.0)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, LAT_DIM], q_smem_layout, q)
+    offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, q_layout))
+    q_half = qlat_ptr + batch * stride_qb + offs_h[:, None] * stride_qh + row * stride_qs + offs_c[None, :]
+    h_ok = (offs_h < heads)[:, None]
+    q_lo = gl.allocate_shared_memory(dtype, [BLOCK_H, HALF], q_half_layout, gl.load(q_half, mask=h_ok, other=0.0))
+    q_hi = gl.allocate_shared_memory(dtype, [BLOCK_H, HALF], q_half_layout,
+                                     gl.load(q_half + HALF, mask=h_ok, other=0.0))
     offs_hr = (head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, qr_layout))).to(gl.int64)
     offs_r = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, qr_layout))
     qr = gl.load(qrope_ptr + batch * stride_rb + offs_hr[:, None] * stride_rh + row * stride_rs + offs_r[None, :],
                  mask=(offs_hr < heads)[:, None], other=0.0)
-    qr_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE_DIM], qr_smem_layout, qr)
+    q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE_DIM], q_rope_layout, qr)
+
+    lo_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
+    hi_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
+    r_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, ROPE_DIM], rope_layout)
+    m_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
+    m_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
+    l_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
+    l_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=num_warps * 32)
+        mbarrier.init(empty.index(i), count=2)
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(l_ready.index(i), count=1)
     fence_async_shared()
 
-    c_bufs = gl.allocate_shared_memory(dtype, [NUM_BUFFERS, BLOCK_N, LAT_DIM], c_smem_layout)
-    r_bufs = gl.allocate_shared_memory(dtype, [NUM_BUFFERS, BLOCK_N, ROPE_DIM], r_smem_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_BUFFERS):
-        mbarrier.init(ready.index(i), count=num_warps * 32)
-        mbarrier.init(empty.index(i), count=1)
-
     idx_row = idx_ptr + batch * stride_ib + row * stride_is
-    lat_rows = lat_ptr + batch * stride_lb
-    rope_rows = rope_ptr + batch * stride_kb
+    mean_row = mean_ptr + batch * LAT_DIM
+    o_rows = o_ptr + batch * stride_ob + row * stride_os
     gl.warp_specialize([
-        (_gather_tiles, (lat_rows, rope_rows, idx_row, c_bufs, r_bufs, ready, empty, 0, width, seq_k,
-                         stride_lt, stride_kt, stride_ik, LAT_DIM, ROPE_DIM, BLOCK_N, NUM_BUFFERS, num_warps)),
-        (_attend_tiles, (q_smem, qr_smem, c_bufs, r_bufs, ready, empty, idx_row, 0, width, seq_k, stride_ik,
-                         qk_scale_log2, mean_ptr + batch * LAT_DIM, o_ptr + batch * stride_ob + row * stride_os,
-                         stride_oh, heads, head_block, LAT_DIM, MEAN_ROWS, BLOCK_H, BLOCK_N, NUM_BUFFERS,
-                         CONSUMER_WARPS)),
-    ], [CONSUMER_WARPS], [CONSUMER_REGISTERS])
+        (_gather_tiles, (lat_ptr + batch * stride_lb, rope_ptr + batch * stride_kb, idx_row, lo_bufs, hi_bufs,
+                         r_bufs, ready, empty, width, seq_k, stride_lt, stride_kt, stride_ik, HALF, ROPE_DIM,
+                         BLOCK_N, num_warps)),
+        (_attend_even, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even, m_odd, l_even, l_odd, ready, empty, p_ready, l_ready,
+                        idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh, heads,
+                        head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
+        (_attend_odd, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even, m_odd, l_even, l_odd, ready, empty, p_ready, l_ready,
+                       idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh, heads,
+                       head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
+    ], [4, 4], [CONSUMER_REGISTERS, CONSUMER_REGISTERS])
 
 
 def usable(q_lat: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
@@ -218,5 +320,4 @@ def attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scal
         indices.stride(0), indices.stride(1), indices.stride(2), o_lat.stride(0), o_lat.stride(1), o_lat.stride(2),
         heads, latent.shape[1], indices.shape[2], scale_log2,
         LAT_DIM=lat_dim, ROPE_DIM=rope_key.shape[2], MEAN_ROWS=mean is not None, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N,
-        NUM_BUFFERS=NUM_BUFFERS, CONSUMER_WARPS=CONSUMER_WARPS,
         CONSUMER_REGISTERS=CONSUMER_REGISTERS, num_warps=PRODUCER_WARPS)
