@@ -25,6 +25,7 @@ from compiler.lowering.scoring.indexer_scores import (
     chunk_multiple,
     decode_codes,
     key_splits,
+    mask_bounds,
     score_dense,
     score_keys,
     score_tile_shape,
@@ -82,14 +83,14 @@ def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list, k_scale=None):
                       splits=splits, k_scale=k_scale)
 
 
-def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False, k_scale=None):
+def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False, k_scale=None, bounds=None):
     """``score_dense`` (codes [B,R,T] of every key, or their int32 high words with ``words``), with
-    key splits for the call's tile count."""
+    key splits for the call's tile count; ``bounds``: the mask's ``mask_bounds`` when the caller has them."""
     block_s, _ = score_tile_shape(q.shape[2])
     n_slots = q.shape[1] if rows is None else rows.shape[1]
     splits = key_splits(q.shape[0] * triton.cdiv(n_slots, block_s), k.shape[1])
     return score_dense(q, w, k, mask=mask, splits=splits, rows=rows, maxima=maxima, words=words,
-                       k_scale=k_scale)
+                       k_scale=k_scale, bounds=bounds)
 
 
 def _all_keys(B, T, device):
@@ -121,8 +122,9 @@ def dense_codes_topk(q, w, k, mask, kk, k_scale=None, ordered=True):
     """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory
     (``dense_chunk_rows``). Chunks that take threshold_select's threshold path get their chunk
     maxima from the scorer, which writes them int32 words instead of codes (half the bytes to
-    write and to read). ``k_scale``: the FP8 scorer's key scales (E4M3 q and k). ``ordered``
-    False: each row's codes in an unspecified order."""
+    write and to read). With a mask, the rows' visible extents (``mask_bounds``) serve the scorer
+    and let the compaction stop where a row's keys turn hidden. ``k_scale``: the FP8 scorer's key
+    scales (E4M3 q and k). ``ordered`` False: each row's codes in an unspecified order."""
     B, S = q.shape[:2]
     T = k.shape[1]
     rows = dense_chunk_rows(B, S, q.shape[2], T, kk, q.dtype, q.device)
@@ -132,8 +134,10 @@ def dense_codes_topk(q, w, k, mask, kk, k_scale=None, ordered=True):
         m = None if mask is None else mask[:, sl]
         n = scorer_chunks(B * (sl.stop - s0), T, kk, q.dtype, q.device)
         maxima = None if n is None else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device)
-        codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima, words=n is not None, k_scale=k_scale)
-        out.append(top_codes(codes, kk, maxima, ordered))
+        bounds = None if m is None else mask_bounds(m, B, sl.stop - s0, T)
+        codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima, words=n is not None, k_scale=k_scale,
+                            bounds=bounds)
+        out.append(top_codes(codes, kk, maxima, ordered, ends=None if bounds is None else bounds[..., 1]))
     return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 

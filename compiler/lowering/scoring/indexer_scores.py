@@ -533,7 +533,25 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     return out
 
 
-def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=False, k_scale=None):
+def mask_bounds(mask, B: int, S: int, T: int, rows=None) -> torch.Tensor | None:
+    """[B, R, 2] int32 per query row j of a ``[B, S, T]`` mask (broadcast views ok; R = S, or the slots
+    of ``rows`` [B, R] int64, -1 an empty slot, which gets (T, 0)): (the first key whose entry is not
+    clear, i.e. visible with bias 0, or T; one past the last visible key, or 0), from one pass over
+    the mask rows (``_mask_bounds_kernel``). None without a mask."""
+    kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
+    if kind == MASK_NONE:
+        return None
+    n_slots = S if rows is None else rows.shape[1]
+    bounds = torch.empty((B, n_slots, 2), dtype=torch.int32, device=m.device)
+    n_blocks = triton.cdiv(n_slots, defaults.BOUNDS_ROWS)
+    _mask_bounds_kernel[(B * n_blocks,)](m, bounds if rows is None else rows, bounds, S, T, n_slots,
+                                         n_blocks, msb, mss, mst, 0 if rows is None else rows.stride(0),
+                                         MASK_KIND=kind, ROWS=rows is not None, R=defaults.BOUNDS_ROWS,
+                                         BLOCK=defaults.BOUNDS_BLOCK, num_warps=4)
+    return bounds
+
+
+def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=False, k_scale=None, bounds=None):
     """Dense scoring: codes [B,R,T] int64, ``codes[b, j, t]`` the order code of key t for query row
     j (R = S), or for row ``rows[b, j]`` (``rows`` [B,R] int64, -1 an empty slot: nothing written);
     bitwise the codes ``score_keys`` gives the same keys (module docstring). ``words``: int32
@@ -543,8 +561,8 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
     q, w, k, mask, k_scale as for ``score_keys``. ``splits``: programs per query tile (at most one per key
     group). ``maxima`` [B,R,n] int64 (n a multiple of ``chunk_multiple(q.dtype)``): also written,
     ``maxima[b, j, c]`` = the largest code of chunk c = keys c, c + n, c + 2n, ... of that row
-    (interleaved chunks, as threshold_select takes them). With a mask, one pass over the mask
-    rows first finds each row's first unclear key and last visible key (``_mask_bounds_kernel``).
+    (interleaved chunks, as threshold_select takes them). With a mask the scorer reads each row's
+    ``mask_bounds`` (``bounds``: the caller's, else computed here).
     Always launched with ``scorer_launch(q.dtype)``.
     """
     B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows)
@@ -560,14 +578,8 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
         n_groups = maxima.shape[-1] // multiple
     splits = max(1, min(splits, n_groups))
     out = torch.empty((B, n_slots, T), dtype=torch.int32 if words else torch.int64, device=q.device)
-    bounds = None
-    if kind != MASK_NONE:
-        bounds = torch.empty((B, n_slots, 2), dtype=torch.int32, device=q.device)
-        n_blocks = triton.cdiv(n_slots, defaults.BOUNDS_ROWS)
-        _mask_bounds_kernel[(B * n_blocks,)](m, bounds if rows is None else rows, bounds, S, T, n_slots,
-                                             n_blocks, msb, mss, mst, 0 if rows is None else rows.stride(0),
-                                             MASK_KIND=kind, ROWS=rows is not None, R=defaults.BOUNDS_ROWS,
-                                             BLOCK=defaults.BOUNDS_BLOCK, num_warps=4)
+    if kind != MASK_NONE and bounds is None:
+        bounds = mask_bounds(mask, B, S, T, rows)
     _dense_score_kernel[(B * n_tiles, splits)](
         q, w, k, w if k_scale is None else k_scale, q if m is None else m, out if bounds is None else bounds,
         out, out if maxima is None else maxima, out if rows is None else rows,

@@ -35,23 +35,29 @@ def _chunk_max_kernel(codes_ptr, out_ptr, N, n, stride_c, stride_o, BLOCK_J: tl.
 
 
 @triton.jit
-def _compact_kernel(codes_ptr, tau_ptr, cand_ptr, count_ptr, N, seg, stride_c, stride_t, stride_d,
-                    stride_n, TILE: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
-                    WORDS: tl.constexpr):
+def _compact_kernel(codes_ptr, tau_ptr, ends_ptr, cand_ptr, count_ptr, N, seg, stride_c, stride_t, stride_e,
+                    stride_d, stride_n, TILE: tl.constexpr, STAGES: tl.constexpr, EVEN: tl.constexpr,
+                    WORDS: tl.constexpr, ENDS: tl.constexpr):
     """Program (row, s) of a grid (R, G), one warp: the codes >= tau[row] of the tiles it owns (of
     32 TILE positions; in round b of G tiles, tile (s + b) % G), in position order, into segment s
     of the row's buffer, cand[row, s seg : s seg + seg] (the first seg of them if more); count[row,
-    s] = how many (more than seg: the segment overflowed). EVEN: N is a multiple of G 32 TILE."""
+    s] = how many (more than seg: the segment overflowed). EVEN: N is a multiple of G 32 TILE.
+    ENDS: positions from ends[row] on hold hidden codes only; when tau is above every hidden code
+    (its high word above INT32_MIN) the rounds wholly past ends[row] are skipped."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     G = tl.num_programs(1)
     tau = tl.load(tau_ptr + row * stride_t)
+    limit = N
+    if ENDS:
+        end = tl.minimum(tl.load(ends_ptr + row * stride_e).to(tl.int64), N)
+        limit = tl.where((tau >> 32) > -2147483648, end, N)
     codes = codes_ptr + row * stride_c
     out = cand_ptr + row * stride_d + s * seg
     lane_first = (tl.arange(0, 32) * TILE)[:, None] + tl.arange(0, TILE)[None, :]
     n = tl.zeros([], tl.int32)
     owned = s  # (s + b) % G, kept by increments
-    for b in tl.range(0, tl.cdiv(N, G * 32 * TILE), num_stages=STAGES):
+    for b in tl.range(0, tl.cdiv(limit, G * 32 * TILE), num_stages=STAGES):
         t = (b * G + owned) * (32 * TILE) + lane_first
         owned = tl.where(owned + 1 == G, 0, owned + 1)
         inside = (t == t) if EVEN else (t < N)
@@ -268,7 +274,8 @@ def compact_tile(N: int, segments: int, device: torch.device | str) -> int:
 
 
 def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, segments: int | None = None,
-            tile: int | None = None, stages: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            tile: int | None = None, stages: int | None = None,
+            ends: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(cand [R, cap] int64, count [R, G] int32) for ``rows [R, N]`` (codes or words) and ``tau
     [R]`` int64: the buffer's G segments (``segments``, ``compact_segments(cap)`` when None; G must
     divide cap) of cap // G slots each; sum(count[r]) is how many codes of row r are >= tau[r], and
@@ -276,7 +283,8 @@ def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, segments: int | Non
     partition of the row's positions deciding which segment takes which (count[r, g] > cap // G:
     the segment, and the row, overflowed; ``overflowed``); slots past them are unspecified.
     ``tile``: codes per lane of a tile, ``stages``: loads in flight (``compact_tile``,
-    defaults.COMPACT_STAGES when None; speed only)."""
+    defaults.COMPACT_STAGES when None; speed only). ``ends`` [R] int32 (speed only): positions from
+    ``ends[r]`` on hold hidden codes only (high word INT32_MIN); the result is the same."""
     R, N = rows.shape
     G = compact_segments(cap) if segments is None else segments
     if cap % G:
@@ -287,10 +295,12 @@ def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, segments: int | Non
     cand = torch.empty((R, cap), dtype=torch.int64, device=rows.device)
     count = torch.empty((R, G), dtype=torch.int32, device=rows.device)
     if R:
-        _compact_kernel[(R, G)](rows, tau, cand, count, N, cap // G, rows.stride(0), tau.stride(0),
-                                cand.stride(0), count.stride(0), TILE=tile,
+        _compact_kernel[(R, G)](rows, tau, tau if ends is None else ends, cand, count, N, cap // G, rows.stride(0),
+                                tau.stride(0), 0 if ends is None else ends.stride(0), cand.stride(0),
+                                count.stride(0), TILE=tile,
                                 STAGES=defaults.COMPACT_STAGES if stages is None else stages,
-                                EVEN=N % (G * 32 * tile) == 0, WORDS=rows.dtype == torch.int32, num_warps=1)
+                                EVEN=N % (G * 32 * tile) == 0, WORDS=rows.dtype == torch.int32,
+                                ENDS=ends is not None, num_warps=1)
     return cand, count
 
 
@@ -300,14 +310,17 @@ def codes_of_words(words: torch.Tensor) -> torch.Tensor:
     return (words.to(torch.int64) << 32) + torch.arange(N - 1, -1, -1, device=words.device)
 
 
-def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None, ordered: bool = True) -> torch.Tensor:
+def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None, ordered: bool = True,
+              ends: torch.Tensor | None = None) -> torch.Tensor:
     """The kk largest codes of each row of ``codes [..., N]``, descending (module docstring); with
     ``ordered`` False the same codes per row in an unspecified order.
 
     ``codes``: int64 codes, or int32 words standing for the codes ``(word << 32) + N - 1 -
     position`` (the dense scorer's ``words`` output, half the bytes to read). ``maxima [..., n]``
     int64 (kk <= n, same leading dims): the maxima of n disjoint chunks of each row, e.g. written
-    by the scorer (indexer_scores ``maxima``); computed here when None."""
+    by the scorer (indexer_scores ``maxima``); computed here when None. ``ends [...]`` int32 (same
+    leading dims; speed only): each row's positions from ``ends`` on hold hidden codes only (the
+    mask's visible extent, ``indexer_scores.mask_bounds``), so compaction may stop there."""
     N = codes.shape[-1]
     if not 1 <= kk <= N:
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
@@ -331,7 +344,12 @@ def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None, 
         if maxima.stride(-1) != 1:
             maxima = maxima.contiguous()
     tau = kth_largest(maxima, kk)
-    cand, count = compact(rows, tau, defaults.THRESHOLD_BUFFER_K * kk)
+    if ends is not None:
+        if ends.shape != lead or ends.dtype != torch.int32:
+            raise ValueError(f"ends: expected int32 [{', '.join(map(str, lead))}], got {ends.dtype} "
+                             f"{tuple(ends.shape)}")
+        ends = ends.reshape(-1)
+    cand, count = compact(rows, tau, defaults.THRESHOLD_BUFFER_K * kk, ends=ends)
     out = top_candidates(cand, count, kk, ordered=ordered)
     select_top_codes(rows, overflowed(count, cand.shape[1]), kk, out=out)
     return out.reshape(*lead, kk)

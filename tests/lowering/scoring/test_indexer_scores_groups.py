@@ -152,17 +152,20 @@ def test_words_are_the_codes_high_words_and_select_as_the_codes(mask_name):
 
 def test_the_dense_path_selects_long_rows_from_words(monkeypatch):
     """``dense_codes_topk`` has the scorer write words (and maxima) for rows that take the threshold
-    path, codes for short ones; its result is the codes' top-kk either way."""
+    path, codes for short ones, and hands the scorer the mask's bounds, whose visible extents also
+    stop the compaction; its result is the codes' top-kk either way, under every mask kind (rows
+    that see nothing, a lone visible key after a hidden run, chunks of hidden keys only)."""
     from compiler.lowering import topk_pipeline
     q, k, w = inputs(4)
-    mask = masks()["bool"]
     calls = []
     real = topk_pipeline.score_dense
     monkeypatch.setattr(topk_pipeline, "score_dense",
-                        lambda *a, **kw: calls.append((kw.get("words"), kw.get("maxima") is not None)) or real(*a, **kw))
-    codes = score_dense(q, w, k, mask=mask)
-    for kk, form in ((8, (True, True)), (100, (False, False))):  # 450 > 8 x 8 keys: threshold; 450 < 8 x 100: not
-        calls.clear()
-        got = topk_pipeline.dense_codes_topk(q, w.float(), k, mask, kk)
-        assert calls == [form]
-        assert torch.equal(got, torch.topk(codes, kk, dim=-1).values)
+                        lambda *a, **kw: calls.append((kw.get("words"), kw.get("maxima") is not None,
+                                                       kw.get("bounds") is not None)) or real(*a, **kw))
+    for name, mask in masks().items():
+        codes = score_dense(q, w, k, mask=mask)
+        for kk, form in ((8, (True, True)), (100, (False, False))):  # 450 > 8 x 8 keys: threshold; 450 < 8 x 100: not
+            calls.clear()
+            got = topk_pipeline.dense_codes_topk(q, w.float(), k, mask, kk)
+            assert calls == [(*form, mask is not None)], name
+            assert torch.equal(got, torch.topk(codes, kk, dim=-1).values), (name, kk)

@@ -330,3 +330,50 @@ def test_few_gpu_rows_take_torch_topk_and_the_rest_the_threshold_path(monkeypatc
     assert torch.equal(top_codes(codes, 7), torch.topk(codes, 7).values)
     with pytest.raises(AssertionError, match="threshold path ran"):
         top_codes(rows_of("random", 5, 1000, seed=3), 7)
+
+
+def rows_with_hidden_tails(R, N, ends, seed):
+    """int32 words: random visible words before each row's end (a few hidden ones among them), the
+    hidden word INT32_MIN from it on (the scorer's words under a causal-like mask)."""
+    g = torch.Generator().manual_seed(seed)
+    words = torch.randint(-(2**31) + 1, 2**31, (R, N), generator=g, dtype=torch.int64).to(torch.int32)
+    words[torch.rand(R, N, generator=g) < 0.05] = -(2**31)
+    words[torch.arange(N)[None, :] >= torch.tensor(ends)[:, None]] = -(2**31)
+    return words
+
+
+@pytest.mark.parametrize("segments,tile", [(1, 1), (4, 2)])
+def test_compaction_stops_at_the_visible_extent(segments, tile):
+    """With ``ends``, compaction keeps the same codes (rows with no visible key, one, fewer than kk,
+    a partial last round, all N visible, an end past N), and where tau is above every hidden code it
+    reads no position from the row's end on: a code planted there, against the contract, is not
+    seen; where tau is a hidden code the whole row is read."""
+    R, N, kk = 7, 900, 12
+    ends = [0, 1, kk - 3, 333, 640, N, N + 50]
+    words = rows_with_hidden_tails(R, N, ends, seed=segments)
+    codes = threshold_select.codes_of_words(words)
+    end_t = torch.tensor(ends, dtype=torch.int32)
+    want = torch.topk(codes, kk).values
+    assert torch.equal(top_codes(words, kk, ends=end_t), want)
+    assert torch.equal(top_codes(codes, kk, ends=end_t), want)
+    tau = threshold_select.kth_largest(threshold_select.chunk_maxima(words, 64), kk)
+    for rows in (words, codes):
+        cand, count = threshold_select.compact(rows, tau, 4 * kk, segments, tile, ends=end_t)
+        plain, plain_count = threshold_select.compact(rows, tau, 4 * kk, segments, tile)
+        assert torch.equal(count, plain_count)
+        check_compaction(cand, count, codes, tau, 4 * kk)
+    visible_tau = (tau >> 32) > -(2**31)
+    assert visible_tau[3:].all() and not visible_tau[:3].any()
+    planted = words.clone()
+    planted[3:6, -1] = 2**31 - 1  # the last position: past the end of rows 3 and 4, inside row 5
+    _, count = threshold_select.compact(planted, tau, 4 * kk, segments, tile, ends=end_t)
+    _, seen = threshold_select.compact(planted, tau, 4 * kk, segments, tile)
+    assert torch.equal(count.sum(1)[3:5], seen.sum(1)[3:5] - 1)  # not read past the end
+    assert torch.equal(count.sum(1)[5], seen.sum(1)[5])  # row 5 ends at N: the planted code is inside
+    planted[0, -1] = 2**31 - 1  # tau hidden (no visible key): the whole row is read
+    tau0 = threshold_select.kth_largest(threshold_select.chunk_maxima(planted, 64), kk)
+    _, count = threshold_select.compact(planted, tau0, 4 * kk, segments, tile, ends=end_t)
+    _, seen = threshold_select.compact(planted, tau0, 4 * kk, segments, tile)
+    assert torch.equal(count[0], seen[0])
+    with pytest.raises(ValueError, match="ends"):
+        top_codes(words, kk, ends=end_t.long())
