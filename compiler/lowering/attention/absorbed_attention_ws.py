@@ -104,23 +104,67 @@ def _shifted(m):
 
 
 @gluon.jit
-def _publish(p, m, p_smem, m_smem, signal):
-    """This warpgroup's P tile and row max, stored for the other warpgroup, then ``signal`` arrived."""
-    p_smem.store(p)
-    m_smem.store(m)
-    fence_async_shared()
+def _signal(signal):
+    """Arrive on ``signal`` once every thread of this warpgroup has done what came before."""
     gl.thread_barrier()
     mbarrier.arrive(signal)
 
 
 @gluon.jit
+def _publish(p, m, p_smem, m_smem, signal):
+    """This warpgroup's P tile and row max, stored for the other warpgroup, then ``signal`` arrived."""
+    p_smem.store(p)
+    m_smem.store(m)
+    fence_async_shared()
+    _signal(signal)
+
+
+@gluon.jit
+def _consumer_start(BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr):
+    """A consumer warpgroup's state before its first tile, in its wgmma layouts: (row max -inf, row
+    sum 0, zero scores [BLOCK_H, BLOCK_N] to start a tile's products, accumulator [BLOCK_H, HALF] 0)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    return (gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout)),
+            gl.zeros([BLOCK_H], dtype=gl.float32, layout=gl.SliceLayout(1, s_layout)),
+            gl.zeros([BLOCK_H, BLOCK_N], dtype=gl.float32, layout=s_layout),
+            gl.zeros([BLOCK_H, HALF], dtype=gl.float32, layout=o_layout))
+
+
+@gluon.jit
+def _fold(s, m_ref, l_i):
+    """A tile's base-2 scores folded in at the reference row max ``m_ref`` (the row sum ``l_i`` is at
+    it): (P fp32, the new row max, the factor taking quantities at ``m_ref`` to it, the new row sum)."""
+    m_new = gl.maximum(m_ref, gl.max(s, axis=1))
+    m_shift = _shifted(m_new)
+    p = gl.exp2(s - m_shift[:, None])
+    scale = gl.exp2(m_ref - m_shift)
+    return p, m_new, scale, l_i * scale + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _rescaled(acc, factor):
+    """The accumulator's rows times ``factor`` (one per row, in the scores' row layout)."""
+    return acc * gl.convert_layout(factor, gl.SliceLayout(1, acc.type.layout))[:, None]
+
+
+@gluon.jit
+def _add_own_pc(p, c, acc):
+    """Issue (asynchronously) acc + P·c with this warpgroup's P from registers."""
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
+    return warpgroup_mma(gl.convert_layout(p, p_layout), c, acc, is_async=True)
+
+
+@gluon.jit
 def _store_half(acc, l_i, l_mine, l_other, l_ready, mine: gl.constexpr, mean_row, o_rows, stride_oh, heads, head_block,
-                HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, layout: gl.constexpr):
+                HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr):
     """o_lat's columns [mine·HALF, (mine+1)·HALF) of the program's heads: the two warpgroups' row sums
     exchanged and added, rows with no counted key 0 or the mean row."""
+    layout: gl.constexpr = acc.type.layout
     l_mine.store(l_i)
-    gl.thread_barrier()
-    mbarrier.arrive(l_ready.index(mine))
+    _signal(l_ready.index(mine))
     mbarrier.wait(l_ready.index(1 - mine), 0)
     l_sum = gl.convert_layout(l_i + l_other.load(l_i.type.layout), gl.SliceLayout(1, layout))
     o = acc / gl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
@@ -134,96 +178,68 @@ def _store_half(acc, l_i, l_mine, l_other, l_ready, mine: gl.constexpr, mean_row
 
 
 @gluon.jit
-def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even_smem, m_odd_smem, l_even, l_odd, ready, empty, p_ready, l_ready,
-                 idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block,
-                 HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even_smem, m_odd_smem, l_even, l_odd, ready, empty,
+                 p_ready, l_ready, idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh,
+                 heads, head_block, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
     """Even warpgroup: scores tile 2i, publishes its P and max, adds P·c of tile 2i and then (rescaled
     to the odd warpgroup's max) of tile 2i+1 into the low half of the columns."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = lo_bufs.dtype
-    m_prev = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_H], dtype=gl.float32, layout=gl.SliceLayout(1, s_layout))
-    zero_s = gl.zeros([BLOCK_H, BLOCK_N], dtype=gl.float32, layout=s_layout)
-    acc = gl.zeros([BLOCK_H, HALF], dtype=gl.float32, layout=o_layout)
+    m_prev, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
     for i in range(gl.cdiv(width, 2 * BLOCK_N)):
         mbarrier.wait(ready.index(0), i & 1)
         s = _issue_scores(q_lo, q_hi, q_r, lo_bufs.index(0), hi_bufs.index(0), r_bufs.index(0), zero_s)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         s = _scaled_scores(s, 2 * i, idx_row, width, seq_k, stride_ik, qk_scale_log2, BLOCK_N)
-        m_new = gl.maximum(m_prev, gl.max(s, axis=1))
-        m_shift = _shifted(m_new)
-        p = gl.exp2(s - m_shift[:, None])
-        alpha = gl.exp2(m_prev - m_shift)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        p, m_new, alpha, l_i = _fold(s, m_prev, l_i)
         p = p.to(dtype)
         _publish(p, m_new, r_bufs.index(0), m_even_smem, p_ready.index(0))
-        acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p, p_layout), lo_bufs.index(0), acc, is_async=True)
+        acc = _add_own_pc(p, lo_bufs.index(0), _rescaled(acc, alpha))
         mbarrier.wait(p_ready.index(1), i & 1)
-        m_odd = m_odd_smem.load(gl.SliceLayout(1, s_layout))
+        m_odd = m_odd_smem.load(m_prev.type.layout)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index(0))
         beta = gl.exp2(m_new - _shifted(m_odd))
         l_i = l_i * beta
-        acc = acc * gl.convert_layout(beta, rows_o)[:, None]
-        acc = warpgroup_mma(r_bufs.index(1), lo_bufs.index(1), acc, is_async=True)
+        acc = warpgroup_mma(r_bufs.index(1), lo_bufs.index(1), _rescaled(acc, beta), is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index(1))
         m_prev = m_odd
     _store_half(acc, l_i, l_even, l_odd, l_ready, 0, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS,
-                BLOCK_H, o_layout)
+                BLOCK_H)
 
 
 @gluon.jit
-def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even_smem, m_odd_smem, l_even, l_odd, ready, empty, p_ready, l_ready,
-                idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block,
-                HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even_smem, m_odd_smem, l_even, l_odd, ready, empty,
+                p_ready, l_ready, idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh,
+                heads, head_block, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr,
+                BLOCK_N: gl.constexpr):
     """Odd warpgroup: issues tile 2i+1's scores, adds P·c of tile 2i (the even warpgroup's P, at its
     max) into the high half of the columns meanwhile, then folds its own tile in at the new max and
     publishes its P and max."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = lo_bufs.dtype
-    m_prev = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_H], dtype=gl.float32, layout=gl.SliceLayout(1, s_layout))
-    zero_s = gl.zeros([BLOCK_H, BLOCK_N], dtype=gl.float32, layout=s_layout)
-    acc = gl.zeros([BLOCK_H, HALF], dtype=gl.float32, layout=o_layout)
+    m_prev, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
     for i in range(gl.cdiv(width, 2 * BLOCK_N)):
         mbarrier.wait(ready.index(1), i & 1)
         s = _issue_scores(q_lo, q_hi, q_r, lo_bufs.index(1), hi_bufs.index(1), r_bufs.index(1), zero_s)
         mbarrier.wait(p_ready.index(0), i & 1)
-        m_even = m_even_smem.load(gl.SliceLayout(1, s_layout))
+        m_even = m_even_smem.load(m_prev.type.layout)
         alpha = gl.exp2(m_prev - _shifted(m_even))
         l_i = l_i * alpha
-        acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-        acc = warpgroup_mma(r_bufs.index(0), hi_bufs.index(0), acc, is_async=True)
+        acc = warpgroup_mma(r_bufs.index(0), hi_bufs.index(0), _rescaled(acc, alpha), is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
         s = _scaled_scores(s, 2 * i + 1, idx_row, width, seq_k, stride_ik, qk_scale_log2, BLOCK_N)
-        m_new = gl.maximum(m_even, gl.max(s, axis=1))
-        m_shift = _shifted(m_new)
-        p = gl.exp2(s - m_shift[:, None])
-        beta = gl.exp2(m_even - m_shift)
-        l_i = l_i * beta + gl.sum(p, axis=1)
+        p, m_new, beta, l_i = _fold(s, m_even, l_i)
         p = p.to(dtype)
         _publish(p, m_new, r_bufs.index(1), m_odd_smem, p_ready.index(1))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index(0))
-        acc = acc * gl.convert_layout(beta, rows_o)[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p, p_layout), hi_bufs.index(1), acc, is_async=True)
+        acc = _add_own_pc(p, hi_bufs.index(1), _rescaled(acc, beta))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(empty.index(1))
         m_prev = m_new
     _store_half(acc, l_i, l_odd, l_even, l_ready, 1, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS,
-                BLOCK_H, o_layout)
+                BLOCK_H)
 
 
 @gluon.jit
