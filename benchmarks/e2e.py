@@ -30,7 +30,8 @@ bf16 indexer's, where that method ran: ``argmax_agree_bf16_indexer``).
 largest absolute logit difference; the models have random weights, so near-ties can flip an
 argmax without any error: read it with ``max_abs_diff``. ``--profile S ...``: at those lengths one
 more call per method runs under ``torch.profiler``; the row's ``kernels_ms`` holds the total GPU
-time and the largest kernels by name.
+time and the largest kernels by name. ``sparse_forms``: the forms the sparse-attention calls of the
+first call took at run time (``compiler.ops.sparse_form.picks``; the "auto" form's choice per call).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import kernel_breakdown, median_ms
+from compiler.ops import sparse_form
 
 SIZES = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
              q_lora_rank=512, kv_lora_rank=256, qk_nope_head_dim=128, qk_rope_head_dim=64,
@@ -160,10 +162,13 @@ def run_model(name: str, args, emit) -> None:
                 if method == "pulsar_dosa_plan" and plan_error:
                     raise RuntimeError(plan_error)
                 with torch.no_grad():
+                    before = sparse_form.picks()
                     start = time.perf_counter()
                     logits = compiled(ids, use_cache=False, logits_to_keep=1).logits[0, -1].float()
                     sync(device)
                     row["first_call_s"] = round(time.perf_counter() - start, 2)
+                    row["sparse_forms"] = {form: n - before.get(form, 0) for form, n in sparse_form.picks().items()
+                                           if n > before.get(form, 0)}
                     if device == "cuda":
                         torch.cuda.reset_peak_memory_stats()
                         base = torch.cuda.memory_allocated()
@@ -213,6 +218,8 @@ def render_markdown(doc: dict) -> str:
             stock, ours = by.get("stock"), by.get("pulsar_dosa")
             speed = (f"{stock['ms'] / ours['ms']:.2f}x" if stock and ours and stock["ms"] and ours["ms"]
                      else ("stock fails" if stock and ours and ours["ms"] else "-"))
+            forms = ours.get("sparse_forms") if ours else None
+            speed += f" ({', '.join(f'{k} x{v}' for k, v in forms.items())})" if forms else ""
             agree = ", ".join([str(r["argmax_agree"]) for r in by.values() if r["argmax_agree"] is not None]
                               + [f"fp8 vs bf16 indexer {r['argmax_agree_bf16_indexer']}" for r in by.values()
                                  if "argmax_agree_bf16_indexer" in r]) or "-"

@@ -33,10 +33,14 @@ the Gluon warp-specialised kernel, ``ws``) on a case's first kind and the fastes
 them on its other kinds (the op runs ``default_configs``' first),
 ``union`` (``pulsar_dosa.sparse_attention``'s kernels on the expanded keys and values) and
 ``masked_sdpa`` (what transformers runs: index mask, combined mask, SDPA over all T keys; timed
-once per case, its work does not depend on the selection). ``tflops`` is the absorbed form's
-2·B·S·H·K·(Dc + Dr + Dc) FLOPs over each method's time; ``chosen``: the form
-``policy.sparse_attention_form`` picks for the shape and ``regret``: its time (its fastest
-configuration) over the best method's. A method whose inputs do not fit in memory is skipped and the
+once per case, its work does not depend on the selection), and where the compile-time form is
+"auto" (prefill), ``auto``: the op's per-call choice (``latent_attention``, its pick in
+``auto_form``, measuring included). ``tflops`` is the absorbed form's 2·B·S·H·K·(Dc + Dr + Dc) FLOPs
+over each method's time; ``chosen``: the form ``policy.sparse_attention_form`` picks at compile time
+and ``regret``: its time (for absorbed, its fastest configuration) over the best method's.
+``union_ratio``: the mean union of a tile's selections over K, over all tiles
+(``union_ratio_sampled``: what the op measures), the input of ``benchmarks/fit_cost_model.py
+--attention``. A method whose inputs do not fit in memory is skipped and the
 row says so; a case past ``--budget-s`` is skipped. Errors: max |out - fp32 reference| on sampled
 query rows (``runtime.absorbed_attention``). Per case, the default configuration is also checked
 for CUDA-graph capture: ``no_sync`` (a call with host synchronisation forbidden succeeded),
@@ -57,7 +61,9 @@ import triton
 
 import benchmarks.indexer_graphs as graphs
 from compiler.lowering.attention.absorbed_attention import DEFAULT_CONFIG, FORMS, absorbed_sparse_attention_triton
-from compiler.lowering.attention.sparse_attention import sparse_attention_triton
+from compiler.lowering.attention.latent_attention import choose_form, latent_sparse_attention
+from compiler.lowering.attention.selection_overlap import union_ratio
+from compiler.lowering.attention.sparse_attention import sparse_attention_triton, tile_rows
 from compiler.policy import sparse_attention_form
 from runtime.absorbed_attention import absorbed_sparse_attention, head_weights
 
@@ -251,7 +257,10 @@ def run_case(case, kinds, args, device, dims, emit):
     for number, (kind, make) in enumerate(kinds.items()):
         indices = make(b, s, t)
         distinct = distinct_rows(indices)
-        base = {**case, "kind": kind, "topk": indices.shape[2], "distinct": distinct, "chosen": chosen}
+        tiles = b * triton.cdiv(s, tile_rows(s))
+        overlap = {"union_ratio": float(union_ratio(indices, mask, t, tile_rows(s), samples=tiles)),
+                   "union_ratio_sampled": float(union_ratio(indices, mask, t, tile_rows(s)))}
+        base = {**case, "kind": kind, "topk": indices.shape[2], "distinct": distinct, "chosen": chosen, **overlap}
         reference, _ = absorbed_sparse_attention(q[:, :, rows], latent, rope_key, weight, indices[:, rows],
                                                  None if mask is None else mask[:, :, rows], scale=scale)
         found = []
@@ -278,6 +287,11 @@ def run_case(case, kinds, args, device, dims, emit):
                 found[0].update(graph_checks(absorbed, device))
             except Exception as exc:  # recorded: the timings stand without it
                 found[0]["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        if chosen == "auto":
+            auto_form, reason = choose_form(q, latent, rope_key, weight, indices, mask)
+            record("auto", lambda: latent_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=scale,
+                                                           distinct=distinct, form="auto"),
+                   auto_form=auto_form, auto_reason=reason)
         if kv is None:
             found.append({**base, "method": "union", "error": "skipped: the expanded keys and values "
                           f"({expanded_bytes / 2**30:.0f} GiB) do not fit"})
@@ -326,10 +340,12 @@ def render_markdown(doc) -> str:
     lines = [f"Device: {doc['device']}, torch {doc['torch']}, triton {doc['triton']}. {doc['shape']}. "
              f"TFLOP/s: the absorbed form's FLOPs over each method's time; floor at {PEAK_FLOPS / 1e12:.0f} "
              "TFLOP/s.", "",
-             "| B | S | T | heads | kind | method | ms | TFLOP/s | x floor | chosen | regret | graph ms | "
-             "err vs ref |", "|" + "---|" * 13]
+             "| B | S | T | heads | kind | union / K | method | ms | TFLOP/s | x floor | chosen | regret | graph ms | "
+             "err vs ref |", "|" + "---|" * 14]
     for r in doc["rows"]:
-        head = f"| {r['B']} | {r['S']} | {r['T']} | {r['heads']} | {r.get('kind', '-')} | {r['method']} |"
+        method = r["method"] + (f" ({r['auto_form']})" if "auto_form" in r else "")
+        ratio = "-" if r.get("union_ratio") is None else f"{r['union_ratio']:.2f}"
+        head = f"| {r['B']} | {r['S']} | {r['T']} | {r['heads']} | {r.get('kind', '-')} | {ratio} | {method} |"
         if "ms" not in r:
             lines.append(head + f" {r.get('error', '')[:90]} |" + " |" * 6)
             continue

@@ -8,7 +8,12 @@ keys) and its batch, plus the path's fixed cost, with rates and fixed costs from
 is the exact length from which certified is predicted faster (None: never); ``predicted_ratio``
 compares the two at one length; ``default_min_keys`` is the crossover of an unplanned layer. The
 predictions steer decisions (``compiler.plan.choice``, ``compiler.policy``, ``compiler.ops.guard``)
-and never correctness: the certified path is exact whatever they say."""
+and never correctness: the certified path is exact whatever they say.
+
+The DSA sparse attention of an MLA layer has two forms with the same result (``AttentionConstants``):
+``absorbed_attention_time`` (its work fixed by the selection width) and ``union_attention_time``
+(its work following the mean union of a tile's selections, ``union_ratio``). ``compiler.policy``
+compares them at call time."""
 from __future__ import annotations
 
 import dataclasses
@@ -315,3 +320,94 @@ def default_min_keys(heads: int, head_dim: int, topk: int, queries: int | None, 
         return None
     shape = IndexerShape(heads=heads, head_dim=head_dim, topk=topk, queries=queries)
     return crossover_length(r, defaults.DEFAULT_SURVIVAL, shape, c)
+
+
+@dataclass(frozen=True)
+class AttentionConstants:
+    """Seconds per unit of work of the two forms of an MLA layer's DSA sparse attention on one device.
+
+    Absorbed: ``absorbed_s`` per (query, selected key, block of ``ABSORBED_BLOCK_HEADS`` heads) for the
+    warp-specialised kernel, ``absorbed_chain_s`` per (query, selected key, block of up to 64 heads)
+    for the Triton chain. Union: ``union_s`` per (query, union key, head) plus ``union_fixed_s`` per
+    (query, selected key) (building the unions); when the union form is run from the latent, its
+    expansion into keys and values costs ``2·Dc·(Dn+Dv)`` FLOPs at ``matmul_flops_per_s`` and writes
+    ``(Dn+Dr+Dv)`` values at ``copy_bytes_per_s`` per (key, head). All positive and finite.
+    """
+
+    absorbed_s: float
+    absorbed_chain_s: float
+    union_s: float
+    union_fixed_s: float
+    matmul_flops_per_s: float
+    copy_bytes_per_s: float
+    source: str
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "source":
+                if not isinstance(value, str):
+                    raise TypeError(f"AttentionConstants.source: expected str, got {type(value).__name__}")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+                    or not math.isfinite(value):
+                raise ValueError(f"AttentionConstants.{field.name}: expected a finite positive number, got {value!r}")
+
+
+H200_ATTENTION = AttentionConstants(
+    absorbed_s=3.41e-10,
+    absorbed_chain_s=5.6e-10,
+    union_s=3.26e-12,
+    union_fixed_s=3.7e-11,
+    matmul_flops_per_s=7.7e14,
+    copy_bytes_per_s=4.2e12,
+    source="benchmarks/fit_cost_model.py --attention on benchmarks/results/sparse_attention_seesaw_h200.json "
+           "(union: relative least squares over 30 calls at 16 and 128 heads, 16K-64K, max relative error "
+           "0.15; absorbed: median of the warp-specialised calls, the chain's h64_n64_w8_s2 at 128 heads)",
+)
+"""The Triton and Gluon kernels on one H200."""
+
+ABSORBED_BLOCK_HEADS = 64
+"""Heads on the rows of one absorbed program's products (``absorbed_attention_ws.BLOCK_H``)."""
+
+
+def _require_sizes(**sizes) -> None:
+    for name, value in sizes.items():
+        _require_int(name, value, 0)
+
+
+def absorbed_attention_time(batch: int, queries: int, topk: int, heads: int, warp_specialised: bool,
+                            c: AttentionConstants = H200_ATTENTION) -> float:
+    """Seconds of the absorbed form over ``batch·queries`` queries of ``topk`` selected keys each."""
+    _require_sizes(batch=batch, queries=queries, topk=topk, heads=heads)
+    blocks = -(-heads // ABSORBED_BLOCK_HEADS)
+    return batch * queries * topk * blocks * (c.absorbed_s if warp_specialised else c.absorbed_chain_s)
+
+
+def union_attention_time(batch: int, queries: int, topk: int, heads: int, ratio: float,
+                         c: AttentionConstants = H200_ATTENTION, *, expand: tuple[int, int, int, int, int] | None = None,
+                         element_bytes: int = 2) -> float:
+    """Seconds of the union form whose tiles' unions hold ``ratio``·topk keys on average
+    (``union_ratio``); with ``expand = (keys, Dc, Dn, Dr, Dv)`` plus expanding the latent of
+    ``keys`` rows into every head's keys and values of ``element_bytes`` bytes."""
+    _require_sizes(batch=batch, queries=queries, topk=topk, heads=heads)
+    if not ratio >= 0:
+        raise ValueError(f"ratio: expected a number >= 0, got {ratio!r}")
+    selected = batch * queries * topk
+    seconds = selected * (ratio * heads * c.union_s + c.union_fixed_s)
+    if expand is not None:
+        keys, lat, nope, rope, v = expand
+        per_key_head = 2 * lat * (nope + v) / c.matmul_flops_per_s + \
+            (nope + rope + v) * element_bytes / c.copy_bytes_per_s
+        seconds += batch * keys * heads * per_key_head
+    return seconds
+
+
+def union_ratio_crossover(batch: int, queries: int, topk: int, heads: int, warp_specialised: bool,
+                          c: AttentionConstants = H200_ATTENTION, *,
+                          expand: tuple[int, int, int, int, int] | None = None, element_bytes: int = 2) -> float:
+    """The ``union_ratio`` below which the union form is predicted faster than the absorbed one
+    (<= 0: never; the union time grows linearly in the ratio)."""
+    absorbed = absorbed_attention_time(batch, queries, topk, heads, warp_specialised, c)
+    at_zero = union_attention_time(batch, queries, topk, heads, 0.0, c, expand=expand, element_bytes=element_bytes)
+    slope = batch * queries * topk * heads * c.union_s
+    return (absorbed - at_zero) / slope if slope else -math.inf

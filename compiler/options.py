@@ -118,8 +118,8 @@ class CompileOptions:
                                      "devices where the ops run their plain-torch references, such as the CPU "
                                      "(compiler.policy.stock_threshold)")
     sparse_form: str = option("auto", _choice(SPARSE_FORM_CHOICES),
-                              "kernel of the DSA sparse attentions of MLA layers: 'auto' (on the shapes, "
-                              "compiler.policy.sparse_attention_form), 'absorbed' (latent rows, where the keys and "
+                              "kernel of the DSA sparse attentions of MLA layers: 'auto' (the absorbed op choosing "
+                              "per call, compiler.policy.sparse_attention_form), 'absorbed' (latent rows, where the keys and "
                               "values are kv_b_proj's expansion of a latent) or 'union' (expanded keys and values)")
     indexer_precision: str = option("bf16", _choice(PRECISIONS),
                                     "what the rewritten indexers score: 'bf16' (the inputs as the model makes "

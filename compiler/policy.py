@@ -20,8 +20,8 @@ from compiler.cost_model import default_min_keys
 from compiler.options import SPARSE_FORM_CHOICES
 from compiler.topk_settings import TopkSettings
 
-__all__ = ["ALWAYS_STOCK", "LayerSettings", "indexer_settings", "keeps_stock", "layer_settings", "sparse_attention_form",
-           "stock_threshold"]
+__all__ = ["ALWAYS_STOCK", "LayerSettings", "indexer_settings", "keeps_stock", "layer_settings", "shape_form",
+           "sparse_attention_form", "stock_threshold"]
 
 ALWAYS_STOCK = math.inf
 """The threshold of a device type without the ops' own kernels: every call keeps its stock subgraph."""
@@ -111,13 +111,15 @@ def keeps_stock(threshold: float, products) -> str | None:
     return None
 
 
-def sparse_attention_form(forced: str, heads: int, queries) -> tuple[str, str]:
+def sparse_attention_form(forced: str, heads: int, queries, cuda_graphs: bool = False) -> tuple[str, str]:
     """``(form, reason)`` of a DSA sparse attention whose keys and values expand a latent.
 
     ``forced``: the ``sparse_form`` option ("auto" decides); ``heads``: its query heads; ``queries``:
-    its queries per batch row (an int, or symbolic: then not decode). How selections overlap is not
-    known when compiling, so "auto" decides on shapes: absorbed at decode
-    (``defaults.UNION_MIN_QUERIES``) and from ``defaults.ABSORBED_MIN_HEADS`` heads, union below.
+    its queries per batch row (an int, or symbolic: then not decode). Form "auto" is the absorbed op
+    choosing per call (``compiler.ops.sparse_form``): how the selections overlap is known only then. At decode
+    (``defaults.UNION_MIN_QUERIES``) the form is absorbed; under CUDA graphs (``cuda_graphs``: a call
+    must not synchronise) it is decided on shapes, absorbed from ``defaults.ABSORBED_MIN_HEADS``
+    heads and union below (``shape_form``).
     """
     if forced not in SPARSE_FORM_CHOICES:
         raise ValueError(f"forced: expected one of {list(SPARSE_FORM_CHOICES)}, got {forced!r}")
@@ -126,7 +128,16 @@ def sparse_attention_form(forced: str, heads: int, queries) -> tuple[str, str]:
     if isinstance(queries, int) and queries < defaults.UNION_MIN_QUERIES:
         return "absorbed", (f"{queries} queries per row (< {defaults.UNION_MIN_QUERIES}): no neighbours share "
                             "keys, and the latent cache is read instead of expanded")
+    if not cuda_graphs:
+        return "auto", ("chosen at every call from how the tiles' selections overlap "
+                        "(compiler.ops.sparse_form)")
+    return shape_form(heads)
+
+
+def shape_form(heads: int) -> tuple[str, str]:
+    """``(form, reason)`` on the head count alone, where a call cannot measure its selections."""
     if heads >= defaults.ABSORBED_MIN_HEADS:
         return "absorbed", (f"{heads} heads (>= {defaults.ABSORBED_MIN_HEADS}) fill the absorbed products' rows; "
                             "its time does not depend on how the selections overlap")
     return "union", f"{heads} heads (< {defaults.ABSORBED_MIN_HEADS}) would pad the absorbed products' rows"
+

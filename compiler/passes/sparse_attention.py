@@ -28,10 +28,11 @@ to floating-point rounding.
 Two forms. Where k and v are ``kv_b_proj``'s expansion of an MLA latent
 (``compiler.passes.matcher.latent_form``: both transformers DSA models, with or without a cache), the
 absorbed op reads the latent rows, the rope key and kv_b_proj's weight instead (the expansion dies
-with the attention; o_proj and everything else stay as they are); otherwise, or where
-``policy.sparse_attention_form`` picks it, the union op reads k and v. Where the absorbed form
-would have been picked but k and v are not recognised, a near miss says why and the union op
-runs. ``distinct`` is passed True when the indices are a top-K's (``from_topk``).
+with the attention; o_proj and everything else stay as they are). ``policy.sparse_attention_form``
+says how: form "auto" (the op picks absorbed or union per call from how the selections overlap,
+expanding the latent itself for union), "absorbed", or "union" (the union op reads k and v).
+Where k and v are not a latent's expansion the union op runs, with a near miss saying why where
+the absorbed op would have. ``distinct`` is passed True when the indices are a top-K's (``from_topk``).
 
 A safe match where the stock form is faster (``policy.keeps_stock``: e.g. decode over a
 short cache on a GPU without CUDA graphs, or any call on the CPU, where the op runs its plain-torch
@@ -406,7 +407,7 @@ def rewrite(graph: fx.Graph, match: SparseMatch, form: str) -> fx.Node:
         rows = [_latent_rows(graph, x, match.anchor) for x in (latent.latent, latent.rope_key)]
         op = insert_call(graph, "call_function", ABSORBED_OP,
                          (match.q, *rows, latent.weight, match.indices, match.mask, scale, match.masked_rows,
-                          match.distinct), like=match.anchor)
+                          match.distinct, form), like=match.anchor)
     match.interior = match.interior + latent.nodes
     return op
 
@@ -433,8 +434,8 @@ class SparseAttentionPass(PatternPass):
         why = keeps_stock(threshold, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
         if why is not None:
             raise Declined(why)
-        form, reason = sparse_attention_form(ctx.options.sparse_form, q.shape[1], q.shape[2])
-        if form == "absorbed" and match.latent is None:
+        form, reason = sparse_attention_form(ctx.options.sparse_form, q.shape[1], q.shape[2], ctx.cuda_graphs)
+        if form != "union" and match.latent is None:
             near_miss(ctx, KIND, match.anchor, f"absorbed form not taken: {match.not_latent}")
             return "union", f"absorbed form not taken: {match.not_latent}"
         return form, reason
@@ -445,12 +446,12 @@ class SparseAttentionPass(PatternPass):
     def describe(self, match, settings, op):
         form, reason = settings
         operands = (("q", match.q), ("k", match.k), ("v", match.v), ("indices", match.indices))
-        if form == "absorbed":
+        if form != "union":
             operands = (("q", match.q), ("latent", match.latent.latent), ("rope_key", match.latent.rope_key),
                         ("kv_b_weight", match.latent.weight), ("indices", match.indices))
         shapes = {name: value(x).shape for name, x in operands}
         if match.mask is not None:
             shapes["mask"] = value(match.mask).shape
-        variant = match.variant + ("+absorbed" if form == "absorbed" else "")
+        variant = match.variant + ("+absorbed" if form != "union" else "")
         return dict(variant=variant, shapes=shapes, path=form, masked_rows=match.masked_rows,
                     topk=str(value(match.indices).shape[2]), form_reason=reason, distinct_indices=match.distinct)

@@ -72,13 +72,17 @@ def test_the_inline_spelling_and_why_the_absorbed_form_was_not_taken(module, mis
     torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
 
 
-def test_the_form_is_decided_on_the_shapes_or_forced():
+def test_the_form_is_left_to_each_call_decided_on_the_shapes_or_forced():
     from compiler.defaults import ABSORBED_MIN_HEADS, UNION_MIN_QUERIES
     from compiler.policy import sparse_attention_form
 
-    assert sparse_attention_form("auto", 128, 65536)[0] == "absorbed"
-    assert sparse_attention_form("auto", ABSORBED_MIN_HEADS - 1, object())[0] == "union"  # a symbolic length
-    assert sparse_attention_form("auto", 4, UNION_MIN_QUERIES - 1)[0] == "absorbed"
+    for heads, queries in ((128, 65536), (ABSORBED_MIN_HEADS - 1, object())):  # object(): a symbolic length
+        assert sparse_attention_form("auto", heads, queries)[0] == "auto"
+    # Under CUDA graphs a call may not measure its selections: the head count decides.
+    assert sparse_attention_form("auto", ABSORBED_MIN_HEADS, 65536, cuda_graphs=True)[0] == "absorbed"
+    assert sparse_attention_form("auto", ABSORBED_MIN_HEADS - 1, object(), cuda_graphs=True)[0] == "union"
+    for graphs in (False, True):
+        assert sparse_attention_form("auto", 4, UNION_MIN_QUERIES - 1, graphs)[0] == "absorbed"
     assert sparse_attention_form("union", 128, 1) == ("union", "option sparse_form")
     with pytest.raises(ValueError, match="expected one of"):
         sparse_attention_form("latent", 128, 1)

@@ -92,8 +92,8 @@ def test_padded_batch_every_layer_rewritten_and_logits_match_eager(name, attn, f
 @pytest.mark.parametrize("attn,dynamic,form,steps", [("sdpa", False, "absorbed", ((0, 40), (40, 48), (48, 49), (49, 50))),
                                                      ("eager", True, "auto", ((0, 40), (40, 41), (41, 42)))])
 def test_prefill_chunked_prefill_and_decode_with_a_cache(attn, dynamic, form, steps):
-    """Forced absorbed: every call. "auto" at 4 heads: the prefill takes the union form, decode (one
-    query per row) the absorbed form, which reads the latent cache instead of expanding it."""
+    """Forced absorbed: every call. "auto": the prefill takes the absorbed op choosing its form per
+    call, decode (one query per row) the absorbed form, which reads the latent cache unexpanded."""
     model = build_model(tiny_config(layers=1, attn=attn, dense_layers=1), torch.float32)
     ids = _ids(1, 50, seed=1)
     torch._dynamo.reset()
@@ -106,7 +106,7 @@ def test_prefill_chunked_prefill_and_decode_with_a_cache(attn, dynamic, form, st
             torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
     assert len(_sparse(report)) == len(report.compiles) and not report.near_misses
     paths = [r.path for r in _sparse(report)]
-    assert set(paths) == {"absorbed"} if form == "absorbed" else (paths[0], paths[-1]) == ("union", "absorbed")
+    assert set(paths) == {"absorbed"} if form == "absorbed" else (paths[0], paths[-1]) == ("auto", "absorbed")
     decode = [r for r in _sparse(report) if r.shapes["q"][2] == "1"]
     assert decode and all(r.path == "absorbed" and r.shapes["latent"][2] != "1" for r in decode)
     if form == "auto":

@@ -1,0 +1,121 @@
+"""Fit the cost model's sparse-attention constants (``cost_model.AttentionConstants``) to a
+``sparse_attention.py`` run, offline, and replay the per-call choice on its rows.
+
+    python3 benchmarks/fit_attention_cost.py --results benchmarks/results/sparse_attention_auto_h200.json \
+        --out benchmarks/results/attention_constants_h200.json
+
+Union rows: time = selected·(ratio·H·union_s + union_fixed_s) with selected = B·S·K and ratio the
+row's measured ``union_ratio``, fitted by relative least squares. Absorbed: the median seconds per
+(query, key, 64-head block) of the warp-specialised rows (``absorbed_s``) and of the Triton chain's
+default configuration (``absorbed_chain_s``). The expansion rates are kept from ``H200_ATTENTION``.
+The markdown beside the JSON lists, per (case, kind), the measured absorbed and union times, the
+form ``compiler.ops.sparse_form`` picks with the fitted and with the current constants on the row's
+sampled ratio, and the regret of each pick (its time over the faster form's).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import harness
+from compiler import cost_model
+from compiler.cost_model import ABSORBED_BLOCK_HEADS, H200_ATTENTION, AttentionConstants
+from compiler.lowering.attention.absorbed_attention import DEFAULT_CONFIG, WARP_SPECIALISED
+
+DIMS = (512, 128, 64, 128)
+"""(Dc, Dn, Dr, Dv) of ``sparse_attention.py``'s MLA shape."""
+
+
+def _selected(row) -> int:
+    return row["B"] * row["S"] * row["topk"]
+
+
+def _blocks(row) -> int:
+    return -(-row["heads"] // ABSORBED_BLOCK_HEADS)
+
+
+def fit(rows: list[dict]) -> tuple[AttentionConstants, dict]:
+    """(constants, report) from the timed prefill rows of one run (module docstring)."""
+    prefill = [r for r in rows if "ms" in r and r["S"] > 1 and r.get("union_ratio") is not None]
+    union = [r for r in prefill if r["method"] == "union"]
+    if len(union) < 2:
+        raise ValueError(f"results: expected at least 2 timed union rows with a union_ratio, got {len(union)}")
+    a = np.array([[_selected(r) * r["union_ratio"] * r["heads"], _selected(r)] for r in union])
+    y = np.array([r["ms"] * 1e-3 for r in union])
+    (union_s, union_fixed_s), *_ = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)
+    errors = np.abs(a @ np.array([union_s, union_fixed_s]) / y - 1)
+
+    def per_unit(method):
+        times = [r["ms"] * 1e-3 / (_selected(r) * _blocks(r)) for r in prefill if r["method"] == method]
+        return statistics.median(times) if times else None
+
+    ws, chain = per_unit(f"absorbed:{WARP_SPECIALISED}"), per_unit(f"absorbed:{DEFAULT_CONFIG}")
+    constants = dataclasses.replace(
+        H200_ATTENTION, union_s=float(union_s), union_fixed_s=float(max(union_fixed_s, 1e-15)),
+        absorbed_s=ws or H200_ATTENTION.absorbed_s, absorbed_chain_s=chain or H200_ATTENTION.absorbed_chain_s,
+        source=f"benchmarks/fit_attention_cost.py ({len(union)} union calls, max relative error {errors.max():.2f})")
+    return constants, {"union_points": len(union), "max_rel_error": float(errors.max()),
+                       "rms_rel_error": float(np.sqrt((errors ** 2).mean()))}
+
+
+def replay(rows: list[dict], constants: AttentionConstants) -> list[dict]:
+    """Per prefill (case, kind): the measured forms and the pick of ``call_sparse_form``'s rule under
+    ``constants`` on the sampled ratio (union fits; the absorbed form warp-specialised when it ran)."""
+    cells = defaultdict(dict)
+    for r in rows:
+        if "ms" in r and r["S"] > 1 and r.get("union_ratio_sampled") is not None:
+            cells[(r["B"], r["S"], r["T"], r["heads"], r["kind"])][r["method"]] = r
+    out = []
+    for (b, s, t, heads, kind), methods in cells.items():
+        absorbed = [m for name, m in methods.items() if name.startswith("absorbed:")]
+        if not absorbed or "union" not in methods:
+            continue
+        best_absorbed = min(absorbed, key=lambda m: m["ms"])
+        any_row = methods["union"]
+        ws = f"absorbed:{WARP_SPECIALISED}" in methods
+        crossover = cost_model.union_ratio_crossover(b, s, any_row["topk"], heads, ws, constants,
+                                                     expand=(t, *DIMS))
+        pick = "union" if any_row["union_ratio_sampled"] < crossover else "absorbed"
+        times = {"absorbed": best_absorbed["ms"], "union": methods["union"]["ms"]}
+        out.append({"B": b, "S": s, "T": t, "heads": heads, "kind": kind, "union_ratio": any_row["union_ratio"],
+                    "crossover": crossover, **{f"{k}_ms": v for k, v in times.items()}, "pick": pick,
+                    "regret": times[pick] / min(times.values()),
+                    "auto_ms": methods["auto"]["ms"] if "auto" in methods else None})
+    return out
+
+
+def summary(report: dict, fitted: AttentionConstants, picks: dict[str, list[dict]]) -> str:
+    lines = [f"Union fit: {report['union_points']} calls, max relative error {report['max_rel_error']:.3f}, "
+             f"rms {report['rms_rel_error']:.3f}. Fitted: absorbed_s {fitted.absorbed_s:.3g}, absorbed_chain_s "
+             f"{fitted.absorbed_chain_s:.3g}, union_s {fitted.union_s:.3g}, union_fixed_s {fitted.union_fixed_s:.3g}.",
+             "", "| B | S | T | heads | kind | union / K | absorbed ms | union ms | auto ms | pick (fitted) | regret | "
+             "pick (current) | regret |", "|" + "---|" * 13]
+    for new, old in zip(picks["fitted"], picks["current"]):
+        auto = "-" if new["auto_ms"] is None else f"{new['auto_ms']:.2f}"
+        lines.append(f"| {new['B']} | {new['S']} | {new['T']} | {new['heads']} | {new['kind']} | "
+                     f"{new['union_ratio']:.2f} | {new['absorbed_ms']:.2f} | {new['union_ms']:.2f} | {auto} | "
+                     f"{new['pick']} | {new['regret']:.2f} | {old['pick']} | {old['regret']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", required=True, help="a sparse_attention.py results JSON")
+    p.add_argument("--out", required=True, help="constants JSON to write (a .md summary is written beside it)")
+    args = p.parse_args(argv)
+    rows = json.loads(Path(args.results).read_text())["rows"]
+    constants, report = fit(rows)
+    picks = {"fitted": replay(rows, constants), "current": replay(rows, H200_ATTENTION)}
+    doc = {"constants": dataclasses.asdict(constants), "report": report, "picks": picks["fitted"]}
+    harness.write_results(args.out, doc, summary(report, constants, picks))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

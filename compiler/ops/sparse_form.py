@@ -1,0 +1,55 @@
+"""Call time: the form of one ``absorbed_sparse_attention`` call whose compile-time form is "auto".
+
+``call_sparse_form`` returns "absorbed" or "union" (the latent expanded into keys and values, then
+the union kernels): the one that ``cost_model`` predicts faster given the mean union of a tile's
+selections over their width (``union_ratio``). That ratio lies in ``[1/topk, min(tile, T/topk)]``;
+only when the range straddles the crossover is it measured, one host synchronisation. A call that
+may not synchronise (a CUDA graph is being captured) decides on its head count
+(``policy.shape_form``). Either form gives the same result to rounding: the choice is speed only.
+``picks()``: how many calls of this process took each form.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+from compiler.cost_model import union_ratio_crossover
+from compiler.policy import shape_form
+
+__all__ = ["call_sparse_form", "picks"]
+
+_PICKS: Counter = Counter()
+
+
+def picks() -> dict[str, int]:
+    """Calls of this process per form returned by ``call_sparse_form``."""
+    return dict(_PICKS)
+
+
+def _picked(form: str, reason: str) -> tuple[str, str]:
+    _PICKS[form] += 1
+    return form, reason
+
+
+def call_sparse_form(*, batch: int, queries: int, topk: int, heads: int, tile: int, warp_specialised: bool,
+                     expand: tuple[int, int, int, int, int], union_fits: bool, may_measure: bool,
+                     measure_ratio: Callable[[], float]) -> tuple[str, str]:
+    """``(form, reason)`` of a call of ``batch·queries`` queries selecting ``topk`` keys for ``heads``
+    heads; ``tile``: queries per union tile; ``warp_specialised``: the absorbed form would run the
+    Gluon kernel; ``expand = (T, Dc, Dn, Dr, Dv)``; ``union_fits``: the expansion and the unions'
+    workspace fit in free memory (else absorbed); ``measure_ratio()`` returns the ratio."""
+    if not union_fits:
+        return _picked("absorbed", "the expanded keys and values and the unions' workspace do not fit in free "
+                                   "memory")
+    crossover = union_ratio_crossover(batch, queries, topk, heads, warp_specialised, expand=expand)
+    highest = min(tile, expand[0] / topk)
+    if crossover <= 1 / topk:
+        return _picked("absorbed", f"union predicted slower at any overlap (crossover ratio {crossover:.3g})")
+    if crossover > highest:
+        return _picked("union", f"union predicted faster at any overlap (crossover ratio {crossover:.3g} > "
+                                f"{highest:.3g})")
+    if not may_measure:
+        return _picked(*shape_form(heads))
+    ratio = measure_ratio()
+    winner = "union" if ratio < crossover else "absorbed"
+    return _picked(winner, f"mean tile union {ratio:.3g} x topk against the crossover {crossover:.3g}")

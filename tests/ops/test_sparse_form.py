@@ -1,0 +1,78 @@
+"""``compiler.ops.sparse_form.call_sparse_form``: the per-call choice between the absorbed and union forms."""
+import pytest
+
+from compiler.cost_model import absorbed_attention_time, union_attention_time, union_ratio_crossover
+from compiler.defaults import ABSORBED_MIN_HEADS
+from compiler.ops.sparse_form import call_sparse_form
+
+V32 = (512, 128, 64, 128)  # Dc, Dn, Dr, Dv
+
+
+def choose(heads, s, ratio=None, *, t=None, topk=2048, fits=True, may_measure=True, ws=True):
+    calls = []
+
+    def measure():
+        calls.append(1)
+        if ratio is None:
+            raise AssertionError("the ratio was measured where the bounds decide")
+        return ratio
+
+    form, reason = call_sparse_form(batch=1, queries=s, topk=topk, heads=heads, tile=64, warp_specialised=ws,
+                                    expand=(t or s, *V32), union_fits=fits, may_measure=may_measure,
+                                    measure_ratio=measure)
+    return form, reason, len(calls)
+
+
+@pytest.mark.parametrize("heads,s,ratio,want", [
+    (128, 32768, 1.03, "union"),  # a shared window: the union is the selection
+    (128, 32768, 2.1, "absorbed"),  # 16 neighbours share half their keys
+    (128, 65536, 15.1, "absorbed"),  # uniform over the visible keys
+    (16, 16384, 4.07, "union"),
+    (16, 32768, 8.0, "absorbed"),
+])
+def test_the_measured_overlap_decides_where_the_bounds_do_not(heads, s, ratio, want):
+    form, reason, measured = choose(heads, s, ratio)
+    assert (form, measured) == (want, 1) and "crossover" in reason
+
+
+def test_the_crossover_is_where_the_predicted_times_meet():
+    expand = (32768, *V32)
+    x = union_ratio_crossover(1, 32768, 2048, 128, True, expand=expand)
+    union = union_attention_time(1, 32768, 2048, 128, x, expand=expand)
+    assert union == pytest.approx(absorbed_attention_time(1, 32768, 2048, 128, True), rel=1e-9)
+    assert 1 < x < 2
+    assert union_attention_time(1, 32768, 2048, 128, x + 1, expand=expand) > union
+
+
+def test_bounds_decide_without_measuring():
+    # 4096 keys of 2048-wide selections: a tile's union is at most 2 x topk, below the crossover at 8 heads.
+    assert choose(8, 4096, t=4096, ws=False)[::2] == ("union", 0)
+    # One query row over many keys: expanding them all costs more than the absorbed form at any overlap.
+    assert choose(128, 16, t=131072, topk=2048)[::2] == ("absorbed", 0)
+
+
+def test_without_memory_or_while_capturing():
+    assert choose(16, 16384, fits=False)[::2] == ("absorbed", 0)
+    assert choose(ABSORBED_MIN_HEADS, 32768, may_measure=False)[::2] == ("absorbed", 0)
+    assert choose(ABSORBED_MIN_HEADS - 1, 32768, may_measure=False)[::2] == ("union", 0)
+
+
+def test_the_cost_model_refuses_bad_sizes():
+    with pytest.raises(ValueError, match="ratio"):
+        union_attention_time(1, 8, 8, 8, -1.0)
+    with pytest.raises(TypeError, match="heads"):
+        absorbed_attention_time(1, 8, 8, 8.0, True)
+
+
+def test_attention_constants_must_be_positive_and_finite():
+    import dataclasses
+    import math
+
+    from compiler.cost_model import H200_ATTENTION
+
+    for field in ("absorbed_s", "union_s", "copy_bytes_per_s"):
+        for bad in (0.0, -1e-12, math.inf, math.nan, True):
+            with pytest.raises(ValueError, match=field):
+                dataclasses.replace(H200_ATTENTION, **{field: bad})
+    with pytest.raises(TypeError, match="source"):
+        dataclasses.replace(H200_ATTENTION, source=None)
