@@ -327,16 +327,18 @@ class AttentionConstants:
     """Seconds per unit of work of the two forms of an MLA layer's DSA sparse attention on one device.
 
     Absorbed: ``absorbed_s`` per (query, selected key, block of ``ABSORBED_BLOCK_HEADS`` heads) for the
-    warp-specialised kernel, ``absorbed_chain_s`` per (query, selected key, block of up to 64 heads)
-    for the Triton chain. Union: ``union_s`` per (query, union key, head) plus ``union_fixed_s`` per
-    (query, selected key) (building the unions); when the union form is run from the latent, its
-    expansion into keys and values costs ``2·Dc·(Dn+Dv)`` FLOPs at ``matmul_flops_per_s`` and writes
-    ``(Dn+Dr+Dv)`` values at ``copy_bytes_per_s`` per (key, head). All positive and finite.
+    warp-specialised kernel, ``absorbed_chain_s`` per (query, selected key, such block) for the Triton
+    chain. Union: per (query, union key) ``union_s`` per head plus ``union_key_s``, and
+    ``union_fixed_s`` per (query, selected key) (building the unions); when the union form is run
+    from the latent, its expansion into keys and values costs ``2·Dc·(Dn+Dv)`` FLOPs at
+    ``matmul_flops_per_s`` and moves ``3·Dn+Dr+Dv`` values (the product written, its nope part read
+    and written with the rope key) at ``copy_bytes_per_s`` per (key, head). All positive and finite.
     """
 
     absorbed_s: float
     absorbed_chain_s: float
     union_s: float
+    union_key_s: float
     union_fixed_s: float
     matmul_flops_per_s: float
     copy_bytes_per_s: float
@@ -354,15 +356,14 @@ class AttentionConstants:
 
 
 H200_ATTENTION = AttentionConstants(
-    absorbed_s=3.41e-10,
-    absorbed_chain_s=5.6e-10,
-    union_s=3.26e-12,
-    union_fixed_s=3.7e-11,
+    absorbed_s=3.53e-10,
+    absorbed_chain_s=3.87e-10,
+    union_s=3.01e-12,
+    union_key_s=1.41e-11,
+    union_fixed_s=2.2e-11,
     matmul_flops_per_s=7.7e14,
     copy_bytes_per_s=4.2e12,
-    source="benchmarks/fit_cost_model.py --attention on benchmarks/results/sparse_attention_seesaw_h200.json "
-           "(union: relative least squares over 30 calls at 16 and 128 heads, 16K-64K, max relative error "
-           "0.15; absorbed: median of the warp-specialised calls, the chain's h64_n64_w8_s2 at 128 heads)",
+    source="benchmarks/fit_attention_cost.py on benchmarks/results/sparse_attention_auto_h200.json",
 )
 """The Triton and Gluon kernels on one H200."""
 
@@ -393,11 +394,11 @@ def union_attention_time(batch: int, queries: int, topk: int, heads: int, ratio:
     if not ratio >= 0:
         raise ValueError(f"ratio: expected a number >= 0, got {ratio!r}")
     selected = batch * queries * topk
-    seconds = selected * (ratio * heads * c.union_s + c.union_fixed_s)
+    seconds = selected * (ratio * (heads * c.union_s + c.union_key_s) + c.union_fixed_s)
     if expand is not None:
         keys, lat, nope, rope, v = expand
         per_key_head = 2 * lat * (nope + v) / c.matmul_flops_per_s + \
-            (nope + rope + v) * element_bytes / c.copy_bytes_per_s
+            (3 * nope + rope + v) * element_bytes / c.copy_bytes_per_s
         seconds += batch * keys * heads * per_key_head
     return seconds
 
@@ -409,5 +410,5 @@ def union_ratio_crossover(batch: int, queries: int, topk: int, heads: int, warp_
     (<= 0: never; the union time grows linearly in the ratio)."""
     absorbed = absorbed_attention_time(batch, queries, topk, heads, warp_specialised, c)
     at_zero = union_attention_time(batch, queries, topk, heads, 0.0, c, expand=expand, element_bytes=element_bytes)
-    slope = batch * queries * topk * heads * c.union_s
+    slope = batch * queries * topk * (heads * c.union_s + c.union_key_s)
     return (absorbed - at_zero) / slope if slope else -math.inf

@@ -35,7 +35,7 @@ def test_smoke_run_with_a_selections_file_and_the_budget(tmp_path):
     for kind in ("file:trained", "shared16"):
         mine = [r for r in rows if r["kind"] == kind]
         prefill = kind == "file:trained"  # the compile-time form is "auto": the op's own choice is timed too
-        assert {r["method"] for r in mine} == METHODS | ({"auto"} if prefill else set())
+        assert {r["method"] for r in mine} == METHODS | ({"auto", "union:latent"} if prefill else set())
         assert all("error" not in r and r["union_ratio"] > 0 for r in mine)
         assert all(r["auto_form"] in ("absorbed", "union") for r in mine if r["method"] == "auto")
         assert all(r["err_vs_reference"] < 3e-2 and r["ms"] > 0 and r["regret"] >= 1 for r in mine)

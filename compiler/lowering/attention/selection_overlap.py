@@ -8,7 +8,8 @@ window), up to ``tile`` when they share none.
 
 Exact on the sampled tiles (the distinct in-range keys that the mask shows, per tile, as
 ``_build_union_kernel`` counts them); an estimate of the mean over all tiles. Plain torch (one
-sort of ``SAMPLED_TILES · tile · K`` indices), on any device.
+scatter of ``SAMPLED_TILES · tile · K`` indices into a bitmap of ``SAMPLED_TILES · (T + 1)`` bytes),
+on any device.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def union_ratio(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k: int,
     if mask is not None:
         shown = mask.expand(b, 1, s, seq_k)[:, 0]
         ok &= shown[batch[:, None, None], rows[:, :, None], keys.clamp(0, seq_k - 1)]
-    keys = torch.where(ok, keys, seq_k).flatten(1).sort(dim=1).values
-    fresh = torch.cat([keys[:, :1] < seq_k, (keys[:, 1:] != keys[:, :-1]) & (keys[:, 1:] < seq_k)], dim=1)
-    return fresh.sum(dim=1).float().mean() / width
+    keys = torch.where(ok, keys, seq_k).flatten(1)
+    seen = torch.zeros((keys.shape[0], seq_k + 1), dtype=torch.uint8, device=indices.device)
+    seen.scatter_(1, keys, 1)  # column seq_k collects every key that is not visible
+    return seen[:, :seq_k].sum(dim=1, dtype=torch.int64).float().mean() / width
