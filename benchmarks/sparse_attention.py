@@ -35,7 +35,8 @@ them on its other kinds (the op runs ``default_configs``' first),
 ``masked_sdpa`` (what transformers runs: index mask, combined mask, SDPA over all T keys; timed
 once per case, its work does not depend on the selection), and where the compile-time form is
 "auto" (prefill), ``auto``: the op's per-call choice (``latent_attention``, its pick in
-``auto_form``, measuring included) and ``union:latent``: the union form as that op runs it, the
+``auto_form``, its site the kind: measured on its first call, then from its own earlier
+measurements) and ``union:latent``: the union form as that op runs it, the
 latent's expansion included; there ``regret`` is auto's time over the fastest absorbed
 configuration's or union:latent's. ``tflops`` is the absorbed form's 2·B·S·H·K·(Dc + Dr + Dc) FLOPs
 over each method's time; ``chosen``: the form ``policy.sparse_attention_form`` picks at compile time
@@ -290,9 +291,9 @@ def run_case(case, kinds, args, device, dims, emit):
             except Exception as exc:  # recorded: the timings stand without it
                 found[0]["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         if chosen == "auto":
-            auto_form, reason = choose_form(q, latent, rope_key, weight, indices, mask)
+            auto_form, reason = choose_form(q, latent, rope_key, weight, indices, mask, site=kind)
             record("auto", lambda: latent_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=scale,
-                                                           distinct=distinct, form="auto"),
+                                                           distinct=distinct, form="auto", site=kind),
                    auto_form=auto_form, auto_reason=reason)
         if kv is None:
             found.append({**base, "method": "union", "error": "skipped: the expanded keys and values "

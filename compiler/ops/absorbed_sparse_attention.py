@@ -2,7 +2,7 @@
 indexer's selected keys, in the absorbed form (the keys and values stay latent rows).
 
 Schema: ``absorbed_sparse_attention(Tensor q, Tensor latent, Tensor rope_key, Tensor kv_b_weight,
-Tensor indices, Tensor? mask, float scale, str masked_rows, bool distinct, str form) -> Tensor``. q
+Tensor indices, Tensor? mask, float scale, str masked_rows, bool distinct, str form, str site) -> Tensor``. q
 ``[B, H, S, Dn+Dr]``, latent ``[B, T, Dc]``, rope_key ``[B, T, Dr]``, kv_b_weight
 ``[H·(Dn+Dv), Dc]`` (the weight of ``kv_b_proj``, read at every call), indices ``[B, S, K]``
 int32/int64, mask None or bool (True = visible) broadcastable to ``[B, 1, S, T]``,
@@ -11,7 +11,8 @@ int32/int64, mask None or bool (True = visible) broadcastable to ``[B, 1, S, T]`
 ``kv_b_proj`` expands, to rounding). ``distinct`` = True promises that no row repeats an in-range
 index (indices from a top-K): the CUDA kernel then skips the per-row sort that removes repeats.
 ``form``: "absorbed", or "auto" (CUDA picks the absorbed or the union form per call from how the
-selections overlap, ``compiler.lowering.attention.latent_attention``; same result to rounding).
+selections overlap, ``compiler.lowering.attention.latent_attention``; same result to rounding);
+``site`` names the call site (the attention module) whose measurements its "auto" calls share.
 
 The CPU kernel (and any device without its own) runs the plain-torch reference, which treats every
 selection as a set; CUDA runs ``compiler/lowering/attention/latent_attention.py`` (form "absorbed":
@@ -42,7 +43,7 @@ def check_form(form) -> None:
 @torch.library.custom_op("pulsar_dosa::absorbed_sparse_attention", mutates_args=())
 def absorbed_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
                               kv_b_weight: torch.Tensor, indices: torch.Tensor, mask: Optional[torch.Tensor],
-                              scale: float, masked_rows: str, distinct: bool, form: str) -> torch.Tensor:
+                              scale: float, masked_rows: str, distinct: bool, form: str, site: str) -> torch.Tensor:
     """Absorbed sparse attention (module docstring), by the plain-torch reference."""
     check_form(form)
     _refuse_pulsar_layout()
@@ -53,18 +54,18 @@ def absorbed_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: t
 
 @absorbed_sparse_attention.register_kernel("cuda")
 def _absorbed_sparse_attention_cuda(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows, distinct,
-                                    form):
+                                    form, site):
     from compiler.lowering.attention.latent_attention import latent_sparse_attention
 
     check_form(form)
     _refuse_pulsar_layout()
     return latent_sparse_attention(q, latent, rope_key, kv_b_weight, indices, mask, scale=scale,
-                                   masked_rows=masked_rows, distinct=distinct, form=form)
+                                   masked_rows=masked_rows, distinct=distinct, form=form, site=site)
 
 
 @absorbed_sparse_attention.register_fake
 def _absorbed_sparse_attention_fake(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows, distinct,
-                                    form):
+                                    form, site):
     check_form(form)
     if q.dim() != 4 or rope_key.dim() != 3 or kv_b_weight.dim() != 2:
         raise ValueError(f"q, rope_key, kv_b_weight: expected ranks 4, 3 and 2, got {q.dim()}, {rope_key.dim()} "

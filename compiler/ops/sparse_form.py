@@ -3,20 +3,26 @@
 ``call_sparse_form`` returns "absorbed" or "union" (the latent expanded into keys and values, then
 the union kernels): the one that ``cost_model`` predicts faster given the mean union of a tile's
 selections over their width (``union_ratio``). That ratio lies in ``[1/topk, min(tile, T/topk)]``;
-only when the range straddles the crossover is it measured, one host synchronisation. A call that
-may not synchronise (a CUDA graph is being captured) decides on its head count
+only when the range straddles the crossover is it asked for. ``RECORDS`` answers with the last
+measurement of the call's site (the attention module) and size buckets: the first call of a key
+waits for its own measurement (one host synchronisation), every later one enqueues a new
+measurement and reads it on a later call, once the device has made it (the host never waits). A
+call that may not measure (a CUDA graph is being captured) decides on its head count
 (``policy.shape_form``). Either form gives the same result to rounding: the choice is speed only.
 ``picks()``: how many calls of this process took each form.
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Hashable, Optional
+
+import torch
 
 from compiler.cost_model import union_ratio_crossover
 from compiler.policy import shape_form
 
-__all__ = ["call_sparse_form", "picks"]
+__all__ = ["OverlapRecords", "RECORDS", "call_sparse_form", "picks"]
 
 _PICKS: Counter = Counter()
 
@@ -29,6 +35,45 @@ def picks() -> dict[str, int]:
 def _picked(form: str, reason: str) -> tuple[str, str]:
     _PICKS[form] += 1
     return form, reason
+
+
+@dataclass
+class _Record:
+    ratio: Optional[float] = None
+    pending: Optional[tuple[torch.cuda.Event, torch.Tensor]] = None
+
+
+class OverlapRecords:
+    """The last measured union ratio per key (module docstring); ``ratio(key, measure)`` with
+    ``measure()`` returning a 0-dim tensor on the call's device."""
+
+    def __init__(self) -> None:
+        self._records: dict[Hashable, _Record] = {}
+
+    def ratio(self, key: Hashable, measure: Callable[[], torch.Tensor]) -> float:
+        record = self._records.setdefault(key, _Record())
+        if record.pending is not None and record.pending[0].query():
+            record.ratio, record.pending = float(record.pending[1]), None
+        if record.ratio is None:
+            record.ratio = float(measure())
+        elif record.pending is None:
+            value = measure()
+            if value.is_cuda:
+                host = torch.empty((), dtype=value.dtype, pin_memory=True)
+                host.copy_(value, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+                record.pending = (event, host)
+            else:
+                record.ratio = float(value)
+        return record.ratio
+
+    def clear(self) -> None:
+        self._records.clear()
+
+
+RECORDS = OverlapRecords()
+"""The process-wide records the absorbed op's "auto" calls read."""
 
 
 def call_sparse_form(*, batch: int, queries: int, topk: int, heads: int, tile: int, warp_specialised: bool,

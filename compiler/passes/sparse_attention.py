@@ -61,7 +61,7 @@ from compiler.passes.base import Declined, PatternPass, near_miss
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call, is_unit,
                                      may_be_equal, normalize_dim, op_kind, same_size, scale_value, scaled_scores,
                                      single_use, softmax_of, tensor_meta, value)
-from compiler.passes.matcher import LatentKV, NotLatent, latent_form
+from compiler.passes.matcher import LatentKV, NotLatent, latent_form, module_path
 from compiler.policy import keeps_stock, sparse_attention_form, stock_threshold
 from runtime.sparse_attention import FLOAT_DTYPES
 
@@ -407,7 +407,7 @@ def rewrite(graph: fx.Graph, match: SparseMatch, form: str) -> fx.Node:
         rows = [_latent_rows(graph, x, match.anchor) for x in (latent.latent, latent.rope_key)]
         op = insert_call(graph, "call_function", ABSORBED_OP,
                          (match.q, *rows, latent.weight, match.indices, match.mask, scale, match.masked_rows,
-                          match.distinct, form), like=match.anchor)
+                          match.distinct, form, module_path(match.anchor)), like=match.anchor)
     match.interior = match.interior + latent.nodes
     return op
 

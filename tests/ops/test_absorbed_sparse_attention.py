@@ -22,7 +22,7 @@ def op_inputs(mask: bool, index_dtype=torch.int64, seed=0, s=5):
 
 @pytest.mark.parametrize("mask,index_dtype,masked_rows", [(True, torch.int64, "zero"), (False, torch.int32, "mean")])
 def test_opcheck_and_the_cpu_kernel_is_the_reference(mask, index_dtype, masked_rows):
-    args = (*op_inputs(mask, index_dtype), 0.3, masked_rows, False, "auto")
+    args = (*op_inputs(mask, index_dtype), 0.3, masked_rows, False, "auto", "layers.0")
     torch.library.opcheck(OP, args)
     out = OP(*args)
     want, _ = absorbed_sparse_attention(*args[:6], scale=0.3, masked_rows=masked_rows)
@@ -31,7 +31,7 @@ def test_opcheck_and_the_cpu_kernel_is_the_reference(mask, index_dtype, masked_r
 
 def test_fake_kernel_takes_symbolic_query_and_key_lengths():
     def attend(q, latent, rope_key, weight, indices):
-        return OP(q, latent, rope_key, weight, indices, None, 0.3, "zero", True, "absorbed") * 2
+        return OP(q, latent, rope_key, weight, indices, None, 0.3, "zero", True, "absorbed", "") * 2
 
     torch._dynamo.reset()
     compiled = torch.compile(attend, backend="eager", dynamic=True, fullgraph=True)
@@ -41,7 +41,7 @@ def test_fake_kernel_takes_symbolic_query_and_key_lengths():
 
 
 def test_refuses_to_run_under_a_pulsar_layout():
-    args = (*op_inputs(True), 0.3, "zero", True, "auto")
+    args = (*op_inputs(True), 0.3, "zero", True, "auto", "")
     with use_layout(QueryPhase(kept=4)), pytest.raises(RuntimeError, match="does not follow Pulsar layouts"):
         OP(*args)
 
@@ -49,8 +49,8 @@ def test_refuses_to_run_under_a_pulsar_layout():
 def test_bad_arguments_are_named_before_any_work():
     q, latent, rope_key, weight, indices, mask = op_inputs(True)
     with pytest.raises(ValueError, match="masked_rows must be one of"):
-        OP(q, latent, rope_key, weight, indices, mask, 0.3, "nan", False, "auto")
+        OP(q, latent, rope_key, weight, indices, mask, 0.3, "nan", False, "auto", "")
     with pytest.raises(ValueError, match="kv_b_weight must be"):
-        OP(q, latent, rope_key, weight[:, :-1], indices, mask, 0.3, "zero", False, "auto")
+        OP(q, latent, rope_key, weight[:, :-1], indices, mask, 0.3, "zero", False, "auto", "")
     with pytest.raises(ValueError, match="form must be one of"):
-        OP(q, latent, rope_key, weight, indices, mask, 0.3, "zero", False, "union")
+        OP(q, latent, rope_key, weight, indices, mask, 0.3, "zero", False, "union", "")

@@ -76,3 +76,23 @@ def test_attention_constants_must_be_positive_and_finite():
                 dataclasses.replace(H200_ATTENTION, **{field: bad})
     with pytest.raises(TypeError, match="source"):
         dataclasses.replace(H200_ATTENTION, source=None)
+
+
+def test_records_keep_the_last_measurement_per_key():
+    import torch
+
+    from compiler.ops.sparse_form import OverlapRecords
+
+    records, calls = OverlapRecords(), []
+
+    def measure(value):
+        def run():
+            calls.append(value)
+            return torch.tensor(value)
+        return run
+
+    assert records.ratio("a", measure(2.0)) == 2.0  # the first call of a key measures and waits
+    assert records.ratio("a", measure(3.0)) == 3.0  # off CUDA a later measurement is read at once
+    assert records.ratio("b", measure(5.0)) == 5.0 and calls == [2.0, 3.0, 5.0]
+    records.clear()
+    assert records.ratio("a", measure(7.0)) == 7.0

@@ -86,6 +86,8 @@ def test_padded_batch_every_layer_rewritten_and_logits_match_eager(name, attn, f
         assert not {"new_empty", "copy_", torch._C._nn.scaled_dot_product_attention} & set(targets)
         weights = [n for g in graphs for n in g.graph.nodes if n.op == "placeholder" and "kv_b_proj" in n.name]
         assert weights and all([u.target for u in w.users] == [ABSORBED_OP] for w in weights)
+        sites = [n.args[-1] for g in graphs for n in g.graph.nodes if n.target == ABSORBED_OP]
+        assert sites == _attention_layers(model)  # an "auto" call's measurements are kept per attention module
     torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
 
 

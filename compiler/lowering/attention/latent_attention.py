@@ -9,8 +9,9 @@ give it to rounding.
 ``form="absorbed"`` runs ``absorbed_attention``. ``form="auto"`` asks ``compiler.ops.sparse_form``
 (``choose_form``): the union form expands the latent the way transformers does (k = [latent W_UKᵀ,
 rope_key], v = latent W_UVᵀ, per head, from the weight the call receives) and runs
-``sparse_attention``'s kernels on it. Measuring the overlap synchronises the host once; a call made
-while a CUDA graph is captured never does.
+``sparse_attention``'s kernels on it. The overlap is measured per call site and size bucket,
+synchronising the host on the first call of each only; a call made while a CUDA graph is captured
+never measures.
 """
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ from typing import Optional
 
 import torch
 
-from compiler.autotune import interpreter_active
+from compiler.autotune import interpreter_active, length_bucket
 from compiler.lowering.attention import absorbed_attention
 from compiler.lowering.attention.absorbed_attention import WARP_SPECIALISED_MIN_HEADS, absorbed_sparse_attention_triton
 from compiler.lowering.attention.selection_overlap import union_ratio
 from compiler.lowering.attention.sparse_attention import sparse_attention_triton, tile_rows, workspace_bytes
 from compiler.ops.absorbed_sparse_attention import check_form
-from compiler.ops.sparse_form import call_sparse_form
+from compiler.ops.sparse_form import RECORDS, call_sparse_form
 from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs
 
 FREE_FRACTION = 0.9
@@ -43,11 +44,9 @@ def expand_latent(latent: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: tor
 
 
 def _free_bytes(device: torch.device) -> Optional[int]:
-    """Bytes a CUDA device can still allocate (free plus what the caching allocator holds unused)."""
-    if device.type != "cuda":
-        return None
-    free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    """Bytes free on a CUDA device outside the caching allocator's pool (the pool's unused blocks
+    are not counted: reading them costs more host time than the choice is worth)."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
 
 
 def _union_fits(q, latent, rope_key, indices, dims: tuple[int, int, int]) -> bool:
@@ -73,8 +72,9 @@ def _warp_specialised(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Ten
             and torch.cuda.get_device_capability(q.device) == (9, 0))
 
 
-def choose_form(q, latent, rope_key, kv_b_weight, indices, mask) -> tuple[str, str]:
-    """``(form, reason)`` of an "auto" call on checked inputs: ``compiler.ops.sparse_form``."""
+def choose_form(q, latent, rope_key, kv_b_weight, indices, mask, site: str = "") -> tuple[str, str]:
+    """``(form, reason)`` of an "auto" call on checked inputs: ``compiler.ops.sparse_form``, its
+    union ratio from ``RECORDS`` under (``site``, device, B, H, K, the buckets of S and T)."""
     b, heads, s, _ = q.shape
     dims = absorbed_dims(q, rope_key, kv_b_weight)
     t_len, width = latent.shape[1], indices.shape[2]
@@ -85,18 +85,21 @@ def choose_form(q, latent, rope_key, kv_b_weight, indices, mask) -> tuple[str, s
         warp_specialised=_warp_specialised(q, latent, rope_key),
         expand=(t_len, latent.shape[2], dims[0], dims[1], dims[2]),
         union_fits=_union_fits(q, latent, rope_key, indices, dims), may_measure=not capturing,
-        measure_ratio=lambda: float(union_ratio(indices, mask, t_len, tile)))
+        measure_ratio=lambda: RECORDS.ratio((site, q.device, b, heads, width, length_bucket(s), length_bucket(t_len)),
+                                            lambda: union_ratio(indices, mask, t_len, tile)))
 
 
 def latent_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor,
                             indices: torch.Tensor, mask: Optional[torch.Tensor] = None, *, scale: float,
-                            masked_rows: str = "zero", distinct: bool = False, form: str = "auto") -> torch.Tensor:
-    """o ``[B, H, S, Dv]`` (module docstring); ``distinct`` as in ``absorbed_sparse_attention_triton``.
+                            masked_rows: str = "zero", distinct: bool = False, form: str = "auto",
+                            site: str = "") -> torch.Tensor:
+    """o ``[B, H, S, Dv]`` (module docstring); ``distinct`` as in ``absorbed_sparse_attention_triton``;
+    ``site`` names the call site whose measurements an "auto" call reuses (``choose_form``).
     Raises TypeError/ValueError naming the argument before any work."""
     check_form(form)
     check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
     if form == "auto" and q.numel() and latent.shape[1] and indices.shape[2]:
-        form = choose_form(q, latent, rope_key, kv_b_weight, indices, mask)[0]
+        form = choose_form(q, latent, rope_key, kv_b_weight, indices, mask, site)[0]
     if form != "union":
         return absorbed_sparse_attention_triton(q, latent, rope_key, kv_b_weight, indices, mask, scale=scale,
                                                 masked_rows=masked_rows, distinct=distinct)
