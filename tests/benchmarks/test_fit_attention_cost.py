@@ -47,3 +47,13 @@ def test_the_fit_recovers_the_generating_constants_and_the_replay_has_no_regret(
 def test_too_few_union_rows_are_refused():
     with pytest.raises(ValueError, match="at least 2 timed union rows"):
         fit_attention_cost.fit(synthetic_rows(H200_ATTENTION)[:3])
+
+
+def test_the_committed_constants_pick_the_faster_form_on_the_committed_grid():
+    """The per-call choice replayed on the H200 grid (every kind, 8/16/128 heads, 16K-64K and the trained
+    selections) with the constants the op runs: at most a 5% regret where the two forms nearly tie."""
+    results = fit_attention_cost.__file__.rsplit("/", 1)[0] + "/results/sparse_attention_auto_h200.json"
+    rows = json.loads(open(results).read())["rows"]
+    picks = fit_attention_cost.replay(rows, H200_ATTENTION)
+    assert len(picks) == 43 and {p["pick"] for p in picks} == {"union", "absorbed"}
+    assert max(p["regret"] for p in picks) <= 1.05
