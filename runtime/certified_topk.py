@@ -34,7 +34,7 @@ from runtime.indexer_inputs import IndexerInputs, check_indexer_inputs
 from runtime.rounding import key_norm_up, next_up, range_is_safe, round_up_to_float32, scaled_bound_up
 from runtime import defaults
 from runtime.seeds import (SOFT_HIDDEN_BIAS, anchor_rows, sample_keys, sample_rank,
-                           sample_size, seed_mask)
+                           sample_size, seed_mask, takes_witnesses)
 
 __all__ = ["FALLBACK_REASONS", "PATHS", "CertifiedTopkConfig", "TopkStats", "certified_topk"]
 
@@ -59,8 +59,11 @@ class CertifiedTopkConfig:
     """Options of ``certified_topk``.
 
     r: retained heads per query (None: |H+| rounded up to a multiple of 4, per query; an int is
-    one r for the whole call, clipped to H). anchor_stride: one dense anchor query every
-    anchor_stride queries. sink / window: first / last visible keys added to the seeds.
+    one r for the whole call, clipped to H). witnesses: every anchor_stride-th query is an anchor,
+    scored densely, whose top keys seed its group (False: no anchors; the groups of anchor_stride
+    queries share only their strided sample, and the sample's estimate is the threshold; a call
+    without a sample, or whose keys are sharded, takes witnesses anyway). sink / window: first /
+    last visible keys added to the seeds.
     workspace_frac: survivor workspace per query, floor(workspace_frac * T) + kk keys.
     sample_keys: keys of the strided sample behind each query's own threshold (None: the default
     of ``seeds.sample_size``; 0: none). sample_sigmas: safety of its rank (``seeds.sample_rank``).
@@ -68,6 +71,7 @@ class CertifiedTopkConfig:
     """
 
     r: int | None = None
+    witnesses: bool = defaults.WITNESSES
     anchor_stride: int = defaults.ANCHOR_STRIDE
     sink: int = defaults.SINK
     window: int = defaults.WINDOW
@@ -79,6 +83,8 @@ class CertifiedTopkConfig:
     def __post_init__(self) -> None:
         if self.r is not None:
             _require_int("r", self.r, 1)
+        if not isinstance(self.witnesses, bool):
+            raise TypeError(f"witnesses: expected a bool, got {self.witnesses!r}")
         _require_int("anchor_stride", self.anchor_stride, 1)
         _require_int("sink", self.sink, 0)
         _require_int("window", self.window, 0)
@@ -165,11 +171,12 @@ def _compact(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return idx, idx < T
 
 
-def _route(inputs: IndexerInputs, config: CertifiedTopkConfig,
-           key_norm: torch.Tensor) -> dict[str, torch.Tensor]:
+def _route(inputs: IndexerInputs, config: CertifiedTopkConfig, key_norm: torch.Tensor,
+           witnesses: bool) -> dict[str, torch.Tensor]:
     """Exclusive [B,S] bool masks: one per ``ROUTED_REASONS`` entry, "anchor", "certified".
 
-    key_norm [B,T] float64: ``_key_norms``. Requires B*S > 0 and T > 0.
+    key_norm [B,T] float64: ``_key_norms``. ``witnesses``: the call has anchors
+    (``seeds.takes_witnesses``). Requires B*S > 0 and T > 0.
     """
     B, S = inputs.q.shape[:2]
     q, w, k, visible = inputs.q, inputs.weights, inputs.k, inputs.visible
@@ -200,7 +207,7 @@ def _route(inputs: IndexerInputs, config: CertifiedTopkConfig,
     ):
         routes[name] = failed & ~taken
         taken |= failed
-    is_anchor = (torch.arange(S, device=q.device) % config.anchor_stride == 0).expand(B, S)
+    is_anchor = (torch.arange(S, device=q.device) % config.anchor_stride == 0).expand(B, S) & witnesses
     routes["anchor"] = is_anchor & ~taken
     routes["certified"] = ~is_anchor & ~taken
     return routes
@@ -260,7 +267,8 @@ def certified_topk(
         return select_topk(masked_scores(inputs), inputs.visible, kk)
 
     key_norm = _key_norms(inputs.k)
-    routes = _route(inputs, config, key_norm)
+    witnesses = takes_witnesses(config.witnesses, sample_size(T, config.sample_keys), shared_bound is not None)
+    routes = _route(inputs, config, key_norm, witnesses)
     values = torch.empty((B, S, kk), dtype=torch.float32, device=inputs.q.device)
     indices = torch.empty((B, S, kk), dtype=torch.int64, device=inputs.q.device)
     _dense_rows(inputs, ~routes["certified"], values, indices)
@@ -270,20 +278,23 @@ def certified_topk(
     counts["keys_visible"] = inputs.visible.sum()
     if bool(routes["certified"].any()):
         counts.update(_certified_rows(inputs, config, routes["certified"], key_norm, values, indices,
-                                      shared_bound))
+                                      shared_bound, witnesses))
     if stats is not None:
         for name, count in counts.items():
             stats.add(name, count)
     return values, indices
 
 
-def _certified_rows(inputs, config, certified, key_norm, values, indices, shared_bound) -> dict[str, torch.Tensor]:
-    """Answer the certified rows in place (steps 3-7); returns their counters."""
+def _certified_rows(inputs, config, certified, key_norm, values, indices, shared_bound,
+                    with_witnesses) -> dict[str, torch.Tensor]:
+    """Answer the certified rows in place (steps 3-7); returns their counters. ``with_witnesses``:
+    the anchors' top keys (answered densely before) seed their groups."""
     B, S, T, H, D = inputs.shape
     kk = inputs.kk
     cb, cs = certified.nonzero(as_tuple=True)
     visible = inputs.visible[cb, cs]
-    witnesses = indices[cb, anchor_rows(S, config.anchor_stride, cb.device)[cs]]
+    witnesses = (indices[cb, anchor_rows(S, config.anchor_stride, cb.device)[cs]] if with_witnesses
+                 else torch.zeros((cb.numel(), 0), dtype=torch.int64, device=cb.device))
     preferred = None if inputs.bias is None else inputs.bias[cb, cs] >= SOFT_HIDDEN_BIAS
     seeds = seed_mask(visible, witnesses, kk, config.sink, config.window, preferred)
     q, w = inputs.q[cb, cs], inputs.weights[cb, cs]

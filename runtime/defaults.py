@@ -4,6 +4,7 @@ so that a test can change one."""
 
 # The certified top-K (runtime.certified_topk.CertifiedTopkConfig's defaults; SPEC A.8)
 ANCHOR_STRIDE = 16  # one dense anchor query per this many: neighbours share most of their top keys
+WITNESSES = True  # anchors' top keys seed their neighbours (False: the strided sample's estimate alone)
 SINK = 64  # first visible keys added to every seed set
 WINDOW = 512  # last visible keys added to every seed set
 WORKSPACE_FRAC = 0.25  # survivors a query may refine, as a fraction of T (plus kk); beyond it: dense

@@ -16,7 +16,8 @@ import torch
 
 from runtime import defaults
 
-__all__ = ["SOFT_HIDDEN_BIAS", "anchor_rows", "sample_keys", "sample_rank", "sample_size", "seed_mask"]
+__all__ = ["SOFT_HIDDEN_BIAS", "anchor_rows", "sample_keys", "sample_rank", "sample_size", "seed_mask",
+           "takes_witnesses"]
 
 SOFT_HIDDEN_BIAS = -1e30
 """Additive-mask values below this mark keys that masks hide with a finite value (float32 min)."""
@@ -66,6 +67,13 @@ def sample_size(T: int, requested: int | None = None) -> int:
         requested = (0 if T < 8 * defaults.SAMPLE_MIN else
                      max(defaults.SAMPLE_MIN, min(defaults.SAMPLE_MAX, T // defaults.SAMPLE_PER_KEYS)))
     return min(requested, T)
+
+
+def takes_witnesses(witnesses: bool, M: int, sharded: bool) -> bool:
+    """Whether a call has anchors whose top keys seed their groups: when ``witnesses`` asks for them,
+    when it has no strided sample (``M`` = 0: no other threshold), and when its keys are sharded
+    (``sharded``: the ranks share a bound proven by at least kk seed scores, SPEC A.9)."""
+    return witnesses or M == 0 or sharded
 
 
 def sample_rank(kk: int, M: int, T: int, sigmas: float) -> int:

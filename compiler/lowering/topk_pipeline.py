@@ -9,7 +9,7 @@ fp32; SPEC A.10, its GPU margin ``fp8_dot_error``). Both return (values [B,S,kk]
 for every input. Rows the certificate cannot answer are flagged on the device and redone densely
 (``redo_dense``): nothing is dropped. No host synchronisation: a call can be captured in a CUDA
 graph after one call outside the capture. fp32 operands are scored densely (tf32 products are
-outside the margins). Config fields used: r, anchor_stride, workspace_frac, sample_keys,
+outside the margins). Config fields used: r, witnesses, anchor_stride, workspace_frac, sample_keys,
 sample_sigmas, path. ``shared_bound`` (keys sharded over ranks, as in runtime.certified_topk)
 replaces the witness threshold by its bound b; a row whose tau is a finite b and that wrote fewer
 than kk candidates is short instead of redone: its candidates in THE ORDER, then padding."""
@@ -41,7 +41,7 @@ from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import checked_kk
 from runtime.rounding import U32, gamma, key_norm_up, round_up_to_float32
-from runtime.seeds import sample_keys, sample_rank, sample_size
+from runtime.seeds import sample_keys, sample_rank, sample_size, takes_witnesses
 from compiler.lowering import defaults
 from runtime.workspace import check_workspace
 
@@ -278,35 +278,52 @@ class CertifiedTrace:
     """Intermediates of one certified call (for statistics and diagnostics)."""
 
     tau: torch.Tensor          # [B,S] fp32 threshold used (-inf: no pruning)
-    list_count: torch.Tensor   # [B,L] int32 screen survivors per scorer tile (> cap: overflow)
+    list_count: torch.Tensor   # [B,S] int32 screen survivors per query (> cap: overflow)
     cand_count: torch.Tensor   # [B,S] int32 keys with s >= tau written (> cap: dense redo)
     redo: torch.Tensor         # [B,S] bool rows recomputed densely
     short: torch.Tensor        # [B,S] bool short rows (only with a shared bound)
     kk: int
     cap: int
-    list_queries: int
     plan: ScreenPlan | None
 
 
-def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None, k_scale=None):
-    """Anchors, seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, G, b), b the
-    shared bound [B,S] (None without ``shared_bound``). ``screen_config``: the screen's
-    LaunchConfig, None to let ``screen`` choose it. ``k_scale``: the FP8 scorer's key scales."""
+def survivor_cap(T: int, kk: int, workspace_frac: float) -> int:
+    """Slots of a query's survivor list: kk + floor(workspace_frac * T) in whole 128s, at most T. A
+    query with more survivors has overflowed, and its refine scores every key."""
+    return min(T, triton.cdiv(kk + int(workspace_frac * T), 128) * 128)
+
+
+def _no_mark(stage: str) -> None:
+    """The default stage marker: nothing."""
+
+
+def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None, k_scale=None, mark=_no_mark):
+    """Seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, b), ids [B,S,cap] the
+    survivors of each query, b the shared bound [B,S] (None without ``shared_bound``).
+    ``screen_config``: the screen's LaunchConfig, None to let ``screen`` choose it. ``k_scale``: the
+    FP8 scorer's key scales. ``mark(stage)`` is called once each stage's work is queued."""
     B, S, H, D = q.shape
     T = k.shape[1]
     dev = q.device
     G, _ = score_tile_shape(H)
     A = max(G, triton.cdiv(config.anchor_stride, G) * G)
-    anchors = dense_codes_topk(q[:, ::A], w[:, ::A], k, None if mask is None else mask[:, ::A],
-                               min(T, kk + kk // 4 + 1), k_scale)
-    seed_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
-    witness_tau, theta = _seed_thresholds(q, w, k, mask, kk, config, seed_ids, A // G, k_scale)
+    M = sample_size(T, config.sample_keys)
+    witness_ids = None
+    if takes_witnesses(config.witnesses, M, shared_bound is not None):
+        anchors = dense_codes_topk(q[:, ::A], w[:, ::A], k, None if mask is None else mask[:, ::A],
+                                   min(T, kk + kk // 4 + 1), k_scale)
+        witness_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
+    sample_ids = None
+    if M:
+        sample_ids = sample_keys(triton.cdiv(S, A), M, T, dev).to(torch.int32).expand(B, -1, M).contiguous()
+    witness_tau, theta = _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, A // G, k_scale)
     shared = None
     if shared_bound is not None:
         shared = shared_bound(torch.where(torch.isfinite(witness_tau), witness_tau, float("-inf")))
         witness_tau = shared
     tau_val = torch.maximum(witness_tau, theta)
-    p = activation_frequency(q, k, seed_ids, A, defaults.ACTIVATION_SAMPLES)
+    p = activation_frequency(q, k, witness_ids if sample_ids is None else sample_ids, A, defaults.ACTIVATION_SAMPLES)
+    mark("seeds")
     r_max = min(H, defaults.DEFAULT_R_CAP if config.r is None else config.r)
     r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
     plan = plan_screen(q, w, k.dtype, p, r.long(), r_max)
@@ -315,33 +332,32 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_boun
     if k_scale is not None:  # the last step is monotone in U only for finite positive scales
         ok &= (torch.isfinite(k_scale) & (k_scale > 0)).all(-1, keepdim=True)
     tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
-    cap = min(T, triton.cdiv(kk + int(config.workspace_frac * T), 128) * 128)
+    mark("plan")
+    cap = survivor_cap(T, kk, config.workspace_frac)
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
-                             lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap,
-                             config=screen_config, k_scale=k_scale)
-    return tau, ids, list_count, cap, plan, G, shared
+                             lists_per_batch=S, list_queries=1, cap=cap, config=screen_config, k_scale=k_scale)
+    mark("screen")
+    return tau, ids, list_count, cap, plan, shared
 
 
-def _seed_thresholds(q, w, k, mask, kk, config, seed_ids, tiles_per_group, k_scale=None):
+def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_per_group, k_scale=None):
     """(witness_tau, theta) [B,S] fp32, whose max is tau before the validity checks: the kk-th
-    best score over the anchor's witnesses ``seed_ids`` [B,groups,W], and theta, the own threshold
-    of ``runtime.seeds`` over the group's strided sample (-inf when off or not finite). One scorer
-    call scores both key lists."""
-    B, groups, n_seed = seed_ids.shape
+    best score over the anchor's witnesses ``witness_ids`` [B,groups,W] (-inf without them), and
+    theta, the own threshold of ``runtime.seeds`` over the group's strided sample ``sample_ids``
+    [B,groups,M] (-inf without it or when not finite). One scorer call scores both key lists."""
     T = k.shape[1]
-    M = sample_size(T, config.sample_keys)
-    lists = seed_ids
-    if M:
-        sampled = sample_keys(groups, M, T, q.device).to(torch.int32).expand(B, groups, M)
-        lists = torch.cat((seed_ids, sampled), dim=-1).contiguous()
-    n = lists.shape[-1]
+    lists = torch.cat([x for x in (witness_ids, sample_ids) if x is not None], dim=-1).contiguous()
+    B, groups, n = lists.shape
+    n_wit = 0 if witness_ids is None else witness_ids.shape[-1]
     counts = torch.full((B, groups), n, dtype=torch.int32, device=q.device)
     codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group, k_scale)
-    tau, _ = decode_codes(kth_largest(codes[..., :n_seed], kk), T)
-    if not M:
-        return tau, torch.full_like(tau, float("-inf"))
+    none = torch.full(codes.shape[:2], float("-inf"), device=q.device)
+    tau = none if witness_ids is None else decode_codes(kth_largest(codes[..., :n_wit], kk), T)[0]
+    if sample_ids is None:
+        return tau, none
+    M = sample_ids.shape[-1]
     rank = sample_rank(kk, M, T, config.sample_sigmas)
-    theta, _ = decode_codes(kth_largest(codes[..., n_seed:], rank), T)
+    theta, _ = decode_codes(kth_largest(codes[..., n_wit:], rank), T)
     return tau, torch.where(torch.isfinite(theta), theta, float("-inf"))
 
 
@@ -351,23 +367,26 @@ def key_norms(k):
 
 
 def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None, k_scale=None,
-                    ordered=True):
+                    ordered=True, mark=_no_mark):
     """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (SPEC C.5); ``ordered``
     False: a certified row's codes in an unspecified order.
     ``screen_config``: the screen's LaunchConfig (None: autotuned, certificate_screen.screen).
     ``shared_bound``: the hook of the module docstring (short rows are not redone). ``k_scale``:
-    the FP8 scorer's key scales (E4M3 q and k)."""
+    the FP8 scorer's key scales (E4M3 q and k). ``mark(stage)``: called once each of the stages
+    "seeds", "plan", "screen", "refine" and "select" is queued (a benchmark records events there)."""
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
-    tau, ids, list_count, cap, plan, G, shared = _screen_stage(q, w, k, mask, kk, config, nk, screen_config,
-                                                               shared_bound, k_scale)
+    tau, ids, list_count, cap, plan, shared = _screen_stage(q, w, k, mask, kk, config, nk, screen_config,
+                                                            shared_bound, k_scale, mark)
     cand_cap = min(cap, defaults.CERTIFIED_BUFFER_K * kk)
     cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
-               out_count=cand_count, splits=key_splits(B * ids.shape[1], cap), k_scale=k_scale)
+               out_count=cand_count, splits=key_splits(B * S, cap), k_scale=k_scale, one_query=True)
+    mark("refine")
     codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True,
                            ordered=ordered).view(B, S, kk)
+    mark("select")
     # Every key with s >= tau was written (pruned keys have s < tau); with at least kk of them
     # the row's top-kk is among them. Fewer: fewer than kk visible keys, or theta > the kk-th score,
     # or (short rows) a shared bound above this call's kk-th score.
@@ -375,7 +394,7 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     if shared is not None:  # tau is the finite shared bound: kk keys held elsewhere reach it
         short = (cand_count < kk) & (tau == shared) & torch.isfinite(tau)
     redo = (cand_count > cand_cap) | ((cand_count < kk) & ~short)
-    return codes, CertifiedTrace(tau, list_count, cand_count, redo, short, kk, cap, G, plan)
+    return codes, CertifiedTrace(tau, list_count, cand_count, redo, short, kk, cap, plan)
 
 
 def redo_slots(B: int, S: int, T: int, H: int) -> int:
@@ -451,21 +470,21 @@ def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: Cer
     dense_chunk = min(defaults.DENSE_CHUNK_BYTES, 8 * B * S * T)
     total = 2 * dense_chunk + 4 * B * (S * H * (D + 1) + T * D) + 24 * B * S * kk
     if config.path == "certified":
-        G, _ = score_tile_shape(H)
-        cap = min(T, triton.cdiv(kk + int(config.workspace_frac * T), 128) * 128)
+        cap = survivor_cap(T, kk, config.workspace_frac)
         seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
         total += (dense_chunk + 8 * B * S * seeds + 2 * defaults.PLAN_CHUNK_BYTES + B * S * 16 * (2 * D + 12)
-                  + 4 * B * triton.cdiv(S, G) * cap + 8 * B * S * min(cap, defaults.CERTIFIED_BUFFER_K * kk)
+                  + 4 * B * S * cap + 8 * B * S * min(cap, defaults.CERTIFIED_BUFFER_K * kk)
                   + 2 * defaults.REDO_BUFFER_BYTES)
     return total
 
 
 def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, config=None, stats=None, trace=None,
-                                screen_config=None, shared_bound=None, ordered=True):
+                                screen_config=None, shared_bound=None, ordered=True, mark=_no_mark):
     """``certified_topk_cuda`` of a call already checked (``checked_kk``), given its ``kk``: the
     op's kernel, which checked the call itself. A call whose ``workspace_bytes`` exceed the
     device's memory is refused here, naming q and k, before anything is allocated. ``ordered``
-    False: each row's (value, index) pairs in an unspecified order (the final sorts skipped)."""
+    False: each row's (value, index) pairs in an unspecified order (the final sorts skipped).
+    ``mark``: ``certified_codes``'s stage marker, also called with "redo" after the dense redo."""
     config = CertifiedTopkConfig() if config is None else config
     B, S, H, D = q.shape
     T = k.shape[1]
@@ -475,8 +494,9 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, c
         _record(stats, q, T, None)
         return dense_values_topk(q, w, k, mask, kk, k_scale, ordered)
     codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config, shared_bound, k_scale,
-                                ordered)
+                                ordered, mark)
     codes = redo_dense(codes, tr.redo, q, w, k, mask, kk, k_scale)
+    mark("redo")
     _record(stats, q, T, tr)
     if trace is not None:
         trace.append(tr)
@@ -492,8 +512,8 @@ def _record(stats: TopkStats | None, q, T, tr):
     call's as device tensors (no synchronisation; inside a CUDA graph the counters hold the
     capture-time totals plus the last replay's counts).
 
-    survivors counts refined (query, key) pairs: a tile's survivor list (union over its
-    list_queries queries; all T keys when it overflowed) times list_queries."""
+    survivors counts refined (query, key) pairs: a query's survivor list (all T keys when it
+    overflowed)."""
     if stats is None:
         return
     B, S = q.shape[:2]
@@ -506,7 +526,7 @@ def _record(stats: TopkStats | None, q, T, tr):
         return torch.full((), n, dtype=torch.int64, device=q.device)
 
     stats.add("queries", count(B * S))
-    survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum() * tr.list_queries
+    survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum()
     stats.add("keys_screened", count(B * S * T))
     stats.add("survivors", survivors)
     stats.add("written", tr.cand_count.sum())

@@ -164,14 +164,13 @@ def test_screen_keeps_every_key_scoring_at_least_tau(structured_16, structured_1
     tau = values[..., -1].contiguous()  # the exact kk-th score: the tightest valid threshold
     nk = round_up_to_float32(key_norm_up(k.float()))
     ids, count = screen(p.g, p.alpha, p.beta, p.e, p.c, tau, k, nk, mask=mask,
-                        lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries, cap=T)
+                        lists_per_batch=tr.list_count.shape[1], list_queries=1, cap=T)
     all_ids = torch.arange(T, dtype=torch.int32).view(1, 1, T)
     codes = score_keys(q, w.float(), k, all_ids, torch.full((1, 1), T, dtype=torch.int32), cap=T,
                        tiles_per_list=1 << 30, mask=mask)
     scores, _ = decode_codes(codes, T)
-    G = tr.list_queries
     for s in range(q.shape[1]):
-        kept = set(ids[0, s // G, : count[0, s // G]].tolist())
+        kept = set(ids[0, s, : count[0, s]].tolist())
         needed = set((mask[0, s] & (scores[0, s] >= tau[0, s])).nonzero().flatten().tolist())
         assert len(needed) >= 32 and needed <= kept, (s, sorted(needed - kept))
     assert count.max() < T  # the screen pruned something
