@@ -14,6 +14,11 @@ index (indices from a top-K): the CUDA kernel then skips the per-row sort that r
 selections overlap, ``compiler.lowering.attention.latent_attention``; same result to rounding);
 ``site`` names the call site (the attention module) whose measurements its "auto" calls share.
 
+Every kernel, the fake one included, first checks that every tensor is on q's device
+(``runtime.absorbed_attention.check_absorbed_devices``: a meta tensor among real ones would
+otherwise be answered with uninitialised memory); the CPU and CUDA kernels then check the whole
+contract and the workspace before any work.
+
 The CPU kernel (and any device without its own) runs the plain-torch reference, which treats every
 selection as a set; CUDA runs ``compiler/lowering/attention/latent_attention.py`` (form "absorbed":
 no host synchronisation; "auto": at most one per call, none while a CUDA graph is captured). The
@@ -28,6 +33,7 @@ import torch
 
 from compiler.ops.sparse_attention import _refuse_pulsar_layout
 from runtime.absorbed_attention import absorbed_sparse_attention as reference_absorbed_sparse_attention
+from runtime.absorbed_attention import check_absorbed_devices
 
 
 FORMS = ("absorbed", "auto")
@@ -67,6 +73,7 @@ def _absorbed_sparse_attention_cuda(q, latent, rope_key, kv_b_weight, indices, m
 def _absorbed_sparse_attention_fake(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows, distinct,
                                     form, site):
     check_form(form)
+    check_absorbed_devices(q, latent, rope_key, kv_b_weight, indices, mask)
     if q.dim() != 4 or rope_key.dim() != 3 or kv_b_weight.dim() != 2:
         raise ValueError(f"q, rope_key, kv_b_weight: expected ranks 4, 3 and 2, got {q.dim()}, {rope_key.dim()} "
                          f"and {kv_b_weight.dim()}")
