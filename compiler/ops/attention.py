@@ -8,7 +8,9 @@ computes what the replaced code computed, with the same torch calls: ``form="sdp
 -1[, float32]).to(q.dtype) @ v`` with ``∘`` a product (``eager_mul*``) or a division
 (``eager_div*``), the softmax in float32 for the ``*_softmax_fp32`` forms, k/v repeated per query
 head when ``enable_gqa``. With an active layout the mask and ``is_causal`` are ignored and the
-layout's ``attend`` computes it (``runtime.attention_layout``), with the effective scale."""
+layout's ``attend`` computes it (``runtime.attention_layout``), with the effective scale.
+Importing this module registers the CUDA two-interval kernel where triton is installed; without
+triton the CPU paths run alone."""
 from __future__ import annotations
 
 from typing import Optional
@@ -16,7 +18,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-import compiler.lowering.attention.two_interval_attention  # noqa: F401  (registers the CUDA two-interval kernel)
+try:
+    import compiler.lowering.attention.two_interval_attention  # noqa: F401  (registers the CUDA two-interval kernel)
+except ModuleNotFoundError as error:  # no triton (declared for Linux only): the CPU references run without it
+    if error.name != "triton":
+        raise
 from runtime.attention_layout import active_layout
 
 SDPA_FORM = "sdpa"
