@@ -46,6 +46,7 @@ import torch.distributed as dist
 from runtime.certified_topk import CertifiedTopkConfig, SharedBound, TopkStats, certified_topk
 from runtime.indexer_inputs import checked_kk
 from runtime.order_codes import PADDING, decode_order_codes, encode_order_codes
+from runtime.process_group import checked_world_size
 from runtime.workspace import check_workspace
 
 __all__ = ["KEY_LIMIT", "ShardKernel", "certified_topk_cp", "exchange_bytes", "merge_candidates", "shard_candidates"]
@@ -98,15 +99,6 @@ def exchange_bytes(B: int, S: int, topk: int, R: int) -> int:
     candidates padded to ``topk`` per query: its codes and what it sends (16 per candidate), what
     it gathers and pools (16 per candidate of every rank), the merge's selection and outputs."""
     return B * S * topk * (44 + 16 * R)
-
-
-def _group_size(group) -> int:
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("group: expected an initialised torch.distributed process group "
-                         "(torch.distributed is not initialised)")
-    if dist.get_rank(group) < 0:
-        raise ValueError("group: this process is not a member of the group")
-    return dist.get_world_size(group)
 
 
 def _all_reduce_max(bound: torch.Tensor, group) -> torch.Tensor:
@@ -192,7 +184,7 @@ def certified_topk_cp(
         raise TypeError(f"share_threshold: expected a bool, got {type(share_threshold).__name__}")
     if kernel is not None and not callable(kernel):
         raise TypeError(f"kernel: expected a callable or None, got {type(kernel).__name__}")
-    R = _group_size(group)
+    R = checked_world_size(group)
 
     B, S = q.shape[:2]
     T_r = k_shard.shape[1]

@@ -281,6 +281,7 @@ def test_certified_topk_reference_short_rows_hold_the_keys_reaching_the_bound():
     (dict(config="certified"), r"config: expected a CertifiedTopkConfig"),
     (dict(share_threshold=1), r"share_threshold: expected a bool"),
     (dict(), r"group: expected an initialised torch.distributed process group"),
+    (dict(group="x"), r"group: expected a torch.distributed ProcessGroup or None"),
 ])
 def test_bad_arguments_raise_naming_the_argument_before_any_collective(change, message):
     import compiler
