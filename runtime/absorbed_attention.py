@@ -51,7 +51,7 @@ def check_absorbed_devices(q, latent, rope_key, kv_b_weight, indices, mask) -> N
     """Raise TypeError/ValueError naming the first argument that is not a tensor on q's device
     (``runtime.sparse_attention.check_on_q_device``; what the op's fake kernel checks)."""
     check_on_q_device(q, (("latent", latent), ("rope_key", rope_key), ("kv_b_weight", kv_b_weight),
-                          ("indices", indices)), mask)
+                          ("indices", indices)), (("mask", mask),))
 
 
 def check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows) -> None:

@@ -24,6 +24,7 @@ except ModuleNotFoundError as error:  # no triton (declared for Linux only): the
     if error.name != "triton":
         raise
 from runtime.attention_layout import active_layout
+from runtime.sparse_attention import check_on_q_device
 
 SDPA_FORM = "sdpa"
 EAGER_FORMS = ("eager_mul", "eager_div", "eager_mul_softmax_fp32", "eager_div_softmax_fp32")
@@ -73,6 +74,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, *_):
-    """[B, Hq, Sq, Dv] in q's dtype."""
+def _attention_fake(q, k, v, attn_mask, *_):
+    """[B, Hq, Sq, Dv] in q's dtype, once k, v and attn_mask are on q's device (a meta tensor among
+    real ones would otherwise be answered with uninitialised memory)."""
+    check_on_q_device(q, (("k", k), ("v", v)), (("attn_mask", attn_mask),))
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
