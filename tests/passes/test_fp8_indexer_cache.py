@@ -90,6 +90,8 @@ def test_bad_arguments_are_named():
         torch.ops.pulsar_dosa.fp8_cached_keys(k8, scales[:, :4], "fp8", torch.float32)
     with pytest.raises(ValueError, match="k:"):
         torch.ops.pulsar_dosa.fp8_quantize_keys(torch.randn(5, 16), "fp8")
+    with pytest.raises(ValueError, match="k: precision 'fp8' rotates q and k by a Hadamard transform"):
+        torch.ops.pulsar_dosa.fp8_quantize_keys(torch.randn(1, 5, 24, device="meta"), "fp8")
     with pytest.raises(TypeError, match="config: expected a transformers configuration"):
         fp8_indexer_cache(None)
     with pytest.raises(TypeError, match="cache: expected a transformers cache"):
