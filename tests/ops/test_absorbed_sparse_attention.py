@@ -54,6 +54,10 @@ def test_bad_arguments_are_named_before_any_work():
         OP(q, latent, rope_key, weight[:, :-1], indices, mask, 0.3, "zero", False, "auto", "")
     with pytest.raises(ValueError, match="form must be one of"):
         OP(q, latent, rope_key, weight, indices, mask, 0.3, "zero", False, "union", "")
+    with pytest.raises(TypeError, match="scale must be a float, got True"):
+        OP(q, latent, rope_key, weight, indices, mask, True, "zero", False, "absorbed", "")
+    with pytest.raises(TypeError, match="scale must be a float, got True"):
+        OP(*(x.to("meta") for x in (q, latent, rope_key, weight, indices, mask)), True, "zero", False, "absorbed", "")
 
 
 @pytest.mark.parametrize("name", ["latent", "rope_key", "kv_b_weight", "indices", "mask"])
