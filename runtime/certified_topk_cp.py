@@ -174,6 +174,9 @@ def certified_topk_cp(
     Returns (values [B,S,kk] float32, indices [B,S,kk] int64), kk = min(topk, T).
     """
     _check_shard(q, k_shard, weights, topk, mask_shard)
+    if q.is_meta:
+        raise ValueError("q: expected tensors with values, got the meta device (the ranks exchange scores and "
+                         "indices)")
     keys = _global_keys(key_offset, k_shard.shape[1], q.device)
     config = DEFAULT_SHARD_CONFIG if config is None else config
     if not isinstance(config, CertifiedTopkConfig):

@@ -282,6 +282,9 @@ def test_certified_topk_reference_short_rows_hold_the_keys_reaching_the_bound():
     (dict(share_threshold=1), r"share_threshold: expected a bool"),
     (dict(), r"group: expected an initialised torch.distributed process group"),
     (dict(group="x"), r"group: expected a torch.distributed ProcessGroup or None"),
+    (dict(q=torch.zeros(1, 4, 2, 3, device="meta"), k_shard=torch.zeros(1, 5, 3, device="meta"),
+          weights=torch.zeros(1, 4, 2, device="meta")), r"q: expected tensors with values, got the meta device"),
+    (dict(kernel=lambda *a, **k: None), r"kernel: compiler.certified_topk_cp runs the shard kernel of q's device"),
 ])
 def test_bad_arguments_raise_naming_the_argument_before_any_collective(change, message):
     import compiler
