@@ -165,16 +165,19 @@ def encode_context(model: torch.nn.Module, context_ids: torch.Tensor, layout: Pa
     ids = context_ids.to(device)[layout.source_index.to(device)].unsqueeze(0)
     positions = layout.position_ids.to(device).unsqueeze(0)
     cache = new_cache(model)
+    check_full_attention(cache)
     phase = PackedPhase(layout.prefix_end.to(device), layout.segment_start.to(device))
     run_forward(model, phase, ids, positions, cache)
     kept = torch.nonzero(layout.keep).flatten()
     kept = kept[torch.argsort(layout.source_index[kept])].to(device)
-    result = []
-    for layer in cache.layers:
-        if getattr(layer, "is_sliding", False):
-            raise ValueError("model has a sliding-window cache layer: Pulsar needs full-attention layers")
-        result.append((layer.keys[:, :, kept], layer.values[:, :, kept]))
-    return result
+    return [(layer.keys[:, :, kept], layer.values[:, :, kept]) for layer in cache.layers]
+
+
+def check_full_attention(cache: "DynamicCache") -> None:
+    """ValueError naming the model when its ``cache`` has a sliding-window layer (Pulsar keeps
+    every block's KV: it needs full-attention layers)."""
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        raise ValueError("model has a sliding-window cache layer: Pulsar needs full-attention layers")
 
 
 def decode(model: torch.nn.Module, kept: KeptKV, query_ids: torch.Tensor, *, query_position_start: int,
@@ -229,8 +232,9 @@ def vocabulary_size(model: torch.nn.Module) -> Optional[int]:
 
 def check_model(model: object) -> None:
     """TypeError/ValueError naming ``model`` unless it is a module that ``generate`` can run: with
-    parameters, none of them on the meta device (a model built without its weights), and no DSA
-    indexer in its configuration (``runtime.dsa_config``: DSA attention ignores Pulsar layouts)."""
+    parameters, none of them on the meta device (a model built without its weights), no DSA
+    indexer in its configuration (``runtime.dsa_config``: DSA attention ignores Pulsar layouts) and
+    no sliding-window layer in its cache (``check_full_attention``)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (a transformers causal LM), got {type(model).__name__}")
     inner = model._orig_mod if is_compiled(model) else model
@@ -244,6 +248,8 @@ def check_model(model: object) -> None:
     if heads is not None:
         raise ValueError(f"model {type(inner).__name__} has DSA indexers (index_n_heads={heads} in its "
                          f"configuration): {PULSAR_UNSUPPORTED}")
+    if getattr(inner, "config", None) is not None:
+        check_full_attention(new_cache(inner))
 
 
 def token_ids_1d(name: str, ids: object, vocabulary: Optional[int]) -> torch.Tensor:

@@ -215,6 +215,13 @@ def tiny_dsa_model():
         first_k_dense_replace=1, index_topk=4, index_head_dim=16, index_n_heads=8)).eval()
 
 
+def sliding_window_model():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return MistralForCausalLM(MistralConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1, sliding_window=16)).eval()
+
+
 def meta_model(model):
     with torch.device("meta"):
         return LlamaForCausalLM(model.config)
@@ -225,6 +232,7 @@ def meta_model(model):
      r"model DeepseekV32ForCausalLM has DSA indexers \(index_n_heads=8 .*does not follow Pulsar layouts"),
     (lambda model, ids, q: dict(model=meta_model(model)), "model has parameters on the meta device"),
     (lambda model, ids, q: dict(model=torch.nn.ReLU()), "model must have parameters"),
+    (lambda model, ids, q: dict(model=sliding_window_model()), "model has a sliding-window cache layer"),
     (lambda model, ids, q: dict(context_ids=ids.to("meta")), "context_ids must hold token ids, got a tensor on the meta"),
     (lambda model, ids, q: dict(query_ids=q.to("meta")), "query_ids must hold token ids, got a tensor on the meta"),
     (lambda model, ids, q: dict(stop_ids=q[:1].to("meta")), "stop_ids must hold token ids, got a tensor on the meta"),
