@@ -31,6 +31,9 @@ def certified_topk_cp(q: torch.Tensor, k_shard: torch.Tensor, weights: torch.Ten
     """Exact global (values [B,S,kk] float32, indices [B,S,kk] int64) of keys sharded over the
     ranks of a process group: ``runtime.certified_topk_cp.certified_topk_cp`` with the shard kernel
     of q's device; ``options`` are its keyword arguments (key_offset, required; group, config,
-    stats, share_threshold)."""
+    stats, share_threshold; ``kernel`` is this function's choice: TypeError naming it)."""
+    if "kernel" in options:
+        raise TypeError("kernel: compiler.certified_topk_cp runs the shard kernel of q's device; pass one to "
+                        "runtime.certified_topk_cp.certified_topk_cp instead")
     kernel = shard_kernel(q.device) if isinstance(q, torch.Tensor) else None
     return reference_certified_topk_cp(q, k_shard, weights, topk, mask_shard, kernel=kernel, **options)

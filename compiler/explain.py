@@ -28,7 +28,14 @@ def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | Non
     Process-wide effects: it calls ``torch._dynamo.reset()`` first, so that the graph is captured
     afresh; that drops Dynamo's compiled code of *every* function in the process (each
     recompiles on its next call), and it resets the top-K statistics (``TOPK_STATS``).
+
+    ``model`` (any callable torch.compile takes), ``options`` and ``dynamic`` (None or a bool) are
+    checked first, before any of that: TypeError/ValueError naming the argument.
     """
+    if not callable(model):
+        raise TypeError(f"model: expected a torch.nn.Module or another callable, got {type(model).__name__}")
+    if dynamic is not None and not isinstance(dynamic, bool):
+        raise TypeError(f"dynamic: expected None, True or False (torch.compile's), got {dynamic!r}")
     opts = CompileOptions.from_user(options)
 
     def backend(gm, example_inputs):

@@ -19,9 +19,11 @@ indexer keys are not supported (they raise).
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicIndexedLayer
+from transformers import PreTrainedConfig
+from transformers.cache_utils import Cache, DynamicCache, DynamicIndexedLayer
 
 import compiler.ops  # noqa: F401  (registers the ops below)
+from runtime.fp8_key_cache import check_appended_keys
 from runtime.fp8_quant import checked_fp8
 
 INDEXED_LAYER_TYPE = "indexed_attention"
@@ -45,7 +47,9 @@ class Fp8IndexedLayer(DynamicIndexedLayer):
 
     def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
         """Quantise and append the new keys [B, t, D]; returns the whole cache as
-        ``pulsar_dosa::fp8_cached_keys`` (the keys it stands for, in the keys' dtype)."""
+        ``pulsar_dosa::fp8_cached_keys`` (the keys it stands for, in the keys' dtype). Keys of
+        another B or D, or on another device, than the cached ones raise an error naming ``k``."""
+        check_appended_keys(indexer_key_states, self.indexer_keys if self.is_indexer_initialized else None)
         if not self.is_indexer_initialized:
             self.lazy_initialization_indexer(indexer_key_states)
         keys, scales = torch.ops.pulsar_dosa.fp8_quantize_keys(indexer_key_states, self.precision)
@@ -80,7 +84,10 @@ class Fp8IndexedLayer(DynamicIndexedLayer):
 def fp8_indexer_cache(config, precision: str = "fp8") -> DynamicCache:
     """A ``DynamicCache`` for ``config`` (a DSA model's) whose indexed layers keep FP8 indexer keys
     of ``precision`` ("fp8": Hadamard-rotated, or "fp8_unrotated"). ValueError when the config has
-    no indexed layer or ``precision`` is not an fp8 one."""
+    no indexed layer or ``precision`` is not an fp8 one, TypeError when it is not a configuration."""
+    checked_fp8(precision, "cached indexer keys")
+    if not isinstance(config, PreTrainedConfig):
+        raise TypeError(f"config: expected a transformers configuration (a DSA model's), got {type(config).__name__}")
     cache = DynamicCache(config=config)
     types = getattr(config.get_text_config(decoder=True), "layer_types", None) or []
     indexed = [i for i, kind in enumerate(types) if kind == INDEXED_LAYER_TYPE]
@@ -95,7 +102,11 @@ def fp8_indexer_cache(config, precision: str = "fp8") -> DynamicCache:
 def to_fp8_indexer_cache(cache: DynamicCache, precision: str = "fp8") -> DynamicCache:
     """``cache`` with each of its ``DynamicIndexedLayer`` replaced, in place, by an ``Fp8IndexedLayer``
     holding the same main keys and values and its indexer keys quantised (``fp8_quantize_keys``:
-    the bits those keys would have had if appended to an FP8 cache); returns ``cache``."""
+    the bits those keys would have had if appended to an FP8 cache); returns ``cache``. TypeError
+    when ``cache`` is not a transformers cache, ValueError when ``precision`` is not an fp8 one."""
+    checked_fp8(precision, "cached indexer keys")
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache: expected a transformers cache (e.g. a DynamicCache), got {type(cache).__name__}")
     for i, layer in enumerate(cache.layers):
         if not isinstance(layer, DynamicIndexedLayer) or isinstance(layer, Fp8IndexedLayer):
             continue

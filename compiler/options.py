@@ -3,7 +3,8 @@
 ``torch.compile(model, backend="pulsar_dosa", options={...})`` hands the dict to the backend, which
 turns it into :class:`CompileOptions` (:meth:`CompileOptions.from_user`); ``CompileOptions(...)``
 validates the same way. An unknown key or a bad value raises ``ValueError``/``TypeError`` naming
-the key and what was expected. A new option is one field: ``name: type = option(default, check,
+the key and what was expected (a combination that cannot work, ``capture`` without the indexer
+pass, names both keys). A new option is one field: ``name: type = option(default, check,
 doc)``. :meth:`CompileOptions.uuid` hashes every field (a plan by its content) and is recorded per
 compile; compiled code is not looked up by it: an option changes compiled code only through the
 rewritten graph, which Inductor's cache keys on, and Dynamo shares compiled code only between
@@ -136,6 +137,9 @@ class CompileOptions:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+        if self.capture and "dsa_indexer" not in self.enabled_passes():
+            raise ValueError(f"option 'capture': records what the 'dsa_indexer' pass rewrites, but option 'passes' "
+                             f"{list(self.passes)} leaves that pass out")
 
     @classmethod
     def from_user(cls, options: "CompileOptions | Mapping[str, Any] | None") -> "CompileOptions":

@@ -28,7 +28,9 @@ from typing import Optional
 
 import torch
 
-from runtime.sparse_attention import FLOAT_DTYPES, GATHER_ELEMENTS, check_sparse_attention_inputs, selected_keys
+from runtime.sparse_attention import (FLOAT_DTYPES, GATHER_ELEMENTS, check_on_q_device, check_sparse_attention_inputs,
+                                      selected_keys)
+from runtime.workspace import check_workspace
 
 
 def absorbed_dims(q: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor) -> tuple[int, int, int]:
@@ -45,19 +47,24 @@ def head_weights(kv_b_weight: torch.Tensor, heads: int, nope_dim: int) -> tuple[
     return per_head[:, :nope_dim], per_head[:, nope_dim:]
 
 
+def check_absorbed_devices(q, latent, rope_key, kv_b_weight, indices, mask) -> None:
+    """Raise TypeError/ValueError naming the first argument that is not a tensor on q's device
+    (``runtime.sparse_attention.check_on_q_device``; what the op's fake kernel checks)."""
+    check_on_q_device(q, (("latent", latent), ("rope_key", rope_key), ("kv_b_weight", kv_b_weight),
+                          ("indices", indices)), (("mask", mask),))
+
+
 def check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows) -> None:
-    """Raise TypeError/ValueError naming the argument when the inputs break the contract."""
+    """Raise TypeError/ValueError naming the argument when the inputs break the contract (no data
+    is read)."""
+    check_absorbed_devices(q, latent, rope_key, kv_b_weight, indices, mask)
     for name, t in (("q", q), ("latent", latent), ("rope_key", rope_key), ("kv_b_weight", kv_b_weight)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
         if t.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be bfloat16, float16 or float32 (computed in float32), got {t.dtype}")
         if t.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
     if (q.dim(), latent.dim(), rope_key.dim(), kv_b_weight.dim()) != (4, 3, 3, 2):
         raise ValueError("q, latent, rope_key, kv_b_weight must be [B, H, S, Dn+Dr], [B, T, Dc], [B, T, Dr], "
                          f"[H*(Dn+Dv), Dc], got shapes {tuple(q.shape)}, {tuple(latent.shape)}, "
@@ -82,12 +89,30 @@ def check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale
                                   indices, mask, scale, masked_rows)
 
 
+def reference_workspace_bytes(q, latent, rope_key, kv_b_weight, indices) -> int:
+    """An upper bound of the bytes ``absorbed_sparse_attention`` allocates for checked inputs of
+    these shapes: about 48 per index (selection, order, masks), the per-query rows in fp32 (q_lat,
+    q_rope, o_lat and its "mean" fill, the output, lse) and a cast copy of the output, one chunk of
+    gathered latent rows and its scores."""
+    b, heads, s, _ = q.shape
+    width, lat_dim = indices.shape[2], latent.shape[2]
+    _, rope_dim, v_dim = absorbed_dims(q, rope_key, kv_b_weight)
+    per_index = 48 * b * s * width
+    rows = b * heads * s * (4 * (3 * lat_dim + rope_dim + v_dim + 1) + v_dim * q.element_size())
+    gathered = max(GATHER_ELEMENTS, b * width * (lat_dim + rope_dim))
+    chunk = max(1, GATHER_ELEMENTS // max(1, b * width * (lat_dim + rope_dim)))
+    return per_index + rows + 8 * gathered + 24 * b * heads * min(chunk, s) * width
+
+
 def absorbed_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
                               kv_b_weight: torch.Tensor, indices: torch.Tensor, mask: Optional[torch.Tensor] = None,
                               *, scale: float, masked_rows: str = "zero") -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of every query over its visible selected keys in the absorbed form, ``(o, lse)``
-    (module docstring)."""
+    (module docstring). A call whose ``reference_workspace_bytes`` exceed the device's memory is
+    refused (ValueError) before any of it is allocated."""
     check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
+    check_workspace(reference_workspace_bytes(q, latent, rope_key, kv_b_weight, indices), q.device,
+                    "q, latent, indices", f"B={q.shape[0]}, H={q.shape[1]}, S={q.shape[2]}, K={indices.shape[2]}")
     b, heads, s, _ = q.shape
     t_len, lat_dim = latent.shape[1], latent.shape[2]
     nope_dim, rope_dim, v_dim = absorbed_dims(q, rope_key, kv_b_weight)

@@ -29,7 +29,9 @@ largest are the global top-kk in THE ORDER; their values come from the shard's k
 scores a key bitwise as the unsharded call does. Every NaN value comes back as the NaN of
 ``runtime.order_codes`` (THE ORDER does not tell NaNs apart).
 
-Arguments are checked before any collective (errors name the argument); a rank that raises leaves
+Arguments are checked before any collective (errors name the argument; a ``topk`` whose exchange,
+``exchange_bytes``, cannot fit in the device's memory is refused: unlike the single-device op, a
+rank cannot cap topk at T, which it learns only in the exchange); a rank that raises leaves
 the others waiting in their first collective until the group's timeout. Host synchronisation:
 none besides the kernel's; one read of a key_offset tensor that is not on the CPU (its check), and
 one of the gathered shard sizes when this shard has fewer than topk keys (kk then depends on T).
@@ -44,8 +46,10 @@ import torch.distributed as dist
 from runtime.certified_topk import CertifiedTopkConfig, SharedBound, TopkStats, certified_topk
 from runtime.indexer_inputs import checked_kk
 from runtime.order_codes import PADDING, decode_order_codes, encode_order_codes
+from runtime.process_group import checked_world_size
+from runtime.workspace import check_workspace
 
-__all__ = ["KEY_LIMIT", "ShardKernel", "certified_topk_cp", "merge_candidates", "shard_candidates"]
+__all__ = ["KEY_LIMIT", "ShardKernel", "certified_topk_cp", "exchange_bytes", "merge_candidates", "shard_candidates"]
 
 KEY_LIMIT = 1 << 32
 """Global key indices are below KEY_LIMIT - 1 (the order codes' limit; KEY_LIMIT - 1 is ``PADDING``'s key)."""
@@ -90,13 +94,11 @@ def _global_keys(key_offset, T_r: int, device: torch.device) -> torch.Tensor | i
     return keys.to(device, non_blocking=True)
 
 
-def _group_size(group) -> int:
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("group: expected an initialised torch.distributed process group "
-                         "(torch.distributed is not initialised)")
-    if dist.get_rank(group) < 0:
-        raise ValueError("group: this process is not a member of the group")
-    return dist.get_world_size(group)
+def exchange_bytes(B: int, S: int, topk: int, R: int) -> int:
+    """An upper bound of the bytes a rank allocates for the exchange and the merge of ``R`` ranks'
+    candidates padded to ``topk`` per query: its codes and what it sends (16 per candidate), what
+    it gathers and pools (16 per candidate of every rank), the merge's selection and outputs."""
+    return B * S * topk * (44 + 16 * R)
 
 
 def _all_reduce_max(bound: torch.Tensor, group) -> torch.Tensor:
@@ -172,6 +174,9 @@ def certified_topk_cp(
     Returns (values [B,S,kk] float32, indices [B,S,kk] int64), kk = min(topk, T).
     """
     _check_shard(q, k_shard, weights, topk, mask_shard)
+    if q.is_meta:
+        raise ValueError("q: expected tensors with values, got the meta device (the ranks exchange scores and "
+                         "indices)")
     keys = _global_keys(key_offset, k_shard.shape[1], q.device)
     config = DEFAULT_SHARD_CONFIG if config is None else config
     if not isinstance(config, CertifiedTopkConfig):
@@ -182,10 +187,12 @@ def certified_topk_cp(
         raise TypeError(f"share_threshold: expected a bool, got {type(share_threshold).__name__}")
     if kernel is not None and not callable(kernel):
         raise TypeError(f"kernel: expected a callable or None, got {type(kernel).__name__}")
-    R = _group_size(group)
+    R = checked_world_size(group)
 
     B, S = q.shape[:2]
     T_r = k_shard.shape[1]
+    check_workspace(exchange_bytes(B, S, topk, R), q.device, "topk", f"B={B}, S={S}, topk={topk}, R={R} ranks",
+                    "every rank pads its candidates to topk per query: pass topk <= T, the keys of all shards")
     shared = []
 
     def share(bound: torch.Tensor) -> torch.Tensor:

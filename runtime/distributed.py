@@ -24,6 +24,7 @@ import torch.distributed as dist
 from runtime.assembly import PackedLayout
 from runtime.attention_layout import MergeFn
 from runtime.lse_merge import merge_partials
+from runtime.process_group import checked_world_size
 from runtime.pulsar import (GenerateArgs, KeptKV, PulsarConfig, StopIds, decode, encode_context, is_compiled,
                             prepare_generate_args)
 from runtime.summaries import num_blocks
@@ -147,8 +148,10 @@ def generate_distributed(model: torch.nn.Module, context_ids: torch.Tensor, quer
     Call on every rank with the same arguments (the process group must be initialised); every
     rank returns the same generated ids (1-D int64). Arguments follow ``generate`` (ids [L] or
     [1, L], ``stop_ids`` None for the model's eos ids); bad or differing arguments raise the same
-    error on every rank before any model work (``check_same_arguments``).
+    error on every rank before any model work (``check_same_arguments``); a ``group`` that is not
+    an initialised process group of this process raises first, naming it.
     """
+    checked_world_size(group)
     try:
         args: GenerateArgs | Exception = prepare_generate_args(model, context_ids, query_ids, config,
                                                                max_new_tokens, stop_ids)

@@ -18,7 +18,7 @@ import torch
 from runtime import defaults
 from runtime.fp8_quant import checked_fp8, hadamard, quantize_keys, rotates
 
-__all__ = ["Fp8KeyCache", "dequantize_keys"]
+__all__ = ["Fp8KeyCache", "check_appended_keys", "dequantize_keys"]
 
 
 def dequantize_keys(keys: torch.Tensor, scales: torch.Tensor, precision: str, dtype: torch.dtype) -> torch.Tensor:
@@ -29,6 +29,18 @@ def dequantize_keys(keys: torch.Tensor, scales: torch.Tensor, precision: str, dt
     checked_fp8(precision, "cached keys")
     x = keys.to(torch.float32) * scales.unsqueeze(-1)
     return (hadamard(x) if rotates(precision) else x).to(dtype)
+
+
+def check_appended_keys(k: object, cached: torch.Tensor | None) -> None:
+    """TypeError/ValueError naming ``k`` unless it is a float tensor [B, t, D] that can follow the
+    ``cached`` keys [B, T, D] (the same B and D, on their device; None: no keys yet)."""
+    if not isinstance(k, torch.Tensor) or k.dim() != 3 or not k.is_floating_point():
+        raise TypeError(f"k: expected a float tensor [B,t,D], got {getattr(k, 'dtype', type(k))} "
+                        f"{tuple(getattr(k, 'shape', ()))}")
+    if cached is not None and (k.shape[0] != cached.shape[0] or k.shape[2] != cached.shape[2]
+                               or k.device != cached.device):
+        raise ValueError(f"k: expected [B={cached.shape[0]}, t, D={cached.shape[2]}] on "
+                         f"{cached.device} (the cache's), got {tuple(k.shape)} on {k.device}")
 
 
 class Fp8KeyCache:
@@ -42,13 +54,7 @@ class Fp8KeyCache:
 
     def append(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Quantise the new keys k [B, t, D] (float) and append them; returns (keys, scales)."""
-        if not isinstance(k, torch.Tensor) or k.dim() != 3 or not k.is_floating_point():
-            raise TypeError(f"k: expected a float tensor [B,t,D], got {getattr(k, 'dtype', type(k))} "
-                            f"{tuple(getattr(k, 'shape', ()))}")
-        if self._keys is not None and (k.shape[0] != self._keys.shape[0] or k.shape[2] != self._keys.shape[2]
-                                       or k.device != self._keys.device):
-            raise ValueError(f"k: expected [B={self._keys.shape[0]}, t, D={self._keys.shape[2]}] on "
-                             f"{self._keys.device} (the cache's), got {tuple(k.shape)} on {k.device}")
+        check_appended_keys(k, self._keys)
         k8, scale = quantize_keys(k, self.precision)
         B, t, D = k8.shape
         end = self.length + t

@@ -17,7 +17,9 @@ from typing import Callable
 
 import torch
 
-__all__ = ["PRECISIONS", "E4M3_MAX", "AMAX_FLOOR", "check_precision", "checked_fp8", "rotates", "hadamard_scale", "hadamard",
+from runtime.workspace import check_workspace
+
+__all__ = ["PRECISIONS", "E4M3_MAX", "AMAX_FLOOR", "check_head_dim", "check_precision", "checked_fp8", "rotates", "hadamard_scale", "hadamard",
            "quantize_rows", "quantize", "quantize_keys", "quantize_queries", "quantize_indexer_inputs"]
 
 PRECISIONS = ("bf16", "fp8", "fp8_unrotated")
@@ -108,17 +110,44 @@ def checked_fp8(precision: str, what: str) -> str:
     return precision
 
 
+def check_head_dim(name: str, D: int, precision: str) -> None:
+    """ValueError naming ``name`` when ``precision`` rotates and the head dimension D is not a
+    power of two (``hadamard``'s)."""
+    if rotates(precision) and (D < 1 or D & (D - 1)):
+        raise ValueError(f"{name}: precision {precision!r} rotates q and k by a Hadamard transform, which needs a "
+                         f"head dimension D that is a power of two, got D={D}")
+
+
+QUANTIZE_BYTES = (9, 16)
+"""Bytes ``quantize`` allocates at most per element (a float32 copy, the rotation's second buffer,
+the E4M3 values) and per row (its extremes, maximum and scale): above either quantizer's."""
+
+
+def _checked_rows(name: str, x: torch.Tensor, precision: str, what: str) -> bool:
+    """Whether rows of ``x`` are rotated at ``precision``, after ValueErrors naming ``name`` for a
+    precision that is not an fp8 one, a head dimension the rotation cannot take, or rows whose
+    quantisation cannot fit in the device's memory."""
+    rotate = rotates(checked_fp8(precision, what))
+    check_head_dim(name, x.shape[-1], precision)
+    per_element, per_row = QUANTIZE_BYTES
+    check_workspace(per_element * x.numel() + per_row * (x.numel() // max(1, x.shape[-1])), x.device, name,
+                    f"shape {tuple(x.shape)}")
+    return rotate
+
+
 def quantize_keys(k: torch.Tensor, precision: str = "fp8",
                   quantizer: Quantizer = quantize) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys k [B,T,D] (float) -> (k8 [B,T,D] float8_e4m3fn, k_scale [B,T] float32)."""
-    return quantizer(k, rotates(checked_fp8(precision, "keys")))
+    """Keys k [B,T,D] (float) -> (k8 [B,T,D] float8_e4m3fn, k_scale [B,T] float32); ValueError
+    naming k or precision first (``check_head_dim``, the device's memory)."""
+    return quantizer(k, _checked_rows("k", k, precision, "keys"))
 
 
 def quantize_queries(q: torch.Tensor, weights: torch.Tensor, precision: str = "fp8",
                      quantizer: Quantizer = quantize) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries q [B,S,H,D] and weights [B,S,H] (float) -> (q8 [B,S,H,D] float8_e4m3fn, w' [B,S,H]
-    float32): one scale per (query, head), folded into that head's weight, w' = fl32(w * scale)."""
-    q8, scale = quantizer(q, rotates(checked_fp8(precision, "queries")))
+    float32): one scale per (query, head), folded into that head's weight, w' = fl32(w * scale).
+    ValueError naming q or precision first, as ``quantize_keys``."""
+    q8, scale = quantizer(q, _checked_rows("q", q, precision, "queries"))
     return q8, weights.to(torch.float32) * scale
 
 

@@ -27,6 +27,7 @@ from torch._dynamo.eval_frame import OptimizedModule
 
 from runtime.assembly import MODES, POSITIONS, PackedLayout, assemble
 from runtime.attention_layout import Layout, MergeFn, PackedPhase, QueryPhase, active_layout, use_layout
+from runtime.dsa_config import PULSAR_UNSUPPORTED, indexer_heads
 from runtime.summaries import DEFAULT_HEURISTIC, HEURISTICS, check_positive_int
 
 if TYPE_CHECKING:
@@ -164,16 +165,19 @@ def encode_context(model: torch.nn.Module, context_ids: torch.Tensor, layout: Pa
     ids = context_ids.to(device)[layout.source_index.to(device)].unsqueeze(0)
     positions = layout.position_ids.to(device).unsqueeze(0)
     cache = new_cache(model)
+    check_full_attention(cache)
     phase = PackedPhase(layout.prefix_end.to(device), layout.segment_start.to(device))
     run_forward(model, phase, ids, positions, cache)
     kept = torch.nonzero(layout.keep).flatten()
     kept = kept[torch.argsort(layout.source_index[kept])].to(device)
-    result = []
-    for layer in cache.layers:
-        if getattr(layer, "is_sliding", False):
-            raise ValueError("model has a sliding-window cache layer: Pulsar needs full-attention layers")
-        result.append((layer.keys[:, :, kept], layer.values[:, :, kept]))
-    return result
+    return [(layer.keys[:, :, kept], layer.values[:, :, kept]) for layer in cache.layers]
+
+
+def check_full_attention(cache: "DynamicCache") -> None:
+    """ValueError naming the model when its ``cache`` has a sliding-window layer (Pulsar keeps
+    every block's KV: it needs full-attention layers)."""
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        raise ValueError("model has a sliding-window cache layer: Pulsar needs full-attention layers")
 
 
 def decode(model: torch.nn.Module, kept: KeptKV, query_ids: torch.Tensor, *, query_position_start: int,
@@ -226,11 +230,35 @@ def vocabulary_size(model: torch.nn.Module) -> Optional[int]:
     return size if isinstance(size, int) else None
 
 
+def check_model(model: object) -> None:
+    """TypeError/ValueError naming ``model`` unless it is a module that ``generate`` can run: with
+    parameters, none of them on the meta device (a model built without its weights), no DSA
+    indexer in its configuration (``runtime.dsa_config``: DSA attention ignores Pulsar layouts) and
+    no sliding-window layer in its cache (``check_full_attention``)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a transformers causal LM), got {type(model).__name__}")
+    inner = model._orig_mod if is_compiled(model) else model
+    devices = {p.device for p in inner.parameters()}
+    if not devices:
+        raise ValueError(f"model must have parameters (a transformers causal LM), {type(inner).__name__} has none")
+    if torch.device("meta") in devices:
+        raise ValueError(f"model has parameters on the meta device (built without its weights): load or "
+                         f"materialise {type(inner).__name__}'s weights before generate")
+    heads = indexer_heads(getattr(inner, "config", None))
+    if heads is not None:
+        raise ValueError(f"model {type(inner).__name__} has DSA indexers (index_n_heads={heads} in its "
+                         f"configuration): {PULSAR_UNSUPPORTED}")
+    if getattr(inner, "config", None) is not None:
+        check_full_attention(new_cache(inner))
+
+
 def token_ids_1d(name: str, ids: object, vocabulary: Optional[int]) -> torch.Tensor:
-    """``ids`` ([L] or [1, L], integer, non-empty, every id in ``[0, vocabulary)``) as 1-D int64 on
-    the CPU; TypeError/ValueError naming ``name`` otherwise."""
+    """``ids`` ([L] or [1, L], integer, non-empty, every id in ``[0, vocabulary)``, not on the meta
+    device) as 1-D int64 on the CPU; TypeError/ValueError naming ``name`` otherwise."""
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.is_meta:
+        raise ValueError(f"{name} must hold token ids, got a tensor on the meta device (shapes only, no values)")
     if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
         raise TypeError(f"{name} must have an integer dtype, got {ids.dtype}")
     if not (ids.dim() == 1 or (ids.dim() == 2 and ids.shape[0] == 1)):
@@ -255,6 +283,8 @@ def stop_id_tuple(model: torch.nn.Module, stop_ids: StopIds, vocabulary: Optiona
     if isinstance(stop_ids, torch.Tensor):
         if stop_ids.dtype == torch.bool or stop_ids.dtype.is_floating_point or stop_ids.dtype.is_complex:
             raise TypeError(f"stop_ids must hold integer token ids, got a {stop_ids.dtype} tensor")
+        if stop_ids.is_meta:
+            raise ValueError("stop_ids must hold token ids, got a tensor on the meta device (shapes only, no values)")
         stop_ids = stop_ids.reshape(-1).tolist()
     elif isinstance(stop_ids, numbers.Integral) and not isinstance(stop_ids, bool):
         stop_ids = (stop_ids,)
@@ -296,8 +326,7 @@ def prepare_generate_args(model: torch.nn.Module, context_ids: object, query_ids
                           max_new_tokens: object, stop_ids: StopIds) -> GenerateArgs:
     """Check ``generate``'s arguments before any model work (TypeError/ValueError naming the
     argument) and normalise them (``GenerateArgs``)."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (a transformers causal LM), got {type(model).__name__}")
+    check_model(model)
     vocabulary = vocabulary_size(model)
     context = token_ids_1d("context_ids", context_ids, vocabulary)
     query = token_ids_1d("query_ids", query_ids, vocabulary)
@@ -315,7 +344,8 @@ def generate(model: torch.nn.Module, context_ids: torch.Tensor, query_ids: torch
 
     ``context_ids``, ``query_ids``: token ids, [L] or [1, L] (batch size 1), on any device.
     ``stop_ids``: a stop id or any iterable of them (read once); None (default) uses the model's
-    ``generation_config.eos_token_id``. Arguments are checked before any model work.
+    ``generation_config.eos_token_id``. Arguments are checked before any model work (the model
+    too: ``check_model`` refuses one without weights or with DSA indexers).
     """
     args = prepare_generate_args(model, context_ids, query_ids, config, max_new_tokens, stop_ids)
     context_ids = args.context_ids.to(model_device(model))  # the layout (summaries too) is built there

@@ -46,16 +46,23 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 """The dtypes of q, k and v (one of them for all three)."""
 
 
-def check_devices(q, k, v, indices, mask) -> None:
-    """Raise TypeError/ValueError naming the first argument that is not a tensor on q's device
-    (a meta tensor among real ones included: the dispatcher would run the meta kernel, whose
-    output is uninitialised memory on q's device)."""
-    for name, t in (("q", q), ("k", k), ("v", v), ("indices", indices)):
+def check_on_q_device(q, tensors: tuple[tuple[str, object], ...],
+                      optional: tuple[tuple[str, object], ...] = ()) -> None:
+    """Raise TypeError/ValueError naming the first of q, the named ``tensors`` and the named
+    ``optional`` ones (None allowed) that is not a tensor on q's device (a meta tensor among real
+    ones included: the dispatcher would run an op's meta kernel, whose output is uninitialised
+    memory on q's device)."""
+    for name, t in (("q", q), *tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in (("k", k), ("v", v), ("indices", indices), ("mask", mask)):
+    for name, t in (*tensors, *optional):
         if isinstance(t, torch.Tensor) and t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+
+
+def check_devices(q, k, v, indices, mask) -> None:
+    """``check_on_q_device`` of the sparse-attention arguments."""
+    check_on_q_device(q, (("k", k), ("v", v), ("indices", indices)), (("mask", mask),))
 
 
 def check_scale(scale) -> None:

@@ -43,10 +43,11 @@ def device_memory_bytes(device: torch.device) -> int | None:
     return None
 
 
-def check_workspace(nbytes: int, device: torch.device, arguments: str, sizes: str) -> None:
+def check_workspace(nbytes: int, device: torch.device, arguments: str, sizes: str,
+                    remedy: str = "split the call") -> None:
     """ValueError naming ``arguments`` (whose ``sizes``, e.g. "B=2, S=10, T=4096", set the
-    workspace) when ``nbytes`` exceed the memory of ``device``."""
+    workspace) and ending with ``remedy`` when ``nbytes`` exceed the memory of ``device``."""
     limit = device_memory_bytes(device)
     if limit is not None and nbytes > limit:
         raise ValueError(f"{arguments}: {sizes} need about {nbytes / 2**30:.1f} GiB of workspace on {device}, "
-                         f"more than its {limit / 2**30:.1f} GiB of memory; split the call")
+                         f"more than its {limit / 2**30:.1f} GiB of memory; {remedy}")

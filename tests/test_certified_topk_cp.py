@@ -281,6 +281,10 @@ def test_certified_topk_reference_short_rows_hold_the_keys_reaching_the_bound():
     (dict(config="certified"), r"config: expected a CertifiedTopkConfig"),
     (dict(share_threshold=1), r"share_threshold: expected a bool"),
     (dict(), r"group: expected an initialised torch.distributed process group"),
+    (dict(group="x"), r"group: expected a torch.distributed ProcessGroup or None"),
+    (dict(q=torch.zeros(1, 4, 2, 3, device="meta"), k_shard=torch.zeros(1, 5, 3, device="meta"),
+          weights=torch.zeros(1, 4, 2, device="meta")), r"q: expected tensors with values, got the meta device"),
+    (dict(kernel=lambda *a, **k: None), r"kernel: compiler.certified_topk_cp runs the shard kernel of q's device"),
 ])
 def test_bad_arguments_raise_naming_the_argument_before_any_collective(change, message):
     import compiler
@@ -328,5 +332,20 @@ def test_without_a_config_the_shards_are_scored_densely_and_a_certified_config_p
         (default, default_pruned), (certified, certified_pruned) = summary["default"], summary["certified"]
         assert default["fallbacks"]["dense_cheaper"] == q.shape[0] * q.shape[1] and default_pruned == 0.0
         assert certified["fallbacks"]["dense_cheaper"] == 0 and certified_pruned > 0.3
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_topk_whose_exchange_cannot_fit_is_refused_by_name_before_any_collective(tmp_path):
+    """The single-device op caps topk at T; a rank learns T only in the exchange, which is padded to topk."""
+    import compiler
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        q, k, w = torch.zeros(1, 2, 2, 4), torch.zeros(1, 5, 4), torch.zeros(1, 2, 2)
+        with pytest.raises(ValueError, match=r"topk: B=1, S=2, topk=1099511627776, R=1 ranks need about .* "
+                                             r"pass topk <= T"):
+            compiler.certified_topk_cp(q, k, w, 2**40, key_offset=0)
+        assert compiler.certified_topk_cp(q, k, w, 7, key_offset=0)[1].shape == (1, 2, 5)
     finally:
         dist.destroy_process_group()

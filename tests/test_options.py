@@ -123,3 +123,9 @@ def test_a_changed_option_compiles_again_with_its_own_graph():
     assert [c["options_uuid"] for c in report.compiles] == [
         CompileOptions(downstream="eager", path=p).uuid() for p in paths[:2]]
     assert [r.path for r in report.rewrites] == paths[:2]
+
+
+def test_capture_without_the_indexer_pass_is_refused_naming_both_options():
+    with pytest.raises(ValueError, match=r"option 'capture': .* option 'passes' \['attention'\] leaves that pass out"):
+        CompileOptions(capture=True, passes=["attention"])
+    assert CompileOptions(capture=True, passes=["dsa_indexer"]).capture

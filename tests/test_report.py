@@ -1,4 +1,5 @@
 """compiler.explain and the Report: entries, counters, printed tables, the current-report stack."""
+import pytest
 import torch
 
 import compiler
@@ -70,3 +71,10 @@ def test_static_recompilation_rewrites_again_and_is_recorded_per_compile():
     assert len(report.compiles) == 2
     assert [r.compile_index for r in report.rewrites] == [0, 1]
     assert "1  dsa_indexer" in str(report)
+
+
+def test_explain_names_a_model_that_is_not_callable_and_a_dynamic_that_is_not_a_bool():
+    with pytest.raises(TypeError, match="model: expected a torch.nn.Module or another callable, got str"):
+        compiler.explain("model", torch.zeros(2))
+    with pytest.raises(TypeError, match="dynamic: expected None, True or False .*got 'yes'"):
+        compiler.explain(torch.nn.Linear(2, 2), torch.zeros(2), dynamic="yes")

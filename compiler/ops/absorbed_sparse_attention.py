@@ -2,7 +2,8 @@
 indexer's selected keys, in the absorbed form (the keys and values stay latent rows).
 
 Schema: ``absorbed_sparse_attention(Tensor q, Tensor latent, Tensor rope_key, Tensor kv_b_weight,
-Tensor indices, Tensor? mask, float scale, str masked_rows, bool distinct, str form, str site) -> Tensor``. q
+Tensor indices, Tensor? mask, Scalar scale, str masked_rows, bool distinct, str form, str site) -> Tensor``
+(``Scalar``, as ``pulsar_dosa.sparse_attention``'s, so that ``True`` is refused, not read as 1.0). q
 ``[B, H, S, Dn+Dr]``, latent ``[B, T, Dc]``, rope_key ``[B, T, Dr]``, kv_b_weight
 ``[H·(Dn+Dv), Dc]`` (the weight of ``kv_b_proj``, read at every call), indices ``[B, S, K]``
 int32/int64, mask None or bool (True = visible) broadcastable to ``[B, 1, S, T]``,
@@ -13,6 +14,11 @@ index (indices from a top-K): the CUDA kernel then skips the per-row sort that r
 ``form``: "absorbed", or "auto" (CUDA picks the absorbed or the union form per call from how the
 selections overlap, ``compiler.lowering.attention.latent_attention``; same result to rounding);
 ``site`` names the call site (the attention module) whose measurements its "auto" calls share.
+
+Every kernel, the fake one included, first checks that every tensor is on q's device
+(``runtime.absorbed_attention.check_absorbed_devices``: a meta tensor among real ones would
+otherwise be answered with uninitialised memory); the CPU and CUDA kernels then check the whole
+contract and the workspace before any work.
 
 The CPU kernel (and any device without its own) runs the plain-torch reference, which treats every
 selection as a set; CUDA runs ``compiler/lowering/attention/latent_attention.py`` (form "absorbed":
@@ -27,7 +33,9 @@ from typing import Optional
 import torch
 
 from compiler.ops.sparse_attention import _refuse_pulsar_layout
+from runtime.sparse_attention import check_scale
 from runtime.absorbed_attention import absorbed_sparse_attention as reference_absorbed_sparse_attention
+from runtime.absorbed_attention import check_absorbed_devices
 
 
 FORMS = ("absorbed", "auto")
@@ -40,7 +48,11 @@ def check_form(form) -> None:
         raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
 
 
-@torch.library.custom_op("pulsar_dosa::absorbed_sparse_attention", mutates_args=())
+SCHEMA = ("(Tensor q, Tensor latent, Tensor rope_key, Tensor kv_b_weight, Tensor indices, Tensor? mask, Scalar scale, "
+          "str masked_rows, bool distinct, str form, str site) -> Tensor")
+
+
+@torch.library.custom_op("pulsar_dosa::absorbed_sparse_attention", mutates_args=(), schema=SCHEMA)
 def absorbed_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
                               kv_b_weight: torch.Tensor, indices: torch.Tensor, mask: Optional[torch.Tensor],
                               scale: float, masked_rows: str, distinct: bool, form: str, site: str) -> torch.Tensor:
@@ -67,6 +79,9 @@ def _absorbed_sparse_attention_cuda(q, latent, rope_key, kv_b_weight, indices, m
 def _absorbed_sparse_attention_fake(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows, distinct,
                                     form, site):
     check_form(form)
+    check_absorbed_devices(q, latent, rope_key, kv_b_weight, indices, mask)
+    if not isinstance(scale, (torch.SymFloat, torch.SymInt)):
+        check_scale(scale)
     if q.dim() != 4 or rope_key.dim() != 3 or kv_b_weight.dim() != 2:
         raise ValueError(f"q, rope_key, kv_b_weight: expected ranks 4, 3 and 2, got {q.dim()}, {rope_key.dim()} "
                          f"and {kv_b_weight.dim()}")

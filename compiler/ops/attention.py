@@ -8,7 +8,9 @@ computes what the replaced code computed, with the same torch calls: ``form="sdp
 -1[, float32]).to(q.dtype) @ v`` with ``∘`` a product (``eager_mul*``) or a division
 (``eager_div*``), the softmax in float32 for the ``*_softmax_fp32`` forms, k/v repeated per query
 head when ``enable_gqa``. With an active layout the mask and ``is_causal`` are ignored and the
-layout's ``attend`` computes it (``runtime.attention_layout``), with the effective scale."""
+layout's ``attend`` computes it (``runtime.attention_layout``), with the effective scale.
+Importing this module registers the CUDA two-interval kernel where triton is installed; without
+triton the CPU paths run alone."""
 from __future__ import annotations
 
 from typing import Optional
@@ -16,8 +18,13 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-import compiler.lowering.attention.two_interval_attention  # noqa: F401  (registers the CUDA two-interval kernel)
+try:
+    import compiler.lowering.attention.two_interval_attention  # noqa: F401  (registers the CUDA two-interval kernel)
+except ModuleNotFoundError as error:  # no triton (declared for Linux only): the CPU references run without it
+    if error.name != "triton":
+        raise
 from runtime.attention_layout import active_layout
+from runtime.sparse_attention import check_on_q_device
 
 SDPA_FORM = "sdpa"
 EAGER_FORMS = ("eager_mul", "eager_div", "eager_mul_softmax_fp32", "eager_div_softmax_fp32")
@@ -67,6 +74,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, *_):
-    """[B, Hq, Sq, Dv] in q's dtype."""
+def _attention_fake(q, k, v, attn_mask, *_):
+    """[B, Hq, Sq, Dv] in q's dtype, once k, v and attn_mask are on q's device (a meta tensor among
+    real ones would otherwise be answered with uninitialised memory)."""
+    check_on_q_device(q, (("k", k), ("v", v)), (("attn_mask", attn_mask),))
     return q.new_empty((*q.shape[:-1], v.shape[-1]))

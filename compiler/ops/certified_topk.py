@@ -27,7 +27,7 @@ from compiler.ops.guard import call_path
 from compiler.ops.stats import TOPK_STATS
 from compiler.topk_settings import TopkSettings, settings_of
 from runtime.certified_topk import CertifiedTopkConfig, certified_topk as reference_certified_topk
-from runtime.fp8_quant import Quantizer, check_precision, quantize, quantize_keys, quantize_queries, rotates
+from runtime.fp8_quant import Quantizer, check_head_dim, check_precision, quantize, quantize_keys, quantize_queries
 from runtime.indexer_inputs import checked_kk
 
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
@@ -78,11 +78,8 @@ def check_call(a: dict[str, Any]) -> tuple[int, TopkSettings]:
     settings = settings_of(a["path"], a["r"], a["min_keys"])
     precision = check_precision("precision", a["precision"])
     q, k, k_scale = a["q"], a["k"], a["k_scale"]
-    if rotates(precision) and q.dim() == 4:
-        D = q.shape[3]
-        if D < 1 or D & (D - 1):
-            raise ValueError(f"q: precision {precision!r} rotates q and k by a Hadamard transform, which needs a "
-                             f"head dimension D that is a power of two, got D={D}")
+    if isinstance(q, torch.Tensor) and q.dim() == 4:
+        check_head_dim("q", q.shape[3], precision)
     if k_scale is None:
         return checked_kk(q, k, a["weights"], a["topk"], a["mask"]), settings
     if precision == "bf16":

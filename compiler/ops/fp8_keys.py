@@ -19,13 +19,14 @@ from __future__ import annotations
 import torch
 
 from runtime.fp8_key_cache import dequantize_keys
-from runtime.fp8_quant import checked_fp8, quantize, quantize_keys
+from runtime.fp8_quant import check_head_dim, checked_fp8, quantize, quantize_keys
 
 
 def _check_keys(k: torch.Tensor, precision: str) -> None:
     checked_fp8(precision, "cached keys")
     if k.dim() != 3 or not k.is_floating_point():
         raise ValueError(f"k: expected float keys [B, T, D], got {k.dtype} {tuple(k.shape)}")
+    check_head_dim("k", k.shape[2], precision)
 
 
 @torch.library.custom_op("pulsar_dosa::fp8_quantize_keys", mutates_args=(),

@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 
 from runtime.attention_layout import active_layout
+from runtime.dsa_config import PULSAR_UNSUPPORTED
 from runtime.sparse_attention import check_devices, check_scale
 from runtime.sparse_attention import sparse_attention as reference_sparse_attention
 
@@ -42,11 +43,8 @@ SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor indices, Tensor? mask, Scalar s
 
 def _refuse_pulsar_layout() -> None:
     if active_layout() is not None:
-        raise RuntimeError(
-            "pulsar_dosa.sparse_attention: a Pulsar layout is active, but DSA sparse attention does not "
-            "follow Pulsar layouts (the indexer selected these keys under the model's causal mask and keeps "
-            "its own key cache, which the Pulsar KV drop does not touch): runtime.pulsar does not run DSA "
-            "models; call the compiled model directly")
+        raise RuntimeError(f"pulsar_dosa.sparse_attention: a Pulsar layout is active, but {PULSAR_UNSUPPORTED}; "
+                           "call the compiled model directly")
 
 
 @torch.library.custom_op("pulsar_dosa::sparse_attention", mutates_args=(), schema=SCHEMA)

@@ -15,8 +15,11 @@ constants on the CPU); with other constants (e.g. ``--constants h200`` on a CPU)
 the cost model's prediction alone.
 
 Every flag is checked before any model work (``check_args``: paths, positive lengths and counts,
-the device, the constants file, the token file and its ids against the model configuration's
-vocabulary); a bad one exits with argparse's usage message naming it and exit code 2.
+the device, the constants file, the model's configuration (read, not built: it must configure a DSA
+indexer with more heads than every --candidates budget), the token file or the text and its
+tokenizer, and the ids against the configuration's vocabulary); a bad one exits with argparse's
+usage message naming it and exit code 2. A factory model (``module:function``) is imported first
+and checked once built.
 
 Use the plan with ``torch.compile(model, backend="pulsar_dosa", options={"plan": "plan.json"})``.
 """
@@ -105,9 +108,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def check_args(args: argparse.Namespace) -> None:
     """UsageError naming the flag for anything that would fail later: the inputs' combination,
     the output and plot directories, --queries beyond --design-length, --candidates, --constants
-    (a JSON file is read), --device (parsed, and available), --structured, the token file (read:
-    kept as ``args.token_ids``) and its ids against the vocabulary of the model's configuration
-    (read without building the model; a factory model is checked once built, ``check_vocabulary``)."""
+    (a JSON file is read), --device (parsed, and available), --structured, --model (its
+    configuration read without building the model: a DSA indexer, ``runtime.dsa_config``, whose
+    heads exceed every --candidates budget; a factory imported), the token file or the text
+    (read, the text tokenised by the model directory's tokenizer: kept as ``args.token_ids``) and
+    the ids against the configuration's vocabulary (a factory model is checked once built,
+    ``check_vocabulary``)."""
     if args.structured is None and (args.model is None or (args.tokens is None and args.text is None)):
         raise UsageError("give --model with --tokens or --text, or --structured")
     if args.structured is not None and (args.model or args.tokens or args.text):
@@ -127,18 +133,46 @@ def check_args(args: argparse.Namespace) -> None:
     if args.structured is not None:
         parse_structured(args.structured)
     args.token_ids = None
-    if args.tokens is not None:
-        from compiler.plan.inputs import load_token_ids
+    if args.model is None:
+        return
+    config = _check_model(args.model, parse_candidates(args.candidates))
+    flag, path = ("--tokens", args.tokens) if args.tokens is not None else ("--text", args.text)
+    if not Path(path).is_file():
+        raise UsageError(f"{flag}: no file {path}")
+    from compiler.plan.inputs import load_token_ids, load_tokenizer, tokenize_text
 
-        if not Path(args.tokens).is_file():
-            raise UsageError(f"--tokens: no file {args.tokens}")
-        try:
-            args.token_ids = load_token_ids(args.tokens)
-        except (ValueError, TypeError, OSError, RuntimeError) as exc:
-            raise UsageError(f"--tokens: {exc}") from exc
-        vocabulary = config_vocabulary(args.model)
-        if vocabulary is not None:
-            check_vocabulary(args.token_ids, vocabulary)
+    tokenizer = load_tokenizer(args.model) if flag == "--text" else None
+    if flag == "--text" and tokenizer is None:
+        raise UsageError(f"--text: the model {args.model} has no tokenizer (a model directory holding one is "
+                         "needed); pass token ids with --tokens instead")
+    try:
+        args.token_ids = load_token_ids(path) if tokenizer is None else tokenize_text(path, tokenizer)
+    except (ValueError, TypeError, OSError, RuntimeError) as exc:
+        raise UsageError(f"{flag}: {exc}") from exc
+    vocabulary = None if config is None else getattr(config.get_text_config(decoder=True), "vocab_size", None)
+    if isinstance(vocabulary, int):
+        check_vocabulary(args.token_ids, vocabulary, flag)
+
+
+def _check_model(spec: str, candidates: list[int] | str | None) -> Any:
+    """The configuration of the model ``spec`` (None for a factory, imported), after UsageErrors
+    naming --model when it cannot be read or configures no DSA indexer, and --candidates when a
+    budget is not below the indexer's heads."""
+    from compiler.plan.inputs import model_config
+    from runtime.dsa_config import indexer_heads
+
+    try:
+        config = model_config(spec)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--model: {exc}") from exc
+    if config is None:
+        return None
+    heads = indexer_heads(config)
+    if heads is None:
+        raise UsageError(f"--model: {spec} configures no DSA indexer (model type {config.model_type!r} has no "
+                         "index_n_heads); a plan needs at least one indexer layer")
+    check_candidates(candidates, heads)
+    return config
 
 
 def _check_output_path(flag: str, path: Path) -> None:
@@ -188,27 +222,11 @@ def parse_structured(spec: str) -> tuple[int, int, int, int, int, int]:
     return B, S, T, H, D, K
 
 
-def config_vocabulary(spec: str) -> int | None:
-    """The vocabulary size in the configuration of a transformers model spec (a directory with
-    config.json, or the file), read without building the model; None for other specs."""
-    path = Path(spec)
-    config = path / "config.json" if path.is_dir() else path
-    if not (config.is_file() and config.suffix == ".json"):
-        return None
-    import json
-
-    try:
-        size = json.loads(config.read_text(encoding="utf-8")).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return size if isinstance(size, int) and not isinstance(size, bool) else None
-
-
-def check_vocabulary(ids, vocabulary: int) -> None:
-    """UsageError naming --tokens when a token id is outside ``[0, vocabulary)``."""
+def check_vocabulary(ids, vocabulary: int, flag: str = "--tokens") -> None:
+    """UsageError naming ``flag`` (where the ids come from) when a token id is outside ``[0, vocabulary)``."""
     top = int(ids.max())
     if top >= vocabulary:
-        raise UsageError(f"--tokens: token id {top} is outside the model's vocabulary of {vocabulary} ids")
+        raise UsageError(f"{flag}: token id {top} is outside the model's vocabulary of {vocabulary} ids")
 
 
 def resolve_constants(spec: str | None, device: str) -> KernelConstants:
@@ -246,9 +264,14 @@ def layer_candidates(requested: list[int] | str | None, heads: int, constants: K
         return short_candidates(heads)
     if requested == "all":
         return candidate_rs(heads, constants)
-    if requested[-1] >= heads:
-        raise ValueError(f"--candidates: expected budgets below the layer's {heads} heads, got {requested}")
+    check_candidates(requested, heads)
     return requested
+
+
+def check_candidates(requested: list[int] | str | None, heads: int) -> None:
+    """UsageError naming --candidates when a requested budget is not below an indexer's ``heads``."""
+    if isinstance(requested, list) and requested[-1] >= heads:
+        raise UsageError(f"--candidates: expected budgets below the layer's {heads} heads, got {requested}")
 
 
 def times_the_calls(constants_spec: str | None, device: str) -> bool:
@@ -307,13 +330,13 @@ def build_plan(args: argparse.Namespace) -> Plan:
         calls, inputs = structured_calls(args.structured, args.seed, args.device)
         return plan_from_calls(calls, model={"spec": "structured"}, inputs=inputs, **settings)
     loaded = load_model(args.model, seed=args.seed)
-    if args.tokens is not None:
-        ids, source = args.token_ids if args.token_ids is not None else load_token_ids(args.tokens), args.tokens
-        embeddings = loaded.model.get_input_embeddings() if hasattr(loaded.model, "get_input_embeddings") else None
-        if isinstance(embeddings, torch.nn.Embedding):
-            check_vocabulary(ids, embeddings.num_embeddings)
-    else:
-        ids, source = tokenize_text(args.text, loaded.tokenizer), args.text
+    flag, source = ("--tokens", args.tokens) if args.tokens is not None else ("--text", args.text)
+    ids = getattr(args, "token_ids", None)
+    if ids is None:
+        ids = load_token_ids(args.tokens) if args.tokens is not None else tokenize_text(args.text, loaded.tokenizer)
+    embeddings = loaded.model.get_input_embeddings() if hasattr(loaded.model, "get_input_embeddings") else None
+    if isinstance(embeddings, torch.nn.Embedding):
+        check_vocabulary(ids, embeddings.num_embeddings, flag)
     batches = batch_sequences(ids, args.seq_len, args.batch_size)
     device = torch.device(args.device)
     model = loaded.model.to(device)

@@ -8,6 +8,9 @@ Model specs (``load_model``):
 * a path to a ``config.json`` file: random initialisation from ``seed``;
 * ``module:function``: an importable factory called with no arguments that returns an ``nn.Module``.
 
+``model_config`` reads a spec's configuration (and imports a factory) without building the model,
+``load_tokenizer`` a model directory's tokenizer.
+
 Token files (``load_token_ids``): ``.txt`` with whitespace-separated integers, ``.npy`` or ``.pt`` with
 an integer array of rank 1 (one stream) or 2 (one sequence per row). ``tokenize_text`` reads plain
 text through the model's tokenizer.
@@ -19,7 +22,7 @@ import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -43,26 +46,60 @@ def _config_hash(config) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def load_model(spec: str, *, seed: int = 0) -> LoadedModel:
-    """Load ``spec`` (see the module docstring); ValueError names the spec when it is none of the forms."""
+def model_config(spec: str) -> Any:
+    """The transformers configuration of ``spec`` (a model directory or a config.json file), read
+    without building the model; None for a ``module:function`` spec once its factory imports
+    (``model_factory``). TypeError/ValueError naming the spec when it is none of the forms or its
+    configuration cannot be read."""
     if not isinstance(spec, str) or not spec:
         raise TypeError(f"model: expected a path or 'module:function', got {spec!r}")
     path = Path(spec)
     if path.is_dir() or path.is_file():
-        return _load_transformers(path, seed)
+        return _read_config(path)
     if ":" in spec:
-        return _load_factory(spec)
+        model_factory(spec)
+        return None
     raise ValueError(f"model {spec!r}: expected a transformers model directory, a config.json file "
                      "or 'module:function'")
 
 
-def _load_transformers(path: Path, seed: int) -> LoadedModel:
+def _read_config(path: Path) -> Any:
+    import transformers
+
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ValueError(f"model {str(path)!r}: directory has no config.json")
+    try:
+        return transformers.AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"model {str(path)!r}: cannot read a transformers configuration ({exc})") from exc
+
+
+def load_model(spec: str, *, seed: int = 0) -> LoadedModel:
+    """Load ``spec`` (see the module docstring); errors as ``model_config``'s."""
+    config = model_config(spec)
+    if config is None:
+        return _load_factory(spec)
+    return _load_transformers(Path(spec), config, seed)
+
+
+def load_tokenizer(spec: str) -> Any:
+    """The tokenizer saved in the model directory ``spec``; None for any other spec or a directory
+    without one."""
+    path = Path(spec)
+    if not path.is_dir():
+        return None
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _load_transformers(path: Path, config: Any, seed: int) -> LoadedModel:
     import transformers
 
     directory = path if path.is_dir() else path.parent
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise ValueError(f"model {str(path)!r}: directory has no config.json")
-    config = transformers.AutoConfig.from_pretrained(path)
     if path.is_dir() and _has_weights(directory):
         model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
         weights = "loaded"
@@ -70,24 +107,27 @@ def _load_transformers(path: Path, seed: int) -> LoadedModel:
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config)
         weights = f"random init, seed {seed}"
-    tokenizer = None
-    if path.is_dir():
-        try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-        except (OSError, ValueError, KeyError, TypeError):
-            tokenizer = None
+    tokenizer = load_tokenizer(str(path))
     description = {"spec": str(path), "class": type(model).__name__, "model_type": config.model_type,
                    "config_sha256": _config_hash(config), "weights": weights}
     return LoadedModel(model.eval(), tokenizer, description)
 
 
-def _load_factory(spec: str) -> LoadedModel:
+def model_factory(spec: str) -> Callable[[], Any]:
+    """The factory a ``module:function`` spec names, imported; ValueError naming the spec when it
+    cannot be imported, TypeError when it is not callable."""
     module_name, _, function_name = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, ValueError) as exc:
         raise ValueError(f"model {spec!r}: cannot import the factory ({exc})") from exc
-    model = factory()
+    if not callable(factory):
+        raise TypeError(f"model {spec!r}: {function_name} is a {type(factory).__name__}, expected a callable factory")
+    return factory
+
+
+def _load_factory(spec: str) -> LoadedModel:
+    model = model_factory(spec)()
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model {spec!r}: the factory returned {type(model).__name__}, expected an nn.Module")
     return LoadedModel(model.eval(), None, {"spec": spec, "class": type(model).__name__, "weights": "factory"})
@@ -130,7 +170,10 @@ def tokenize_text(path: str | Path, tokenizer) -> torch.Tensor:
     if tokenizer is None:
         raise ValueError("text: the model has no tokenizer; pass token ids with --tokens instead")
     text = Path(path).read_text(encoding="utf-8")
-    return torch.tensor(tokenizer(text, add_special_tokens=True)["input_ids"], dtype=torch.int64)
+    ids = torch.tensor(tokenizer(text, add_special_tokens=True)["input_ids"], dtype=torch.int64)
+    if ids.numel() == 0:
+        raise ValueError(f"text {str(path)!r}: the tokenizer made no tokens of it")
+    return ids
 
 
 def batch_sequences(ids: torch.Tensor, seq_len: int | None, batch_size: int) -> list[torch.Tensor]:

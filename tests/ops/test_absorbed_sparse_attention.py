@@ -54,3 +54,25 @@ def test_bad_arguments_are_named_before_any_work():
         OP(q, latent, rope_key, weight[:, :-1], indices, mask, 0.3, "zero", False, "auto", "")
     with pytest.raises(ValueError, match="form must be one of"):
         OP(q, latent, rope_key, weight, indices, mask, 0.3, "zero", False, "union", "")
+    with pytest.raises(TypeError, match="scale must be a float, got True"):
+        OP(q, latent, rope_key, weight, indices, mask, True, "zero", False, "absorbed", "")
+    with pytest.raises(TypeError, match="scale must be a float, got True"):
+        OP(*(x.to("meta") for x in (q, latent, rope_key, weight, indices, mask)), True, "zero", False, "absorbed", "")
+
+
+@pytest.mark.parametrize("name", ["latent", "rope_key", "kv_b_weight", "indices", "mask"])
+def test_a_tensor_on_another_device_is_named_even_on_the_meta_device(name):
+    args = dict(zip(("q", "latent", "rope_key", "kv_b_weight", "indices", "mask"), op_inputs(True)))
+    args[name] = args[name].to("meta")
+    with pytest.raises(ValueError, match=f"{name} must be on q's device cpu, got meta"):
+        OP(*args.values(), 0.3, "zero", False, "absorbed", "")
+    out = OP(*(x.to("meta") for x in op_inputs(True)), 0.3, "zero", False, "absorbed", "")  # all on meta: shapes
+    assert out.device.type == "meta" and out.shape == (2, 4, 5, 5)
+
+
+def test_a_call_beyond_the_memory_is_refused_by_name_before_any_allocation():
+    q, latent, rope_key, weight, _, _ = op_inputs(False)
+    queries = q[:1, :, :1].expand(1, 4, 3_000_000, 10)
+    indices = torch.zeros(1, 1, 1, dtype=torch.int64).expand(1, 3_000_000, 200_000)
+    with pytest.raises(ValueError, match="q, latent, indices: B=1, H=4, S=3000000, K=200000 need about .* GiB"):
+        OP(queries, latent[:1], rope_key[:1], weight, indices, None, 0.3, "zero", False, "absorbed", "")

@@ -9,7 +9,7 @@ from transformers import DynamicCache, LlamaConfig
 import compiler.ops.fp8_keys as fp8_keys
 from benchmarks.e2e import SMOKE_SIZES, build
 from compiler.demo import build_model, tiny_config
-from compiler.fp8_indexer_cache import Fp8IndexedLayer, fp8_indexer_cache
+from compiler.fp8_indexer_cache import Fp8IndexedLayer, fp8_indexer_cache, to_fp8_indexer_cache
 from compiler.passes.dsa_indexer import _moved_dims
 from compiler.report import collecting
 from runtime.fp8_quant import quantize_keys
@@ -90,6 +90,25 @@ def test_bad_arguments_are_named():
         torch.ops.pulsar_dosa.fp8_cached_keys(k8, scales[:, :4], "fp8", torch.float32)
     with pytest.raises(ValueError, match="k:"):
         torch.ops.pulsar_dosa.fp8_quantize_keys(torch.randn(5, 16), "fp8")
+    with pytest.raises(ValueError, match="k: precision 'fp8' rotates q and k by a Hadamard transform"):
+        torch.ops.pulsar_dosa.fp8_quantize_keys(torch.randn(1, 5, 24, device="meta"), "fp8")
+    with pytest.raises(TypeError, match="config: expected a transformers configuration"):
+        fp8_indexer_cache(None)
+    with pytest.raises(TypeError, match="cache: expected a transformers cache"):
+        to_fp8_indexer_cache({})
+    with pytest.raises(ValueError, match="precision"):
+        to_fp8_indexer_cache(DynamicCache(config=LlamaConfig(num_hidden_layers=2)), "bf16")
+
+
+def test_keys_that_cannot_follow_the_cached_ones_are_named():
+    layer = fp8_indexer_cache(tiny_config(layers=1)).layers[0]
+    with pytest.raises(TypeError, match=r"k: expected a float tensor \[B,t,D\]"):
+        layer.update_indexer(torch.randn(3, 16))
+    layer.update_indexer(torch.randn(1, 3, 16))
+    for keys in (torch.randn(1, 3, 32), torch.randn(2, 3, 16), torch.randn(1, 3, 16, device="meta")):
+        with pytest.raises(ValueError, match=r"k: expected \[B=1, t, D=16\] on cpu \(the cache's\)"):
+            layer.update_indexer(keys)
+    assert layer.update_indexer(torch.randn(1, 2, 16)).shape == (1, 5, 16)
 
 
 def test_only_dim_moves_that_undo_each_other_fold():

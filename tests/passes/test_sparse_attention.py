@@ -221,13 +221,13 @@ def test_chains_the_op_cannot_reproduce_are_near_misses(fn, reason):
         assert not _sparse(report) and len(misses) == 1 and reason in misses[0]
 
 
-def test_a_dsa_model_under_runtime_pulsar_stops_with_the_reason():
+def test_a_compiled_dsa_model_is_refused_by_runtime_pulsar_with_the_reason():
     from runtime.pulsar import PulsarConfig, generate
 
     model = build_model(tiny_config(layers=1, dense_layers=1), torch.float32)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="pulsar_dosa", options=EAGER)
-    with pytest.raises(RuntimeError, match="does not follow Pulsar layouts"):
+    with pytest.raises(ValueError, match="has DSA indexers .* does not follow Pulsar layouts"):
         generate(compiled, _ids(1, 48)[0], _ids(1, 4)[0], PulsarConfig(block_size=16, sink=4, chunk=4),
                  max_new_tokens=1)
 

@@ -3,9 +3,10 @@ import json
 
 import pytest
 import torch
+from transformers import LlamaConfig
 
 from compiler.cost_model import CPU_REFERENCE, H200_FITTED, IndexerShape, crossover_length
-from compiler.plan.cli import layer_candidates, main
+from compiler.plan.cli import layer_candidates, main, parse_args
 from compiler.plan.schema import PLAN_VERSION, load_plan
 from compiler.report import collecting
 from compiler.topk_settings import TopkSettings
@@ -145,6 +146,13 @@ BAD_FLAGS = [
     (["--constants", "{d}/none.json"], "--constants: expected 'cpu', 'h200', 'measure' or a JSON file"),
     (["--tokens", "{d}/big.txt"], "--tokens: token id 128 is outside the model's vocabulary of 128 ids"),
     (["--tokens", "{d}/none.txt"], "--tokens: no file {d}/none.txt"),
+    (["--model", "{d}/none"], "--model: model '{d}/none': expected a transformers model directory, a config.json"),
+    (["--model", "{d}/corrupt.json"], "--model: model '{d}/corrupt.json': cannot read a transformers configuration"),
+    (["--model", "{d}"], "--model: model '{d}': directory has no config.json"),
+    (["--model", "no_such_module_xyz:make"], "--model: model 'no_such_module_xyz:make': cannot import the factory"),
+    (["--model", "{d}/llama/config.json"], "--model: {d}/llama/config.json configures no DSA indexer (model type "
+                                           "'llama' has no index_n_heads)"),
+    (["--candidates", "4,32"], "--candidates: expected budgets below the layer's 32 heads, got [4, 32]"),
 ]
 
 
@@ -153,6 +161,7 @@ def test_every_flag_is_checked_before_any_model_work_with_an_argparse_error(mode
     d = str(model_dir)
     (model_dir / "corrupt.json").write_text('{"dense_macs_per_s": ')
     (model_dir / "big.txt").write_text("1 2 127 128")
+    LlamaConfig(vocab_size=128, num_hidden_layers=1).save_pretrained(model_dir / "llama")
     argv = {"--model": f"{d}/model", "--tokens": f"{d}/ids.txt", "--out": f"{d}/plan.json"}
     argv.update(zip(change[::2], (c.format(d=d) for c in change[1::2])))
     code, last = usage_error(capsys, [x for kv in argv.items() for x in kv])
@@ -231,3 +240,27 @@ def test_a_factory_model_s_vocabulary_is_checked_once_built_before_any_capture(t
     code, last = usage_error(capsys, ["--model", f"{__name__}:small_vocabulary_model", "--tokens",
                                       str(tmp_path / "ids.txt"), "--out", str(tmp_path / "plan.json")])
     assert code == 2 and "--tokens: token id 20 is outside the model's vocabulary of 16 ids" in last
+
+
+def save_word_tokenizer(directory, words):
+    """A word-level tokenizer of ``words`` (ids 1.., 0 unknown) saved in ``directory``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]").save_pretrained(directory)
+
+
+def test_text_needs_a_readable_file_and_the_model_directory_s_tokenizer_before_any_model_work(model_dir, capsys):
+    d = str(model_dir)
+    (model_dir / "t.txt").write_text("a b c a")
+    for model, text, message in ((f"{d}/model", f"{d}/none.txt", f"--text: no file {d}/none.txt"),
+                                 (f"{d}/model", f"{d}/t.txt", f"--text: the model {d}/model has no tokenizer"),
+                                 (f"{d}/model/config.json", f"{d}/t.txt",
+                                  f"--text: the model {d}/model/config.json has no tokenizer")):
+        code, last = usage_error(capsys, ["--model", model, "--text", text, "--out", f"{d}/plan.json"])
+        assert code == 2 and message in last
+    save_word_tokenizer(model_dir / "model", ["a", "b", "c"])
+    args = parse_args(["--model", f"{d}/model", "--text", f"{d}/t.txt", "--out", f"{d}/plan.json"])
+    assert args.token_ids.tolist() == [1, 2, 3, 1]  # tokenised while the flags are checked

@@ -172,3 +172,26 @@ def test_restricted_layout_keeps_exactly_its_blocks_and_their_visible_keys(singl
     whole = restrict_layout(layout, range(num_blocks(CONTEXT_LENGTH, 32)))
     for field in ("source_index", "position_ids", "keep", "segment_start", "prefix_end", "cu_seqlens"):
         assert torch.equal(getattr(whole, field), getattr(layout, field)), field
+
+
+def test_a_group_that_is_not_an_initialised_process_group_is_named_before_any_model_work(tmp_path):
+    model, (context_ids, query_ids) = tiny_llama(), inputs()
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda module, args: forwards.append(module))
+    try:
+        with pytest.raises(ValueError, match="group: expected an initialised torch.distributed process group"):
+            generate_distributed(model, context_ids, query_ids, CONFIGS["star"], max_new_tokens=1)
+        with pytest.raises(TypeError, match="group: expected a torch.distributed ProcessGroup or None"):
+            generate_distributed(model, context_ids, query_ids, CONFIGS["star"], max_new_tokens=1, group="x")
+        assert forwards == []
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        try:
+            with pytest.raises(TypeError, match="group: expected a torch.distributed ProcessGroup or None"):
+                generate_distributed(model, context_ids, query_ids, CONFIGS["star"], max_new_tokens=1, group="x")
+            assert forwards == []
+            assert torch.equal(generate_distributed(model, context_ids, query_ids, CONFIGS["star"], max_new_tokens=2),
+                               generate(model, context_ids, query_ids, CONFIGS["star"], max_new_tokens=2))
+        finally:
+            dist.destroy_process_group()
+    finally:
+        hook.remove()

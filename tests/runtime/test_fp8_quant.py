@@ -3,6 +3,7 @@ folded query scales, non-finite rows)."""
 import pytest
 import torch
 
+from runtime.fp8_key_cache import Fp8KeyCache
 from runtime.fp8_quant import (AMAX_FLOOR, E4M3_MAX, check_precision, hadamard, quantize_keys, quantize_queries,
                                quantize_rows)
 
@@ -98,3 +99,15 @@ def test_rotation_and_quantisation_are_bitwise_their_definitions_and_leave_the_i
     assert torch.equal(x.view(torch.uint8) if dtype != torch.float32 else x.view(torch.int32),
                        before.view(torch.uint8) if dtype != torch.float32 else before.view(torch.int32))
     assert torch.equal(hadamard(x[..., :1]), x[..., :1].float())  # D = 1: the identity
+
+
+def test_keys_and_queries_the_quantisation_cannot_take_are_named_before_any_allocation():
+    with pytest.raises(ValueError, match="k: precision 'fp8' rotates q and k by a Hadamard transform.*got D=24"):
+        quantize_keys(torch.zeros(1, 3, 24), "fp8")
+    with pytest.raises(ValueError, match="q: precision 'fp8' rotates q and k .*got D=24"):
+        quantize_queries(torch.zeros(1, 3, 2, 24), torch.zeros(1, 3, 2), "fp8")
+    assert quantize_keys(torch.zeros(1, 3, 24), "fp8_unrotated")[0].shape == (1, 3, 24)
+    with pytest.raises(ValueError, match=r"k: shape \(1, 17179869184, 16\) need about .* GiB of workspace on cpu"):
+        quantize_keys(torch.zeros(1, 1, 16).expand(1, 2**34, 16), "fp8")
+    with pytest.raises(ValueError, match="k: precision 'fp8' rotates"):
+        Fp8KeyCache("fp8").append(torch.zeros(1, 3, 24))

@@ -202,3 +202,50 @@ def test_bad_generate_arguments_raise_naming_the_argument_before_any_model_work(
     finally:
         hook.remove()
     assert forwards == []
+
+
+def tiny_dsa_model():
+    from transformers import DeepseekV32Config, DeepseekV32ForCausalLM
+
+    torch.manual_seed(0)
+    return DeepseekV32ForCausalLM(DeepseekV32Config(
+        vocab_size=256, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, n_routed_experts=2, kv_lora_rank=8, q_lora_rank=16,
+        qk_rope_head_dim=8, v_head_dim=8, qk_nope_head_dim=8, n_group=1, topk_group=1, num_experts_per_tok=1,
+        first_k_dense_replace=1, index_topk=4, index_head_dim=16, index_n_heads=8)).eval()
+
+
+def sliding_window_model():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return MistralForCausalLM(MistralConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1, sliding_window=16)).eval()
+
+
+def meta_model(model):
+    with torch.device("meta"):
+        return LlamaForCausalLM(model.config)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda model, ids, q: dict(model=tiny_dsa_model()),
+     r"model DeepseekV32ForCausalLM has DSA indexers \(index_n_heads=8 .*does not follow Pulsar layouts"),
+    (lambda model, ids, q: dict(model=meta_model(model)), "model has parameters on the meta device"),
+    (lambda model, ids, q: dict(model=torch.nn.ReLU()), "model must have parameters"),
+    (lambda model, ids, q: dict(model=sliding_window_model()), "model has a sliding-window cache layer"),
+    (lambda model, ids, q: dict(context_ids=ids.to("meta")), "context_ids must hold token ids, got a tensor on the meta"),
+    (lambda model, ids, q: dict(query_ids=q.to("meta")), "query_ids must hold token ids, got a tensor on the meta"),
+    (lambda model, ids, q: dict(stop_ids=q[:1].to("meta")), "stop_ids must hold token ids, got a tensor on the meta"),
+])
+def test_models_and_ids_without_values_or_with_dsa_layers_are_refused_before_any_model_work(model, context, change,
+                                                                                            message):
+    ids, query = context
+    args = dict(model=model, **good_arguments(ids, query)) | change(model, ids, query)
+    forwards = []
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, inputs: forwards.append(module))
+    try:
+        with pytest.raises(ValueError, match=message):
+            generate(args.pop("model"), args.pop("context_ids"), args.pop("query_ids"), args.pop("config"), **args)
+    finally:
+        hook.remove()
+    assert forwards == []

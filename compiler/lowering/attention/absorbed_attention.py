@@ -53,6 +53,7 @@ try:  # Gluon's API is experimental: a Triton whose Gluon lacks what the kernel 
 except (ImportError, AttributeError):
     absorbed_attention_ws = None
 from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs, head_weights
+from runtime.workspace import check_workspace
 
 _INTERPRETED = interpreter_active()
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -358,14 +359,30 @@ def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: f
             num_warps=4, **common)
 
 
-def _check_kernel_inputs(q: torch.Tensor, latent: torch.Tensor) -> None:
-    """Raise TypeError/ValueError for inputs the kernels cannot take (dtype, length, grid)."""
+def workspace_bytes(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor,
+                    indices: torch.Tensor) -> int:
+    """Bytes a call allocates at most: the sorted indices (16 per index), one chunk's visible
+    indices, q_lat, o_lat and their product with W_UV, the output and the mean latent row."""
+    b, heads, s, _ = q.shape
+    width, lat_dim = indices.shape[2], latent.shape[2]
+    v_dim = absorbed_dims(q, rope_key, kv_b_weight)[2]
+    chunk = min(s, max(1, min(MAX_CHUNK, CHUNK_ELEMENTS // max(1, b * heads * lat_dim))))
+    per_chunk = 4 * b * chunk * (width + heads * (2 * lat_dim + v_dim))
+    return 16 * b * s * width + per_chunk + b * heads * s * v_dim * q.element_size() + 4 * b * lat_dim
+
+
+def _check_kernel_inputs(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor,
+                         indices: torch.Tensor) -> None:
+    """Raise TypeError/ValueError for checked inputs the kernels cannot take (dtype, length, grid,
+    workspace)."""
     if q.dtype not in _KERNEL_DTYPES:
         raise TypeError(f"q must be bfloat16, float16 or float32, got {q.dtype}")
     if latent.shape[1] >= 2 ** 31 or q.shape[2] >= 2 ** 31:
         raise ValueError(f"q and latent must have fewer than 2^31 tokens, got {q.shape[2]} and {latent.shape[1]}")
     if q.shape[0] > 65535:
         raise ValueError(f"q must have a batch of at most 65535 (a grid axis), got {q.shape[0]}")
+    check_workspace(workspace_bytes(q, latent, rope_key, kv_b_weight, indices), q.device, "q, latent, indices",
+                    f"B={q.shape[0]}, H={q.shape[1]}, S={q.shape[2]}, K={indices.shape[2]}")
 
 
 def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
@@ -384,7 +401,7 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
     TypeError/ValueError naming the argument for a bad shape, dtype, device or scalar.
     """
     check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
-    _check_kernel_inputs(q, latent)
+    _check_kernel_inputs(q, latent, rope_key, kv_b_weight, indices)
     if not isinstance(distinct, bool):
         raise TypeError(f"distinct must be a bool, got {type(distinct).__name__}")
     if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):

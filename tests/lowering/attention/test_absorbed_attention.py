@@ -128,6 +128,10 @@ def test_kernel_input_errors_name_the_argument():
     with pytest.raises(TypeError, match="q must be bfloat16, float16 or float32"):
         absorbed_sparse_attention_triton(*(x.double() for x in (q, latent, rope_key, weight)), indices, None,
                                          scale=0.3)
+    huge = torch.zeros(1, 1, 1, dtype=torch.int64).expand(1, 3_000_000, 200_000)
+    with pytest.raises(ValueError, match="q, latent, indices: B=1, H=2, S=3000000, K=200000 need about .* GiB"):
+        absorbed_sparse_attention_triton(q[:, :, :1].expand(1, 2, 3_000_000, 10), latent, rope_key, weight, huge,
+                                         None, scale=0.3)
 
 
 def _host_read(*args, **kwargs):
