@@ -11,14 +11,20 @@ the median time of ``--reps`` calls after a warm-up, bitwise identical to dense 
 the pruned share of the screened keys, the mean survival per query m, the threshold gap b (per query
 (tau* - tau) / (tau* - median visible score), tau* the exact kk-th score, on ``--gap-queries`` queries),
 the queries redone densely, and the time split from CUDA events between the pipeline's stages (seeds,
-plan, screen, refine, select, redo). Then the plan's choice (``compiler.plan.choice.choose_layer`` on
+plan, screen, refine, select, redo); at the budget ``profile_r`` without witnesses, the costliest kernels
+of one call (torch profiler) and the device time of a call replayed from a CUDA graph (``graph_ms``: no
+host time; the dense row has it too), and the same budget with survivor lists shared by the ``refine_queries``
+queries of a scorer tile (the union of their survivors, ``compiler.lowering.defaults.REFINE_QUERIES``). Then the plan's choice (``compiler.plan.choice.choose_layer`` on
 the measured rows, designed for the same call) and the op with those settings through the runtime
-guard, timed after its warm-up calls. JSON after every layer.
+guard, timed after its warm-up calls; the layers' choices form a plan (written beside ``--out``). With
+``--prefill T``: the model's prefill of T tokens as ``generate`` runs it, compiled with that plan, with
+every indexer dense and with the defaults. JSON after every layer.
 """
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,16 +33,19 @@ from benchmarks import harness
 
 import compiler  # noqa: F401  (registers torch.ops.pulsar_dosa.certified_topk)
 from compiler.cost_model import constants_for
+from compiler.lowering import defaults as lowering_defaults
 from compiler.lowering.topk_pipeline import checked_certified_topk_cuda, dense_topk_cuda
 from compiler.ops.guard import GUARD
 from compiler.plan.choice import choose_layer
-from compiler.plan.schema import CandidateMeasurement
+from compiler.plan.schema import CandidateMeasurement, LayerPlan, Plan, save_plan
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.dsa_forward import dsa_forward, indexer_qkw
 from runtime.indexer_zoo import HELD_OUT_TOKENS, TRAINED_MODEL
 
-FULL = {"S": 4096, "T": [32768, 65536, 131072], "topk": 2048, "rs": [7, 15, 31], "reps": 5, "gap_queries": 64}
-SMOKE = {"S": 64, "T": [2048], "topk": 64, "rs": [7, 15], "reps": 2, "gap_queries": 8}
+FULL = {"S": 4096, "T": [32768, 65536, 131072], "topk": 2048, "rs": [7, 15, 31], "reps": 5, "gap_queries": 64,
+        "profile_r": 15, "refine_queries": [2, 4]}
+SMOKE = {"S": 8, "T": [256], "topk": 16, "rs": [7], "reps": 1, "gap_queries": 4, "profile_r": 7,
+         "refine_queries": [2]}
 STAGES = ("seeds", "plan", "screen", "refine", "select", "redo")
 
 
@@ -96,8 +105,9 @@ def certified_row(q, k, w, mask, kk, config, dense, reps, device):
         last = event
     summary = stats.summary()
     tr = trace[0]
-    visible = mask.sum(-1).clamp_min(1)
-    survived = torch.where(tr.list_count > tr.cap, mask.shape[-1], tr.list_count)
+    visible = mask.sum(-1).clamp_min(1).view(-1)
+    survived = torch.where(tr.list_count > tr.cap, mask.shape[-1], tr.list_count).repeat_interleave(tr.list_queries, -1)
+    survived = survived.view(-1)[:visible.numel()]
     return {"ms": round(timing.ms, 3), "identical": harness.identical(out, dense) and harness.identical(timing.out, dense),
             "pruned": round(summary["pruned_frac"], 4), "m": round(float((survived / visible).mean()), 4),
             "redo": round(float(tr.redo.float().mean()), 4), "overflow": summary["fallbacks"]["overflow"],
@@ -108,9 +118,11 @@ def certified_row(q, k, w, mask, kk, config, dense, reps, device):
 def layer_rows(layer, q, k, w, mask, sizes, device):
     """Every row of one layer at one T: dense, certified per (r, witnesses), the plan and its op."""
     S, T, kk = q.shape[1], k.shape[1], min(sizes["topk"], k.shape[1])
-    dense = harness.measure(lambda: dense_topk_cuda(q, k, w, kk, mask), device, sizes["reps"])
+    dense_call = lambda: dense_topk_cuda(q, k, w, kk, mask)  # noqa: E731
+    dense = harness.measure(dense_call, device, sizes["reps"])
     tau_star = dense.out[0][..., -1]
-    rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3)}]
+    rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3),
+             "graph_ms": harness.graph_ms(dense_call, device)}]
     candidates = []
     for witnesses in (False, True):
         for r in sizes["rs"]:
@@ -119,6 +131,10 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
             tau = row.pop("tau")
             row["b"] = threshold_gap(q, k, w, mask, tau, tau_star, sizes["gap_queries"])
             row["x_dense"] = round(row["ms"] / dense.ms, 3)
+            if r == sizes["profile_r"] and not witnesses:
+                call = lambda: checked_certified_topk_cuda(q, k, w, kk, mask, config=config)  # noqa: E731
+                row["graph_ms"] = harness.graph_ms(call, device)
+                row["kernels"] = harness.kernel_breakdown(call, top=14) if torch.device(device).type == "cuda" else None
             rows.append({"layer": layer, "T": T, "S": S, "variant": f"r={r}" + (" +witnesses" if witnesses else ""),
                          "r": r, "witnesses": witnesses, **row})
             if witnesses is False:
@@ -127,9 +143,26 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
                     certified_queries=row["queries"], keys_screened=row["keys_screened"],
                     survivors=round((1.0 - row["pruned"]) * row["keys_screened"]), fallbacks={}))
             print(rows[-1], flush=True)
+    for G in sizes["refine_queries"]:  # survivor lists shared by G queries (their union) at the profiled budget
+        config = CertifiedTopkConfig(r=sizes["profile_r"], witnesses=False, path="certified")
+        kept, lowering_defaults.REFINE_QUERIES = lowering_defaults.REFINE_QUERIES, G
+        try:
+            row = certified_row(q, k, w, mask, kk, config, dense.out, sizes["reps"], device)
+        finally:
+            lowering_defaults.REFINE_QUERIES = kept
+        row.pop("tau")
+        row["x_dense"] = round(row["ms"] / dense.ms, 3)
+        rows.append({"layer": layer, "T": T, "S": S, "variant": f"r={sizes['profile_r']} lists of {G}",
+                     "r": sizes["profile_r"], "witnesses": False, "refine_queries": G, **row})
+        print(rows[-1], flush=True)
+    constants = constants_for(torch.device(device).type)
     choice = choose_layer(candidates, dense.ms, [(1, S, T)], heads=q.shape[2], head_dim=q.shape[3], topk=kk,
-                          constants=constants_for(torch.device(device).type), design_length=T, queries=S)
+                          constants=constants, design_length=T, queries=S)
     s = choice.settings
+    layer_plan = LayerPlan(layer=f"model.layers.{layer}.self_attn.indexer", settings=s, heads=q.shape[2],
+                           head_dim=q.shape[3], topk=kk, predicted_pruned_frac=choice.predicted_pruned_frac,
+                           predicted_speedup=choice.predicted_speedup, reason=choice.reason, dense_ms=dense.ms,
+                           calibration_calls=((1, S, T),), candidates=tuple(candidates), seed_gap=None, slack=None)
     GUARD.reset()
 
     def plan_op():
@@ -143,6 +176,42 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
                  "reason": choice.reason, "ms": round(op.ms, 3), "x_dense": round(op.ms / dense.ms, 3),
                  "identical": harness.identical(op.out, dense.out)})
     print(rows[-1], flush=True)
+    return rows, layer_plan
+
+
+def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
+    """The trained model's prefill of T held-out tokens as ``generate`` runs it (``use_cache=True``,
+    the last position's logits), compiled with the backend: with the plan, with every indexer dense
+    (option ``path="dense"``) and with the defaults; one warm-up call and the guard's trials first,
+    then the median of ``reps`` calls; the last position's logits compared with the dense run's."""
+    from transformers import AutoModelForCausalLM
+
+    tokens = np.load(HELD_OUT_TOKENS)
+    ids = torch.from_numpy(tokens[:T].astype(np.int64))[None].to(device)
+    rows, reference = [], None
+    for name, options in (("dense", {"path": "dense"}), ("plan", {"plan": plan_path}), ("default", {})):
+        torch._dynamo.reset()
+        GUARD.reset()
+        net = AutoModelForCausalLM.from_pretrained(TRAINED_MODEL, dtype=torch.bfloat16).to(device).eval()
+        compiled = torch.compile(net, backend="pulsar_dosa", options=options)
+
+        def call():
+            with torch.no_grad():
+                return compiled(ids, logits_to_keep=1).logits[0, -1].float()
+
+        try:
+            for _ in range(4):  # compile, then the guard's warm-ups and trials
+                call()
+            timing = harness.measure(call, device, reps)
+        except torch.OutOfMemoryError as exc:
+            rows.append({"T": T, "variant": f"prefill {name}", "error": str(exc).splitlines()[0]})
+            continue
+        reference = timing.out if reference is None else reference
+        rows.append({"T": T, "variant": f"prefill {name}", "ms": round(timing.ms, 3), "peak_gib": timing.peak_gib,
+                     "argmax_as_dense": int(timing.out.argmax()) == int(reference.argmax()),
+                     "max_abs_diff": float((timing.out - reference).abs().max())})
+        print(rows[-1], flush=True)
+        del compiled, net
     return rows
 
 
@@ -153,9 +222,13 @@ def main(argv=None):
     ap.add_argument("--T", type=int, nargs="+", help="key counts (default: 32768 65536 131072)")
     ap.add_argument("--layers", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--rs", type=int, nargs="+", help="budgets (default 7 15 31)")
+    ap.add_argument("--prefill", type=int, nargs="*", default=[],
+                    help="key counts of --T whose plan also drives the model's prefill of that many tokens")
     args = ap.parse_args(argv)
     sizes = dict(SMOKE if args.smoke else FULL)
     sizes["T"] = args.T or sizes["T"]
+    if args.prefill and (set(args.prefill) - set(sizes["T"]) or sorted(args.layers) != [0, 1, 2, 3, 4]):
+        ap.error("--prefill: each length must be one of --T, and its plan needs every layer (--layers 0 1 2 3 4)")
     sizes["rs"] = args.rs or sizes["rs"]
     device = "cpu" if args.smoke else "cuda"
     doc = harness.header(device, what=__doc__.split("\n\n")[0], sizes=sizes, layers=args.layers)
@@ -164,23 +237,36 @@ def main(argv=None):
     for T in sizes["T"]:
         layers = capture_layers(T, sizes["S"], device)
         mask = torch.ones(sizes["S"], T, dtype=torch.bool, device=device).tril(T - sizes["S"])[None]
+        plans = []
         for layer in args.layers:
             q, k, w = layers[layer]
-            doc["rows"] += layer_rows(layer, q, k, w, mask, sizes, device)
+            rows, layer_plan = layer_rows(layer, q, k, w, mask, sizes, device)
+            doc["rows"] += rows
+            plans.append(layer_plan)
             doc["seconds"] = round(time.time() - t0, 1)
             harness.write_results(args.out, doc, render(doc))
-        del layers
+        del layers, mask
+        plan = Plan(model=str(TRAINED_MODEL.name), inputs=f"{sizes['S']} held-out queries at the end of {T} keys",
+                    design_length=T, queries=sizes["S"], constants=constants_for(torch.device(device).type),
+                    layers=tuple(plans))
+        plan_path = Path(args.out).with_name(f"{Path(args.out).stem}_plan_{T}.json")
+        save_plan(plan, plan_path)
+        if T in args.prefill:
+            doc["rows"] += prefill_rows(T, str(plan_path), sizes["reps"], device)
+            harness.write_results(args.out, doc, render(doc))
     return doc
 
 
 def render(doc) -> str:
     """The readable table: one line per (T, layer, variant)."""
-    head = ["T", "layer", "variant", "ms", "x dense", "identical", "pruned", "m", "b", "redo", "split ms (seeds/plan/screen/refine/select/redo)"]
+    head = ["T", "layer", "variant", "ms", "x dense", "graph ms", "identical", "pruned", "m", "b", "redo",
+            "split ms (seeds/plan/screen/refine/select/redo)"]
     lines = []
     for r in doc["rows"]:
         split = r.get("split_ms")
         lines.append([r["T"], r["layer"], r["variant"] + (f" -> {r['path']} r={r['r']}" if r["variant"] == "plan" else ""),
-                      r["ms"], r.get("x_dense", 1.0), r.get("identical", "-"), r.get("pruned", "-"), r.get("m", "-"),
+                      r.get("ms"), r.get("x_dense", 1.0), r.get("graph_ms"), r.get("identical", "-"), r.get("pruned", "-"),
+                      r.get("m", "-"),
                       "-" if r.get("b") is None else round(r["b"], 3), r.get("redo", "-"),
                       "-" if not split else " / ".join(str(split.get(s, "-")) for s in STAGES)])
     return harness.markdown_table(head, lines)

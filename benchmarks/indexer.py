@@ -184,7 +184,7 @@ def stage_times(q, k, w, mask, tr):
     def refine():
         cnt.zero_()
         score_keys(q, w, k, ids, counts, cap=tr.cap, tiles_per_list=1, mask=mask, tau=tr.tau,
-                   out=cand, out_count=cnt)
+                   out=cand, out_count=cnt, block_s=tr.list_queries)
 
     refine_ms, _, _ = timed(refine, 1000)
     return screen_ms, refine_ms

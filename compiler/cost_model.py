@@ -144,7 +144,10 @@ class IndexerShape:
     an upper bound on the seed set of the runtime's default rule), ``anchor_stride`` the spacing of
     densely scored anchor queries; sink, window and anchor_stride default to the runtime's
     ``CertifiedTopkConfig`` defaults. ``sample``: every query also scores T / ``SAMPLE_PER_KEYS`` keys for
-    its own threshold (``runtime.seeds``; the default above T = 8192 keys).
+    its own threshold (``runtime.seeds``; the default above T = 8192 keys). ``witnesses`` (the runtime's
+    default): anchors are scored densely and every query scores its anchor's N0 top keys; without
+    them (and with a sample) a query scores its sample alone, and N0 only marks the queries too short
+    to certify.
     """
 
     heads: int
@@ -157,6 +160,7 @@ class IndexerShape:
     anchor_stride: int = _RUNTIME_DEFAULTS.anchor_stride
     seeds: int | None = None
     sample: bool = True
+    witnesses: bool = _RUNTIME_DEFAULTS.witnesses
 
     def __post_init__(self) -> None:
         for name in ("heads", "head_dim", "topk", "batch", "anchor_stride"):
@@ -167,8 +171,9 @@ class IndexerShape:
             _require_int("IndexerShape.queries", self.queries, 1)
         if self.seeds is not None:
             _require_int("IndexerShape.seeds", self.seeds, self.topk)
-        if not isinstance(self.sample, bool):
-            raise TypeError(f"IndexerShape.sample: expected a bool, got {self.sample!r}")
+        for name in ("sample", "witnesses"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"IndexerShape.{name}: expected a bool, got {getattr(self, name)!r}")
 
     @property
     def n0(self) -> int:
@@ -215,12 +220,14 @@ def certified_query_cost(n, r: int, m, shape: IndexerShape, c: KernelConstants, 
     hd, n0 = shape.heads * shape.head_dim, shape.n0
     screened = n - n0
     sample = T / runtime_defaults.SAMPLE_PER_KEYS if shape.sample else 0
+    witnessed = shape.witnesses or not shape.sample  # runtime.seeds.takes_witnesses
+    seeds = n0 if witnessed else 0
     return (_exact(c.plan_s_per_query)
-            + anchors * n * hd / _exact(c.dense_macs_per_s)
-            + (n0 + sample) * hd / _exact(c.refine_macs_per_s)
+            + (anchors if witnessed else 0) * n * hd / _exact(c.dense_macs_per_s)
+            + (seeds + sample) * hd / _exact(c.refine_macs_per_s)
             + screened * screen_rows(r, c) * shape.head_dim / _exact(c.screen_macs_per_s)
             + m * screened * hd / _exact(c.refine_macs_per_s)
-            + (n0 + m * screened) / _exact(c.select_keys_per_s)
+            + (seeds + m * screened) / _exact(c.select_keys_per_s)
             + redo * dense_query_cost(n, shape, c))
 
 

@@ -10,7 +10,7 @@ ASSUMED_R = 4  # budget assumed: the runtime's rule (|H+| rounded up to 4) for t
 PAYS_BELOW = 0.9  # certify a layer only when predicted below this fraction of the dense time
 MIN_SCREENED_KEYS = 1 << 22  # evidence: survival measured over at least this many screened (query, key) pairs
 MIN_CERTIFIED_QUERIES = 64  # evidence: ... of at least this many certified queries
-SHORT_CANDIDATE_ROWS = 8  # default plan budgets: r with r + 1 a power of two and at most this many screen rows
+SHORT_CANDIDATE_ROWS = 32  # default plan budgets: r with r + 1 a power of two, at most this many screen rows and half the heads: certified_trained_h100.md (the trained indexers' best budgets are 15 and 31)
 
 # Compile time (compiler.policy): calls of fewer B*S*T*H products keep the stock subgraph, per pass
 # family and device type, where the op's per-call host cost exceeds the stock form's device time;

@@ -30,6 +30,7 @@ ACTIVATION_KEYS = 64  # witness keys per step of a head-activation program
 ACTIVATION_SAMPLES = 256  # witness keys behind each head's activation frequency (it steers choices only)
 PLAN_WARPS = 1  # warps per plan program: the fastest; Triton 3.6 fails to compile some 4-warp forms
 PLAN_COLUMNS = 4  # q columns per step of the plan's passes: 1-2 slower, 8 no faster
+PLAN_STEP_ELEMENTS = 2048  # most float64 products [heads, rows, columns] of one plan step, so that 32 rows do not spill
 
 # Selection (selection/)
 LONG_ROW_FACTOR = 8  # rows longer than this many kk take the threshold path; shorter ones torch.topk
@@ -54,6 +55,7 @@ FEW_ROWS_INTERPRETER_PROGRAMS = 3  # programs off CUDA: several per row, so that
 FEW_ROWS_WARPS = 8  # warps of a few-rows program
 
 # The certified pipeline (topk_pipeline.py)
+REFINE_QUERIES = 1  # queries sharing a survivor list (its union) and a refine program: 1 refines no pair a query pruned
 CERTIFIED_BUFFER_K = 8  # candidates per certified query, in kk: at most 3.53 kk seen, certified_buffer_h200.json
 DEFAULT_R_CAP = 7  # cap of the per-query budget without config.r, so that the screen's row count is static
 DENSE_CHUNK_BYTES = 4 << 30  # largest scorer output [rows, T] the dense path allocates at once

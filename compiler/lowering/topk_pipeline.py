@@ -278,12 +278,13 @@ class CertifiedTrace:
     """Intermediates of one certified call (for statistics and diagnostics)."""
 
     tau: torch.Tensor          # [B,S] fp32 threshold used (-inf: no pruning)
-    list_count: torch.Tensor   # [B,S] int32 screen survivors per query (> cap: overflow)
+    list_count: torch.Tensor   # [B,L] int32 screen survivors per list of list_queries queries (> cap: overflow)
     cand_count: torch.Tensor   # [B,S] int32 keys with s >= tau written (> cap: dense redo)
     redo: torch.Tensor         # [B,S] bool rows recomputed densely
     short: torch.Tensor        # [B,S] bool short rows (only with a shared bound)
     kk: int
     cap: int
+    list_queries: int
     plan: ScreenPlan | None
 
 
@@ -298,8 +299,9 @@ def _no_mark(stage: str) -> None:
 
 
 def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None, k_scale=None, mark=_no_mark):
-    """Seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, b), ids [B,S,cap] the
-    survivors of each query, b the shared bound [B,S] (None without ``shared_bound``).
+    """Seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, b), ids [B,L,cap] the
+    survivors of each group of defaults.REFINE_QUERIES queries (a key survives for any of them), b the
+    shared bound [B,S] (None without ``shared_bound``).
     ``screen_config``: the screen's LaunchConfig, None to let ``screen`` choose it. ``k_scale``: the
     FP8 scorer's key scales. ``mark(stage)`` is called once each stage's work is queued."""
     B, S, H, D = q.shape
@@ -334,8 +336,10 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_boun
     tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
     mark("plan")
     cap = survivor_cap(T, kk, config.workspace_frac)
+    G = defaults.REFINE_QUERIES
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
-                             lists_per_batch=S, list_queries=1, cap=cap, config=screen_config, k_scale=k_scale)
+                             lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap, config=screen_config,
+                             k_scale=k_scale)
     mark("screen")
     return tau, ids, list_count, cap, plan, shared
 
@@ -382,7 +386,8 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
-               out_count=cand_count, splits=key_splits(B * S, cap), k_scale=k_scale, one_query=True)
+               out_count=cand_count, splits=key_splits(B * ids.shape[1], cap), k_scale=k_scale,
+               block_s=defaults.REFINE_QUERIES)
     mark("refine")
     codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True,
                            ordered=ordered).view(B, S, kk)
@@ -394,7 +399,7 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     if shared is not None:  # tau is the finite shared bound: kk keys held elsewhere reach it
         short = (cand_count < kk) & (tau == shared) & torch.isfinite(tau)
     redo = (cand_count > cand_cap) | ((cand_count < kk) & ~short)
-    return codes, CertifiedTrace(tau, list_count, cand_count, redo, short, kk, cap, plan)
+    return codes, CertifiedTrace(tau, list_count, cand_count, redo, short, kk, cap, defaults.REFINE_QUERIES, plan)
 
 
 def redo_slots(B: int, S: int, T: int, H: int) -> int:
@@ -473,7 +478,8 @@ def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: Cer
         cap = survivor_cap(T, kk, config.workspace_frac)
         seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
         total += (dense_chunk + 8 * B * S * seeds + 2 * defaults.PLAN_CHUNK_BYTES + B * S * 16 * (2 * D + 12)
-                  + 4 * B * S * cap + 8 * B * S * min(cap, defaults.CERTIFIED_BUFFER_K * kk)
+                  + 4 * B * triton.cdiv(S, defaults.REFINE_QUERIES) * cap
+                  + 8 * B * S * min(cap, defaults.CERTIFIED_BUFFER_K * kk)
                   + 2 * defaults.REDO_BUFFER_BYTES)
     return total
 
@@ -512,8 +518,8 @@ def _record(stats: TopkStats | None, q, T, tr):
     call's as device tensors (no synchronisation; inside a CUDA graph the counters hold the
     capture-time totals plus the last replay's counts).
 
-    survivors counts refined (query, key) pairs: a query's survivor list (all T keys when it
-    overflowed)."""
+    survivors counts refined (query, key) pairs: a list's survivors (all T keys when it overflowed)
+    times its list_queries queries."""
     if stats is None:
         return
     B, S = q.shape[:2]
@@ -526,7 +532,7 @@ def _record(stats: TopkStats | None, q, T, tr):
         return torch.full((), n, dtype=torch.int64, device=q.device)
 
     stats.add("queries", count(B * S))
-    survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum()
+    survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum() * tr.list_queries
     stats.add("keys_screened", count(B * S * T))
     stats.add("survivors", survivors)
     stats.add("written", tr.cand_count.sum())

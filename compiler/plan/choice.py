@@ -38,8 +38,10 @@ class LayerChoice:
 
 
 def short_candidates(heads: int) -> list[int]:
-    """Default plan budgets: r = 2^j - 1 below ``heads`` with r + 1 <= ``defaults.SHORT_CANDIDATE_ROWS``."""
-    return [r for r in (1, 3, 7, 15, 31) if r < heads and r + 1 <= defaults.SHORT_CANDIDATE_ROWS]
+    """Default plan budgets: r = 2^j - 1 with r + 1 at most ``defaults.SHORT_CANDIDATE_ROWS`` and at most
+    half the ``heads`` (more screen rows cost as much as half the dense products)."""
+    limit = min(defaults.SHORT_CANDIDATE_ROWS, heads // 2)
+    return [(1 << j) - 1 for j in range(1, limit.bit_length()) if (1 << j) <= limit]
 
 
 def _call_shape(heads, head_dim, topk, batch, queries, keys):

@@ -8,7 +8,8 @@ the dense time, the seed gap and slack distributions (``compiler.plan.measure``)
 reason), and writes a versioned JSON plan (``compiler.plan.schema``). ``--plot out.png`` also draws
 m(r) per layer and the predicted speedup.
 
-Candidates: by default the short tile-aligned list r = 1, 3, 7 (``choice.short_candidates``);
+Candidates: by default the short tile-aligned list r = 1, 3, 7, 15, 31, at most half the heads
+(``choice.short_candidates``);
 ``--candidates all`` sweeps every tile-aligned budget, ``--candidates 2,5`` measures those. Times are
 measured when the plan is for the device it is calibrated on (``--device cuda``, or the CPU
 constants on the CPU); with other constants (e.g. ``--constants h200`` on a CPU) the choice rests on
@@ -76,7 +77,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive, default=1, help="sequences per model call")
     p.add_argument("--candidates", default=None,
                    help="comma-separated retained-head budgets r to measure, or 'all' for every tile-aligned "
-                        "budget (default: the short list 1,3,7)")
+                        "budget (default: the short list 1,3,7,15,31, at most half the heads)")
     p.add_argument("--constants", default=None,
                    help="'cpu', 'h200', 'measure' (time the runtime reference on --device) or a JSON file "
                         "of KernelConstants (default: cpu, or h200 on --device cuda)")

@@ -157,6 +157,26 @@ def test_own_sample_threshold_prunes_misaligned_queries_and_a_too_high_one_is_re
     assert (fallbacks["threshold_miss"] > 0) == (sigmas < 0)
 
 
+@pytest.mark.parametrize("witnesses", [False, True])
+def test_without_witnesses_no_anchor_is_scored_and_each_query_refines_its_own_list(witnesses, misaligned_runs,
+                                                                                   monkeypatch):
+    """The sample alone sets the threshold: the pipeline scores no anchor query densely (with
+    witnesses it scores one per group), each query's survivors form its own list, and the output is
+    the dense one, bitwise."""
+    from compiler.lowering import topk_pipeline
+
+    q, k, w, mask, dense = misaligned_runs
+    anchors = []
+    real = topk_pipeline.dense_codes_topk
+    monkeypatch.setattr(topk_pipeline, "dense_codes_topk", lambda *a, **kw: anchors.append(a[0].shape) or real(*a, **kw))
+    trace = []
+    config = CertifiedTopkConfig(witnesses=witnesses, sample_keys=64)
+    assert_same(certified_topk_cuda(q, k, w, 32, mask, config=config, trace=trace), dense)
+    assert len(anchors) == int(witnesses)
+    assert trace[0].list_queries == 1 and trace[0].list_count.shape == (1, q.shape[1])
+    assert (trace[0].list_count < 0.5 * k.shape[1]).all()  # every query pruned
+
+
 def test_screen_keeps_every_key_scoring_at_least_tau(structured_16, structured_16_calls):
     q, k, w, mask, (values, _) = structured_16
     trace = structured_16_calls["certified"][1]  # the CERTIFIED call's trace
@@ -164,13 +184,14 @@ def test_screen_keeps_every_key_scoring_at_least_tau(structured_16, structured_1
     tau = values[..., -1].contiguous()  # the exact kk-th score: the tightest valid threshold
     nk = round_up_to_float32(key_norm_up(k.float()))
     ids, count = screen(p.g, p.alpha, p.beta, p.e, p.c, tau, k, nk, mask=mask,
-                        lists_per_batch=tr.list_count.shape[1], list_queries=1, cap=T)
+                        lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries, cap=T)
     all_ids = torch.arange(T, dtype=torch.int32).view(1, 1, T)
     codes = score_keys(q, w.float(), k, all_ids, torch.full((1, 1), T, dtype=torch.int32), cap=T,
                        tiles_per_list=1 << 30, mask=mask)
     scores, _ = decode_codes(codes, T)
+    G = tr.list_queries
     for s in range(q.shape[1]):
-        kept = set(ids[0, s, : count[0, s]].tolist())
+        kept = set(ids[0, s // G, : count[0, s // G]].tolist())
         needed = set((mask[0, s] & (scores[0, s] >= tau[0, s])).nonzero().flatten().tolist())
         assert len(needed) >= 32 and needed <= kept, (s, sorted(needed - kept))
     assert count.max() < T  # the screen pruned something

@@ -24,8 +24,9 @@ def choose(candidates, dense_ms=None, design_length=131072, queries=16384):
                         queries=queries)
 
 
-def test_short_candidates_are_the_tile_aligned_budgets_of_at_most_eight_rows():
-    assert short_candidates(64) == [1, 3, 7] and short_candidates(4) == [1, 3] and short_candidates(1) == []
+def test_short_candidates_are_the_tile_aligned_budgets_of_at_most_32_rows_and_half_the_heads():
+    assert short_candidates(64) == [1, 3, 7, 15, 31] and short_candidates(128) == [1, 3, 7, 15, 31]
+    assert short_candidates(8) == [1, 3] and short_candidates(4) == [1] and short_candidates(1) == []
 
 
 def test_a_plan_refuses_to_certify_without_enough_evidence_and_says_why():

@@ -179,8 +179,8 @@ def test_structured_geometry_is_checked_as_a_flag(tmp_path, capsys):
 
 def test_layer_candidates_default_to_the_short_list_and_stay_below_the_head_count():
     assert layer_candidates([4, 12], 32, CPU_REFERENCE) == [4, 12]
-    assert layer_candidates(None, 32, H200_FITTED) == [1, 3, 7]
-    assert layer_candidates(None, 4, H200_FITTED) == [1, 3]
+    assert layer_candidates(None, 32, H200_FITTED) == [1, 3, 7, 15]
+    assert layer_candidates(None, 4, H200_FITTED) == [1]
     assert layer_candidates("all", 32, H200_FITTED) == [1, 3, 7, 15, 31]
     with pytest.raises(ValueError, match="below the layer's 32 heads"):
         layer_candidates([4, 32], 32, CPU_REFERENCE)

@@ -19,7 +19,7 @@ from runtime.certified_topk import (
 )
 from runtime.dense_scorer import dense_topk
 from runtime.indexer_zoo import zoo_inputs
-from runtime.seeds import anchor_rows, sample_keys, sample_rank, sample_size, seed_mask
+from runtime.seeds import anchor_rows, sample_keys, sample_rank, sample_size, seed_mask, takes_witnesses
 from runtime.structured_indexer import structured_indexer_inputs
 
 NAN, INF = float("nan"), float("inf")
@@ -260,6 +260,27 @@ def test_own_threshold_rescues_queries_whose_anchor_does_not_share_their_top_key
     assert summaries[128][0] > 0.9 and summaries[128][1]["overflow"] == 0
 
 
+@pytest.mark.parametrize("witnesses", [False, True])
+def test_without_witnesses_no_query_is_an_anchor_and_the_sample_threshold_prunes(witnesses):
+    q, k, w, mask = _misaligned()
+    stats = TopkStats()
+    config = CertifiedTopkConfig(witnesses=witnesses, sink=0, window=0, sample_keys=128)
+    _assert_same(certified_topk(q, k, w, 32, mask, config=config, stats=stats), dense_topk(q, k, w, 32, mask))
+    summary = stats.summary()
+    assert summary["anchors"] == (q.shape[1] // config.anchor_stride if witnesses else 0)
+    assert stats.pruned_frac > 0.9 and summary["fallbacks"]["overflow"] == 0
+
+
+def test_a_call_without_a_sample_or_with_sharded_keys_takes_witnesses_anyway():
+    assert not takes_witnesses(False, 128, False)
+    assert takes_witnesses(True, 128, False) and takes_witnesses(False, 0, False) and takes_witnesses(False, 128, True)
+    q, k, w, mask = _misaligned()
+    stats = TopkStats()
+    config = CertifiedTopkConfig(witnesses=False, sample_keys=0)
+    _assert_same(certified_topk(q, k, w, 32, mask, config=config, stats=stats), dense_topk(q, k, w, 32, mask))
+    assert stats.summary()["anchors"] == q.shape[1] // config.anchor_stride
+
+
 def test_an_own_threshold_above_the_kth_score_is_caught_and_answered_densely():
     q, k, w, mask = _misaligned()
     stats = TopkStats()
@@ -453,6 +474,11 @@ def test_invalid_config_raises_an_error_naming_the_field(field, value, words):
     with pytest.raises(ValueError) as info:
         CertifiedTopkConfig(**{field: value})
     assert words in str(info.value)
+
+
+def test_witnesses_must_be_a_bool():
+    with pytest.raises(TypeError, match="witnesses: expected a bool, got 1"):
+        CertifiedTopkConfig(witnesses=1)
 
 
 def test_wrong_config_or_stats_type_raises_type_error():

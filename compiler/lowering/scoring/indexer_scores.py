@@ -491,7 +491,7 @@ def trim_positions(block_s: int) -> int:
 
 
 def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None, out=None,
-               out_count=None, splits=1, fill=False, rows=None, k_scale=None, one_query=False):
+               out_count=None, splits=1, fill=False, rows=None, k_scale=None, block_s=None):
     """Run the scorer over key lists (SPEC C.1).
 
     q [B,S,H,D] (bf16/fp16/fp32, or float8_e4m3fn with ``k_scale``; last dim contiguous), w [B,S,H]
@@ -505,12 +505,12 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     ``rows`` [B,R] int64 (non-compact mode only): score the query rows ``rows[b, j]`` instead of
     0..S-1 and write query row ``rows[b, j]`` to ``out[b, j]`` (codes [B,R,cap']); ``-1`` marks an
     empty slot (nothing written; a tile of empty slots reads no key). Tiles are over slots.
-    ``one_query``: a program scores one query row (its own list: query tiles of one row) instead of
-    ``score_tile_shape``'s; every head of a row lies in one program either way, and the tile's
-    columns of a row are laid out alike, so a key's code is the same.
+    ``block_s``: query rows per program, a power of two (None: ``score_tile_shape``'s); every head of
+    a row lies in one program whatever it is, and a row's columns of the tile are laid out alike, so a
+    key's code is the same.
     Always launched with ``scorer_launch(q.dtype)``.
     """
-    B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows, 1 if one_query else None)
+    B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows, block_s)
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
     fp8 = check_fp8(q, k, k_scale)
     compact = tau is not None

@@ -1,9 +1,9 @@
 """The tile dot and group sum of the indexer kernels, with an interpreter form whose rounding does
 not depend on the tile (SPEC C.1).
 
-``tile_dot``: the [M, N] fp32 products of M rows with N key rows; ``group_sum``: the sums over
-groups of R consecutive rows of a tile. On the GPU (``SEQUENTIAL`` False) they are ``tl.dot`` and
-``tl.sum``; under ``TRITON_INTERPRET=1`` ``sequential_dot`` and ``sequential_group_sum`` accumulate
+``group_bound``: per group of R rows, the sum of alpha relu(x) + beta min(x, 0) over its rows'
+products x with N key rows (the certificate screen's bound). On the GPU (``SEQUENTIAL`` False) it is
+``tl.dot`` and ``tl.sum``; under ``TRITON_INTERPRET=1`` ``sequential_dot`` and ``sequential_group_sum`` accumulate
 from 0 in ascending d (r), every product and sum rounded to fp32 with elementwise operations only,
 so that an element's value depends on its own operands alone: the same on every CPU, tile shape
 and launch config, and exactly THE SCORER of ``runtime/dense_scorer.py`` (ascending d, then h)."""
@@ -39,31 +39,27 @@ def sequential_group_sum(y, n, G: tl.constexpr, R: tl.constexpr, N: tl.constexpr
 
 
 @triton.jit
-def tile_dot(at, a_ptr, a_off, a_ok, k_ptr, k_off, k_ok, D: tl.constexpr, M: tl.constexpr,
-             N: tl.constexpr, SEQUENTIAL: tl.constexpr, IEEE: tl.constexpr):
-    """[M, N] fp32 products of the rows ``at`` [M, D] (loaded from ``a_ptr + a_off``, masked by
-    ``a_ok``) with the key rows ``k_ptr + k_off`` (masked by ``k_ok`` [N]): one ``tl.dot`` (fp32
-    accumulation; ``input_precision="ieee"`` when IEEE; the keys converted to the rows' dtype, exact
-    for E4M3 keys against bf16 rows), or ``sequential_dot`` when SEQUENTIAL (``at`` unused)."""
+def group_bound(at, alpha, beta, a_ptr, a_off, a_ok, k_ptr, k_off, k_ok, D: tl.constexpr, G: tl.constexpr,
+                R: tl.constexpr, N: tl.constexpr, SEQUENTIAL: tl.constexpr, IEEE: tl.constexpr):
+    """[G, N] fp32: for each group of R consecutive rows of ``at`` [G * R, D] (loaded from ``a_ptr +
+    a_off``, masked by ``a_ok``) and each key row ``k_ptr + k_off`` (masked by ``k_ok`` [N]), the sum
+    over the group's rows of ``alpha * relu(x) + beta * min(x, 0)``, x the row's product with the key
+    (NaN propagates). On the GPU the keys are the product's rows (``[N, D] x [D, G * R]``, as the
+    scorer's tile) so that each group sums along the columns a thread holds; under SEQUENTIAL the
+    ``sequential_dot`` and ``sequential_group_sum`` forms (``at`` unused)."""
     if SEQUENTIAL:
-        x = sequential_dot(a_ptr, a_off, a_ok, k_ptr, k_off, k_ok, D, M, N)
+        x = sequential_dot(a_ptr, a_off, a_ok, k_ptr, k_off, k_ok, D, G * R, N)
+        x = (tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * alpha[:, None]
+             + tl.minimum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * beta[:, None])
+        s = sequential_group_sum(x, R, G, R, N)
     else:
         kt = tl.load(k_ptr + k_off[:, None] + tl.arange(0, D)[None, :], mask=k_ok[:, None], other=0.0)
         kt = kt.to(at.dtype)
         if IEEE:
-            x = tl.dot(at, tl.trans(kt), input_precision="ieee")
+            xt = tl.dot(kt, tl.trans(at), input_precision="ieee")
         else:
-            x = tl.dot(at, tl.trans(kt))
-    return x
-
-
-@triton.jit
-def group_sum(y, n, G: tl.constexpr, R: tl.constexpr, N: tl.constexpr, SEQUENTIAL: tl.constexpr):
-    """[G, N] sums over groups of R consecutive rows of ``y`` [G * R, N] (rows n..R-1 of a group
-    are zero padding): ``tl.sum`` over the reshaped tile, or ``sequential_group_sum`` when SEQUENTIAL."""
-    if SEQUENTIAL:
-        s = sequential_group_sum(y, n, G, R, N)
-    else:
-        s = tl.sum(tl.reshape(y, (G, R, N)), axis=1)
+            xt = tl.dot(kt, tl.trans(at))
+        xt = (tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * alpha[None, :]
+              + tl.minimum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * beta[None, :])
+        s = tl.trans(tl.sum(tl.reshape(xt, (N, G, R)), axis=2))
     return s
-

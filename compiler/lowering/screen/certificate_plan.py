@@ -160,6 +160,12 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     tl.store(ret_ptr + n * H + h, retained.to(tl.int8), mask=hok)
 
 
+def plan_columns(hp: int, rp: int) -> int:
+    """q columns per step of the plan's passes: defaults.PLAN_COLUMNS, fewer where the step's [heads,
+    rows, columns] float64 product would pass defaults.PLAN_STEP_ELEMENTS (a power of two, at least 1)."""
+    return max(1, min(defaults.PLAN_COLUMNS, defaults.PLAN_STEP_ELEMENTS // (hp * rp)))
+
+
 def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r: torch.Tensor,
                             r_max: int) -> CertificatePlan:
     """``plan_certificate(q, w, p, r, r_max)`` by ``_plan_kernel`` (module docstring): q [..., H, D],
@@ -186,11 +192,11 @@ def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r
     scalars = torch.empty((N, 5), dtype=torch.float64, device=dev)
     flags = torch.empty(N, dtype=torch.int8, device=dev)
     retained = torch.empty((N, H), dtype=torch.int8, device=dev)
+    rp, hp = max(2, triton.next_power_of_2(r_max)), max(2, triton.next_power_of_2(H))
     if N:
         _plan_kernel[(N,)](qf, wf, pf, rf, rows, row_weights, aux, ut, scalars, flags, retained, H, D,
                            qf.stride(0), qf.stride(1), R_MAX=r_max,
-                           RP=max(2, triton.next_power_of_2(r_max)), HP=max(2, triton.next_power_of_2(H)),
-                           CD=defaults.PLAN_COLUMNS, num_warps=defaults.PLAN_WARPS)
+                           RP=rp, HP=hp, CD=plan_columns(hp, rp), num_warps=defaults.PLAN_WARPS)
     u_square, mass_scores, weight_sum, bound_rows, projected_mass = scalars.unbind(-1)
     gram = torch.linalg.vector_norm(torch.bmm(ut.transpose(1, 2), ut), ord=1, dim=(-1, -2))  # sum |u_h . u_l|
     abs_path = flags.bool()

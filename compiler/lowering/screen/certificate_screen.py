@@ -19,7 +19,7 @@ import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active
 from compiler.lowering.scoring.indexer_scores import INTERPRET, key_splits, load_mask_tile, mask_operand, scale_and_bias
-from compiler.lowering.scoring.tile_arith import group_sum, tile_dot
+from compiler.lowering.scoring.tile_arith import group_bound
 from compiler.lowering import defaults
 
 DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float8_e4m3fn: 3}
@@ -68,11 +68,9 @@ def _screen_kernel(
         key = t0 + tl.arange(0, BLOCK_T)
         kok = key < t_hi
         nk = tl.load(nk_ptr + b * snb + key, mask=kok, other=0.0)
-        x = tile_dot(gt, g_ptr, g_off, rok, k_ptr, b * skb + key * skt, kok, D, BLOCK_SS * RP,
-                     BLOCK_T, SEQUENTIAL, IEEE)
-        x = (tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * alpha[:, None]
-             + tl.minimum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * beta[:, None])
-        u = group_sum(x, RP, BLOCK_SS, RP, BLOCK_T, SEQUENTIAL) + e[:, None] * nk[None, :] + c[:, None]
+        u = group_bound(gt, alpha, beta, g_ptr, g_off, rok, k_ptr, b * skb + key * skt, kok, D, BLOCK_SS, RP,
+                        BLOCK_T, SEQUENTIAL, IEEE)
+        u = u + e[:, None] * nk[None, :] + c[:, None]
         visible, bias = load_mask_tile(mask_ptr, b, rows, key, row_ok[:, None] & kok[None, :],
                                        msb, mss, mst, MASK_KIND)
         if FP8:  # the scorer's own last step (a monotone function of u)

@@ -115,7 +115,7 @@ def test_every_screen_config_gives_the_same_survivor_sets_and_the_dense_output(i
     sets = []
     for config in defaults.SCREEN_CONFIGS:
         ids, count = screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
-                            lists_per_batch=tr.list_count.shape[1], list_queries=1,
+                            lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries,
                             cap=tr.cap, config=config)
         assert torch.equal(count, tr.list_count), config
         sets.append(survivor_sets(ids, count))
@@ -138,7 +138,7 @@ def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs, traced):
 
     def launch(config):
         screen(p.g, p.alpha, p.beta, p.e, p.c, tr.tau, k, nk, mask=mask,
-               lists_per_batch=tr.list_count.shape[1], list_queries=1, cap=tr.cap,
+               lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries, cap=tr.cap,
                config=config)
         launched.append(config)
 

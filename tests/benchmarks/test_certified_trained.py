@@ -1,0 +1,30 @@
+"""benchmarks/certified_trained.py: a tiny run on one layer of the trained measuring model (CPU sizes)."""
+import json
+
+from benchmarks import certified_trained as ct
+from compiler.plan.schema import load_plan
+
+
+def test_a_tiny_run_writes_exact_rows_the_time_split_and_a_plan(tmp_path):
+    out = tmp_path / "ct.json"
+    doc = ct.main(["--smoke", "--layers", "2", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert rows == json.loads(json.dumps(doc["rows"]))
+    variants = [r["variant"] for r in rows]
+    assert variants == ["dense", "r=7", "r=7 +witnesses", "r=7 lists of 2", "plan"]
+    certified = [r for r in rows if r["variant"].startswith("r=")]
+    assert all(r["identical"] for r in certified + rows[-1:])
+    for r in certified:
+        assert 0 <= r["pruned"] <= 1 and r["m"] >= 0 and r["queries"] == ct.SMOKE["S"]
+    assert rows[1]["b"] is not None and rows[1]["b"] >= 0  # the threshold never passes the kk-th score here
+    plan = load_plan(tmp_path / "ct_plan_256.json")
+    assert [p.layer for p in plan.layers] == ["model.layers.2.self_attn.indexer"]
+    assert plan.layers[0].settings.path == rows[-1]["path"]
+
+
+def test_a_prefill_needs_every_layer_in_its_plan(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_info:
+        ct.main(["--smoke", "--layers", "2", "--prefill", "256", "--out", str(tmp_path / "ct.json")])
+    assert exit_info.value.code == 2 and "--prefill" in capsys.readouterr().err
