@@ -26,7 +26,8 @@ the mean of v over all keys for an additive ``finfo.min`` mask (every logit equa
 to floating-point rounding.
 
 Two forms. Where k and v are ``kv_b_proj``'s expansion of an MLA latent
-(``compiler.passes.matcher.latent_form``: both transformers DSA models, with or without a cache), the
+(``compiler.passes.matcher.latent_form``: both transformers DSA models, without a cache, over a cache
+of the latent, transformers' after 5.17 or ``compiler.latent_cache``, or over an empty 5.17 one), the
 absorbed op reads the latent rows, the rope key and kv_b_proj's weight instead (the expansion dies
 with the attention; o_proj and everything else stay as they are). ``policy.sparse_attention_form``
 says how: form "auto" (the op picks absorbed or union per call from how the selections overlap,
@@ -213,6 +214,19 @@ def combined_mask(mask: Any) -> _Combined:
     raise NotCandidate
 
 
+def _is_zero(x: Any) -> bool:
+    """0 as a Python number, ``torch.zeros(...)`` or a 0-dim ``torch.tensor(0.0)`` (transformers 5.17's
+    ``where(mask, torch.tensor(0.0), min)``)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return x == 0
+    if not (isinstance(x, fx.Node) and x.op == "call_function"):
+        return False
+    if x.target is torch.zeros:
+        return True
+    data = arg(x, 0, "data")
+    return x.target is torch.tensor and isinstance(data, (int, float)) and not isinstance(data, bool) and data == 0
+
+
 def _bool_source_of_additive(additive: Any, fill: Any) -> fx.Node:
     """M for F = ``where(M, 0, finfo(F.dtype).min)`` masked with ``fill`` = finfo(F.dtype).min; else NearMiss."""
     meta = tensor_meta(additive)
@@ -225,9 +239,7 @@ def _bool_source_of_additive(additive: Any, fill: Any) -> fx.Node:
             and len(additive.args) == 3):
         raise NearMiss("additive attention mask is not where(bool, 0, finfo.min): its values are unknown")
     cond, hit, miss = additive.args
-    zero = hit == 0 if isinstance(hit, (int, float)) and not isinstance(hit, bool) else (
-        isinstance(hit, fx.Node) and hit.op == "call_function" and hit.target is torch.zeros)
-    if not (zero and isinstance(miss, float) and miss == lowest and tensor_meta(cond) is not None
+    if not (_is_zero(hit) and isinstance(miss, float) and miss == lowest and tensor_meta(cond) is not None
             and tensor_meta(cond).dtype == torch.bool):
         raise NearMiss("additive attention mask is not where(bool, 0, finfo.min): its values are unknown")
     return cond
