@@ -93,6 +93,30 @@ def test_memory_per_token_is_the_latent_the_rope_key_and_the_indexer_key():
     assert bytes_per_token(v32) == 1408 and bytes_per_token(v32, expanded=True) == 82176  # the module docstring's
 
 
+def test_with_fp8_indexer_keys_both_ops_read_the_cache_as_stored():
+    """``latent_cache(model, "fp8")`` under ``indexer_precision="fp8"``: the indexer op takes the E4M3
+    keys (as over ``fp8_indexer_cache``), the attention the latent; the logits are those over the FP8
+    indexer cache of transformers' main cache."""
+    from compiler.fp8_indexer_cache import fp8_indexer_cache
+
+    model = dsa_model("DeepseekV32ForCausalLM", "sdpa")
+    kw = cache_keyword(type(model))
+    ids = _ids(1, 41, seed=4)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="pulsar_dosa",
+                             options={"downstream": "eager", "stock_below": 0, "indexer_precision": "fp8"})
+    ours, theirs = latent_cache(model, indexer_precision="fp8"), fp8_indexer_cache(model.config)
+    with collecting() as report, torch.no_grad():
+        for start, stop in ((0, 40), (40, 41)):
+            want = compiled(ids[:, start:stop], use_cache=True, **{kw: theirs}).logits
+            report.rewrites.clear()
+            got = compiled(ids[:, start:stop], use_cache=True, **{kw: ours}).logits
+            torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
+            assert {r.details["fp8_key_cache"] for r in report.rewrites if r.kind == "dsa_indexer"} == {True}
+            assert {r.path for r in report.rewrites if r.kind == "sparse_attention"} <= {"auto", "absorbed"}
+            assert report.rewrites
+
+
 def test_generate_on_a_latent_cache_gives_the_tokens_of_transformers_cache():
     model = dsa_model("DeepseekV32ForCausalLM", "sdpa")
     prompt = _ids(1, 30, seed=3)
