@@ -60,7 +60,9 @@ of consecutive forwards: a decode step as generate paces it, host work included;
 here) and ``alloc_retries`` (the CUDA caching allocator's retries after freeing its cache, in the
 timed call), ``tokens_match_eager`` / ``first_mismatch`` (the generated tokens against eager's where
 eager ran), ``cache_gib`` (the cache after the call) and ``cache_bytes_per_token`` (its first layer
-per token and sequence), and the first call's ``first_compiles``. A method that fails (out of
+per token and sequence), and the first call's ``first_compiles``. ``--profile S ...``: at those
+prompt lengths one more call runs under ``torch.profiler`` (``kernels_ms``: the GPU time of the whole
+call, its largest kernels; a synthetic cache's growth included). A method that fails (out of
 memory) records the error.
 """
 from __future__ import annotations
@@ -377,10 +379,14 @@ def run_generate(name: str, args, emit) -> None:
                        "synthetic_cache": synthetic, "error": None, "tokens_match_eager": None}
                 with recorded_failure(row, device):  # out of memory, or any failure of this method at this size
                     ids = prompt_ids(shape, config, B, S + 1 if synthetic else S, device)
+
+                    def new_cache():
+                        return synthetic_cache(model, forward, method, config, ids, seed=S + B) if synthetic \
+                            else method_cache(model, method, config)
+
                     runs = []
                     for _ in range(2):  # the first compiles, the second is timed
-                        cache = synthetic_cache(model, forward, method, config, ids, seed=S + B) if synthetic \
-                            else method_cache(model, method, config)
+                        cache = new_cache()
                         start = time.perf_counter()
                         runs.append(generate_once(model, ids, args.new_tokens, cache, device))
                         runs[-1]["wall_s"] = time.perf_counter() - start
@@ -394,6 +400,9 @@ def run_generate(name: str, args, emit) -> None:
                     tokens = timed.pop("tokens")
                     timed.pop("wall_s")
                     row.update(timed, first_total_s=round(first["wall_s"], 2), first_compiles=first["compiles"])
+                    if device == "cuda" and S in args.profile:
+                        row["kernels_ms"] = kernel_breakdown(
+                            lambda: generate_once(model, ids, args.new_tokens, new_cache(), device), top=PROFILE_TOP)
                     if method == "eager":
                         eager_tokens[B, S] = tokens
                     elif (B, S) in eager_tokens:
@@ -495,7 +504,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--plan-tokens", type=int, default=4096)
     p.add_argument("--profile", nargs="+", type=int, default=[], metavar="S",
-                   help="lengths at which one call per method is also profiled (GPU time per kernel name)")
+                   help="lengths at which one call per method (generate: one generate call) is also profiled "
+                        "(GPU time per kernel name)")
     p.add_argument("--smoke", action="store_true", help="tiny models on the CPU (checks the script)")
     args = p.parse_args(argv)
     if args.mode == "generate":
