@@ -60,7 +60,8 @@ of consecutive forwards: a decode step as generate paces it, host work included;
 here) and ``alloc_retries`` (the CUDA caching allocator's retries after freeing its cache, in the
 timed call), ``tokens_match_eager`` / ``first_mismatch`` (the generated tokens against eager's where
 eager ran), ``cache_gib`` (the cache after the call) and ``cache_bytes_per_token`` (its first layer
-per token and sequence), and the first call's ``first_compiles``. ``--profile S ...``: at those
+per token and sequence), the first call's ``first_compiles``, and of the graphs the backend
+compiled at this size the sparse attention's forms (``attention_forms``) and the near misses. ``--profile S ...``: at those
 prompt lengths one more call runs under ``torch.profiler`` (``kernels_ms``: the GPU time of the whole
 call, its largest kernels; a synthetic cache's growth included). A method that fails (out of
 memory) records the error.
@@ -362,6 +363,8 @@ def generate_once(model, ids, new_tokens: int, cache, device: str) -> dict:
 
 def run_generate(name: str, args, emit) -> None:
     """Every method of ``args.methods`` at every (B, S) of the shape (module docstring)."""
+    from compiler.report import collecting
+
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
     shape = "smoke" if args.smoke and args.shape != "tiny-dsa" else args.shape
@@ -388,14 +391,21 @@ def run_generate(name: str, args, emit) -> None:
                     for _ in range(2):  # the first compiles, the second is timed
                         cache = new_cache()
                         start = time.perf_counter()
-                        runs.append(generate_once(model, ids, args.new_tokens, cache, device))
+                        with collecting() as report:
+                            runs.append(generate_once(model, ids, args.new_tokens, cache, device))
                         runs[-1]["wall_s"] = time.perf_counter() - start
+                        row.setdefault("attention_forms", []).extend(
+                            r.path for r in report.rewrites if r.kind == "sparse_attention")
+                        row.setdefault("near_misses", []).extend(
+                            f"{m.kind}: {m.reason[:120]}" for m in report.near_misses)
                         per_layer = cache_bytes(cache)
                         row["cache_gib"] = round(sum(per_layer) / 2**30, 3)
                         row["cache_bytes_per_token"] = per_layer[0] // (B * cache.get_seq_length())
                         del cache
                         if device == "cuda":
                             torch.cuda.empty_cache()
+                    row["attention_forms"] = sorted(set(row["attention_forms"]))
+                    row["near_misses"] = sorted(set(row["near_misses"]))
                     first, timed = runs
                     tokens = timed.pop("tokens")
                     timed.pop("wall_s")
