@@ -61,10 +61,10 @@ here) and ``alloc_retries`` (the CUDA caching allocator's retries after freeing 
 timed call), ``tokens_match_eager`` / ``first_mismatch`` (the generated tokens against eager's where
 eager ran), ``cache_gib`` (the cache after the call) and ``cache_bytes_per_token`` (its first layer
 per token and sequence), the first call's ``first_compiles``, and of the graphs the backend
-compiled at this size the sparse attention's forms (``attention_forms``) and the near misses. ``--profile S ...``: at those
-prompt lengths one more call runs under ``torch.profiler`` (``kernels_ms``: the GPU time of the whole
-call, its largest kernels; a synthetic cache's growth included). A method that fails (out of
-memory) records the error.
+compiled at this size the sparse attention's forms (``attention_forms``) and the near misses.
+``--profile S ...``: at those prompt lengths one more call runs under ``torch.profiler``
+(``kernels_ms``: the GPU time of the whole call, its largest kernels; a synthetic cache's growth
+included). A method that fails (out of memory) records the error.
 """
 from __future__ import annotations
 
