@@ -30,7 +30,8 @@ transformers' DSA attention has two conventions, and the layer serves both (told
 
 Either way a compiled model's attention reads what it would read over transformers' cache, so
 the logits equal those of a run over transformers' cache to rounding. Cropping, beam reordering
-and batch repetition act on the latent rows as on any cache rows (token axis -2, batch axis 0).
+and batch repetition act on the latent rows as on any cache rows (token axis -2, batch axis 0);
+with FP8 indexer keys they raise, as ``compiler.fp8_indexer_cache``'s layers do.
 """
 from __future__ import annotations
 

@@ -93,6 +93,22 @@ def test_memory_per_token_is_the_latent_the_rope_key_and_the_indexer_key():
     assert bytes_per_token(v32) == 1408 and bytes_per_token(v32, expanded=True) == 82176  # the module docstring's
 
 
+def test_cropping_batch_repetition_and_beam_reordering_act_on_the_latent_rows():
+    model = dsa_model("DeepseekV32ForCausalLM", "sdpa")
+    cache = latent_cache(model)
+    with torch.no_grad():
+        model(_ids(2, 30), use_cache=True, **{cache_keyword(type(model)): cache})
+    layer = cache.layers[0]
+    kept = layer.keys[..., :25, :].clone(), layer.indexer_keys[:, :25].clone()
+    cache.crop(-5)
+    assert cache.get_seq_length() == 25 and torch.equal(layer.keys, kept[0]) and torch.equal(layer.indexer_keys, kept[1])
+    cache.batch_repeat_interleave(2)
+    cache.reorder_cache(torch.tensor([3, 2, 1, 0]))
+    assert torch.equal(layer.keys, kept[0].repeat_interleave(2, 0).flip(0)) and layer.values.shape == (4, 1, 25, 8)
+    with pytest.raises(NotImplementedError, match="crop"):
+        latent_cache(model, indexer_precision="fp8").crop(-1)
+
+
 def test_with_fp8_indexer_keys_both_ops_read_the_cache_as_stored():
     """``latent_cache(model, "fp8")`` under ``indexer_precision="fp8"``: the indexer op takes the E4M3
     keys (as over ``fp8_indexer_cache``), the attention the latent; the logits are those over the FP8
