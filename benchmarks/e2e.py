@@ -32,17 +32,53 @@ argmax without any error: read it with ``max_abs_diff``. ``--profile S ...``: at
 more call per method runs under ``torch.profiler``; the row's ``kernels_ms`` holds the total GPU
 time and the largest kernels by name. ``sparse_forms``: the forms the sparse-attention calls of the
 first call took at run time (``compiler.ops.sparse_form.picks``; the "auto" form's choice per call).
+
+``--mode generate`` times what users run: ``model.generate`` (greedy, ``--new-tokens`` tokens: a
+prefill through the cache, then one decode step per token), the model's ``forward`` compiled as the
+method says, in one run:
+
+    python3 benchmarks/e2e.py --mode generate --shape tiny-dsa --out benchmarks/results/e2e_generate_tiny_dsa_h100.json
+    python3 benchmarks/e2e.py --mode generate --shape v32 --out benchmarks/results/e2e_generate_v32_h100.json
+    python3 benchmarks/e2e.py --mode generate --shape v32 --batches 64 --lengths 131072 \
+        --methods stock pulsar_dosa_latent --out benchmarks/results/e2e_generate_v32_b64_h100.json
+    python3 benchmarks/e2e.py --mode generate --smoke --out /tmp/e2e_generate_smoke.json   # tiny, on the CPU
+
+Shapes: ``tiny-dsa`` is the trained ``benchmarks/models/tiny-dsa`` (bf16), its prompts held-out text
+(``models/heldout_tokens.npy``, one window per batch row), prompt lengths 8K-64K; ``v32`` the
+DeepSeek-V3.2 layer above (random weights and prompts), 16K-128K. Methods: ``eager`` (the model as
+it is), ``stock`` (``torch.compile``), ``pulsar_dosa`` (the backend's defaults, transformers' cache)
+and ``pulsar_dosa_latent`` (the backend over ``compiler.latent_cache.latent_cache(model)``). A batch
+B > 1 of the v32 shape (and of its smoke stand-in) decodes over a SYNTHETIC cache by default
+(``--synthetic``: a short real prefill grown to S tokens per row with random values,
+``e2e_decode.grow_cache``; the prefill is then the one token after it): its prefill of B·S tokens
+would not fit. Per (method, B, S) two
+``generate`` calls: the first compiles (``first_total_s``), the second is timed: ``ttft_ms`` (start to
+the end of the first forward, each forward synchronised), ``decode_ms`` (median time between the ends
+of consecutive forwards: a decode step as generate paces it, host work included; every step in
+``decode_ms_all``), ``total_ms``, ``peak_gib`` (peak memory above what was allocated before),
+``compiles`` (frames Dynamo compiled during the timed call: a recompile per new cache length shows
+here) and ``alloc_retries`` (the CUDA caching allocator's retries after freeing its cache, in the
+timed call), ``tokens_match_eager`` / ``first_mismatch`` (the generated tokens against eager's where
+eager ran), ``cache_gib`` (the cache after the call) and ``cache_bytes_per_token`` (its first layer
+per token and sequence), the first call's ``first_compiles``, and of the graphs the backend
+compiled at this size the sparse attention's forms (``attention_forms``) and the near misses.
+``--profile S ...``: at those prompt lengths one more call runs under ``torch.profiler``
+(``kernels_ms``: the GPU time of the whole call, its largest kernels; a synthetic cache's growth
+included). A method that fails (out of memory) records the error.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -91,6 +127,19 @@ def build(name: str, layers: int, sizes: dict, device: str, dtype: torch.dtype, 
     torch.manual_seed(seed)
     model = getattr(transformers, name)(config).eval().to(device=device, dtype=dtype)
     return model, config
+
+
+@contextlib.contextmanager
+def recorded_failure(row: dict, device: str):
+    """Any exception of the block becomes ``row["error"]`` (its type and the first line of its
+    message); the cached CUDA memory is freed after it."""
+    try:
+        yield
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    finally:
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 def sync(device: str) -> None:
@@ -158,7 +207,7 @@ def run_model(name: str, args, emit) -> None:
             row = {"model": name, "S": S, "method": method, "ms": None, "peak_gib": None, "error": None,
                    "argmax_agree": None, "max_abs_diff": None}
             ids = torch.randint(0, config.vocab_size, (1, S), generator=torch.Generator().manual_seed(S)).to(device)
-            try:
+            with recorded_failure(row, device):  # out of memory, or any failure of this method at this S
                 if method == "pulsar_dosa_plan" and plan_error:
                     raise RuntimeError(plan_error)
                 with torch.no_grad():
@@ -190,13 +239,227 @@ def run_model(name: str, args, emit) -> None:
                     bf16 = references["pulsar_dosa"][S]
                     row["argmax_agree_bf16_indexer"] = bool(logits.argmax() == bf16.argmax())
                     row["max_abs_diff_bf16_indexer"] = float((logits - bf16).abs().max())
-            except Exception as exc:  # out of memory, or any failure of this method at this S
-                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            finally:
-                if device == "cuda":
-                    torch.cuda.empty_cache()
             emit(row)
         del compiled
+
+
+# --mode generate
+
+TINY_DSA = Path(__file__).resolve().parent / "models" / "tiny-dsa"
+HELDOUT = Path(__file__).resolve().parent / "models" / "heldout_tokens.npy"
+GENERATE_SHAPES = {"v32": dict(lengths=[16384, 32768, 65536, 131072], batches=[1, 64]),
+                   "tiny-dsa": dict(lengths=[8192, 16384, 32768, 65536], batches=[1]),
+                   "smoke": dict(lengths=[64], batches=[1, 2])}
+"""``--mode generate``: prompt lengths and batches per shape (the smoke shape: SMOKE_SIZES on the CPU)."""
+GENERATE_METHODS = ("eager", "stock", "pulsar_dosa", "pulsar_dosa_latent")
+
+
+class StepClock:
+    """A model's ``forward`` that records when each call ends, its device synchronised first."""
+
+    def __init__(self, forward, device: str):
+        self.forward, self.device, self.ends = forward, device, []
+
+    def __call__(self, *args, **kwargs):
+        out = self.forward(*args, **kwargs)
+        sync(self.device)
+        self.ends.append(time.perf_counter())
+        return out
+
+
+def generate_model(shape: str, device: str, dtype: torch.dtype):
+    """``(model, config)`` of a generate shape: the trained tiny-dsa, or a random-weight one."""
+    if shape == "tiny-dsa":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(TINY_DSA, dtype=dtype).to(device).eval()
+        return model, model.config
+    sizes = SMOKE_SIZES if shape == "smoke" else V32_SIZES
+    return build("DeepseekV32ForCausalLM", 1, sizes, device, dtype)
+
+
+def prompt_ids(shape: str, config, batch: int, length: int, device: str) -> torch.Tensor:
+    """[batch, length] prompt ids: held-out text for tiny-dsa (row b starts b·length tokens in),
+    random ids otherwise."""
+    if shape == "tiny-dsa":
+        import numpy as np
+
+        tokens = np.load(HELDOUT).astype(np.int64)
+        if tokens.size < batch * length:
+            raise ValueError(f"{HELDOUT}: {tokens.size} tokens, fewer than {batch}x{length}")
+        return torch.from_numpy(tokens[:batch * length].reshape(batch, length)).to(device)
+    g = torch.Generator().manual_seed(length + batch)
+    return torch.randint(0, config.vocab_size, (batch, length), generator=g).to(device)
+
+
+def method_forward(forward, method: str, smoke: bool):
+    """The forward ``method`` runs (module docstring; the smoke run compiles with eager downstreams
+    and ``stock_below=0``, as ``method_module`` explains)."""
+    if method == "eager":
+        return forward
+    if method == "stock":
+        return torch.compile(forward, **({"backend": "eager"} if smoke else {}))
+    options = {"stock_below": 0, "downstream": "eager"} if smoke else {}
+    return torch.compile(forward, backend="pulsar_dosa", options=options)
+
+
+def method_cache(model, method: str, config):
+    """The cache ``method`` generates over: a latent cache for pulsar_dosa_latent, transformers' otherwise."""
+    from transformers import DynamicCache
+
+    from compiler.latent_cache import latent_cache
+
+    return latent_cache(model) if method == "pulsar_dosa_latent" else DynamicCache(config=config)
+
+
+def synthetic_cache(model, forward, method: str, config, ids: torch.Tensor, seed: int):
+    """A cache of ``method`` holding ``ids.shape[1] - 1`` tokens per row: a prefill of
+    ``e2e_decode.SYNTHETIC_PROMPT`` tokens by the uncompiled ``forward``, grown with random values
+    (``e2e_decode.grow_cache``)."""
+    from benchmarks.e2e_decode import SYNTHETIC_PROMPT, cache_argument, grow_cache
+
+    cache = method_cache(model, method, config)
+    with torch.no_grad():
+        forward(ids[:, :SYNTHETIC_PROMPT], use_cache=True, **cache_argument(model, cache))
+    grow_cache(cache, ids.shape[1] - 1, seed)
+    return cache
+
+
+def cache_bytes(cache) -> list[int]:
+    """The bytes of each layer's cache tensors."""
+    return [sum(t.numel() * t.element_size() for t in vars(layer).values() if isinstance(t, torch.Tensor))
+            for layer in cache.layers]
+
+
+def generate_once(model, ids, new_tokens: int, cache, device: str) -> dict:
+    """One timed ``generate`` (module docstring's fields) over ``cache``."""
+    from benchmarks.e2e_decode import cache_argument
+
+    clock = model.forward
+    clock.ends.clear()
+    kwargs = cache_argument(model, cache)
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if device == "cuda" else 0
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    sync(device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                             **kwargs)
+    sync(device)
+    end = time.perf_counter()
+    steps = [1000 * (b - a) for a, b in zip(clock.ends, clock.ends[1:])]
+    row = {"ttft_ms": round(1000 * (clock.ends[0] - start), 2), "decode_ms": round(statistics.median(steps), 3)
+           if steps else None, "decode_ms_first": round(steps[0], 3) if steps else None,
+           "decode_ms_all": [round(t, 3) for t in steps], "total_ms": round(1000 * (end - start), 2),
+           "compiles": torch._dynamo.utils.counters["frames"]["ok"] - frames, "tokens": out[:, ids.shape[1]:]}
+    if device == "cuda":
+        row["peak_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
+        row["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries
+    return row
+
+
+def run_generate(name: str, args, emit) -> None:
+    """Every method of ``args.methods`` at every (B, S) of the shape (module docstring)."""
+    from compiler.report import collecting
+
+    device = "cpu" if args.smoke else "cuda"
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    shape = "smoke" if args.smoke and args.shape != "tiny-dsa" else args.shape
+    model, config = generate_model(shape, device, dtype)
+    forward = model.forward
+    eager_tokens: dict[tuple[int, int], torch.Tensor] = {}
+    for method in args.methods:
+        torch._dynamo.reset()
+        model.forward = StepClock(method_forward(forward, method, args.smoke), device)
+        for B in args.batches:
+            for S in args.lengths:
+                synthetic = args.synthetic if args.synthetic is not None else (shape in ("v32", "smoke") and B > 1)
+                row = {"model": name, "method": method, "B": B, "S": S, "new_tokens": args.new_tokens,
+                       "cache": "latent" if method == "pulsar_dosa_latent" else "transformers",
+                       "synthetic_cache": synthetic, "error": None, "tokens_match_eager": None}
+                with recorded_failure(row, device):  # out of memory, or any failure of this method at this size
+                    ids = prompt_ids(shape, config, B, S + 1 if synthetic else S, device)
+
+                    def new_cache():
+                        return synthetic_cache(model, forward, method, config, ids, seed=S + B) if synthetic \
+                            else method_cache(model, method, config)
+
+                    runs = []
+                    for _ in range(2):  # the first compiles, the second is timed
+                        cache = new_cache()
+                        start = time.perf_counter()
+                        with collecting() as report:
+                            runs.append(generate_once(model, ids, args.new_tokens, cache, device))
+                        runs[-1]["wall_s"] = time.perf_counter() - start
+                        row.setdefault("attention_forms", []).extend(
+                            r.path for r in report.rewrites if r.kind == "sparse_attention")
+                        row.setdefault("near_misses", []).extend(
+                            f"{m.kind}: {m.reason[:120]}" for m in report.near_misses)
+                        per_layer = cache_bytes(cache)
+                        row["cache_gib"] = round(sum(per_layer) / 2**30, 3)
+                        row["cache_bytes_per_token"] = per_layer[0] // (B * cache.get_seq_length())
+                        del cache
+                        if device == "cuda":
+                            torch.cuda.empty_cache()
+                    row["attention_forms"] = sorted(set(row["attention_forms"]))
+                    row["near_misses"] = sorted(set(row["near_misses"]))
+                    first, timed = runs
+                    tokens = timed.pop("tokens")
+                    timed.pop("wall_s")
+                    row.update(timed, first_total_s=round(first["wall_s"], 2), first_compiles=first["compiles"])
+                    if device == "cuda" and S in args.profile:
+                        row["kernels_ms"] = kernel_breakdown(
+                            lambda: generate_once(model, ids, args.new_tokens, new_cache(), device), top=PROFILE_TOP)
+                    if method == "eager":
+                        eager_tokens[B, S] = tokens
+                    elif (B, S) in eager_tokens:
+                        same = (tokens == eager_tokens[B, S]).all(0)
+                        row["tokens_match_eager"] = bool(same.all())
+                        row["first_mismatch"] = None if same.all() else int((~same).nonzero()[0])
+                emit(row)
+        model.forward = forward
+    del model
+
+
+def render_generate(doc: dict) -> str:
+    lines = [f"# End to end: generate on a compiled DSA model ({doc['device']})", "",
+             f"versions: {doc['versions']}; {doc['new_tokens']} greedy tokens per sequence; the second of two "
+             "generate calls per size (the first compiles); each forward synchronised. Cells: time to first "
+             "token / ms per decode step (median) / total ms, peak GiB.", ""]
+    for model in dict.fromkeys(r["model"] for r in doc["rows"]):
+        rows = [r for r in doc["rows"] if r["model"] == model]
+        methods = list(dict.fromkeys(r["method"] for r in rows))
+        lines += [f"## {model}", "", "| B | S | " + " | ".join(methods) + " | total vs stock | decode steps "
+                  "first / median | compiles in timed call | tokens match eager |",
+                  "|" + "---|" * (len(methods) + 6)]
+        for key in dict.fromkeys((r["B"], r["S"]) for r in rows):
+            by = {r["method"]: r for r in rows if (r["B"], r["S"]) == key}
+            cells = []
+            for m in methods:
+                r = by.get(m)
+                cells.append("-" if r is None else r["error"].split(":")[0] if r["error"] else
+                             f"{r['ttft_ms']:.1f} / {_fmt(r['decode_ms'])} / {r['total_ms']:.1f}"
+                             + (f", {r['peak_gib']}" if r.get("peak_gib") is not None else ""))
+            ours = [m for m in methods if m.startswith("pulsar_dosa") and m in by and not by[m]["error"]]
+            stock = by.get("stock")
+            speed = ", ".join(f"{m} {stock['total_ms'] / by[m]['total_ms']:.2f}x" for m in ours
+                              if stock and not stock["error"]) or "-"
+            steps = ", ".join(f"{m} {_fmt(r.get('decode_ms_first'))} / {_fmt(r.get('decode_ms'))}"
+                              for m, r in by.items() if not r["error"])
+            compiles = ", ".join(f"{m} {r['compiles']}" for m, r in by.items() if not r["error"])
+            match = ", ".join(f"{m} {r['tokens_match_eager']}" for m, r in by.items()
+                              if r.get("tokens_match_eager") is not None) or "-"
+            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + f" | {speed} | {steps} | {compiles} | "
+                         f"{match} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def render_markdown(doc: dict) -> str:
@@ -231,19 +494,35 @@ def render_markdown(doc: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON results path (a .md table is written beside it)")
-    p.add_argument("--shape", default="small", choices=list(SHAPES), help="model sizes (module docstring)")
+    p.add_argument("--mode", default="prefill", choices=["prefill", "generate"],
+                   help="prefill: one forward without a cache; generate: model.generate (module docstring)")
+    p.add_argument("--shape", default=None, choices=list(SHAPES) + ["tiny-dsa"],
+                   help="model sizes (module docstring; tiny-dsa with --mode generate). Default: small (prefill), "
+                        "tiny-dsa (generate)")
     p.add_argument("--models", nargs="+", default=None, choices=SHAPES["small"]["models"])
     p.add_argument("--methods", nargs="+", default=None,
-                   choices=["stock", "pulsar_dosa", "pulsar_dosa_union", "pulsar_dosa_plan", "pulsar_dosa_fp8"],
-                   help="default: stock, pulsar_dosa and pulsar_dosa_plan (small), stock and pulsar_dosa (v32)")
+                   choices=["stock", "pulsar_dosa", "pulsar_dosa_union", "pulsar_dosa_plan", "pulsar_dosa_fp8",
+                            *GENERATE_METHODS],
+                   help="default: stock, pulsar_dosa and pulsar_dosa_plan (small), stock and pulsar_dosa (v32); "
+                        f"generate: {', '.join(GENERATE_METHODS)}")
+    p.add_argument("--batches", nargs="+", type=int, default=None, help="generate: sequences per call")
+    p.add_argument("--new-tokens", type=int, default=32, help="generate: greedy tokens per sequence")
+    p.add_argument("--synthetic", action=argparse.BooleanOptionalAction, default=None,
+                   help="generate: decode over a grown cache (default: v32 at B > 1)")
     p.add_argument("--lengths", nargs="+", type=int, default=None)
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--plan-tokens", type=int, default=4096)
     p.add_argument("--profile", nargs="+", type=int, default=[], metavar="S",
-                   help="lengths at which one call per method is also profiled (GPU time per kernel name)")
+                   help="lengths at which one call per method (generate: one generate call) is also profiled "
+                        "(GPU time per kernel name)")
     p.add_argument("--smoke", action="store_true", help="tiny models on the CPU (checks the script)")
     args = p.parse_args(argv)
+    if args.mode == "generate":
+        return generate_main(args)
+    args.shape = args.shape or "small"
+    if args.shape not in SHAPES:
+        p.error(f"--shape {args.shape}: only with --mode generate")
     shape = SHAPES[args.shape]
     args.models = args.models or list(shape["models"])
     args.layers = args.layers or shape["layers"]
@@ -255,6 +534,26 @@ def main(argv=None) -> int:
         args.plan_tokens = min(args.plan_tokens, 128)
     args.workdir = tempfile.mkdtemp(prefix="e2e_plans_")  # the plans live for the run only
     return run_document(args, run_model, render_markdown, reps=args.reps, shape=args.shape)
+
+
+def generate_main(args) -> int:
+    """``--mode generate`` (module docstring)."""
+    args.shape = args.shape or "tiny-dsa"
+    if args.shape == "small":
+        raise SystemExit("--mode generate: --shape v32 or tiny-dsa")
+    methods = [m for m in (args.methods or GENERATE_METHODS) if m in GENERATE_METHODS]
+    if args.methods and len(methods) != len(args.methods):
+        raise SystemExit(f"--mode generate: methods are {', '.join(GENERATE_METHODS)}")
+    args.methods = methods
+    sizes = GENERATE_SHAPES["smoke" if args.smoke and args.shape != "tiny-dsa" else args.shape]
+    args.lengths = args.lengths or ([64] if args.smoke else sizes["lengths"])  # tiny-dsa's smoke: 64 tokens too
+    args.batches = args.batches or ([1] if args.smoke and args.shape == "tiny-dsa" else sizes["batches"])
+    if args.smoke:
+        args.new_tokens = min(args.new_tokens, 4)
+    args.models = ["tiny-dsa" if args.shape == "tiny-dsa" else "DeepseekV32ForCausalLM"]
+    args.layers = 5 if args.shape == "tiny-dsa" else 1
+    return run_document(args, run_generate, render_generate, shape=args.shape, new_tokens=args.new_tokens,
+                        mode="generate")
 
 
 def run_document(args, run_model, render_markdown, **fields) -> int:

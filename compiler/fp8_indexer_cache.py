@@ -5,10 +5,10 @@
     model = torch.compile(model, backend="pulsar_dosa", options={"indexer_precision": "fp8"})
     model(ids, past_key_values=cache, use_cache=True)      # prefill, then decode steps with the same cache
 
-Every ``indexed_attention`` layer of the config gets an ``Fp8IndexedLayer``: its indexer keys are
-E4M3 rows [B, T, D] plus one fp32 scale per key (D + 4 bytes a key where bf16 keys take 2 D),
-appended by concatenation as transformers' ``DynamicIndexedLayer`` appends, quantised one row at a
-time by ``pulsar_dosa::fp8_quantize_keys``. ``update_indexer`` returns
+Every DSA layer (``indexed_layers``: a ``DynamicIndexedLayer`` in transformers' cache) gets an
+``Fp8IndexedLayer``: its indexer keys are E4M3 rows [B, T, D] plus one fp32 scale per key (D + 4
+bytes a key where bf16 keys take 2 D), appended by concatenation as transformers'
+``DynamicIndexedLayer`` appends, quantised one row at a time by ``pulsar_dosa::fp8_quantize_keys``. ``update_indexer`` returns
 ``pulsar_dosa::fp8_cached_keys`` of the whole cache: compiled with the same ``indexer_precision``,
 the indexer op reads the E4M3 keys and their scales directly (prefill and decode alike) and returns
 exactly what it returns for the unquantised keys at that precision; anywhere else (uncompiled, a
@@ -26,8 +26,10 @@ import compiler.ops  # noqa: F401  (registers the ops below)
 from runtime.fp8_key_cache import check_appended_keys
 from runtime.fp8_quant import checked_fp8
 
-INDEXED_LAYER_TYPE = "indexed_attention"
-"""transformers' layer type of a DSA layer (its cache layer: ``DynamicIndexedLayer``)."""
+def indexed_layers(cache: DynamicCache) -> list[int]:
+    """The layers of ``cache`` that keep indexer keys: the ``DynamicIndexedLayer`` transformers gives
+    a DSA layer (its layer type is "deepseek_sparse_attention" in 5.17, "indexed_attention" later)."""
+    return [i for i, layer in enumerate(cache.layers) if isinstance(layer, DynamicIndexedLayer)]
 
 
 class Fp8IndexedLayer(DynamicIndexedLayer):
@@ -89,11 +91,10 @@ def fp8_indexer_cache(config, precision: str = "fp8") -> DynamicCache:
     if not isinstance(config, PreTrainedConfig):
         raise TypeError(f"config: expected a transformers configuration (a DSA model's), got {type(config).__name__}")
     cache = DynamicCache(config=config)
-    types = getattr(config.get_text_config(decoder=True), "layer_types", None) or []
-    indexed = [i for i, kind in enumerate(types) if kind == INDEXED_LAYER_TYPE]
-    if not indexed or len(cache.layers) != len(types):
-        raise ValueError(f"config: expected a DSA model's config with {INDEXED_LAYER_TYPE!r} layers, "
-                         f"got layer types {types}")
+    indexed = indexed_layers(cache)
+    if not indexed:
+        types = getattr(config.get_text_config(decoder=True), "layer_types", None)
+        raise ValueError(f"config: expected a DSA model's config (layers with indexer keys), got layer types {types}")
     for i in indexed:
         cache.layers[i] = Fp8IndexedLayer(precision)
     return cache

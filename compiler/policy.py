@@ -4,7 +4,8 @@
 model's crossover for an assumed trained indexer (``cost_model.default_min_keys``). ``keeps_stock``:
 a call of fewer query-key-head products than ``stock_threshold`` stays as traced, because there the
 stock form's device time is shorter than the op's per-call host cost (``defaults.STOCK_BELOW``), or
-because the device has only the ops' plain-torch references. With symbolic sizes that decision is
+because the device has only the ops' plain-torch references; a stock MLA attention's expansion of
+its latent counts as products too (``latent_expansion_products``). With symbolic sizes that decision is
 a guard: Dynamo recompiles once a call crosses it; under an fp8 ``indexer_precision`` every
 indexer call is rewritten. Imports neither the plans nor the ops.
 """
@@ -20,8 +21,8 @@ from compiler.cost_model import default_min_keys
 from compiler.options import SPARSE_FORM_CHOICES
 from compiler.topk_settings import TopkSettings
 
-__all__ = ["ALWAYS_STOCK", "LayerSettings", "indexer_settings", "keeps_stock", "layer_settings", "shape_form",
-           "sparse_attention_form", "stock_threshold"]
+__all__ = ["ALWAYS_STOCK", "LayerSettings", "indexer_settings", "keeps_stock", "latent_expansion_products",
+           "layer_settings", "shape_form", "sparse_attention_form", "stock_threshold"]
 
 ALWAYS_STOCK = math.inf
 """The threshold of a device type without the ops' own kernels: every call keeps its stock subgraph."""
@@ -96,19 +97,29 @@ def stock_threshold(options, kind: str, device_type: str, cuda_graphs: bool) -> 
     return 0 if cuda_graphs and threshold != ALWAYS_STOCK else threshold
 
 
-def keeps_stock(threshold: float, products) -> str | None:
-    """Why a call of ``products`` = B*S*T*H query-key-head products keeps the stock subgraph, or None.
-    Symbolic sizes add a guard; a size that depends on data (unbacked) is not guarded on and the
-    call is rewritten."""
+def keeps_stock(threshold: float, products, what: str = "B*S*T*H") -> str | None:
+    """Why a call of ``products`` = B*S*T*H query-key-head products (``what`` spells them) keeps the
+    stock subgraph, or None. Symbolic sizes add a guard; a size that depends on data (unbacked) is
+    not guarded on and the call is rewritten."""
     if threshold <= 0:
         return None
     if threshold == ALWAYS_STOCK:
         return ("kept stock: on this device the op runs its plain-torch reference, slower than the stock "
                 "subgraph (option stock_below=0 rewrites every call)")
     if guard_or_false(products < threshold):
-        return (f"kept stock: B*S*T*H = {products} query-key-head products, below the {threshold} at which "
+        return (f"kept stock: {what} = {products} query-key-head products, below the {threshold} at which "
                 "the op's per-call host cost pays (option stock_below; 0 under CUDA graphs)")
     return None
+
+
+def latent_expansion_products(latent_dim: int, nope_dim: int, rope_dim: int, value_dim: int) -> int:
+    """The query-key-head products that cost what expanding one key of an MLA latent for one head
+    costs (kv_b_proj: 2·Dc·(Dn+Dv) flops, where a product, score and weighted value, takes
+    2·(Dn+Dr+Dv)), rounded down. A stock attention over a latent expands every key it holds for
+    every head at every call, decode included; the absorbed op reads the latent: the pass adds
+    B·H·T times this to the products ``keeps_stock`` weighs, so that a decode over a long cache is
+    not kept stock for the size of its score matrix alone (one row)."""
+    return latent_dim * (nope_dim + value_dim) // (nope_dim + rope_dim + value_dim)
 
 
 def sparse_attention_form(forced: str, heads: int, queries, cuda_graphs: bool = False) -> tuple[str, str]:

@@ -15,7 +15,9 @@ arithmetic,
 over the keys the query sees: its selected keys as in ``runtime.sparse_attention`` (the distinct
 in-range indices of its row that the bool ``mask`` shows). Rows without such a key get 0
 (``masked_rows="zero"``) or the mean of v over all T keys, ``W_UV[h] mean_t(c_t)`` ("mean").
-This equals ``runtime.sparse_attention.sparse_attention`` on the expanded K and V to rounding.
+This equals ``runtime.sparse_attention.sparse_attention`` on the expanded K and V to rounding;
+``expand_latent`` computes that expansion (the union form's, and a latent cache's read,
+``compiler.ops.latent_kv``).
 
 Shapes: q ``[B, H, S, Dn+Dr]``, latent ``[B, T, Dc]``, rope_key ``[B, T, Dr]``, kv_b_weight
 ``[H·(Dn+Dv), Dc]`` (Dn, Dv >= 1 follow from the shapes), indices ``[B, S, K]`` int32/int64,
@@ -52,6 +54,17 @@ def check_absorbed_devices(q, latent, rope_key, kv_b_weight, indices, mask) -> N
     (``runtime.sparse_attention.check_on_q_device``; what the op's fake kernel checks)."""
     check_on_q_device(q, (("latent", latent), ("rope_key", rope_key), ("kv_b_weight", kv_b_weight),
                           ("indices", indices)), (("mask", mask),))
+
+
+def expand_latent(latent: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor, heads: int,
+                  nope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k [B, H, T, Dn+Dr], v [B, H, T, Dv])``: kv_b_proj's expansion of the latent, rope_key
+    shared by every head (views with unit inner stride)."""
+    b, t_len, _ = latent.shape
+    kv = torch.nn.functional.linear(latent, kv_b_weight).view(b, t_len, heads, -1)
+    rope = rope_key[:, :, None, :].expand(b, t_len, heads, rope_key.shape[2])
+    k = torch.cat([kv[..., :nope_dim], rope], dim=-1)
+    return k.transpose(1, 2), kv[..., nope_dim:].transpose(1, 2)
 
 
 def check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows) -> None:

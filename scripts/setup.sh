@@ -17,7 +17,7 @@ fi
 . .venv/bin/activate
 stamp=.venv/.pulsar_dosa_installed
 wanted=$( (cat pyproject.toml scripts/setup.sh; python -VV; echo "$TORCH_INDEX_URL"; pwd) | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && [ -d .transformers-min/transformers ]; then
   exit 0
 fi
 python -m pip install -q --upgrade pip
@@ -29,4 +29,14 @@ if ! python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "
 fi
 python -m pip install -q "triton==3.6.0" "numpy<2.4"
 python -m pip install -q -e ".[test]"
+# The oldest transformers pyproject.toml accepts, with what it needs that the venv holds in another
+# version (pip's resolution against the venv), in a folder of its own: scripts/test.sh runs the pass
+# tests again with it first on PYTHONPATH.
+oldest=$(python -c 'import re; print(re.search(r"\"transformers>=([0-9.]+)", open("pyproject.toml").read()).group(1))')
+rm -rf .transformers-min
+python -m pip install -q --dry-run --report .transformers-min.json "transformers==$oldest"
+python -m pip install -q --no-deps --target .transformers-min $(python -c '
+import json
+print(" ".join(p["metadata"]["name"] + "==" + p["metadata"]["version"] for p in json.load(open(".transformers-min.json"))["install"]))')
+rm .transformers-min.json
 echo "$wanted" > "$stamp"

@@ -1,6 +1,7 @@
 """Compile time (compiler.policy): each rewritten indexer layer's settings, and the calls too small
 for the op that keep the stock subgraph: the threshold, its guard on symbolic sizes (one recompile
-when a growing cache crosses it), the report, and the CUDA-graph exception."""
+when a growing cache crosses it), the report, the CUDA-graph exception, and a decode step that
+would re-expand a cached latent."""
 import pytest
 import torch
 
@@ -131,28 +132,57 @@ def test_a_growing_cache_runs_stock_then_the_op_after_one_guarded_recompile():
     assert miss.reason.startswith("kept stock: B*S*T*H") and "stock_below" in miss.reason
 
 
-def test_a_dsa_model_keeps_stock_at_decode_and_rewrites_its_prefill():
-    """Prefill of 40 tokens (1*40*41*H products and more) is rewritten, decode (1*1*41*H) stays
-    stock in both families; the logits follow the uncompiled model throughout."""
+@pytest.mark.parametrize("cache_kind", ["transformers", "latent"])
+def test_a_decode_step_keeps_its_indexer_stock_and_reads_the_cached_latent_unexpanded(cache_kind):
+    """Prefill of 40 tokens (1*40*41*H products and more) is rewritten. At decode (one query over
+    T = 41, 42 keys) the indexer (1*1*T*H) stays stock; the sparse attention's stock subgraph would
+    expand all T cached keys for every head at every step, T*Hq*(1 + E) products
+    (``policy.latent_expansion_products``): it reads the latent instead wherever the cache holds it
+    (a latent cache; transformers' own in releases after 5.17), so no step expands more than its
+    own token. Over 5.17's cache of expanded rows there is no latent and it stays stock. The logits
+    follow the uncompiled model throughout."""
     from transformers import DynamicCache
 
     from compiler.demo import build_model, tiny_config
+    from compiler.latent_cache import latent_cache
+    from compiler.passes.matcher import tensor_meta
+    from runtime.pulsar import cache_keyword
+    from tests.passes.test_cache_path import caches_expanded_rows
 
     model = build_model(tiny_config(layers=1, dense_layers=1), torch.float32)
+    kw = cache_keyword(type(model))
     ids = torch.randint(0, 128, (1, 42), generator=torch.Generator().manual_seed(3))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        compiled = pulsar_dosa(gm, example_inputs, options={"downstream": "eager", "stock_below": 1000})
+        graphs.append(gm)
+        return compiled
+
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="pulsar_dosa", options={"downstream": "eager", "stock_below": 1000})
-    ours, theirs = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    compiled = torch.compile(model, backend=backend)
+    ours = latent_cache(model) if cache_kind == "latent" else DynamicCache(config=model.config)
+    theirs = DynamicCache(config=model.config)
     with collecting() as report, torch.no_grad():
         for start, stop in ((0, 40), (40, 41), (41, 42)):
-            want = model(ids[:, start:stop], cache=theirs, use_cache=True).logits
-            got = compiled(ids[:, start:stop], cache=ours, use_cache=True).logits
+            want = model(ids[:, start:stop], use_cache=True, **{kw: theirs}).logits
+            got = compiled(ids[:, start:stop], use_cache=True, **{kw: ours}).logits
             torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     prefill = [r.kind for r in report.rewrites if r.compile_index == 0]
     assert sorted(prefill) == ["dsa_indexer", "dsa_mask", "sparse_attention"]
-    decode = [m for m in report.near_misses if m.reason.startswith("kept stock")]
-    assert {m.kind for m in decode} == {"dsa_indexer", "sparse_attention"}
-    assert not [r for r in report.rewrites if r.compile_index > 0]
+    decode = [r for r in report.rewrites if r.compile_index > 0]
+    stock = [m for m in report.near_misses if m.reason.startswith("kept stock")]
+    if cache_kind == "transformers" and caches_expanded_rows(model):
+        assert {m.kind for m in stock} == {"dsa_indexer", "sparse_attention"} and not decode
+        return
+    assert {m.kind for m in stock} == {"dsa_indexer"}
+    assert {(r.kind, r.path) for r in decode} == {("sparse_attention", "absorbed")}
+    weight = "kv_b_proj"
+    for gm in graphs[1:]:
+        expansions = [n for n in gm.graph.nodes if n.op == "call_function" and len(n.args) > 1
+                      and weight in getattr(n.args[1], "name", "")]
+        assert all(tensor_meta(n.args[0]).shape[-2] == 1 for n in expansions), "a decode step expands the cache"
+        assert "latent_cached_kv" not in {str(n.target) for n in gm.graph.nodes}
 
 
 def test_reduce_overhead_mode_reaches_the_pass_and_rewrites_what_the_default_mode_keeps(monkeypatch):

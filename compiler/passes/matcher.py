@@ -8,8 +8,9 @@ the non-unit dims. :func:`escaping_nodes` proves a region closed by post-dominat
 node with a path to the graph's end that avoids the anchor would be needed after the rewrite.
 Attention chains: :data:`SDPA_TARGETS`, :func:`fold_repeat_kv` (GQA ``repeat_kv``),
 :func:`softmax_of`, :func:`single_use`; :func:`latent_form` recognises MLA's key/value expansion of a
-latent (``kv = linear(c, W)`` split into k_nope and v, k = k_nope with the rope key), the operands of
-an absorbed attention, or raises :class:`NotLatent`. A step that does not see its pattern raises
+latent (``kv = linear(c, W)`` split into k_nope and v, k = k_nope with the rope key; through a
+cache's first append, or a latent cache's read), the operands of an absorbed attention, or raises
+:class:`NotLatent`. A step that does not see its pattern raises
 :class:`NotCandidate`; one that sees it in a form that must stay untouched, :class:`NearMiss`."""
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import compiler.ops.fp8_keys  # noqa: F401  (registers pulsar_dosa::fp8_cached_keys, a kind below)
+import compiler.ops.latent_kv  # noqa: F401  (registers pulsar_dosa::latent_cached_kv, a kind below)
 
 
 class NearMiss(Exception):
@@ -47,6 +49,8 @@ _FUNCTION_KINDS: dict[Any, str] = {
     operator.getitem: "getitem", torch.squeeze: "squeeze", torch.unsqueeze: "unsqueeze",
     torch.reshape: "reshape", torch.transpose: "transpose", torch.permute: "permute", torch.clone: "clone",
     torch.ops.pulsar_dosa.fp8_cached_keys: "fp8_cached_keys", torch.ops.pulsar_dosa.fp8_cached_keys.default: "fp8_cached_keys",
+    torch.ops.pulsar_dosa.latent_cached_kv: "latent_cached_kv",
+    torch.ops.pulsar_dosa.latent_cached_kv.default: "latent_cached_kv",
     operator.and_: "and", torch.logical_and: "and", torch.bitwise_and: "and",
 }
 _METHOD_KINDS = {
@@ -301,7 +305,7 @@ def insert_call(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
 
 
 _PURE_KINDS = {"cast", "reshape", "squeeze", "unsqueeze", "transpose", "permute", "clone", "contiguous",
-               "detach", "expand", "invert", "getitem", "fp8_cached_keys"}
+               "detach", "expand", "invert", "getitem", "fp8_cached_keys", "latent_cached_kv"}
 
 
 def erase_dead_pure(graph: fx.Graph, nodes: Iterable[Any]) -> None:
@@ -413,7 +417,7 @@ class LatentKV:
     latent: fx.Node
     """The linear's input, ``[B, 1, T, Dc]`` or ``[B, T, Dc]``."""
     rope_key: fx.Node
-    """The rope key before its head expand, ``[B, 1, T, Dr]``."""
+    """The rope key before its head expand, ``[B, 1, T, Dr]`` (or a latent cache's ``[B, T, Dr]``)."""
     weight: fx.Node
     """kv_b_proj's weight ``[H·(Dn+Dv), Dc]``, the node the linear reads."""
     nope_dim: int
@@ -521,10 +525,59 @@ def _key_parts(k: fx.Node, nope_dim: int, readers: set[fx.Node]) -> tuple[Any, A
     return nope, rope, nodes
 
 
+CACHED_EXPANSION = ("the keys and values are read from a cache of expanded rows (transformers' cache in this "
+                    "version keeps kv_b_proj's output): the cached tokens' latent is not in the graph "
+                    "(compiler.latent_cache keeps it)")
+"""The near miss of an MLA attention over transformers' cache of expanded keys and values."""
+
+
+def _appended_rows(node: Any) -> tuple[Any, list[fx.Node]]:
+    """``(x, [cat])`` for a cache's append ``cat([past, x], dim=-2)`` of 4-D rows whose past is provably
+    empty (transformers' ``DynamicLayer`` starts from ``torch.tensor([])``, which ``cat`` skips): the
+    rows it returns are x's. NotLatent (``CACHED_EXPANSION``) when the past may hold rows; ``(node, [])``
+    for anything else."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is torch.cat):
+        return node, []
+    parts, dim, meta = arg(node, 0, "tensors"), arg(node, 1, "dim", 0), tensor_meta(node)
+    if meta is None or meta.dim() != 4 or normalize_dim(dim, 4) != 2 or not isinstance(parts, (list, tuple)) \
+            or len(parts) != 2:
+        return node, []
+    past = tensor_meta(parts[0])
+    if past is not None and ((past.dim() == 1 and same_size(past.shape[0], 0))
+                             or (past.dim() == 4 and same_size(past.shape[2], 0))):
+        return parts[1], [node]
+    raise NotLatent(CACHED_EXPANSION)
+
+
+def _cached_latent(k: Any, v: Any, heads: int) -> Optional[LatentKV]:
+    """The latent form of k, v = ``pulsar_dosa::latent_cached_kv(latent, rope_key, W, H, Dn)``'s outputs
+    (``compiler.latent_cache``), or None when they are not that op's keys and values."""
+    if not all(isinstance(x, fx.Node) and x.op == "call_function" and x.target is operator.getitem
+               for x in (k, v)) or k.args[0] is not v.args[0] or (k.args[1], v.args[1]) != (0, 1) \
+            or not isinstance(k.args[0], fx.Node) or op_kind(k.args[0]) != "latent_cached_kv":
+        return None
+    read = k.args[0]
+    latent, rope_key, weight = (arg(read, i, name) for i, name in enumerate(("latent", "rope_key", "kv_b_weight")))
+    if arg(read, 3, "heads") != heads:
+        raise NotLatent(f"the latent cache expands {arg(read, 3, 'heads')} heads, the attention has {heads}")
+    return LatentKV(latent, rope_key, weight, arg(read, 4, "nope_dim"), [k, v, read])
+
+
 def latent_form(k: Any, v: Any, heads: int, readers: set[fx.Node]) -> LatentKV:
     """The latent form of the attention's k ``[B, H, T, Dn+Dr]`` and v ``[B, H, T, Dv]``; NotLatent
     with the reason when they are not transformers' expansion of one latent (module docstring).
-    ``readers``: the attention's nodes that read k (the SDPA call, the eager chain's transpose)."""
+    ``readers``: the attention's nodes that read k (the SDPA call, the eager chain's transpose).
+
+    Through a cache: a latent cache's read (``_cached_latent``) gives its rows; transformers' cache of
+    the latent (5.25) is appended to before the expansion, the latent the linear reads; its cache of
+    expanded rows (5.17) is appended to after it: the rows of an empty cache's first append are the
+    expansion's (``_appended_rows``), and with cached rows the absorbed form has no latent to read."""
+    cached = _cached_latent(k, v, heads)
+    if cached is not None:
+        return cached
+    k, k_cat = _appended_rows(k)
+    v, v_cat = _appended_rows(v)
+    readers = readers | set(k_cat)
     mk = tensor_meta(k)
     if mk is None or mk.dim() != 4 or not isinstance(k, fx.Node):
         raise NotLatent("the key is not a 4-D tensor node")
@@ -547,5 +600,7 @@ def latent_form(k: Any, v: Any, heads: int, readers: set[fx.Node]) -> LatentKV:
         raise NotLatent(f"the key's last dim {mk.shape[3]} is not {nope_dim} + the rope key's {mr.shape[3]}")
     if len({tensor_meta(x).dtype for x in (k, v, latent, rope_key, weight)}) != 1:
         raise NotLatent("the latent, the rope key, kv_b_proj's weight and the expanded key/value differ in dtype")
-    nodes = list(dict.fromkeys(v_nodes + nope_part[3] + k_nodes + rope_nodes + kv_nodes))
+    if k_cat:  # the cache keeps the key buffer: its copies (writes, without users) must stay
+        k_nodes = []
+    nodes = list(dict.fromkeys(v_cat + k_cat + v_nodes + nope_part[3] + k_nodes + rope_nodes + kv_nodes))
     return LatentKV(latent, rope_key, weight, nope_dim, nodes)

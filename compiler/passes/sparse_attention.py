@@ -26,7 +26,8 @@ the mean of v over all keys for an additive ``finfo.min`` mask (every logit equa
 to floating-point rounding.
 
 Two forms. Where k and v are ``kv_b_proj``'s expansion of an MLA latent
-(``compiler.passes.matcher.latent_form``: both transformers DSA models, with or without a cache), the
+(``compiler.passes.matcher.latent_form``: both transformers DSA models, without a cache, over a cache
+of the latent, transformers' after 5.17 or ``compiler.latent_cache``, or over an empty 5.17 one), the
 absorbed op reads the latent rows, the rope key and kv_b_proj's weight instead (the expansion dies
 with the attention; o_proj and everything else stay as they are). ``policy.sparse_attention_form``
 says how: form "auto" (the op picks absorbed or union per call from how the selections overlap,
@@ -36,7 +37,9 @@ the absorbed op would have. ``distinct`` is passed True when the indices are a t
 
 A safe match where the stock form is faster (``policy.keeps_stock``: e.g. decode over a
 short cache on a GPU without CUDA graphs, or any call on the CPU, where the op runs its plain-torch
-reference) is declined: left untouched, reported as a near miss.
+reference) is declined: left untouched, reported as a near miss. A stock MLA attention expands every
+key of its latent for every head at every call (at decode, the whole cache per token): where the op
+would read the latent instead, that expansion counts in the stock form's size.
 
 An attention whose mask is not built from indices is not a candidate (left to the ``attention``
 family, which runs after this one). Near misses (left untouched, reported with the reason):
@@ -62,7 +65,7 @@ from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, 
                                      may_be_equal, normalize_dim, op_kind, same_size, scale_value, scaled_scores,
                                      single_use, softmax_of, tensor_meta, value)
 from compiler.passes.matcher import LatentKV, NotLatent, latent_form, module_path
-from compiler.policy import keeps_stock, sparse_attention_form, stock_threshold
+from compiler.policy import keeps_stock, latent_expansion_products, sparse_attention_form, stock_threshold
 from runtime.sparse_attention import FLOAT_DTYPES
 
 KIND = "sparse_attention"
@@ -213,6 +216,19 @@ def combined_mask(mask: Any) -> _Combined:
     raise NotCandidate
 
 
+def _is_zero(x: Any) -> bool:
+    """0 as a Python number, ``torch.zeros(...)`` or a 0-dim ``torch.tensor(0.0)`` (transformers 5.17's
+    ``where(mask, torch.tensor(0.0), min)``)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return x == 0
+    if not (isinstance(x, fx.Node) and x.op == "call_function"):
+        return False
+    if x.target is torch.zeros:
+        return True
+    data = arg(x, 0, "data")
+    return x.target is torch.tensor and isinstance(data, (int, float)) and not isinstance(data, bool) and data == 0
+
+
 def _bool_source_of_additive(additive: Any, fill: Any) -> fx.Node:
     """M for F = ``where(M, 0, finfo(F.dtype).min)`` masked with ``fill`` = finfo(F.dtype).min; else NearMiss."""
     meta = tensor_meta(additive)
@@ -225,9 +241,7 @@ def _bool_source_of_additive(additive: Any, fill: Any) -> fx.Node:
             and len(additive.args) == 3):
         raise NearMiss("additive attention mask is not where(bool, 0, finfo.min): its values are unknown")
     cond, hit, miss = additive.args
-    zero = hit == 0 if isinstance(hit, (int, float)) and not isinstance(hit, bool) else (
-        isinstance(hit, fx.Node) and hit.op == "call_function" and hit.target is torch.zeros)
-    if not (zero and isinstance(miss, float) and miss == lowest and tensor_meta(cond) is not None
+    if not (_is_zero(hit) and isinstance(miss, float) and miss == lowest and tensor_meta(cond) is not None
             and tensor_meta(cond).dtype == torch.bool):
         raise NearMiss("additive attention mask is not where(bool, 0, finfo.min): its values are unknown")
     return cond
@@ -384,6 +398,13 @@ def match_sparse(anchor: fx.Node) -> SparseMatch:
                        combined.index.operand_nodes, latent, not_latent, from_topk(combined.index.indices))
 
 
+def _latent_dims(latent: LatentKV, heads: int) -> tuple[int, int, int, int]:
+    """``(Dc, Dn, Dr, Dv)`` of a latent form with ``heads`` query heads."""
+    rows = tensor_meta(latent.weight).shape[0]
+    return (tensor_meta(latent.latent).shape[-1], latent.nope_dim, tensor_meta(latent.rope_key).shape[-1],
+            rows // heads - latent.nope_dim)
+
+
 def _latent_rows(graph: fx.Graph, node: fx.Node, like: fx.Node) -> fx.Node:
     """``node`` as ``[B, T, D]``: a ``[B, 1, T, D]`` tensor loses its dim 1."""
     if tensor_meta(node).dim() == 3:
@@ -425,16 +446,22 @@ class SparseAttentionPass(PatternPass):
         return match_sparse(anchor)
 
     def settings(self, ctx, match):
-        """``(form, reason)``: Declined (``policy.keeps_stock``) when the masked attention over all
-        keys is too small for the op's per-call host cost (B*Hq*S*T query-key-head products); else
-        the form of ``policy.sparse_attention_form``, the union form where k and v are not a
-        latent's expansion (a near miss says why when the absorbed form would have run)."""
+        """``(form, reason)``: the form of ``policy.sparse_attention_form``, the union form where k and
+        v are not a latent's expansion (a near miss says why when the absorbed form would have run);
+        Declined (``policy.keeps_stock``) when the stock subgraph is too small for the op's per-call
+        host cost: B*Hq*S*T query-key-head products, and where the op reads the latent the stock
+        subgraph expands, B*Hq*T*E more for that expansion (``policy.latent_expansion_products``)."""
         q, k = value(match.q), value(match.k)
+        form, reason = sparse_attention_form(ctx.options.sparse_form, q.shape[1], q.shape[2], ctx.cuda_graphs)
+        b, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        products, what = b * heads * queries * keys, "B*S*T*H"
+        if form != "union" and match.latent is not None:
+            per_key = latent_expansion_products(*_latent_dims(match.latent, heads))
+            products, what = products + b * heads * keys * per_key, f"B*H*T*(S + {per_key}: the latent's expansion)"
         threshold = stock_threshold(ctx.options, KIND, q.device.type, ctx.cuda_graphs)
-        why = keeps_stock(threshold, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
+        why = keeps_stock(threshold, products, what)
         if why is not None:
             raise Declined(why)
-        form, reason = sparse_attention_form(ctx.options.sparse_form, q.shape[1], q.shape[2], ctx.cuda_graphs)
         if form != "union" and match.latent is None:
             near_miss(ctx, KIND, match.anchor, f"absorbed form not taken: {match.not_latent}")
             return "union", f"absorbed form not taken: {match.not_latent}"

@@ -1,7 +1,10 @@
 """benchmarks/e2e.py --smoke: the prefill rows of stock, the backend's defaults and the FP8 indexer
 option (``pulsar_dosa_fp8``) on a tiny DeepSeek-V3.2 model, with the last-token argmax agreement
-against stock reported."""
+against stock reported; and --mode generate's rows (time to first token, decode steps, tokens
+against eager's, compiles in the timed call)."""
 import json
+
+import torch
 
 from benchmarks import e2e
 
@@ -16,3 +19,42 @@ def test_smoke_rows_for_stock_bf16_and_fp8_indexers(tmp_path):
     for method in ("pulsar_dosa", "pulsar_dosa_fp8"):
         assert isinstance(rows[method]["argmax_agree"], bool) and rows[method]["max_abs_diff"] < 1.0
     assert "pulsar_dosa_fp8" in out.with_suffix(".md").read_text()
+
+
+def test_generate_smoke_times_ttft_decode_steps_and_total_and_compares_tokens_with_eager(tmp_path):
+    """--mode generate on the CPU: one row per method and size, the timed call compiles nothing (one
+    graph per cache length would show here), B = 1 generates eager's tokens, B = 2 decodes over a
+    grown latent cache of bytes_per_token's size."""
+    from transformers import DeepseekV32Config
+
+    from compiler.latent_cache import bytes_per_token
+
+    out = tmp_path / "generate.json"
+    assert e2e.main(["--mode", "generate", "--smoke", "--shape", "v32", "--methods", "eager", "stock",
+                     "pulsar_dosa_latent", "--lengths", "40", "--batches", "1", "2", "--new-tokens", "3",
+                     "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = {(r["method"], r["B"]): r for r in doc["rows"]}
+    assert set(rows) == {(m, b) for m in ("eager", "stock", "pulsar_dosa_latent") for b in (1, 2)}
+    for (method, batch), row in rows.items():
+        assert row["error"] is None, row
+        assert len(row["decode_ms_all"]) == 2 and 0 < row["ttft_ms"] <= row["total_ms"]
+        assert row["compiles"] == 0 and row["synthetic_cache"] == (batch == 2)
+        assert (row["first_compiles"] > 0) == (method != "eager")  # the first call compiles (a new batch too)
+    assert rows["stock", 1]["tokens_match_eager"] is True
+    assert rows["pulsar_dosa_latent", 1]["tokens_match_eager"] is True
+    assert rows["pulsar_dosa_latent", 1]["attention_forms"] == ["absorbed", "auto"]  # prefill: auto, decode: absorbed
+    assert not rows["pulsar_dosa_latent", 1]["near_misses"]
+    config = DeepseekV32Config(num_hidden_layers=1, **e2e.SMOKE_SIZES)
+    assert rows["pulsar_dosa_latent", 2]["cache_bytes_per_token"] == bytes_per_token(config, torch.float32)
+    assert "| 2 | 40 |" in out.with_suffix(".md").read_text()
+
+
+def test_the_trained_shape_prompts_with_held_out_text_one_window_per_row():
+    import numpy as np
+
+    model, config = e2e.generate_model("tiny-dsa", "cpu", torch.float32)
+    ids = e2e.prompt_ids("tiny-dsa", config, 2, 16, "cpu")
+    tokens = np.load(e2e.HELDOUT).astype(np.int64)
+    assert ids.shape == (2, 16) and ids[1].tolist() == tokens[16:32].tolist()
+    assert type(model).__name__ == "DeepseekV32ForCausalLM" and config.index_topk == 2048

@@ -13,6 +13,7 @@ from compiler.fp8_indexer_cache import Fp8IndexedLayer, fp8_indexer_cache, to_fp
 from compiler.passes.dsa_indexer import _moved_dims
 from compiler.report import collecting
 from runtime.fp8_quant import quantize_keys
+from runtime.pulsar import cache_keyword
 
 STEPS = ((0, 30), (30, 31), (31, 32))
 """Prefill and two decode steps."""
@@ -40,10 +41,11 @@ def test_a_compiled_model_reads_the_fp8_cache_as_it_is_stored(name, dequantised)
     compiled = torch.compile(model, backend="pulsar_dosa", dynamic=True,
                              options={"downstream": "eager", "indexer_precision": "fp8"})
     ours, theirs = fp8_indexer_cache(model.config), DynamicCache(config=model.config)
+    kw = cache_keyword(type(model))
     with torch.no_grad(), collecting() as report:
         for start, stop in STEPS:
-            want = compiled(ids[:, start:stop], cache=theirs, use_cache=True).logits
-            got = compiled(ids[:, start:stop], cache=ours, use_cache=True).logits
+            want = compiled(ids[:, start:stop], use_cache=True, **{kw: theirs}).logits
+            got = compiled(ids[:, start:stop], use_cache=True, **{kw: ours}).logits
             assert torch.equal(got, want)
     indexer = [r for r in report.rewrites if r.kind == "dsa_indexer"]
     assert {r.details["fp8_key_cache"] for r in indexer} == {False, True}  # transformers' cache, then ours
@@ -59,10 +61,11 @@ def test_a_compiled_model_reads_the_fp8_cache_as_it_is_stored(name, dequantised)
 def test_another_precision_or_no_compile_reads_the_dequantised_keys(dequantised):
     model = build_model(tiny_config(layers=1), torch.float32)
     ids = torch.randint(0, 128, (1, 24), generator=torch.Generator().manual_seed(4))
+    kw = cache_keyword(type(model))
     with torch.no_grad():
         theirs, ours = DynamicCache(config=model.config), fp8_indexer_cache(model.config, "fp8_unrotated")
-        model(ids, cache=theirs, use_cache=True)
-        eager = model(ids, cache=ours, use_cache=True).logits
+        model(ids, use_cache=True, **{kw: theirs})
+        eager = model(ids, use_cache=True, **{kw: ours}).logits
         assert dequantised and torch.isfinite(eager).all()
         keys, layer = theirs.layers[0].indexer_keys, ours.layers[0]
         read = fp8_keys.dequantize_keys(layer.indexer_keys, layer.indexer_key_scales, "fp8_unrotated", keys.dtype)
@@ -72,7 +75,7 @@ def test_another_precision_or_no_compile_reads_the_dequantised_keys(dequantised)
         torch._dynamo.reset()
         compiled = torch.compile(model, backend="pulsar_dosa", dynamic=True,
                                  options={"downstream": "eager", "indexer_precision": "fp8"})
-        got = compiled(ids, cache=fp8_indexer_cache(model.config, "fp8_unrotated"), use_cache=True).logits
+        got = compiled(ids, use_cache=True, **{kw: fp8_indexer_cache(model.config, "fp8_unrotated")}).logits
     assert dequantised and torch.isfinite(got).all()  # an fp8_unrotated cache under "fp8": dequantised, scored in fp8
 
 

@@ -12,7 +12,9 @@ from transformers import DynamicCache
 import compiler
 from compiler.backend import pulsar_dosa
 from compiler.demo import build_model, tiny_config
+from compiler.latent_cache import latent_cache
 from compiler.report import collecting
+from runtime.pulsar import cache_keyword
 
 ATOL = 1e-4
 EAGER = {"downstream": "eager", "stock_below": 0}
@@ -95,16 +97,19 @@ def test_padded_batch_every_layer_rewritten_and_logits_match_eager(name, attn, f
                                                      ("eager", True, "auto", ((0, 40), (40, 41), (41, 42)))])
 def test_prefill_chunked_prefill_and_decode_with_a_cache(attn, dynamic, form, steps):
     """Forced absorbed: every call. "auto": the prefill takes the absorbed op choosing its form per
-    call, decode (one query per row) the absorbed form, which reads the latent cache unexpanded."""
+    call, decode (one query per row) the absorbed form, which reads the latent cache unexpanded
+    (``compiler.latent_cache``: a latent in every transformers version; transformers' own cache in
+    each version: tests/passes/test_cache_path.py)."""
     model = build_model(tiny_config(layers=1, attn=attn, dense_layers=1), torch.float32)
     ids = _ids(1, 50, seed=1)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="pulsar_dosa", options={**EAGER, "sparse_form": form}, dynamic=dynamic)
-    ours, theirs = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    ours, theirs = latent_cache(model), DynamicCache(config=model.config)
+    kw = cache_keyword(type(model))
     with collecting() as report, torch.no_grad():
         for start, stop in steps:
-            want = model(ids[:, start:stop], cache=theirs, use_cache=True).logits
-            got = compiled(ids[:, start:stop], cache=ours, use_cache=True).logits
+            want = model(ids[:, start:stop], use_cache=True, **{kw: theirs}).logits
+            got = compiled(ids[:, start:stop], use_cache=True, **{kw: ours}).logits
             torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
     assert len(_sparse(report)) == len(report.compiles) and not report.near_misses
     paths = [r.path for r in _sparse(report)]

@@ -26,21 +26,10 @@ from compiler.lowering.attention.selection_overlap import union_ratio
 from compiler.lowering.attention.sparse_attention import sparse_attention_triton, tile_rows, workspace_bytes
 from compiler.ops.absorbed_sparse_attention import check_form
 from compiler.ops.sparse_form import RECORDS, call_sparse_form
-from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs
+from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs, expand_latent
 
 FREE_FRACTION = 0.9
 """Share of the device's free memory the union form's expansion and workspace may take."""
-
-
-def expand_latent(latent: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor, heads: int,
-                  nope_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(k [B, H, T, Dn+Dr], v [B, H, T, Dv])``: kv_b_proj's expansion of the latent, rope_key
-    shared by every head (views with unit inner stride)."""
-    b, t_len, _ = latent.shape
-    kv = torch.nn.functional.linear(latent, kv_b_weight).view(b, t_len, heads, -1)
-    rope = rope_key[:, :, None, :].expand(b, t_len, heads, rope_key.shape[2])
-    k = torch.cat([kv[..., :nope_dim], rope], dim=-1)
-    return k.transpose(1, 2), kv[..., nope_dim:].transpose(1, 2)
 
 
 def _free_bytes(device: torch.device) -> Optional[int]:

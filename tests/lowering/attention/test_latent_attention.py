@@ -3,8 +3,8 @@ call give the reference's result, the choice follows ``compiler.ops.sparse_form`
 import pytest
 import torch
 
-from compiler.lowering.attention.latent_attention import choose_form, expand_latent, latent_sparse_attention
-from runtime.absorbed_attention import absorbed_sparse_attention, head_weights
+from compiler.lowering.attention.latent_attention import choose_form, latent_sparse_attention
+from runtime.absorbed_attention import absorbed_sparse_attention, expand_latent, head_weights
 
 from tests.lowering.attention.test_absorbed_attention import causal, mla_inputs
 
