@@ -136,7 +136,7 @@ def test_a_dsa_model_keeps_stock_at_decode_and_rewrites_its_prefill():
     stock in both families; the logits follow the uncompiled model throughout."""
     from transformers import DynamicCache
 
-    from compiler.demo import build_model, tiny_config
+    from scripts.demo import build_model, tiny_config
 
     model = build_model(tiny_config(layers=1, dense_layers=1), torch.float32)
     ids = torch.randint(0, 128, (1, 42), generator=torch.Generator().manual_seed(3))

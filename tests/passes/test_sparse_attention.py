@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 import compiler
 from compiler.backend import pulsar_dosa
-from compiler.demo import build_model, tiny_config
+from scripts.demo import build_model, tiny_config
 from compiler.report import collecting
 
 ATOL = 1e-4

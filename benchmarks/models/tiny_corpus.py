@@ -10,7 +10,7 @@ one per token, ``EOS`` between documents. Output under ``--out``: ``train.npy`` 
 (file counts, bytes, tokens, sha256 of both arrays); the tokenizer under ``--tokenizer``.
 
     apt-get download python3.11-doc && dpkg -x python3.11-doc_*.deb /tmp/pydoc
-    python benchmarks/tiny_corpus.py --docs /tmp/pydoc --out .corpus --tokenizer benchmarks/models/tokenizer
+    python benchmarks/models/tiny_corpus.py --docs /tmp/pydoc --out .corpus --tokenizer benchmarks/models/tokenizer
 """
 from __future__ import annotations
 

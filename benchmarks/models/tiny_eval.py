@@ -17,7 +17,7 @@ indexer's top-K holds, per layer.
   scored in fp32 as transformers does), K = 2048 and T/16; beside it the share on the K most
   recent keys (a sliding window), for scale.
 
-    python benchmarks/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama --out tiny_models_h200.json
+    python benchmarks/models/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama --out tiny_models_h200.json
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from tiny_data import FactTokens, answer_accuracy, load_tokens, planted_sequence
 from runtime.dsa_forward import dsa_forward, indexer_qkw, indexer_topk, causal_index_scores  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-HELDOUT = ROOT / "models" / "heldout_tokens.npy"
+HELDOUT = ROOT / "heldout_tokens.npy"
 TOPK = 2048
 
 

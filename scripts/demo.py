@@ -1,4 +1,4 @@
-"""``python -m compiler.demo``: compile a tiny DeepseekV32ForCausalLM with ``backend="pulsar_dosa"``.
+"""``scripts/demo.py``: compile a tiny DeepseekV32ForCausalLM with ``backend="pulsar_dosa"``.
 
 Builds a small transformers ``DeepseekV32ForCausalLM`` (fixed seed), runs it eagerly and compiled,
 and prints the rewrites per layer, the per-layer selection check, the logits difference against
@@ -220,7 +220,7 @@ def _stats_cells(stats: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m compiler.demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python scripts/demo.py", description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--attn", choices=("sdpa", "eager"), default="sdpa")

@@ -1,9 +1,9 @@
 """Train the measuring models (GPU): a small DeepseekV32ForCausalLM whose DSA indexer has
 DeepSeek-V3.2's geometry (64 heads x 128), and a small LlamaForCausalLM for Pulsar.
 
-Data: the token corpus of ``benchmarks/tiny_corpus.py`` (standard library sources and the Python
+Data: the token corpus of ``benchmarks/models/tiny_corpus.py`` (standard library sources and the Python
 documentation, BPE of 8192 ids) with key-value facts planted at random depths and asked for at
-the end of every sequence (``benchmarks/tiny_data.py``). Stages, as DeepSeek-V3.2 trains DSA:
+the end of every sequence (``benchmarks/models/tiny_data.py``). Stages, as DeepSeek-V3.2 trains DSA:
 
 * ``dense`` (``--model dsa`` or ``llama``): LM loss, every query attending to all earlier keys
   (the indexer unused), context 4096 (batch 8) then 16384 (batch 2);
@@ -18,8 +18,8 @@ repeats the run). Seeds are fixed. A stage writes its checkpoint (``save_pretrai
 files <= 15 MB, with the tokenizer) and ``train_config.json`` / ``train_log.jsonl`` to ``--out``;
 a stage starts from ``--init`` (a checkpoint directory), so stages resume one another.
 
-    python benchmarks/train_tiny_dsa.py --stage dense --model dsa --out ckpt/dsa-dense --budget-s 200 80
-    python benchmarks/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \\
+    python benchmarks/models/train_tiny_dsa.py --stage dense --model dsa --out ckpt/dsa-dense --budget-s 200 80
+    python benchmarks/models/train_tiny_dsa.py --stage indexer --model dsa --init ckpt/dsa-dense --out ckpt/dsa \\
         --budget-s 90 100
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from tiny_data import FactTokens, answer_accuracy, load_tokens, training_batch  
 from runtime.dsa_forward import IndexerQKW, LayerCapture, causal_index_scores, dsa_forward, indexer_qkw, indexer_topk  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-TOKENIZER = ROOT / "models" / "tokenizer"
+TOKENIZER = ROOT / "tokenizer"
 SPARSE_TOPK = 2048
 
 
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.init is not None and not (args.init / "config.json").is_file():
         parser.error(f"--init: {args.init} holds no config.json")
     if not (args.corpus / "train.npy").is_file():
-        parser.error(f"--corpus: {args.corpus}/train.npy not found (run benchmarks/tiny_corpus.py)")
+        parser.error(f"--corpus: {args.corpus}/train.npy not found (run benchmarks/models/tiny_corpus.py)")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device")
     from transformers import AutoTokenizer

@@ -1,7 +1,7 @@
 """Tables and plots of the measuring models' results (CPU): training curves from the checkpoints'
 logs, held-out loss, retrieval, the indexer's attention-mass share, Pulsar's accuracy.
 
-    python benchmarks/tiny_report.py --models benchmarks/models --results benchmarks/results \\
+    python benchmarks/models/tiny_report.py --models benchmarks/models --results benchmarks/results \\
         --md benchmarks/results/tiny_models_h200.md
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ def plot(models: Path, evidence: dict, pulsar: dict | None, png: Path) -> None:
 def markdown(evidence: dict, pulsar: dict | None) -> str:
     lines = [f"# Measuring models on {evidence['device']}", "",
              f"torch {evidence['torch']}, transformers {evidence['transformers']}. Produced by "
-             "`benchmarks/tiny_eval.py` and `benchmarks/pulsar_accuracy.py`.", "",
+             "`benchmarks/models/tiny_eval.py` and `benchmarks/pulsar_accuracy.py`.", "",
              "## Held-out loss", "",
              f"Baselines on the same held-out tokens: unigram {evidence['baselines']['unigram_bits_per_token']:.2f} "
              f"bits/token, interpolated bigram {evidence['baselines']['bigram_bits_per_token']:.2f} "

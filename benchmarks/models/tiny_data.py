@@ -47,7 +47,7 @@ class Planted:
 
 
 def load_tokens(path: Path) -> np.ndarray:
-    """A uint16 token array written by ``benchmarks/tiny_corpus.py``."""
+    """A uint16 token array written by ``benchmarks/models/tiny_corpus.py``."""
     tokens = np.load(path)
     if tokens.dtype != np.uint16 or tokens.ndim != 1:
         raise ValueError(f"{path}: expected a 1-D uint16 token array, got {tokens.dtype} {tokens.shape}")
