@@ -48,17 +48,20 @@ def test_gloo_processes_give_the_one_device_tokens_and_kept_kv(tmp_path):
 
 def test_ranks_in_turn_merge_gives_the_one_device_tokens_and_kept_kv(tmp_path, monkeypatch):
     """In this process: the script's own start (its environment before anything initialises) is
-    the gloo test's; here its import sets MULTICAST_OFF, and this test's monkeypatch removes it
-    afterwards, as it restores Dynamo's recompile limit."""
+    the gloo test's; here its import sets MULTICAST_OFF, which this test's monkeypatch removes
+    afterwards, and Dynamo's recompile limit, which the script raises, is put back."""
     import torch
 
     for name, value in MULTICAST_OFF.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
     from benchmarks import pulsar_multigpu
 
     out, md = tmp_path / "result.json", tmp_path / "result.md"
-    pulsar_multigpu.main(["--tiny", "--device", "cpu", "--modes", "pulsar", "--lengths", "128", "--ranks-in-turn", "3",
-                          "--out", str(out), "--md", str(md)])
+    limit = torch._dynamo.config.recompile_limit  # not monkeypatch: its undo deletes a config entry
+    try:
+        pulsar_multigpu.main(["--tiny", "--device", "cpu", "--modes", "pulsar", "--lengths", "128",
+                              "--ranks-in-turn", "3", "--out", str(out), "--md", str(md)])
+    finally:
+        torch._dynamo.config.recompile_limit = limit
     result, markdown = json.loads(out.read_text(encoding="utf-8")), md.read_text(encoding="utf-8")
     check_ranked_row(result, markdown, ranks=3, simulated=True)
