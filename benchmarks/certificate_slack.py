@@ -20,7 +20,7 @@ the last S queries of a held-out window of T tokens), K in ``--topk``:
   every one of the tile's tau_K: the most that any bound shared by the tile (which cannot be below
   the exact scores it bounds) lets a tiled scorer skip, even at the oracle threshold.
 
-    python benchmarks/certificate_slack.py --out benchmarks/results/certificate_slack_trained.json --T 8192
+    python benchmarks/certificate_slack.py --S 256 --out benchmarks/results/certificate_slack_trained_cpu.json
 """
 from __future__ import annotations
 

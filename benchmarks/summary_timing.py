@@ -6,7 +6,7 @@ id distribution and about Tekken's vocabulary size, available on a host without 
 Every heuristic of ``HEURISTICS`` at block sizes 4096 and L/4: the median of ``--reps`` timed
 calls after warm-up (CUDA: synchronised wall time; CPU: process CPU time, one thread). The same
 run checks that the device selects exactly the positions the CPU selects. Phase 1 for reference
-(``benchmarks/results/pulsar_h200.json``): Pulsar at L = 131072 per device with its 4 blocks on 4
+(``benchmarks/results/pulsar_phase1_h200.json``): Pulsar at L = 131072 per device with its 4 blocks on 4
 devices, and on one device.
 
     python -m benchmarks.summary_timing --out $OUT/summary_timing_h200.json      # CUDA when present
@@ -29,7 +29,7 @@ from runtime.summaries import HEURISTICS, select_summaries
 
 LENGTH = 131072
 VOCAB = 131072
-PHASE1_FILE = Path(__file__).resolve().parent / "results" / "pulsar_h200.json"
+PHASE1_FILE = Path(__file__).resolve().parent / "results" / "pulsar_phase1_h200.json"
 
 
 def stdlib_word_ids(length: int) -> torch.Tensor:

@@ -128,7 +128,7 @@ H200_FITTED = KernelConstants(
     certified_fixed_s=3.46e-3,
     screen_tile=1,
     screen_pow2=True,
-    source="benchmarks/fit_cost_model.py, benchmarks/results/h200_refit_constants.json: dense and selection "
+    source="benchmarks/fit_cost_model.py, benchmarks/results/fit_cost_model_h200.json: dense and selection "
            "rates from dense_roofline_h200.json, the rest a relative least-squares fit to the 60 certified calls "
            "of indexer_zoo_h200.json (max relative error 0.36, rms 0.14)",
 )
@@ -371,7 +371,7 @@ H200_ATTENTION = AttentionConstants(
     matmul_flops_per_s=7.7e14,
     copy_bytes_per_s=1.53e12,
     source="benchmarks/fit_attention_cost.py on benchmarks/results/sparse_attention_auto_h200.json (43 union "
-           "calls at 8, 16 and 128 heads, 16K-64K, max relative error 0.09): attention_constants_h200.json",
+           "calls at 8, 16 and 128 heads, 16K-64K, max relative error 0.09): fit_attention_cost_h200.json",
 )
 """The Triton and Gluon kernels on one H200."""
 

@@ -15,12 +15,12 @@ SHORT_CANDIDATE_ROWS = 32  # default plan budgets: r with r + 1 a power of two, 
 # Compile time (compiler.policy): calls of fewer B*S*T*H products keep the stock subgraph, per pass
 # family and device type, where the op's per-call host cost exceeds the stock form's device time;
 # a device type not listed keeps every call stock (the ops run plain-torch references there).
-# e2e_decode_h200.md (indexer), sparse_attention_h200.md (decode rows: 0.33-0.55 ms per call).
+# e2e_decode_h200.md (indexer), sparse_attention_h200.md (decode rows at B = 1: 0.39-0.65 ms per call).
 STOCK_BELOW = {"dsa_indexer": {"cuda": 1 << 25}, "sparse_attention": {"cuda": 1 << 21}}
 
 # Compile time (compiler.policy.sparse_attention_form): the form of an MLA layer's DSA sparse attention
 # where a call cannot measure its selections (CUDA graphs; elsewhere compiler.ops.sparse_form decides)
-ABSORBED_MIN_HEADS = 64  # fewer heads pad the absorbed program's 64 product rows: at 16 heads union wins on trained selections (4.1 vs 4.6 ms) and up to 4.3x on shared ones, absorbed up to 1.4x on unshared; at 128 absorbed wins 2.2x on trained: sparse_attention_more_h200.md
+ABSORBED_MIN_HEADS = 64  # fewer heads pad the absorbed program's 64 product rows: at 16 heads union wins on trained selections (4.1 vs 4.6 ms) and up to 4.3x on shared ones, absorbed up to 1.4x on unshared; at 128 absorbed wins 2.2x on trained: sparse_attention_configs_h200.md
 UNION_MIN_QUERIES = 16  # fewer queries per batch row (decode): no neighbours share keys, and the absorbed form reads the latent cache unexpanded
 
 # Call time (compiler.ops.guard)

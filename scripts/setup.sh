@@ -27,8 +27,8 @@ if ! python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "
   python -m pip install -q "$wheels"/torch-*.whl
   rm -r "$wheels"
 fi
-python -m pip install -q "triton==3.6.0" "numpy<2.4"
-python -m pip install -q -e ".[test]"
+python -m pip install -q "triton==3.6.0"
+python -m pip install -q -e ".[test]"  # numpy < 2.4 with it (pyproject.toml: the interpreter needs it)
 # The oldest transformers pyproject.toml accepts, with what it needs that the venv holds in another
 # version (pip's resolution against the venv), in a folder of its own: scripts/test.sh runs the pass
 # tests again with it first on PYTHONPATH.

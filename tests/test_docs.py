@@ -36,3 +36,22 @@ def test_the_readme_states_the_tie_rule_and_cites_a_test_that_keeps_ties_out():
     assert stated, "README: no paragraph on ties at the K-th place"
     cited = re.findall(r"`(tests/[\w/]+\.py)`", stated[0])
     assert cited and all('"tie": 0' in (ROOT / path).read_text() for path in cited)
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+RESULT_FILE = re.compile(r"\b([a-z0-9_]+_(?:h200|cpu))\.(?:json|md|png)\b")
+RESULT_NAME = re.compile(r"`([a-z0-9_]+_(?:h200|cpu))(?:\.(?:json|md|png))?`")
+
+
+def test_every_cited_results_file_exists_and_the_index_names_every_one():
+    # The READMEs, docs and the library's docstrings cite results by file name; benchmarks/README.md
+    # is the index of benchmarks/results/ and names each result there.
+    sources = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
+               *(ROOT / "compiler").rglob("*.py"), *(ROOT / "runtime").rglob("*.py")]
+    cited = {(name, path.relative_to(ROOT)) for path in sources for name in RESULT_FILE.findall(path.read_text())}
+    assert len(cited) >= 10
+    stems = {path.stem for path in RESULTS.iterdir()}
+    assert not {(name, str(path)) for name, path in cited if name not in stems}
+    indexed = set(RESULT_NAME.findall((ROOT / "benchmarks" / "README.md").read_text()))
+    assert not indexed - stems, "benchmarks/README.md names a result that is not in benchmarks/results/"
+    assert not stems - indexed, "benchmarks/results/ holds a result that benchmarks/README.md does not name"

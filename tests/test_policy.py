@@ -143,7 +143,7 @@ def test_a_decode_step_keeps_its_indexer_stock_and_reads_the_cached_latent_unexp
     follow the uncompiled model throughout."""
     from transformers import DynamicCache
 
-    from compiler.demo import build_model, tiny_config
+    from scripts.demo import build_model, tiny_config
     from compiler.latent_cache import latent_cache
     from compiler.passes.matcher import tensor_meta
     from runtime.pulsar import cache_keyword

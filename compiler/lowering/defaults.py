@@ -35,8 +35,8 @@ PLAN_STEP_ELEMENTS = 2048  # most float64 products [heads, rows, columns] of one
 # Selection (selection/)
 LONG_ROW_FACTOR = 8  # rows longer than this many kk take the threshold path; shorter ones torch.topk
 FEW_ROWS = 128  # CUDA calls of fewer rows select in one launch (few_rows_select): torch.topk's launches pay below it
-CHUNKS_PER_K = 2  # chunks per selected code: 1.4 kk codes pass tau (1: 7.6 kk), selection_constants_h200.json
-THRESHOLD_BUFFER_K = 2  # candidates per row, in kk: holds every row measured, selection_constants_h200.json
+CHUNKS_PER_K = 2  # chunks per selected code: 1.4 kk codes pass tau (1: 7.6 kk), selection_parts_sweep_h200.json
+THRESHOLD_BUFFER_K = 2  # candidates per row, in kk: holds every row measured, selection_parts_sweep_h200.json
 COMPACT_TILE = 4  # codes per lane of a compaction tile, one 16-byte load of words: selection_parts_h200.json
 COMPACT_STAGES = 3  # pipeline stages of the compaction loop (1 stage was slower)
 COMPACT_SEGMENTS = 4  # single-warp compaction programs per row; 8 overflowed segments of structured rows

@@ -130,7 +130,7 @@ def test_report_counts_splits_and_refuses_a_default_that_loses_a_cell(tmp_path):
     assert not against["better_in_every_aggregate"] and not against["beats_everywhere"]
     result = report_result(rows)
     write_report(result, tmp_path)
-    assert {p.name for p in tmp_path.iterdir()} == {"needle_capture.json", "needle_capture.md", "needle_capture.png"}
+    assert {p.name for p in tmp_path.iterdir()} == {"needle_capture_cpu.json", "needle_capture_cpu.md", "needle_capture_cpu.png"}
     assert "Beats max_idf everywhere: **no**" in markdown(result)
 
 

@@ -1,5 +1,6 @@
-"""benchmarks/pulsar_multigpu.py on CPU: its gloo run (2 processes) and its ranks-in-turn run (3 ranks)
-report the one-device driver's tokens and kept KV, in the JSON and Markdown they write."""
+"""benchmarks/pulsar_multigpu.py on CPU: its gloo run (2 processes, started as the script is) and its
+ranks-in-turn run (3 ranks, its main in this process) report the one-device driver's tokens and kept
+KV, in the JSON and Markdown they write."""
 import json
 import os
 import subprocess
@@ -45,6 +46,22 @@ def test_gloo_processes_give_the_one_device_tokens_and_kept_kv(tmp_path):
     check_ranked_row(result, markdown, ranks=2, simulated=False)
 
 
-def test_ranks_in_turn_merge_gives_the_one_device_tokens_and_kept_kv(tmp_path):
-    result, markdown = run_script(tmp_path, "--ranks-in-turn", "3")
+def test_ranks_in_turn_merge_gives_the_one_device_tokens_and_kept_kv(tmp_path, monkeypatch):
+    """In this process: the script's own start (its environment before anything initialises) is
+    the gloo test's; here its import sets MULTICAST_OFF, which this test's monkeypatch removes
+    afterwards, and Dynamo's recompile limit, which the script raises, is put back."""
+    import torch
+
+    for name, value in MULTICAST_OFF.items():
+        monkeypatch.setenv(name, value)
+    from benchmarks import pulsar_multigpu
+
+    out, md = tmp_path / "result.json", tmp_path / "result.md"
+    limit = torch._dynamo.config.recompile_limit  # not monkeypatch: its undo deletes a config entry
+    try:
+        pulsar_multigpu.main(["--tiny", "--device", "cpu", "--modes", "pulsar", "--lengths", "128",
+                              "--ranks-in-turn", "3", "--out", str(out), "--md", str(md)])
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+    result, markdown = json.loads(out.read_text(encoding="utf-8")), md.read_text(encoding="utf-8")
     check_ranked_row(result, markdown, ranks=3, simulated=True)

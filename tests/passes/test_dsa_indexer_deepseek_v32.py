@@ -7,14 +7,14 @@ eager model, and the indexer selections coincide (the chosen configuration has n
 order and the op's lower-index order pick different, equally valid keys). The inductor case compares
 within a tolerance: inductor's fused kernels reassociate the fp32 reductions of the rest of the graph
 (norms, softmax, MoE), a ~1e-6 relative effect, while one differently selected key moves logits by
-~1e-2. Rows of the selection check are per layer on the eager inputs (compiler.demo).
+~1e-2. Rows of the selection check are per layer on the eager inputs (scripts/demo.py).
 """
 import pytest
 import torch
 
 import compiler
 from compiler.cost_model import default_min_keys
-from compiler.demo import (DEMO_INDEXER, build_model, eager_run, indexers, per_layer_selection, set_trained_geometry,
+from scripts.demo import (DEMO_INDEXER, build_model, eager_run, indexers, per_layer_selection, set_trained_geometry,
                            tiny_config, topic_run_ids)
 from tests.passes.test_dsa_indexer import rewritten_graph
 

@@ -4,7 +4,7 @@ stock), with the same output whichever path the op takes."""
 import torch
 
 import compiler
-from compiler.demo import build_model, indexers, tiny_config
+from scripts.demo import build_model, indexers, tiny_config
 
 
 def test_compiled_model_scores_every_indexer_call_in_fp8():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import compiler
-from compiler.demo import build_model, tiny_config
+from scripts.demo import build_model, tiny_config
 from tests.passes.test_sparse_attention import dsa_model
 
 ALL = {"downstream": "eager", "stock_below": 0}

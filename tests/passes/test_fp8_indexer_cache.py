@@ -8,7 +8,7 @@ from transformers import DynamicCache, LlamaConfig
 
 import compiler.ops.fp8_keys as fp8_keys
 from benchmarks.e2e import SMOKE_SIZES, build
-from compiler.demo import build_model, tiny_config
+from scripts.demo import build_model, tiny_config
 from compiler.fp8_indexer_cache import Fp8IndexedLayer, fp8_indexer_cache, to_fp8_indexer_cache
 from compiler.passes.dsa_indexer import _moved_dims
 from compiler.report import collecting

@@ -3,7 +3,7 @@ called with sorted=False; one whose values or order are read keeps sorted=True."
 import pytest
 import torch
 
-from compiler.demo import build_model, tiny_config
+from scripts.demo import build_model, tiny_config
 from tests.passes.test_dsa_indexer import rewritten_graph
 
 ALL = {"downstream": "eager", "stock_below": 0}

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 import compiler
 from compiler.backend import pulsar_dosa
-from compiler.demo import build_model, tiny_config
+from scripts.demo import build_model, tiny_config
 from compiler.latent_cache import latent_cache
 from compiler.report import collecting
 from runtime.pulsar import cache_keyword

@@ -74,16 +74,16 @@ registers a thread over 8 warps; 64 at 32 heads) and its shared memory holds q_l
 (BLOCK_H·512·2 bytes) and ``num_stages`` gathered tiles of BLOCK_N·576·2 bytes. 64 heads fill
 Hopper's 64-row warpgroup products; 32 heads halve the accumulator's registers. Not offered: 128
 heads a program (ptxas rejects it), and 64 heads over 16 warps (it spills and runs at half the
-8-warp form's rate: sparse_attention_more_h200.md)."""
+8-warp form's rate: sparse_attention_configs_h200.md)."""
 DEFAULT_CONFIG = "h64_n64_w8_s2"
 """The Triton configuration for more than FEW_QUERIES queries where WARP_SPECIALISED does not apply
 (its split decode, fewer heads, fp32, off sm_90): sparse_attention_h200.md."""
 FEW_QUERIES_CONFIG = "h32_n32_w8_s4"
 """The configuration the op runs on at most FEW_QUERIES queries (decode), whose programs are few and
-short: at B = 1 over 131072 keys 0.40 ms against the default's 1.14 (sparse_attention_more_h200.md)."""
+short: at B = 1 over 131072 keys 0.40 ms against the default's 1.14 (sparse_attention_configs_h200.md)."""
 FEW_QUERIES = 8
 """Most queries (B·S) of a call that runs FEW_QUERIES_CONFIG first: it wins at B = 1 and loses at
-B = 64 (0.89 ms against the default's 0.75, sparse_attention_more_h200.md); between them the
+B = 64 (0.89 ms against the default's 0.75, sparse_attention_configs_h200.md); between them the
 crossover has not been measured, and 8 keeps the small batches on the form that won at 1."""
 FALLBACK_CONFIGS = ("h64_n32_w8_s3", "h32_n32_w8_s4")
 """Tried in turn, for the op only, when the default configuration does not compile or launch on the
@@ -92,12 +92,13 @@ TRITON_CHAIN = (DEFAULT_CONFIG, *FALLBACK_CONFIGS)
 """The Triton configurations tried in turn after a form that does not apply or does not run."""
 WARP_SPECIALISED = "ws"
 """The form name of ``absorbed_attention_ws``'s Gluon kernel (sm_90, bf16/fp16, calls that need no
-split), the first form for more than FEW_QUERIES queries: 1.45-1.50x DEFAULT_CONFIG's speed on every
-prefill selection kind at 16-64K with 128 heads (sparse_attention_ws_h200.md). Where it does not
-apply, or does not compile, the op runs DEFAULT_CONFIG and its fallbacks instead."""
+split), the first form for more than FEW_QUERIES queries: 1.47-1.52x DEFAULT_CONFIG's speed at 128
+heads on uniform selections at 16-64K and on the trained ones (sparse_attention_h200.md). Where it
+does not apply, or does not compile, the op runs DEFAULT_CONFIG and its fallbacks instead."""
 WARP_SPECIALISED_MIN_HEADS = 16
 """Fewest heads the Gluon kernel takes: its 64-row products idle 3/4 of their rows at 16 heads and it
-still wins there (sparse_attention_ws_h200.md); fewer heads were not measured."""
+still wins there (1.10-1.18x DEFAULT_CONFIG's speed, sparse_attention_h200.md); at 8 heads
+the two tie (1.00-1.02x, sparse_attention_auto_h200.md)."""
 FORMS = (*CONFIGS, WARP_SPECIALISED)
 """Every name ``config`` takes."""
 INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOCK_N=16)

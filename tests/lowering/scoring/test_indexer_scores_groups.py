@@ -153,8 +153,10 @@ def test_words_are_the_codes_high_words_and_select_as_the_codes(mask_name):
 def test_the_dense_path_selects_long_rows_from_words(monkeypatch):
     """``dense_codes_topk`` has the scorer write words (and maxima) for rows that take the threshold
     path, codes for short ones, and hands the scorer the mask's bounds, whose visible extents also
-    stop the compaction; its result is the codes' top-kk either way, under every mask kind (rows
-    that see nothing, a lone visible key after a hidden run, chunks of hidden keys only)."""
+    stop the compaction; its result is the codes' top-kk either way: on the threshold path under
+    every mask kind (rows that see nothing, a lone visible key after a hidden run, chunks of hidden
+    keys only), on the codes' path with and without a mask (the scorer's codes under every mask
+    kind: test_dense_codes_and_chunk_maxima_equal_the_key_list_kernel)."""
     from compiler.lowering import topk_pipeline
     q, k, w = inputs(4)
     calls = []
@@ -165,6 +167,8 @@ def test_the_dense_path_selects_long_rows_from_words(monkeypatch):
     for name, mask in masks().items():
         codes = score_dense(q, w, k, mask=mask)
         for kk, form in ((8, (True, True)), (100, (False, False))):  # 450 > 8 x 8 keys: threshold; 450 < 8 x 100: not
+            if kk == 100 and name not in ("none", "bool"):
+                continue
             calls.clear()
             got = topk_pipeline.dense_codes_topk(q, w.float(), k, mask, kk)
             assert calls == [(*form, mask is not None)], name

@@ -348,8 +348,8 @@ def test_compaction_stops_at_the_visible_extent(segments, tile):
     a partial last round, all N visible, an end past N), and where tau is above every hidden code it
     reads no position from the row's end on: a code planted there, against the contract, is not
     seen; where tau is a hidden code the whole row is read."""
-    R, N, kk = 7, 900, 12
-    ends = [0, 1, kk - 3, 333, 640, N, N + 50]
+    R, N, kk = 7, 300, 12  # rounds of 32 and 256 positions: N and the ends 111, 213 end inside one
+    ends = [0, 1, kk - 3, 111, 213, N, N + 50]
     words = rows_with_hidden_tails(R, N, ends, seed=segments)
     codes = threshold_select.codes_of_words(words)
     end_t = torch.tensor(ends, dtype=torch.int32)
