@@ -11,7 +11,8 @@ float (``matcher.scale_value``: ``dynamic=True`` traces a module's float as one;
 it is). Variant: the op form (``compiler.ops.attention.FORMS``), ``+gqa``, ``+mask``. A matched
 chain is closed (every interior node feeds only the next one). Near misses: dropout that may be
 active, a tensor scale, a softmax over another dim or dtype, operands that are not 4-D [B, H, S, D],
-k and v of different shapes."""
+k and v of different shapes. An attention whose mask depends on a top-K (a DSA layer's selection) is not
+a candidate: it is the sparse-attention family's, and Pulsar layouts do not run DSA models."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,11 +24,14 @@ import torch.fx as fx
 from compiler.ops.attention import SDPA_FORM
 from compiler.passes.base import PatternPass
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call,
-                                     may_be_equal, normalize_dim, op_kind, same_size, scale_value, scaled_scores,
+                                     may_be_equal, normalize_dim, op_kind, op_targets, same_size, scale_value,
+                                     scaled_scores,
                                      single_use, softmax_of, tensor_meta)
 
 KIND = "attention"
 OP = torch.ops.pulsar_dosa.attention.default
+_SELECTIONS = op_targets(torch.ops.pulsar_dosa.certified_topk, torch.ops.pulsar_dosa.capture_topk)
+"""The indexer ops that stand in for a DSA layer's top-K once its pass rewrote it."""
 
 
 @dataclass
@@ -67,11 +71,18 @@ def check_operands(q: Any, k: Any, v: Any) -> None:
         raise NearMiss("query heads are not a static multiple of key/value heads")
 
 
-def match_sdpa(node: fx.Node) -> AttentionMatch:
+def _not_a_selection(mask: Any, selected: set) -> None:
+    """NotCandidate when the mask depends on a top-K (``selected``: ``AttentionPass.analyse``)."""
+    if mask is not None and mask in selected:
+        raise NotCandidate
+
+
+def match_sdpa(node: fx.Node, selected: set = frozenset()) -> AttentionMatch:
     """``F.scaled_dot_product_attention`` with inactive dropout -> the op in sdpa form (arguments
-    given positionally or by keyword)."""
+    given positionally or by keyword); NotCandidate when its mask is in ``selected``."""
     q, k, v = arg(node, 0, "query"), arg(node, 1, "key"), arg(node, 2, "value")
     mask = arg(node, 3, "attn_mask")
+    _not_a_selection(mask, selected)
     dropout = arg(node, 4, "dropout_p", 0.0)
     is_causal = arg(node, 5, "is_causal", False)
     scale = arg(node, 6, "scale")
@@ -88,8 +99,9 @@ def match_sdpa(node: fx.Node) -> AttentionMatch:
     return AttentionMatch(node, q, k, v, mask, is_causal, scale, enable_gqa or folded, SDPA_FORM, repeats)
 
 
-def match_eager(anchor: fx.Node) -> Optional[AttentionMatch]:
-    """``matmul(softmax(...), v)`` -> the op in an eager form; None when no softmax feeds it."""
+def match_eager(anchor: fx.Node, selected: set = frozenset()) -> Optional[AttentionMatch]:
+    """``matmul(softmax(...), v)`` -> the op in an eager form; None when no softmax feeds it;
+    NotCandidate when its added mask is in ``selected``."""
     probs, v = anchor.args[0], anchor.args[1]
     softmax, chain = softmax_of(probs)
     if softmax is None:
@@ -107,6 +119,7 @@ def match_eager(anchor: fx.Node) -> Optional[AttentionMatch]:
         scores, mask = (left, right) if op_kind(left) in ("mul", "div", "matmul") else (right, left)
         if not isinstance(mask, fx.Node):
             raise NearMiss("the added mask is not a tensor")
+        _not_a_selection(mask, selected)
     product, scale, divides = scaled_scores(scores)
     if product is not scores:
         chain.append(scores)
@@ -150,10 +163,20 @@ class AttentionPass(PatternPass):
         return [n for n in graph.nodes if (n.op == "call_function" and n.target in SDPA_TARGETS)
                 or op_kind(n) == "matmul"]
 
+    def analyse(self, graph, anchors):
+        """The nodes that depend on a top-K (forward closure of every ``topk`` and indexer op)."""
+        selected, frontier = set(), [n for n in graph.nodes if op_kind(n) == "topk" or n.target in _SELECTIONS]
+        while frontier:
+            node = frontier.pop()
+            if node not in selected:
+                selected.add(node)
+                frontier.extend(node.users)
+        return selected
+
     def match(self, node, analysis):
         if node.op == "call_function" and node.target in SDPA_TARGETS:
-            return match_sdpa(node)
-        found = match_eager(node)
+            return match_sdpa(node, analysis)
+        found = match_eager(node, analysis)
         if found is None:
             raise NotCandidate
         return found

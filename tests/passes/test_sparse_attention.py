@@ -132,13 +132,29 @@ def test_with_or_without_the_indexer_rewrite(passes):
     torch.testing.assert_close(report.output.logits, want, rtol=0, atol=ATOL)
 
 
-def test_without_the_pass_mla_attention_stays_a_pulsar_near_miss():
+@pytest.mark.parametrize("passes", [["dsa_indexer", "attention"], ["attention"]])
+def test_a_dsa_selections_attention_is_never_the_pulsar_attention_op(passes):
+    """Without the sparse-attention pass (or where it keeps the stock form) the attention that reads a
+    DSA selection stays as the model wrote it, whether the indexer was rewritten or not: Pulsar
+    layouts do not run DSA models, and the op would only add its per-call cost."""
     model = build_model(tiny_config(layers=1, dense_layers=1), torch.float32)
-    report = compiler.explain(model, _ids(1, 24), use_cache=False,
-                              options={**EAGER, "passes": ["dsa_indexer", "attention"]})
+    report = compiler.explain(model, _ids(1, 24), use_cache=False, options={**EAGER, "passes": passes})
     assert not _sparse(report)
-    assert [m.kind for m in report.near_misses] == ["attention"]
-    assert "different shapes" in report.near_misses[0].reason
+    assert not [r for r in report.rewrites if r.kind == "attention"]
+    assert not [m for m in report.near_misses if m.kind == "attention"]
+
+
+def test_a_decode_step_kept_stock_adds_no_attention_op():
+    from transformers import DynamicCache
+
+    model = build_model(tiny_config(layers=2, dense_layers=2), torch.float32)
+    ids = _ids(1, 40, seed=3)
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        step = model(ids, past_key_values=cache).logits[:, -1:].argmax(-1)
+    report = compiler.explain(model, step, past_key_values=cache, options={"stock_below": 1 << 40})
+    assert [m.kind for m in report.near_misses].count("sparse_attention") == 2  # kept stock
+    assert not report.rewrites
 
 
 def test_glm_shared_indexer_layers_reuse_the_previous_selection():
