@@ -39,8 +39,8 @@ def test_the_readme_states_the_tie_rule_and_cites_a_test_that_keeps_ties_out():
 
 
 RESULTS = ROOT / "benchmarks" / "results"
-RESULT_FILE = re.compile(r"\b([a-z0-9_]+_(?:h200|cpu))\.(?:json|md|png)\b")
-RESULT_NAME = re.compile(r"`([a-z0-9_]+_(?:h200|cpu))(?:\.(?:json|md|png))?`")
+RESULT_FILE = re.compile(r"\b([a-z0-9_]+_(?:h100|h200|cpu))\.(?:json|md|png)\b")
+RESULT_NAME = re.compile(r"`([a-z0-9_]+_(?:h100|h200|cpu))(?:\.(?:json|md|png))?`")
 
 
 def test_every_cited_results_file_exists_and_the_index_names_every_one():
