@@ -13,8 +13,9 @@ the pruned share of the screened keys, the mean survival per query m, the thresh
 the queries redone densely, and the time split from CUDA events between the pipeline's stages (seeds,
 plan, screen, refine, select, redo); at the budget ``profile_r`` without witnesses, the costliest kernels
 of one call (torch profiler) and the device time of a call replayed from a CUDA graph (``graph_ms``: no
-host time; the dense row has it too), and the same budget with survivor lists shared by the ``refine_queries``
-queries of a scorer tile (the union of their survivors, ``compiler.lowering.defaults.REFINE_QUERIES``). Then the plan's choice (``compiler.plan.choice.choose_layer`` on
+host time; the dense row has it too), and the same budget with survivor lists of each other count of
+queries in ``refine_queries`` (``compiler.lowering.defaults.REFINE_QUERIES``: the union of the list's
+queries' survivors; 1: a query's own). Then the plan's choice (``compiler.plan.choice.choose_layer`` on
 the measured rows, designed for the same call) and the op with those settings through the runtime
 guard, timed after its warm-up calls; the layers' choices form a plan (written beside ``--out``). With
 ``--prefill T``: the model's prefill of T tokens as ``generate`` runs it, compiled with that plan, with
@@ -23,6 +24,7 @@ every indexer dense and with the defaults. JSON after every layer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 
@@ -43,9 +45,11 @@ from runtime.dsa_forward import dsa_forward, indexer_qkw
 from runtime.indexer_zoo import HELD_OUT_TOKENS, TRAINED_MODEL
 
 FULL = {"S": 4096, "T": [32768, 65536, 131072], "topk": 2048, "rs": [7, 15, 31], "reps": 5, "gap_queries": 64,
-        "profile_r": 15, "refine_queries": [2, 4]}
+        "profile_r": 15, "refine_queries": [1, 2, 4]}
+"""The sizes; the certified rows refine lists of the runtime's ``REFINE_QUERIES`` queries, the
+``refine_queries`` rows lists of each other count (1: each query's own survivors)."""
 SMOKE = {"S": 8, "T": [256], "topk": 16, "rs": [7], "reps": 1, "gap_queries": 4, "profile_r": 7,
-         "refine_queries": [2]}
+         "refine_queries": [1]}
 STAGES = ("seeds", "plan", "screen", "refine", "select", "redo")
 
 
@@ -115,14 +119,20 @@ def certified_row(q, k, w, mask, kk, config, dense, reps, device):
             "keys_screened": summary["keys_screened"], "queries": summary["queries"], "tau": tr.tau}
 
 
-def layer_rows(layer, q, k, w, mask, sizes, device):
-    """Every row of one layer at one T: dense, certified per (r, witnesses), the plan and its op."""
-    S, T, kk = q.shape[1], k.shape[1], min(sizes["topk"], k.shape[1])
-    dense_call = lambda: dense_topk_cuda(q, k, w, kk, mask)  # noqa: E731
-    dense = harness.measure(dense_call, device, sizes["reps"])
-    tau_star = dense.out[0][..., -1]
-    rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3),
-             "graph_ms": harness.graph_ms(dense_call, device)}]
+@contextlib.contextmanager
+def refine_lists(queries: int):
+    """``compiler.lowering.defaults.REFINE_QUERIES`` set to ``queries`` inside the block."""
+    kept, lowering_defaults.REFINE_QUERIES = lowering_defaults.REFINE_QUERIES, queries
+    try:
+        yield
+    finally:
+        lowering_defaults.REFINE_QUERIES = kept
+
+
+def budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows) -> list[CandidateMeasurement]:
+    """The certified rows at every budget with and without witnesses (appended to ``rows``); the
+    measurements with the runtime's witnesses setting as the plan's candidates."""
+    S, T = q.shape[1], k.shape[1]
     candidates = []
     for witnesses in (False, True):
         for r in sizes["rs"]:
@@ -137,19 +147,30 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
                 row["kernels"] = harness.kernel_breakdown(call, top=14) if torch.device(device).type == "cuda" else None
             rows.append({"layer": layer, "T": T, "S": S, "variant": f"r={r}" + (" +witnesses" if witnesses else ""),
                          "r": r, "witnesses": witnesses, **row})
-            if witnesses is False:
+            if witnesses == CertifiedTopkConfig().witnesses:
                 candidates.append(CandidateMeasurement(
                     r=r, survival=1.0 - row["pruned"], redo_frac=row["redo"], ms=row["ms"], queries=row["queries"],
                     certified_queries=row["queries"], keys_screened=row["keys_screened"],
                     survivors=round((1.0 - row["pruned"]) * row["keys_screened"]), fallbacks={}))
             print(rows[-1], flush=True)
-    for G in sizes["refine_queries"]:  # survivor lists shared by G queries (their union) at the profiled budget
+    return candidates
+
+
+def layer_rows(layer, q, k, w, mask, sizes, device):
+    """Every row of one layer at one T: dense, certified per (r, witnesses), the plan and its op."""
+    S, T, kk = q.shape[1], k.shape[1], min(sizes["topk"], k.shape[1])
+    dense_call = lambda: dense_topk_cuda(q, k, w, kk, mask)  # noqa: E731
+    dense = harness.measure(dense_call, device, sizes["reps"])
+    tau_star = dense.out[0][..., -1]
+    rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3),
+             "graph_ms": harness.graph_ms(dense_call, device)}]
+    candidates = budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows)
+    for G in sizes["refine_queries"]:  # survivor lists of G queries (their union) other than the runtime's
+        if G == lowering_defaults.REFINE_QUERIES:
+            continue
         config = CertifiedTopkConfig(r=sizes["profile_r"], witnesses=False, path="certified")
-        kept, lowering_defaults.REFINE_QUERIES = lowering_defaults.REFINE_QUERIES, G
-        try:
+        with refine_lists(G):
             row = certified_row(q, k, w, mask, kk, config, dense.out, sizes["reps"], device)
-        finally:
-            lowering_defaults.REFINE_QUERIES = kept
         row.pop("tau")
         row["x_dense"] = round(row["ms"] / dense.ms, 3)
         rows.append({"layer": layer, "T": T, "S": S, "variant": f"r={sizes['profile_r']} lists of {G}",

@@ -157,24 +157,25 @@ def test_own_sample_threshold_prunes_misaligned_queries_and_a_too_high_one_is_re
     assert (fallbacks["threshold_miss"] > 0) == (sigmas < 0)
 
 
-@pytest.mark.parametrize("witnesses", [False, True])
-def test_without_witnesses_no_anchor_is_scored_and_each_query_refines_its_own_list(witnesses, misaligned_runs,
-                                                                                   monkeypatch):
+@pytest.mark.parametrize("witnesses, list_queries", [(False, 1), (True, 1), (False, 4)])
+def test_without_witnesses_no_anchor_is_scored_and_lists_serve_their_queries(witnesses, list_queries,
+                                                                               misaligned_runs, monkeypatch):
     """The sample alone sets the threshold: the pipeline scores no anchor query densely (with
-    witnesses it scores one per group), each query's survivors form its own list, and the output is
-    the dense one, bitwise."""
+    witnesses it scores one per group); each list holds the survivors of REFINE_QUERIES queries
+    (one: each query's own), and the output is the dense one, bitwise."""
     from compiler.lowering import topk_pipeline
 
     q, k, w, mask, dense = misaligned_runs
     anchors = []
     real = topk_pipeline.dense_codes_topk
     monkeypatch.setattr(topk_pipeline, "dense_codes_topk", lambda *a, **kw: anchors.append(a[0].shape) or real(*a, **kw))
+    monkeypatch.setattr(defaults, "REFINE_QUERIES", list_queries)
     trace = []
     config = CertifiedTopkConfig(witnesses=witnesses, sample_keys=64)
     assert_same(certified_topk_cuda(q, k, w, 32, mask, config=config, trace=trace), dense)
     assert len(anchors) == int(witnesses)
-    assert trace[0].list_queries == 1 and trace[0].list_count.shape == (1, q.shape[1])
-    assert (trace[0].list_count < 0.5 * k.shape[1]).all()  # every query pruned
+    assert trace[0].list_queries == list_queries and trace[0].list_count.shape == (1, q.shape[1] // list_queries)
+    assert (trace[0].list_count < 0.5 * k.shape[1]).all()  # every list pruned
 
 
 def test_screen_keeps_every_key_scoring_at_least_tau(structured_16, structured_16_calls):
