@@ -36,7 +36,7 @@ from benchmarks import harness
 import compiler  # noqa: F401  (registers torch.ops.pulsar_dosa.certified_topk)
 from compiler.cost_model import constants_for
 from compiler.lowering import defaults as lowering_defaults
-from compiler.lowering.topk_pipeline import checked_certified_topk_cuda, dense_topk_cuda
+from compiler.lowering.topk_pipeline import checked_certified_topk_cuda, dense_topk_cuda, refine_queries
 from compiler.ops.guard import GUARD
 from compiler.plan.choice import choose_layer
 from compiler.plan.schema import CandidateMeasurement, LayerPlan, Plan, save_plan
@@ -49,7 +49,7 @@ FULL = {"S": 4096, "T": [32768, 65536, 131072], "topk": 2048, "rs": [7, 15, 31],
 """The sizes; the certified rows refine lists of the runtime's ``REFINE_QUERIES`` queries, the
 ``refine_queries`` rows lists of each other count (1: each query's own survivors)."""
 SMOKE = {"S": 8, "T": [256], "topk": 16, "rs": [7], "reps": 1, "gap_queries": 4, "profile_r": 7,
-         "refine_queries": [1]}
+         "refine_queries": [1, 2]}
 STAGES = ("seeds", "plan", "screen", "refine", "select", "redo")
 
 
@@ -166,7 +166,7 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
              "graph_ms": harness.graph_ms(dense_call, device)}]
     candidates = budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows)
     for G in sizes["refine_queries"]:  # survivor lists of G queries (their union) other than the runtime's
-        if G == lowering_defaults.REFINE_QUERIES:
+        if G == refine_queries(q.shape[2]):
             continue
         config = CertifiedTopkConfig(r=sizes["profile_r"], witnesses=False, path="certified")
         with refine_lists(G):

@@ -288,6 +288,12 @@ class CertifiedTrace:
     plan: ScreenPlan | None
 
 
+def refine_queries(H: int) -> int:
+    """Queries sharing a survivor list and a refine program: defaults.REFINE_QUERIES, or the scorer
+    tile's (``score_tile_shape``) where it is None."""
+    return score_tile_shape(H)[0] if defaults.REFINE_QUERIES is None else defaults.REFINE_QUERIES
+
+
 def survivor_cap(T: int, kk: int, workspace_frac: float) -> int:
     """Slots of a query's survivor list: kk + floor(workspace_frac * T) in whole 128s, at most T. A
     query with more survivors has overflowed, and its refine scores every key."""
@@ -300,7 +306,7 @@ def _no_mark(stage: str) -> None:
 
 def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None, k_scale=None, mark=_no_mark):
     """Seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, b), ids [B,L,cap] the
-    survivors of each group of defaults.REFINE_QUERIES queries (a key survives for any of them), b the
+    survivors of each group of ``refine_queries(H)`` queries (a key survives for any of them), b the
     shared bound [B,S] (None without ``shared_bound``).
     ``screen_config``: the screen's LaunchConfig, None to let ``screen`` choose it. ``k_scale``: the
     FP8 scorer's key scales. ``mark(stage)`` is called once each stage's work is queued."""
@@ -336,7 +342,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_boun
     tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
     mark("plan")
     cap = survivor_cap(T, kk, config.workspace_frac)
-    G = defaults.REFINE_QUERIES
+    G = refine_queries(H)
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
                              lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap, config=screen_config,
                              k_scale=k_scale)
@@ -385,9 +391,9 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     cand_cap = min(cap, defaults.CERTIFIED_BUFFER_K * kk)
     cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
+    G = refine_queries(q.shape[2])
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
-               out_count=cand_count, splits=key_splits(B * ids.shape[1], cap), k_scale=k_scale,
-               block_s=defaults.REFINE_QUERIES)
+               out_count=cand_count, splits=key_splits(B * ids.shape[1], cap), k_scale=k_scale, block_s=G)
     mark("refine")
     codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True,
                            ordered=ordered).view(B, S, kk)
@@ -399,7 +405,7 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     if shared is not None:  # tau is the finite shared bound: kk keys held elsewhere reach it
         short = (cand_count < kk) & (tau == shared) & torch.isfinite(tau)
     redo = (cand_count > cand_cap) | ((cand_count < kk) & ~short)
-    return codes, CertifiedTrace(tau, list_count, cand_count, redo, short, kk, cap, defaults.REFINE_QUERIES, plan)
+    return codes, CertifiedTrace(tau, list_count, cand_count, redo, short, kk, cap, G, plan)
 
 
 def redo_slots(B: int, S: int, T: int, H: int) -> int:
@@ -478,7 +484,7 @@ def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: Cer
         cap = survivor_cap(T, kk, config.workspace_frac)
         seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
         total += (dense_chunk + 8 * B * S * seeds + 2 * defaults.PLAN_CHUNK_BYTES + B * S * 16 * (2 * D + 12)
-                  + 4 * B * triton.cdiv(S, defaults.REFINE_QUERIES) * cap
+                  + 4 * B * triton.cdiv(S, refine_queries(H)) * cap
                   + 8 * B * S * min(cap, defaults.CERTIFIED_BUFFER_K * kk)
                   + 2 * defaults.REDO_BUFFER_BYTES)
     return total

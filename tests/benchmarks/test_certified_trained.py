@@ -11,7 +11,7 @@ def test_a_tiny_run_writes_exact_rows_the_time_split_and_a_plan(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert rows == json.loads(json.dumps(doc["rows"]))
     variants = [r["variant"] for r in rows]
-    assert variants == ["dense", "r=7", "r=7 +witnesses", "r=7 lists of 1", "plan"]
+    assert variants == ["dense", "r=7", "r=7 +witnesses", "r=7 lists of 2", "plan"]
     certified = [r for r in rows if r["variant"].startswith("r=")]
     assert all(r["identical"] for r in certified + rows[-1:])
     for r in certified:
