@@ -34,8 +34,8 @@ them on its other kinds (the op runs ``default_configs``' first),
 ``union`` (``pulsar_dosa.sparse_attention``'s kernels on the expanded keys and values) and
 ``masked_sdpa`` (what transformers runs: index mask, combined mask, SDPA over all T keys; timed
 once per case, its work does not depend on the selection), and where the compile-time form is
-"auto" (prefill), ``auto``: the op's per-call choice (``latent_attention``, its pick in
-``auto_form``, its site the kind: measured on its first call, then from its own earlier
+"auto" (prefill), ``auto``: the op's CUDA kernel choosing per call (``compiler.ops.sparse_form``,
+its pick in ``auto_form``, its site the kind: measured on its first call, then from its own earlier
 measurements) and ``union:latent``: the union form as that op runs it, the
 latent's expansion included; there ``regret`` is auto's time over the fastest absorbed
 configuration's or union:latent's. ``tflops`` is the absorbed form's 2·B·S·H·K·(Dc + Dr + Dc) FLOPs
@@ -64,11 +64,12 @@ import triton
 
 import benchmarks.indexer_graphs as graphs
 from compiler.lowering.attention.absorbed_attention import DEFAULT_CONFIG, FORMS, absorbed_sparse_attention_triton
-from compiler.lowering.attention.latent_attention import choose_form, expand_latent, latent_sparse_attention
 from compiler.lowering.attention.selection_overlap import union_ratio
 from compiler.lowering.attention.sparse_attention import sparse_attention_triton, tile_rows
+from compiler.ops.absorbed_sparse_attention import absorbed_sparse_attention_cuda
+from compiler.ops.sparse_form import choose_form
 from compiler.policy import sparse_attention_form
-from runtime.absorbed_attention import absorbed_sparse_attention, head_weights
+from runtime.absorbed_attention import absorbed_sparse_attention, expand_latent, head_weights
 
 DIMS = dict(nope=128, rope=64, v=128, latent=512, topk=2048)
 SMOKE_DIMS = dict(nope=16, rope=16, v=16, latent=32, topk=32)
@@ -292,8 +293,8 @@ def run_case(case, kinds, args, device, dims, emit):
                 found[0]["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         if chosen == "auto":
             auto_form, reason = choose_form(q, latent, rope_key, weight, indices, mask, site=kind)
-            record("auto", lambda: latent_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=scale,
-                                                           distinct=distinct, form="auto", site=kind),
+            record("auto", lambda: absorbed_sparse_attention_cuda(q, latent, rope_key, weight, indices, mask, scale,
+                                                                  "zero", distinct, "auto", kind),
                    auto_form=auto_form, auto_reason=reason)
         if kv is None:
             found.append({**base, "method": "union", "error": "skipped: the expanded keys and values "

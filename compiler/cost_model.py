@@ -12,8 +12,10 @@ and never correctness: the certified path is exact whatever they say.
 
 The DSA sparse attention of an MLA layer has two forms with the same result (``AttentionConstants``):
 ``absorbed_attention_time`` (its work fixed by the selection width) and ``union_attention_time``
-(its work following the mean union of a tile's selections, ``union_ratio``). ``compiler.policy``
-compares them at call time."""
+(its work following the mean union of a tile's selections, ``union_ratio``): ``compiler.ops.sparse_form``
+compares them at call time (``union_ratio_crossover``); where a call cannot measure its selections,
+``shape_form`` decides on the head count alone (compile time under CUDA graphs, and a call made while
+one is captured)."""
 from __future__ import annotations
 
 import dataclasses
@@ -420,3 +422,13 @@ def union_ratio_crossover(batch: int, queries: int, topk: int, heads: int, warp_
     at_zero = union_attention_time(batch, queries, topk, heads, 0.0, c, expand=expand, element_bytes=element_bytes)
     slope = batch * queries * topk * (heads * c.union_s + c.union_key_s)
     return (absorbed - at_zero) / slope if slope else -math.inf
+
+
+def shape_form(heads: int) -> tuple[str, str]:
+    """``(form, reason)`` of an MLA layer's DSA sparse attention on the head count alone, where a
+    call cannot measure its selections: absorbed from ``defaults.ABSORBED_MIN_HEADS`` heads, union
+    below."""
+    if heads >= defaults.ABSORBED_MIN_HEADS:
+        return "absorbed", (f"{heads} heads (>= {defaults.ABSORBED_MIN_HEADS}) fill the absorbed products' rows; "
+                            "its time does not depend on how the selections overlap")
+    return "union", f"{heads} heads (< {defaults.ABSORBED_MIN_HEADS}) would pad the absorbed products' rows"
