@@ -28,8 +28,9 @@ import numpy as np
 
 from benchmarks import harness
 from compiler import cost_model
-from compiler.cost_model import ABSORBED_BLOCK_HEADS, H200_ATTENTION, AttentionConstants
+from compiler.cost_model import H200_ATTENTION, AttentionConstants
 from compiler.lowering.attention.absorbed_attention import DEFAULT_CONFIG, WARP_SPECIALISED, WARP_SPECIALISED_MIN_HEADS
+from compiler.lowering.defaults import ABSORBED_BLOCK_HEADS
 
 DIMS = (512, 128, 64, 128)
 """(Dc, Dn, Dr, Dv) of ``sparse_attention.py``'s MLA shape."""

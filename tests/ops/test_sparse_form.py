@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from compiler.cost_model import absorbed_attention_time, union_attention_time, union_ratio_crossover
-from compiler.defaults import ABSORBED_MIN_HEADS
+from compiler.lowering.defaults import ABSORBED_BLOCK_HEADS
 from compiler.ops.absorbed_sparse_attention import absorbed_sparse_attention_cuda
 from compiler.ops.sparse_form import call_sparse_form, choose_form
 from runtime.absorbed_attention import absorbed_sparse_attention
@@ -59,8 +59,8 @@ def test_bounds_decide_without_measuring():
 
 def test_without_memory_or_while_capturing():
     assert choose(16, 16384, fits=False)[::2] == ("absorbed", 0)
-    assert choose(ABSORBED_MIN_HEADS, 32768, may_measure=False)[::2] == ("absorbed", 0)
-    assert choose(ABSORBED_MIN_HEADS - 1, 32768, may_measure=False)[::2] == ("union", 0)
+    assert choose(ABSORBED_BLOCK_HEADS, 32768, may_measure=False)[::2] == ("absorbed", 0)
+    assert choose(ABSORBED_BLOCK_HEADS - 1, 32768, may_measure=False)[::2] == ("union", 0)
 
 
 def test_the_cost_model_refuses_bad_sizes():
