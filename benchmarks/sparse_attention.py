@@ -28,7 +28,7 @@ within its visible keys; a row with at most 2048 visible keys selects keys 0..20
   or a dict with ``indices`` and optionally ``T``), e.g. a trained model's selections.
 
 Methods, timed by CUDA events (median): ``absorbed:<config>`` for every form of
-``compiler.lowering.attention.absorbed_attention.FORMS`` (its Triton launch configurations and
+``compiler.lowering.attention.absorbed_attention.CONFIG_NAMES`` (its Triton launch configurations and
 the Gluon warp-specialised kernel, ``ws``) on a case's first kind and the fastest of
 them on its other kinds (the op runs ``default_configs``' first),
 ``union`` (``pulsar_dosa.sparse_attention``'s kernels on the expanded keys and values) and
@@ -63,7 +63,7 @@ import torch.nn.functional as F
 import triton
 
 import benchmarks.indexer_graphs as graphs
-from compiler.lowering.attention.absorbed_attention import DEFAULT_CONFIG, FORMS, absorbed_sparse_attention_triton
+from compiler.lowering.attention.absorbed_attention import CONFIG_NAMES, DEFAULT_CONFIG, absorbed_sparse_attention_triton
 from compiler.lowering.attention.selection_overlap import union_ratio
 from compiler.lowering.attention.sparse_attention import sparse_attention_triton, tile_rows
 from compiler.ops.absorbed_sparse_attention import absorbed_sparse_attention_cuda
@@ -251,7 +251,7 @@ def run_case(case, kinds, args, device, dims, emit):
     b, s, t, heads = case["B"], case["S"], case["T"], case["heads"]
     q, latent, rope_key, weight, scale = mla_inputs(b, s, t, heads, dims, device, torch.bfloat16, seed=s + t)
     mask = causal_mask(s, t, device) if s > 1 else None
-    configs = [DEFAULT_CONFIG] if args.smoke else list(FORMS)
+    configs = [DEFAULT_CONFIG] if args.smoke else list(CONFIG_NAMES)
     expanded_bytes = 2 * b * heads * t * (dims["nope"] + dims["rope"] + dims["v"])
     kv = expanded_kv(latent, rope_key, weight, heads, dims["nope"]) if fits(2 * expanded_bytes, device) else None
     sdpa_bytes = 3 * b * s * t  # index mask, combined mask, their inversion

@@ -40,14 +40,15 @@ from runtime.absorbed_attention import absorbed_sparse_attention as reference_ab
 from runtime.absorbed_attention import check_absorbed_devices, check_absorbed_inputs
 
 
-FORMS = ("absorbed", "auto")
-"""What ``form`` takes."""
+FORM_ARGUMENTS = ("absorbed", "auto")
+"""What the op's ``form`` argument takes: "absorbed" (decided at compile time), or "auto" (decided per
+call, ``compiler.ops.sparse_form``)."""
 
 
 def check_form(form) -> None:
-    """ValueError naming ``form`` unless it is one of FORMS."""
-    if form not in FORMS:
-        raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
+    """ValueError naming ``form`` unless it is one of FORM_ARGUMENTS."""
+    if form not in FORM_ARGUMENTS:
+        raise ValueError(f"form must be one of {list(FORM_ARGUMENTS)}, got {form!r}")
 
 
 SCHEMA = ("(Tensor q, Tensor latent, Tensor rope_key, Tensor kv_b_weight, Tensor indices, Tensor? mask, Scalar scale, "
