@@ -34,8 +34,8 @@ from typing import Optional
 
 import torch
 
-from compiler.ops.sparse_attention import _refuse_pulsar_layout
-from runtime.sparse_attention import check_scale
+from compiler.ops.union_sparse_attention import _refuse_pulsar_layout
+from runtime.union_attention import check_scale
 from runtime.absorbed_attention import absorbed_sparse_attention as reference_absorbed_sparse_attention
 from runtime.absorbed_attention import check_absorbed_devices, check_absorbed_inputs
 

@@ -24,7 +24,7 @@ except ModuleNotFoundError as error:  # no triton (declared for Linux only): the
     if error.name != "triton":
         raise
 from runtime.attention_layout import active_layout
-from runtime.sparse_attention import check_on_q_device
+from runtime.union_attention import check_on_q_device
 
 SDPA_FORM = "sdpa"
 EAGER_FORMS = ("eager_mul", "eager_div", "eager_mul_softmax_fp32", "eager_div_softmax_fp32")

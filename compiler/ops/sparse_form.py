@@ -28,7 +28,7 @@ from compiler.autotune import length_bucket
 from compiler.cost_model import shape_form, union_ratio_crossover
 from compiler.lowering.attention.latent_attention import union_bytes, warp_specialised
 from compiler.lowering.attention.selection_overlap import union_ratio
-from compiler.lowering.attention.sparse_attention import tile_rows
+from compiler.lowering.attention.union_attention import tile_rows
 from runtime.absorbed_attention import absorbed_dims
 
 __all__ = ["OverlapRecords", "RECORDS", "call_sparse_form", "choose_form", "picks"]

@@ -1,7 +1,7 @@
 """The sparse_attention pass in MLA's absorbed form: the spellings of kv_b_proj's expansion are
 recognised, and where k and v are not one, the union op runs and a near miss says why the
 absorbed form was not taken; the form decision. (Both DSA models, sdpa and eager, padded batches,
-a cache, decode, in either form: tests/test_sparse_attention_pass.py.)"""
+a cache, decode, in either form: tests/passes/test_dsa_sparse_attention.py.)"""
 import pytest
 import torch
 import torch.nn.functional as F

@@ -8,7 +8,7 @@ give it to rounding.
 
 ``latent_sparse_attention`` runs ``absorbed_attention``, or with ``union`` the union form: the
 latent expanded the way transformers does (k = [latent W_UKᵀ, rope_key], v = latent W_UVᵀ, per
-head, from the weight the call receives), then ``sparse_attention``'s kernels on it. For the
+head, from the weight the call receives), then ``union_attention``'s kernels on it. For the
 op's choice between them (``compiler.ops.sparse_form``): ``warp_specialised`` says which absorbed
 kernel a call would run, ``union_bytes`` what the union form allocates. Nothing here decides.
 """
@@ -21,7 +21,7 @@ import torch
 from compiler.autotune import interpreter_active
 from compiler.lowering.attention import absorbed_attention
 from compiler.lowering.attention.absorbed_attention import WARP_SPECIALISED_MIN_HEADS, absorbed_sparse_attention_triton
-from compiler.lowering.attention.sparse_attention import sparse_attention_triton, workspace_bytes
+from compiler.lowering.attention.union_attention import sparse_attention_triton, workspace_bytes
 from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs, expand_latent
 
 

@@ -3,11 +3,11 @@ today's union op and transformers' masked SDPA, with errors checked in the same 
 
 Run on one CUDA GPU from the repository root (about 3 minutes on an H200, ``--budget-s`` bounds it):
 
-    PYTHONPATH=. python3 benchmarks/sparse_attention.py --out benchmarks/results/sparse_attention_h200.json
+    PYTHONPATH=. python3 benchmarks/sparse_attention_forms.py --out benchmarks/results/sparse_attention_h200.json
 
 and on the CPU, tiny, under the Triton interpreter (checks that the script works):
 
-    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/sparse_attention.py --smoke --out /tmp/sparse_smoke.json
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/sparse_attention_forms.py --smoke --out /tmp/sparse_smoke.json
 
 Shape: an MLA layer with latent Dc = 512 (kv_lora after its norm), rope key Dr = 64, q/k nope 128,
 v 128, H heads (128 and 16), top-K 2048, bf16, random weights; the keys and values of the union op
@@ -65,7 +65,7 @@ import triton
 import benchmarks.indexer_graphs as graphs
 from compiler.lowering.attention.absorbed_attention import CONFIG_NAMES, DEFAULT_CONFIG, absorbed_sparse_attention_triton
 from compiler.lowering.attention.selection_overlap import union_ratio
-from compiler.lowering.attention.sparse_attention import sparse_attention_triton, tile_rows
+from compiler.lowering.attention.union_attention import sparse_attention_triton, tile_rows
 from compiler.ops.absorbed_sparse_attention import absorbed_sparse_attention_cuda
 from compiler.ops.sparse_form import choose_form
 from compiler.policy import sparse_attention_form
