@@ -27,10 +27,11 @@ import torch
 from benchmarks import harness
 from compiler.lowering import defaults
 from compiler.autotune import LaunchConfig
+from compiler.lowering.order_codes import codes_of_words, decode_codes
 from compiler.lowering.scoring import indexer_scores as scorer
 from compiler.lowering.topk_pipeline import (_all_keys, certified_topk_cuda, dense_codes,
                                                      dense_chunk_rows, dense_topk_cuda, scorer_chunks)
-from compiler.lowering.selection.threshold_select import codes_of_words, top_codes
+from compiler.lowering.selection.threshold_select import top_codes
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from compiler.lowering.scoring.fp8_quant import quantize_rows
 from runtime.fp8_quant import quantize_indexer_inputs
@@ -141,7 +142,7 @@ def sweep(emit, S=4096, T=131072):
     mask = causal_chunk_mask(S, T)
     flops = 2 * S * T * H * D
     default = (defaults.SCORER_CONFIG, defaults.PRODUCT_COLUMNS)
-    base = scorer.decode_codes(all_codes(q, w, k), T)[0]
+    base = decode_codes(all_codes(q, w, k), T)[0]
     bound = (w.abs()[0, :64, :, None] * torch.einsum("shd,td->sht", q[0, :64].float().abs(), k[0].float().abs())).sum(1)
     rows = torch.randperm(S, device=DEVICE)[:64].sort().values
     for config, columns in FORMS:
@@ -149,7 +150,7 @@ def sweep(emit, S=4096, T=131072):
         row = {"kind": "scorer_form", "form": label, "S": S, "T": T}
         try:
             codes = all_codes(q, w, k)
-            values = scorer.decode_codes(codes, T)[0]
+            values = decode_codes(codes, T)[0]
             row["max_rel_err_vs_base"] = float(((values[0, :64] - base[0, :64]).abs() / bound).max())
             listed = listed_codes(q, w, k, rows=rows)
             row["row_list_bitwise"] = bool(torch.equal(listed[0], codes[0, rows]))
@@ -192,7 +193,7 @@ def sweep(emit, S=4096, T=131072):
             codes = all_codes(q32, w, k32)
             listed = listed_codes(q32, w, k32, rows=rows)
             row["row_list_bitwise"] = bool(torch.equal(listed[0], codes[0, rows]))
-            v32 = scorer.decode_codes(codes[:, :64], T)[0]
+            v32 = decode_codes(codes[:, :64], T)[0]
             row["max_rel_err_vs_fp64"] = float(((v32[0] - exact).abs() / bound).max())
             del codes, listed
             row["masked_ms"] = round(timed(lambda: all_codes(q32, w, k32, mask)), 3)
@@ -307,7 +308,7 @@ def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=
             op = lambda: torch.ops.pulsar_dosa.certified_topk(q, k, w, TOPK, None, layer=f"decode{B}", r=1,
                                                               min_keys=PLAN_CROSSOVER, path="auto")
             got = op()
-            want = scorer.decode_codes(torch.topk(all_codes(q, w, k), kk, dim=-1).values, T)
+            want = decode_codes(torch.topk(all_codes(q, w, k), kk, dim=-1).values, T)
             stock = lambda: stock_decode_topk(q, k, w, kk)
             stock_same, _ = row_overlap(stock(), got[1], T)
             row = {"S": 1, "B": B, "T": T, "H": H, "D": D, "topk": TOPK, "method": "decode",

@@ -1,5 +1,5 @@
 """Fit the cost model's sparse-attention constants (``cost_model.AttentionConstants``) to a
-``sparse_attention.py`` run, offline, and replay the per-call choice on its rows.
+``sparse_attention_forms.py`` run, offline, and replay the per-call choice on its rows.
 
     python3 benchmarks/fit_attention_cost.py --results benchmarks/results/sparse_attention_auto_h200.json \
         --out benchmarks/results/fit_attention_cost_h200.json
@@ -28,11 +28,12 @@ import numpy as np
 
 from benchmarks import harness
 from compiler import cost_model
-from compiler.cost_model import ABSORBED_BLOCK_HEADS, H200_ATTENTION, AttentionConstants
+from compiler.cost_model import H200_ATTENTION, AttentionConstants
 from compiler.lowering.attention.absorbed_attention import DEFAULT_CONFIG, WARP_SPECIALISED, WARP_SPECIALISED_MIN_HEADS
+from compiler.lowering.defaults import ABSORBED_BLOCK_HEADS
 
 DIMS = (512, 128, 64, 128)
-"""(Dc, Dn, Dr, Dv) of ``sparse_attention.py``'s MLA shape."""
+"""(Dc, Dn, Dr, Dv) of ``sparse_attention_forms.py``'s MLA shape."""
 _FLOOR = 1e-15
 """A fitted term dropped as negative keeps this value (the constants must be positive)."""
 
@@ -140,7 +141,7 @@ def summary(report: dict, fitted: AttentionConstants, picks: dict[str, list[dict
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", required=True, help="a sparse_attention.py results JSON")
+    p.add_argument("--results", required=True, help="a sparse_attention_forms.py results JSON")
     p.add_argument("--out", required=True, help="constants JSON to write (a .md summary is written beside it)")
     args = p.parse_args(argv)
     rows = json.loads(Path(args.results).read_text())["rows"]

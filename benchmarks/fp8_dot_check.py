@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from compiler.lowering.scoring.indexer_scores import decode_codes, fp8_interval, score_dense
+from compiler.lowering.order_codes import decode_codes
+from compiler.lowering.scoring.indexer_scores import fp8_interval, score_dense
 from compiler.lowering.topk_pipeline import fp8_dot_error
 
 __all__ = ["adversarial_pairs", "dot_check"]

@@ -23,9 +23,11 @@ import torch
 from benchmarks import dense_roofline as roofline
 from benchmarks import harness
 from compiler.lowering import defaults
+from compiler.lowering.order_codes import codes_of_words
 from compiler.lowering.selection import threshold_select as ts
 from compiler.lowering.topk_pipeline import scorer_chunks
 from compiler.lowering.selection.radix_select import select_top_codes
+from runtime.order_codes import PADDING
 from runtime.structured_indexer import structured_indexer_inputs
 
 TILES = (2, 4, 8, 16)
@@ -52,13 +54,13 @@ def held_codes(cand, count):
     each segment's codes) set to INT64_MIN."""
     seg = cand.shape[1] // count.shape[1]
     j = torch.arange(cand.shape[1], device=cand.device)
-    return torch.where(j % seg < count[:, j // seg], cand, ts.INT64_MIN)
+    return torch.where(j % seg < count[:, j // seg], cand, PADDING)
 
 
 def parts(words: torch.Tensor, kk: int, device: str) -> dict:
     """Times (ms) and checks of every part of ``top_codes(words, kk)`` for the scorer's words [R, N]
     (int32, as the dense path selects), and of the whole call over the same rows as int64 codes."""
-    codes = ts.codes_of_words(words)
+    codes = codes_of_words(words)
     n = defaults.CHUNKS_PER_K * kk
     time_ms = lambda fn: round(harness.median_ms(fn, 5, device), 3)  # noqa: E731
     maxima = ts.chunk_maxima(words, n)
@@ -108,7 +110,7 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
     for per_k in (1, 2, 4):
         maxima = ts.chunk_maxima(codes, per_k * kk)
         tau = ts.kth_largest(maxima, kk)
-        passing = (ts.codes_of_words(codes) >= tau[:, None]).sum(-1).float()
+        passing = (codes_of_words(codes) >= tau[:, None]).sum(-1).float()
         row = {"inputs": inputs, "chunks_per_k": per_k, "chunk_max": time_ms(lambda: ts.chunk_maxima(codes, per_k * kk)),
                "tau": time_ms(lambda: ts.kth_largest(maxima, kk)), "passing_mean": round(float(passing.mean()), 1),
                "passing_q99": round(float(passing.quantile(0.99)), 1), "passing_max": int(passing.max())}
@@ -119,7 +121,7 @@ def constants_sweep(codes: torch.Tensor, kk: int, device: str, inputs: str, reps
             row[f"overflow_rows_{factor}kk"] = int(ts.overflowed(count, factor * kk).sum())
             row[f"final_window_{factor}kk"] = time_ms(lambda: ts.top_candidates(cand, count, kk))
         rows.append(row)
-    want = torch.topk(ts.codes_of_words(codes), kk, dim=-1).values
+    want = torch.topk(codes_of_words(codes), kk, dim=-1).values
     saved = defaults.CHUNKS_PER_K, defaults.THRESHOLD_BUFFER_K, defaults.COMPACT_TILE, defaults.COMPACT_SEGMENTS
     try:
         for per_k, factor, (tile, segments) in itertools.product((1, 2), (2, 3, 4), total_forms):

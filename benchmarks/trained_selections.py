@@ -7,7 +7,7 @@ layer of ``benchmarks/models/tiny-dsa`` (the ``trained`` zoo family: the last S 
 held-out window of T tokens), the indexer's exact top-K (the op's scorer and order, causal), then
 per block of UNION_BLOCK consecutive queries the distinct keys they select, over K (1: all the same
 keys; up to UNION_BLOCK: disjoint), and the share of selected keys among each query's K most recent.
-``--save`` writes the selections ``[layers, S, K]`` with T for ``sparse_attention.py
+``--save`` writes the selections ``[layers, S, K]`` with T for ``sparse_attention_forms.py
 --selections`` (one batch row per layer; int16 when T <= 2^15, so that the file is half the size).
 
     python3 benchmarks/trained_selections.py --T 32768 --S 1024 --out benchmarks/results/trained_selections_cpu.json
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import harness
-from compiler.lowering.attention.sparse_attention import tile_rows
+from compiler.lowering.attention.union_attention import tile_rows
 from runtime.dense_scorer import dense_topk
 from runtime.indexer_zoo import zoo_inputs
 
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     p.add_argument("--S", type=int, default=1024)
     p.add_argument("--topk", type=int, default=2048)
     p.add_argument("--layers", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--save", help="a .pt file for sparse_attention.py --selections")
+    p.add_argument("--save", help="a .pt file for sparse_attention_forms.py --selections")
     args = p.parse_args(argv)
     if not Path(args.out).parent.is_dir():
         p.error(f"--out: directory {Path(args.out).parent} does not exist")

@@ -12,8 +12,10 @@ and never correctness: the certified path is exact whatever they say.
 
 The DSA sparse attention of an MLA layer has two forms with the same result (``AttentionConstants``):
 ``absorbed_attention_time`` (its work fixed by the selection width) and ``union_attention_time``
-(its work following the mean union of a tile's selections, ``union_ratio``). ``compiler.policy``
-compares them at call time."""
+(its work following the mean union of a tile's selections, ``union_ratio``): ``compiler.ops.sparse_form``
+compares them at call time (``union_ratio_crossover``); where a call cannot measure its selections,
+``shape_form`` decides on the head count alone (compile time under CUDA graphs, and a call made while
+one is captured)."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,6 +29,7 @@ from typing import Mapping
 import sympy
 
 from compiler import defaults
+from compiler.lowering import defaults as kernel_defaults
 from runtime import defaults as runtime_defaults
 from runtime.certified_topk import CertifiedTopkConfig
 
@@ -333,7 +336,8 @@ def default_min_keys(heads: int, head_dim: int, topk: int, queries: int | None, 
 class AttentionConstants:
     """Seconds per unit of work of the two forms of an MLA layer's DSA sparse attention on one device.
 
-    Absorbed: ``absorbed_s`` per (query, selected key, block of ``ABSORBED_BLOCK_HEADS`` heads) for the
+    Absorbed: ``absorbed_s`` per (query, selected key, block of ``ABSORBED_BLOCK_HEADS`` heads: the
+    rows of one absorbed program's products, ``compiler.lowering.defaults``) for the
     warp-specialised kernel, ``absorbed_chain_s`` per (query, selected key, such block) for the Triton
     chain. Union: per (query, union key) ``union_s`` per head plus ``union_key_s``, and
     ``union_fixed_s`` per (query, selected key) (building the unions); when the union form is run
@@ -375,9 +379,6 @@ H200_ATTENTION = AttentionConstants(
 )
 """The Triton and Gluon kernels on one H200."""
 
-ABSORBED_BLOCK_HEADS = 64
-"""Heads on the rows of one absorbed program's products (``absorbed_attention_ws.BLOCK_H``)."""
-
 
 def _require_sizes(**sizes) -> None:
     for name, value in sizes.items():
@@ -388,7 +389,7 @@ def absorbed_attention_time(batch: int, queries: int, topk: int, heads: int, war
                             c: AttentionConstants = H200_ATTENTION) -> float:
     """Seconds of the absorbed form over ``batch·queries`` queries of ``topk`` selected keys each."""
     _require_sizes(batch=batch, queries=queries, topk=topk, heads=heads)
-    blocks = -(-heads // ABSORBED_BLOCK_HEADS)
+    blocks = -(-heads // kernel_defaults.ABSORBED_BLOCK_HEADS)
     return batch * queries * topk * blocks * (c.absorbed_s if warp_specialised else c.absorbed_chain_s)
 
 
@@ -420,3 +421,14 @@ def union_ratio_crossover(batch: int, queries: int, topk: int, heads: int, warp_
     at_zero = union_attention_time(batch, queries, topk, heads, 0.0, c, expand=expand, element_bytes=element_bytes)
     slope = batch * queries * topk * (heads * c.union_s + c.union_key_s)
     return (absorbed - at_zero) / slope if slope else -math.inf
+
+
+def shape_form(heads: int) -> tuple[str, str]:
+    """``(form, reason)`` of an MLA layer's DSA sparse attention on the head count alone, where a
+    call cannot measure its selections: absorbed from ``ABSORBED_BLOCK_HEADS`` heads (a program's
+    product rows full, ``compiler.lowering.defaults``), union below."""
+    block = kernel_defaults.ABSORBED_BLOCK_HEADS
+    if heads >= block:
+        return "absorbed", (f"{heads} heads (>= {block}) fill the absorbed products' rows; "
+                            "its time does not depend on how the selections overlap")
+    return "union", f"{heads} heads (< {block}) would pad the absorbed products' rows"

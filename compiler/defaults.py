@@ -19,9 +19,11 @@ SHORT_CANDIDATE_ROWS = 32  # default plan budgets: r with r + 1 a power of two, 
 STOCK_BELOW = {"dsa_indexer": {"cuda": 1 << 25}, "sparse_attention": {"cuda": 1 << 21}}
 
 # Compile time (compiler.policy.sparse_attention_form): the form of an MLA layer's DSA sparse attention
-# where a call cannot measure its selections (CUDA graphs; elsewhere compiler.ops.sparse_form decides)
-ABSORBED_MIN_HEADS = 64  # fewer heads pad the absorbed program's 64 product rows: at 16 heads union wins on trained selections (4.1 vs 4.6 ms) and up to 4.3x on shared ones, absorbed up to 1.4x on unshared; at 128 absorbed wins 2.2x on trained: sparse_attention_configs_h200.md
+# (where a call cannot measure its selections, compiler.cost_model.shape_form decides on its heads)
 UNION_MIN_QUERIES = 16  # fewer queries per batch row (decode): no neighbours share keys, and the absorbed form reads the latent cache unexpanded
+
+# Call time (compiler.ops.sparse_form): the form of an "auto" absorbed sparse attention call
+FREE_FRACTION = 0.9  # share of the device's free memory the union form's expanded keys and values and its workspace may take; past it the call takes absorbed
 
 # Call time (compiler.ops.guard)
 MIN_CERTIFIED_ROWS = 32  # fewer queries per batch row are scored densely: too few neighbours to share anchors

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from compiler import defaults
-from compiler.cost_model import default_min_keys
+from compiler.cost_model import default_min_keys, shape_form
 from compiler.options import SPARSE_FORM_CHOICES
 from compiler.topk_settings import TopkSettings
 
 __all__ = ["ALWAYS_STOCK", "LayerSettings", "indexer_settings", "keeps_stock", "latent_expansion_products",
-           "layer_settings", "shape_form", "sparse_attention_form", "stock_threshold"]
+           "layer_settings", "sparse_attention_form", "stock_threshold"]
 
 ALWAYS_STOCK = math.inf
 """The threshold of a device type without the ops' own kernels: every call keeps its stock subgraph."""
@@ -129,8 +129,7 @@ def sparse_attention_form(forced: str, heads: int, queries, cuda_graphs: bool = 
     its queries per batch row (an int, or symbolic: then not decode). Form "auto" is the absorbed op
     choosing per call (``compiler.ops.sparse_form``): how the selections overlap is known only then. At decode
     (``defaults.UNION_MIN_QUERIES``) the form is absorbed; under CUDA graphs (``cuda_graphs``: a call
-    must not synchronise) it is decided on shapes, absorbed from ``defaults.ABSORBED_MIN_HEADS``
-    heads and union below (``shape_form``).
+    must not synchronise) it is decided on shapes (``cost_model.shape_form``).
     """
     if forced not in SPARSE_FORM_CHOICES:
         raise ValueError(f"forced: expected one of {list(SPARSE_FORM_CHOICES)}, got {forced!r}")
@@ -143,12 +142,4 @@ def sparse_attention_form(forced: str, heads: int, queries, cuda_graphs: bool = 
         return "auto", ("chosen at every call from how the tiles' selections overlap "
                         "(compiler.ops.sparse_form)")
     return shape_form(heads)
-
-
-def shape_form(heads: int) -> tuple[str, str]:
-    """``(form, reason)`` on the head count alone, where a call cannot measure its selections."""
-    if heads >= defaults.ABSORBED_MIN_HEADS:
-        return "absorbed", (f"{heads} heads (>= {defaults.ABSORBED_MIN_HEADS}) fill the absorbed products' rows; "
-                            "its time does not depend on how the selections overlap")
-    return "union", f"{heads} heads (< {defaults.ABSORBED_MIN_HEADS}) would pad the absorbed products' rows"
 

@@ -12,10 +12,10 @@ arithmetic,
     score_t = scale · (q_lat · c_t + q_rope · kr_t),      q_lat = q_nope W_UK[h]      (Dc)
     out     = W_UV[h] (Σ_t softmax(score)_t c_t)                                        (Dv)
 
-over the keys the query sees: its selected keys as in ``runtime.sparse_attention`` (the distinct
+over the keys the query sees: its selected keys as in ``runtime.union_attention`` (the distinct
 in-range indices of its row that the bool ``mask`` shows). Rows without such a key get 0
 (``masked_rows="zero"``) or the mean of v over all T keys, ``W_UV[h] mean_t(c_t)`` ("mean").
-This equals ``runtime.sparse_attention.sparse_attention`` on the expanded K and V to rounding;
+This equals ``runtime.union_attention.sparse_attention`` on the expanded K and V to rounding;
 ``expand_latent`` computes that expansion (the union form's, and a latent cache's read,
 ``compiler.ops.latent_kv``).
 
@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from runtime.sparse_attention import (FLOAT_DTYPES, GATHER_ELEMENTS, check_on_q_device, check_sparse_attention_inputs,
+from runtime.union_attention import (FLOAT_DTYPES, GATHER_ELEMENTS, check_on_q_device, check_sparse_attention_inputs,
                                       selected_keys)
 from runtime.workspace import check_workspace
 
@@ -51,7 +51,7 @@ def head_weights(kv_b_weight: torch.Tensor, heads: int, nope_dim: int) -> tuple[
 
 def check_absorbed_devices(q, latent, rope_key, kv_b_weight, indices, mask) -> None:
     """Raise TypeError/ValueError naming the first argument that is not a tensor on q's device
-    (``runtime.sparse_attention.check_on_q_device``; what the op's fake kernel checks)."""
+    (``runtime.union_attention.check_on_q_device``; what the op's fake kernel checks)."""
     check_on_q_device(q, (("latent", latent), ("rope_key", rope_key), ("kv_b_weight", kv_b_weight),
                           ("indices", indices)), (("mask", mask),))
 
@@ -95,7 +95,7 @@ def check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale
         raise ValueError(f"kv_b_weight must be [H*(Dn+Dv), Dc] = [{heads}*({nope_dim}+Dv), {lat_dim}] with Dv >= 1 "
                          f"(H from q, Dn = q's last dim - Dr, Dc from latent), got shape {tuple(kv_b_weight.shape)}")
     dv = rows // heads - nope_dim
-    # The selection, the mask and the scalars follow runtime.sparse_attention's contract for the
+    # The selection, the mask and the scalars follow runtime.union_attention's contract for the
     # expanded keys and values, stood in for by zero-size views.
     stand_in = q.new_empty(())
     check_sparse_attention_inputs(q, stand_in.expand(b, 1, t_len, q_dim), stand_in.expand(b, 1, t_len, dv),

@@ -4,8 +4,8 @@ The code of a key with float32 score s is ``c32 * 2**32 + (limit - 1 - key)``: c
 is monotone in s (-0.0 folded into +0.0, every NaN the largest code, a hidden key the smallest),
 then the key index, lower keys larger. A descending sort of codes is THE ORDER of
 ``runtime.dense_scorer`` (values descending, NaN first, visible before hidden, lower key first),
-and codes of distinct keys are distinct. The same encoding as the Triton scorer's ``order_code``
-(``compiler/lowering/scoring/indexer_scores.py``, there with limit = the row's key count).
+and codes of distinct keys are distinct. The reference of the kernels' encoding
+(``compiler/lowering/order_codes.py``, there with limit = the row's key count).
 
 ``PADDING`` (the smallest int64) decodes as hidden key ``limit - 1``; callers that pad with it
 keep their keys below ``limit - 1``. Decoding loses the payload of a NaN (every NaN decodes to

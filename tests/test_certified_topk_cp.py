@@ -218,7 +218,7 @@ def test_order_codes_sort_in_the_order_and_decode_bitwise():
     assert torch.equal(back, keys)
     assert_identical((decoded, back), (values + 0.0, keys))
     assert decode_order_codes(torch.tensor([PADDING]), 1 << 32)[1].item() == (1 << 32) - 1
-    from compiler.lowering.scoring.indexer_scores import decode_codes
+    from compiler.lowering.order_codes import decode_codes
 
     short_codes = encode_order_codes(values, visible, keys, 40)  # the scorer's limit: the row's key count
     triton_values, triton_keys = decode_codes(short_codes, 40)

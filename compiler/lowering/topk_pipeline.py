@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from compiler.lowering.order_codes import decode_codes
 from compiler.lowering.scoring.indexer_scores import (
     fp8_interval,
     chunk_multiple,
-    decode_codes,
     key_splits,
     mask_bounds,
     score_dense,

@@ -13,7 +13,7 @@ from compiler.ops.certified_topk import certified_topk
 from compiler.ops.conjunctive_mask import conjunctive_mask
 from compiler.ops.fp8_keys import fp8_cached_keys, fp8_quantize_keys
 from compiler.ops.latent_kv import latent_cached_kv
-from compiler.ops.sparse_attention import sparse_attention
+from compiler.ops.union_sparse_attention import sparse_attention
 
 __all__ = ["absorbed_sparse_attention", "attention", "capture_topk", "certified_topk", "conjunctive_mask",
            "fp8_cached_keys", "fp8_quantize_keys", "latent_cached_kv", "sparse_attention"]

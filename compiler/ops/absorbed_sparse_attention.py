@@ -12,8 +12,8 @@ int32/int64, mask None or bool (True = visible) broadcastable to ``[B, 1, S, T]`
 ``kv_b_proj`` expands, to rounding). ``distinct`` = True promises that no row repeats an in-range
 index (indices from a top-K): the CUDA kernel then skips the per-row sort that removes repeats.
 ``form``: "absorbed", or "auto" (CUDA picks the absorbed or the union form per call from how the
-selections overlap, ``compiler.lowering.attention.latent_attention``; same result to rounding);
-``site`` names the call site (the attention module) whose measurements its "auto" calls share.
+selections overlap, ``compiler.ops.sparse_form``; same result to rounding); ``site`` names the call
+site (the attention module) whose measurements its "auto" calls share.
 
 Every kernel, the fake one included, first checks that every tensor is on q's device
 (``runtime.absorbed_attention.check_absorbed_devices``: a meta tensor among real ones would
@@ -21,9 +21,11 @@ otherwise be answered with uninitialised memory); the CPU and CUDA kernels then 
 contract and the workspace before any work.
 
 The CPU kernel (and any device without its own) runs the plain-torch reference, which treats every
-selection as a set; CUDA runs ``compiler/lowering/attention/latent_attention.py`` (form "absorbed":
-no host synchronisation; "auto": at most one per call, none while a CUDA graph is captured). The
-fake kernel supports symbolic sizes. Under a
+selection as a set; the CUDA kernel (``absorbed_sparse_attention_cuda``) decides the form of an
+"auto" call (``compiler.ops.sparse_form.choose_form``), then runs it by
+``compiler/lowering/attention/latent_attention.py`` (form "absorbed": no host synchronisation;
+"auto": at most one per call, none while a CUDA graph is captured). The fake kernel supports
+symbolic sizes. Under a
 Pulsar layout the op raises, as ``pulsar_dosa.sparse_attention`` does, for the same reason.
 """
 from __future__ import annotations
@@ -32,20 +34,21 @@ from typing import Optional
 
 import torch
 
-from compiler.ops.sparse_attention import _refuse_pulsar_layout
-from runtime.sparse_attention import check_scale
+from compiler.ops.union_sparse_attention import _refuse_pulsar_layout
+from runtime.union_attention import check_scale
 from runtime.absorbed_attention import absorbed_sparse_attention as reference_absorbed_sparse_attention
-from runtime.absorbed_attention import check_absorbed_devices
+from runtime.absorbed_attention import check_absorbed_devices, check_absorbed_inputs
 
 
-FORMS = ("absorbed", "auto")
-"""What ``form`` takes."""
+FORM_ARGUMENTS = ("absorbed", "auto")
+"""What the op's ``form`` argument takes: "absorbed" (decided at compile time), or "auto" (decided per
+call, ``compiler.ops.sparse_form``)."""
 
 
 def check_form(form) -> None:
-    """ValueError naming ``form`` unless it is one of FORMS."""
-    if form not in FORMS:
-        raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
+    """ValueError naming ``form`` unless it is one of FORM_ARGUMENTS."""
+    if form not in FORM_ARGUMENTS:
+        raise ValueError(f"form must be one of {list(FORM_ARGUMENTS)}, got {form!r}")
 
 
 SCHEMA = ("(Tensor q, Tensor latent, Tensor rope_key, Tensor kv_b_weight, Tensor indices, Tensor? mask, Scalar scale, "
@@ -65,14 +68,20 @@ def absorbed_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: t
 
 
 @absorbed_sparse_attention.register_kernel("cuda")
-def _absorbed_sparse_attention_cuda(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows, distinct,
-                                    form, site):
+def absorbed_sparse_attention_cuda(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows, distinct,
+                                   form, site):
+    """The CUDA kernel (module docstring); on CPU tensors too under ``TRITON_INTERPRET=1``."""
     from compiler.lowering.attention.latent_attention import latent_sparse_attention
+    from compiler.ops.sparse_form import choose_form
 
     check_form(form)
     _refuse_pulsar_layout()
+    if form == "auto":
+        check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
+        if q.numel() and latent.shape[1] and indices.shape[2]:
+            form = choose_form(q, latent, rope_key, kv_b_weight, indices, mask, site)[0]
     return latent_sparse_attention(q, latent, rope_key, kv_b_weight, indices, mask, scale=scale,
-                                   masked_rows=masked_rows, distinct=distinct, form=form, site=site)
+                                   masked_rows=masked_rows, distinct=distinct, union=form == "union")
 
 
 @absorbed_sparse_attention.register_fake

@@ -24,11 +24,12 @@ except ModuleNotFoundError as error:  # no triton (declared for Linux only): the
     if error.name != "triton":
         raise
 from runtime.attention_layout import active_layout
-from runtime.sparse_attention import check_on_q_device
+from runtime.union_attention import check_on_q_device
 
 SDPA_FORM = "sdpa"
 EAGER_FORMS = ("eager_mul", "eager_div", "eager_mul_softmax_fp32", "eager_div_softmax_fp32")
-FORMS = (SDPA_FORM, *EAGER_FORMS)
+TRACED_FORMS = (SDPA_FORM, *EAGER_FORMS)
+"""How the replaced attention was written, what ``form`` takes: SDPA, or one of the eager chains."""
 
 
 def effective_scale(form: str, scale: Optional[float], head_dim: int) -> float:
@@ -56,8 +57,8 @@ def eager_attention(q, k, v, attn_mask, scale: float, enable_gqa: bool, form: st
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
               is_causal: bool, scale: Optional[float], enable_gqa: bool, form: str) -> torch.Tensor:
     """Layout-aware attention (module docstring)."""
-    if form not in FORMS:
-        raise ValueError(f"form: expected one of {list(FORMS)}, got {form!r}")
+    if form not in TRACED_FORMS:
+        raise ValueError(f"form: expected one of {list(TRACED_FORMS)}, got {form!r}")
     if form != SDPA_FORM and scale is None:
         raise ValueError(f"scale: form {form!r} needs the chain's scale factor, got None")
     layout = active_layout()

@@ -1,15 +1,19 @@
 """Call time: the form of one ``absorbed_sparse_attention`` call whose compile-time form is "auto".
 
-``call_sparse_form`` returns "absorbed" or "union" (the latent expanded into keys and values, then
-the union kernels): the one that ``cost_model`` predicts faster given the mean union of a tile's
-selections over their width (``union_ratio``). That ratio lies in ``[1/topk, min(tile, T/topk)]``;
-only when the range straddles the crossover is it asked for. ``RECORDS`` answers with the last
-measurement of the call's site (the attention module) and size buckets: the first call of a key
-waits for its own measurement (one host synchronisation), every later one enqueues a new
-measurement and reads it on a later call, once the device has made it (the host never waits). A
-call that may not measure (a CUDA graph is being captured) decides on its head count
-(``policy.shape_form``). Either form gives the same result to rounding: the choice is speed only.
-``picks()``: how many calls of this process took each form.
+``choose_form(q, latent, rope_key, kv_b_weight, indices, mask, site)`` reads what the call's
+kernels say about it (``compiler.lowering.attention.latent_attention``: which absorbed kernel would
+run, the union form's bytes; ``union_attention``'s tile) and hands it to ``call_sparse_form``,
+which returns "absorbed" or "union" (the latent expanded into keys and values, then the union
+kernels): the one that ``cost_model`` predicts faster given the mean union of a tile's selections
+over their width (``union_ratio``). That ratio lies in ``[1/topk, min(tile, T/topk)]``; only when
+the range straddles the crossover is it asked for. ``RECORDS`` answers with the last measurement
+of the call's site (the attention module) and size buckets: the first call of a key waits for its
+own measurement (one host synchronisation), every later one enqueues a new measurement and reads
+it on a later call, once the device has made it (the host never waits). A call that may not
+measure (a CUDA graph is being captured) decides on its head count (``cost_model.shape_form``);
+one whose union form does not fit in ``defaults.FREE_FRACTION`` of the device's free memory takes
+absorbed. Either form gives the same result to rounding: the choice is speed only. ``picks()``:
+how many calls of this process took each form.
 """
 from __future__ import annotations
 
@@ -19,10 +23,15 @@ from typing import Callable, Hashable, Optional
 
 import torch
 
-from compiler.cost_model import union_ratio_crossover
-from compiler.policy import shape_form
+from compiler import defaults
+from compiler.autotune import length_bucket
+from compiler.cost_model import shape_form, union_ratio_crossover
+from compiler.lowering.attention.latent_attention import union_bytes, warp_specialised
+from compiler.lowering.attention.selection_overlap import union_ratio
+from compiler.lowering.attention.union_attention import tile_rows
+from runtime.absorbed_attention import absorbed_dims
 
-__all__ = ["OverlapRecords", "RECORDS", "call_sparse_form", "picks"]
+__all__ = ["OverlapRecords", "RECORDS", "call_sparse_form", "choose_form", "picks"]
 
 _PICKS: Counter = Counter()
 
@@ -98,3 +107,36 @@ def call_sparse_form(*, batch: int, queries: int, topk: int, heads: int, tile: i
     ratio = measure_ratio()
     winner = "union" if ratio < crossover else "absorbed"
     return _picked(winner, f"mean tile union {ratio:.3g} x topk against the crossover {crossover:.3g}")
+
+
+def _free_bytes(device: torch.device) -> Optional[int]:
+    """Bytes free on a CUDA device outside the caching allocator's pool (the pool's unused blocks
+    are not counted: reading them costs more host time than the choice is worth)."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+
+
+def _union_fits(q, latent, rope_key, kv_b_weight, indices) -> bool:
+    """Whether the union form's expanded keys and values and its workspace fit in
+    ``defaults.FREE_FRACTION`` of the free memory."""
+    free = _free_bytes(q.device)
+    if free is None:
+        return True
+    return union_bytes(q, latent, rope_key, kv_b_weight, indices) <= defaults.FREE_FRACTION * free
+
+
+def choose_form(q, latent, rope_key, kv_b_weight, indices, mask, site: str = "") -> tuple[str, str]:
+    """``(form, reason)`` of an "auto" call on checked inputs with a query, a key and a selection
+    (``call_sparse_form``), its union ratio from ``RECORDS`` under (``site``, device, B, H, K, the
+    buckets of S and T)."""
+    b, heads, s, _ = q.shape
+    dims = absorbed_dims(q, rope_key, kv_b_weight)
+    t_len, width = latent.shape[1], indices.shape[2]
+    tile = tile_rows(s)
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    return call_sparse_form(
+        batch=b, queries=s, topk=max(width, 1), heads=heads, tile=tile,
+        warp_specialised=warp_specialised(q, latent, rope_key),
+        expand=(t_len, latent.shape[2], dims[0], dims[1], dims[2]),
+        union_fits=_union_fits(q, latent, rope_key, kv_b_weight, indices), may_measure=not capturing,
+        measure_ratio=lambda: RECORDS.ratio((site, q.device, b, heads, width, length_bucket(s), length_bucket(t_len)),
+                                            lambda: union_ratio(indices, mask, t_len, tile)))

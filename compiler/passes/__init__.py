@@ -19,7 +19,7 @@ from compiler.passes.base import PassContext, PatternPass, run_pattern_pass
 from compiler.passes.dsa_indexer import IndexerPass
 from compiler.passes.dsa_mask import MaskPass
 from compiler.passes.selection_order import set_selections_unsorted
-from compiler.passes.sparse_attention import SparseAttentionPass
+from compiler.passes.dsa_sparse_attention import SparseAttentionPass
 
 if TYPE_CHECKING:
     from compiler.options import CompileOptions

@@ -8,7 +8,7 @@ Two spellings on the Dynamo graph, each with GQA ``repeat_kv`` on k and v folded
 
 with kᵀ any spelling of ``k.transpose(-2, -1)`` and c a finite non-zero Python number or a symbolic
 float (``matcher.scale_value``: ``dynamic=True`` traces a module's float as one; the op takes it as
-it is). Variant: the op form (``compiler.ops.attention.FORMS``), ``+gqa``, ``+mask``. A matched
+it is). Variant: the op form (``compiler.ops.attention.TRACED_FORMS``), ``+gqa``, ``+mask``. A matched
 chain is closed (every interior node feeds only the next one). Near misses: dropout that may be
 active, a tensor scale, a softmax over another dim or dtype, operands that are not 4-D [B, H, S, D],
 k and v of different shapes. An attention whose mask depends on a top-K (a DSA layer's selection) is not

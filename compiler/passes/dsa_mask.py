@@ -28,7 +28,7 @@ import compiler.ops.absorbed_sparse_attention  # noqa: F401  (registers the ops 
 import compiler.ops.capture_topk  # noqa: F401
 import compiler.ops.certified_topk  # noqa: F401
 import compiler.ops.conjunctive_mask  # noqa: F401
-import compiler.ops.sparse_attention  # noqa: F401
+import compiler.ops.union_sparse_attention  # noqa: F401
 from compiler.passes.base import PatternPass
 from compiler.passes.matcher import COMPARISONS, NearMiss, NotCandidate, insert_call, is_unit, \
     is_value_preserving_cast, op_kind, op_targets, tensor_meta

@@ -17,7 +17,7 @@ import torch.fx as fx
 
 import compiler.ops.absorbed_sparse_attention  # noqa: F401  (registers the ops read below)
 import compiler.ops.certified_topk  # noqa: F401
-import compiler.ops.sparse_attention  # noqa: F401
+import compiler.ops.union_sparse_attention  # noqa: F401
 from compiler.passes.matcher import op_targets
 
 _ops = torch.ops.pulsar_dosa

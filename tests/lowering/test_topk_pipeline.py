@@ -15,7 +15,8 @@ from compiler.lowering.topk_pipeline import (
     redo_dense,
     redo_slots,
 )
-from compiler.lowering.scoring.indexer_scores import decode_codes, score_keys
+from compiler.lowering.order_codes import decode_codes
+from compiler.lowering.scoring.indexer_scores import score_keys
 from compiler.lowering.screen.certificate_screen import screen
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_zoo import zoo_inputs

@@ -1,9 +1,15 @@
-"""``compiler.ops.sparse_form.call_sparse_form``: the per-call choice between the absorbed and union forms."""
+"""``compiler.ops.sparse_form``: the per-call choice between the absorbed and union forms, and the
+absorbed op's CUDA kernel running the chosen one (under TRITON_INTERPRET=1)."""
 import pytest
+import torch
 
 from compiler.cost_model import absorbed_attention_time, union_attention_time, union_ratio_crossover
-from compiler.defaults import ABSORBED_MIN_HEADS
-from compiler.ops.sparse_form import call_sparse_form
+from compiler.lowering.defaults import ABSORBED_BLOCK_HEADS
+from compiler.ops.absorbed_sparse_attention import absorbed_sparse_attention_cuda
+from compiler.ops.sparse_form import call_sparse_form, choose_form
+from runtime.absorbed_attention import absorbed_sparse_attention
+
+from tests.lowering.attention.test_absorbed_attention import causal, mla_inputs
 
 V32 = (512, 128, 64, 128)  # Dc, Dn, Dr, Dv
 
@@ -53,8 +59,8 @@ def test_bounds_decide_without_measuring():
 
 def test_without_memory_or_while_capturing():
     assert choose(16, 16384, fits=False)[::2] == ("absorbed", 0)
-    assert choose(ABSORBED_MIN_HEADS, 32768, may_measure=False)[::2] == ("absorbed", 0)
-    assert choose(ABSORBED_MIN_HEADS - 1, 32768, may_measure=False)[::2] == ("union", 0)
+    assert choose(ABSORBED_BLOCK_HEADS, 32768, may_measure=False)[::2] == ("absorbed", 0)
+    assert choose(ABSORBED_BLOCK_HEADS - 1, 32768, may_measure=False)[::2] == ("union", 0)
 
 
 def test_the_cost_model_refuses_bad_sizes():
@@ -79,8 +85,6 @@ def test_attention_constants_must_be_positive_and_finite():
 
 
 def test_records_keep_the_last_measurement_per_key():
-    import torch
-
     from compiler.ops.sparse_form import OverlapRecords
 
     records, calls = OverlapRecords(), []
@@ -96,3 +100,28 @@ def test_records_keep_the_last_measurement_per_key():
     assert records.ratio("b", measure(5.0)) == 5.0 and calls == [2.0, 3.0, 5.0]
     records.clear()
     assert records.ratio("a", measure(7.0)) == 7.0
+
+
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")  # Triton interpreter
+@pytest.mark.parametrize("heads,s,t,width,want", [(2, 40, 40, 8, "union"), (16, 16, 4096, 4, "absorbed")])
+@pytest.mark.parametrize("masked_rows", ["zero", "mean"])
+def test_an_auto_call_runs_the_chosen_form_and_matches_the_reference(heads, s, t, width, want, masked_rows):
+    q, latent, rope_key, weight, indices = mla_inputs(2, heads, s, t, width, seed=heads)
+    indices[0, :3] = -1  # rows without a key
+    mask = causal(2, s, t)
+    form, reason = choose_form(q, latent, rope_key, weight, indices, mask)
+    assert form == want and "any overlap" in reason
+    ref, _ = absorbed_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=0.3,
+                                       masked_rows=masked_rows)
+    for form in ("auto", "absorbed"):
+        got = absorbed_sparse_attention_cuda(q, latent, rope_key, weight, indices, mask, 0.3, masked_rows, False,
+                                             form, "")
+        torch.testing.assert_close(got, ref, rtol=0, atol=2e-5)
+
+
+def test_a_bad_form_is_named_before_any_work():
+    q, latent, rope_key, weight, indices = mla_inputs(1, 2, 4, 7, 2)
+    with pytest.raises(ValueError, match="form must be one of"):
+        absorbed_sparse_attention_cuda(q, latent, rope_key, weight, indices, None, 0.3, "zero", False, "union", "")
+    with pytest.raises(ValueError, match="masked_rows"):
+        absorbed_sparse_attention_cuda(q, latent, rope_key, weight, indices, None, 0.3, "nan", False, "auto", "")

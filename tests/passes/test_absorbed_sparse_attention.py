@@ -1,7 +1,7 @@
 """The sparse_attention pass in MLA's absorbed form: the spellings of kv_b_proj's expansion are
 recognised, and where k and v are not one, the union op runs and a near miss says why the
 absorbed form was not taken; the form decision. (Both DSA models, sdpa and eager, padded batches,
-a cache, decode, in either form: tests/test_sparse_attention_pass.py.)"""
+a cache, decode, in either form: tests/passes/test_dsa_sparse_attention.py.)"""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,14 +73,15 @@ def test_the_inline_spelling_and_why_the_absorbed_form_was_not_taken(module, mis
 
 
 def test_the_form_is_left_to_each_call_decided_on_the_shapes_or_forced():
-    from compiler.defaults import ABSORBED_MIN_HEADS, UNION_MIN_QUERIES
+    from compiler.defaults import UNION_MIN_QUERIES
+    from compiler.lowering.defaults import ABSORBED_BLOCK_HEADS
     from compiler.policy import sparse_attention_form
 
-    for heads, queries in ((128, 65536), (ABSORBED_MIN_HEADS - 1, object())):  # object(): a symbolic length
+    for heads, queries in ((128, 65536), (ABSORBED_BLOCK_HEADS - 1, object())):  # object(): a symbolic length
         assert sparse_attention_form("auto", heads, queries)[0] == "auto"
     # Under CUDA graphs a call may not measure its selections: the head count decides.
-    assert sparse_attention_form("auto", ABSORBED_MIN_HEADS, 65536, cuda_graphs=True)[0] == "absorbed"
-    assert sparse_attention_form("auto", ABSORBED_MIN_HEADS - 1, object(), cuda_graphs=True)[0] == "union"
+    assert sparse_attention_form("auto", ABSORBED_BLOCK_HEADS, 65536, cuda_graphs=True)[0] == "absorbed"
+    assert sparse_attention_form("auto", ABSORBED_BLOCK_HEADS - 1, object(), cuda_graphs=True)[0] == "union"
     for graphs in (False, True):
         assert sparse_attention_form("auto", 4, UNION_MIN_QUERIES - 1, graphs)[0] == "absorbed"
     assert sparse_attention_form("union", 128, 1) == ("union", "option sparse_form")

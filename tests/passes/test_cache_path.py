@@ -16,7 +16,7 @@ from compiler.latent_cache import latent_cache
 from compiler.passes.matcher import CACHED_EXPANSION
 from compiler.report import collecting
 from runtime.pulsar import cache_keyword
-from tests.passes.test_sparse_attention import ATOL, _ids, dsa_model
+from tests.passes.test_dsa_sparse_attention import ATOL, _ids, dsa_model
 
 STEPS = ((0, 40), (40, 48), (48, 49), (49, 50))
 """A prefill, a chunk of 8 tokens and two decode steps."""

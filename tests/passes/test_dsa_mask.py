@@ -6,7 +6,7 @@ import torch
 
 import compiler
 from scripts.demo import build_model, tiny_config
-from tests.passes.test_sparse_attention import dsa_model
+from tests.passes.test_dsa_sparse_attention import dsa_model
 
 ALL = {"downstream": "eager", "stock_below": 0}
 WITHOUT_MASK_PASS = {**ALL, "passes": ["dsa_indexer", "sparse_attention"]}

@@ -13,7 +13,7 @@ from compiler.report import collecting
 from runtime.absorbed_attention import expand_latent
 from runtime.pulsar import cache_keyword
 from tests.passes.test_cache_path import STEPS, caches_expanded_rows
-from tests.passes.test_sparse_attention import ATOL, _ids, dsa_model
+from tests.passes.test_dsa_sparse_attention import ATOL, _ids, dsa_model
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from runtime.absorbed_attention import absorbed_dims, absorbed_sparse_attention, head_weights
-from runtime.sparse_attention import sparse_attention
+from runtime.union_attention import sparse_attention
 
 B, H, S, T, DN, DR, DV, DC, K = 2, 3, 10, 20, 6, 4, 5, 7, 6
 

@@ -99,8 +99,8 @@ WARP_SPECIALISED_MIN_HEADS = 16
 """Fewest heads the Gluon kernel takes: its 64-row products idle 3/4 of their rows at 16 heads and it
 still wins there (1.10-1.18x DEFAULT_CONFIG's speed, sparse_attention_h200.md); at 8 heads
 the two tie (1.00-1.02x, sparse_attention_auto_h200.md)."""
-FORMS = (*CONFIGS, WARP_SPECIALISED)
-"""Every name ``config`` takes."""
+CONFIG_NAMES = (*CONFIGS, WARP_SPECIALISED)
+"""Every name ``config`` takes: the Triton launch configurations and the Gluon kernel."""
 INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOCK_N=16)
 """The configuration under the CPU interpreter (every name maps to it there)."""
 
@@ -235,10 +235,10 @@ _WS_FAILED: set[tuple] = set()
 """(device, dtype, Dc, mean rows) where the Gluon kernel did not compile or launch: the Triton chain runs there."""
 
 
-def check_form(name: str) -> None:
-    """ValueError naming the known forms unless ``name`` is one of FORMS."""
-    if name not in FORMS:
-        raise ValueError(f"config must be one of {sorted(FORMS)}, got {name!r}")
+def check_config_name(name: str) -> None:
+    """ValueError naming the known configurations unless ``name`` is one of CONFIG_NAMES."""
+    if name not in CONFIG_NAMES:
+        raise ValueError(f"config must be one of {sorted(CONFIG_NAMES)}, got {name!r}")
 
 
 def launch_config(name: str) -> LaunchConfig:
@@ -395,7 +395,7 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
 
     ``distinct``: the caller guarantees that no row repeats an in-range index (indices from a
     top-K), so the per-row sort that removes repeats is skipped; with repeats the result would
-    count a repeated key more than once. ``config`` names one of FORMS (None: ``default_configs``,
+    count a repeated key more than once. ``config`` names one of CONFIG_NAMES (None: ``default_configs``,
     each tried where the one before does not compile); ``splits`` forces the number of programs each
     query's indices are split over (default: enough to fill the GPU).
     Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1``. Raises
@@ -409,7 +409,7 @@ def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope
         raise ValueError(f"splits must be None or an int >= 1, got {splits!r}")
     b, heads, s, _ = q.shape
     names = default_configs(b * s) if config is None else (config,)
-    check_form(names[0])  # a ValueError for an unknown name, before any work
+    check_config_name(names[0])  # a ValueError for an unknown name, before any work
     t_len, lat_dim = latent.shape[1], latent.shape[2]
     nope_dim, _, v_dim = absorbed_dims(q, rope_key, kv_b_weight)
     w_uk, w_uv = head_weights(kv_b_weight, heads, nope_dim)

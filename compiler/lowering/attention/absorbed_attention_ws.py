@@ -1,7 +1,7 @@
 """The absorbed sparse attention's latent kernel for Hopper, warp-specialised in Gluon.
 
 Same contract and numerics as ``absorbed_attention._absorbed_attention_kernel`` without splits:
-one program takes BLOCK_H = 64 heads of one query; o_lat [B, H, n, Dc] (q's dtype) is the softmax
+one program takes BLOCK_H heads of one query; o_lat [B, H, n, Dc] (q's dtype) is the softmax
 over the query's counted indices of the latent rows, rows without a counted key 0 or the mean row.
 
 Three partitions share a program:
@@ -32,8 +32,10 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-BLOCK_H = 64
-"""Heads a program: the rows of every warpgroup product (Hopper's wgmma takes 64)."""
+from compiler.lowering.defaults import ABSORBED_BLOCK_HEADS
+
+BLOCK_H = ABSORBED_BLOCK_HEADS
+"""Heads a program: the rows of every warpgroup product."""
 BLOCK_N = 64
 """Indices per tile; a P tile [BLOCK_H, BLOCK_N] has the shape of a tile's rope rows [BLOCK_N, ROPE_DIM]."""
 LAT_DIM = 512

@@ -1,6 +1,6 @@
 """How much neighbouring queries' selections overlap: the quantity the union form's time follows.
 
-The union form (``sparse_attention``) walks, for every tile of ``tile`` consecutive queries, the
+The union form (``union_attention``) walks, for every tile of ``tile`` consecutive queries, the
 union of their visible selected keys; its work is proportional to the mean union size. The
 absorbed form's does not depend on it. ``union_ratio`` measures that mean on a sample of tiles,
 relative to the selection width K: about 1 when a tile's queries select the same keys (a shared

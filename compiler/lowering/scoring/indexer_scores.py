@@ -11,7 +11,7 @@ kernel scored it: one tile function, one launch config per operand dtype
 ``runtime.dense_scorer``'s scorer. fp32 operands are multiplied as tf32 (``tf32_scores``). The FP8
 scorer (``k_scale`` given, q and k float8_e4m3fn, ``check_fp8``; SPEC A.10): E4M3 products on the
 FP8 tensor cores, promoted to fp32 every ``fp8_interval(D)`` products, then ``scale_and_bias``; launched with
-``defaults.FP8_SCORER_CONFIG``. ``order_code`` / ``decode_codes`` map between scores and codes."""
+``defaults.FP8_SCORER_CONFIG``. The codes are ``compiler.lowering.order_codes``'s."""
 from __future__ import annotations
 
 import torch
@@ -19,8 +19,10 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active, multiprocessor_count
+from compiler.lowering.order_codes import INT64_MIN, order_code, word_of_code
 from compiler.lowering.scoring.tile_arith import sequential_dot, sequential_group_sum
 from compiler.lowering import defaults
+from runtime.order_codes import PADDING
 
 INTERPRET = interpreter_active()
 
@@ -42,17 +44,6 @@ FP8_MIN_HEAD_DIM = 32
 def fp8_interval(D: int) -> int:
     """Products per promotion interval of the FP8 scorer's D-term dot (FP8_PROMOTE, or D when smaller)."""
     return min(D, FP8_PROMOTE)
-
-
-@triton.jit
-def order_code(score, visible, key, T):
-    """int64 order code of fp32 ``score`` for ``key`` (SPEC C.1)."""
-    s = score + 0.0
-    bits = s.to(tl.int32, bitcast=True)
-    c32 = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    c32 = tl.where(s != s, 0x7FFFFFFF, c32)
-    c32 = tl.where(visible, c32, -2147483648)
-    return c32.to(tl.int64) * 4294967296 + (T - 1 - key).to(tl.int64)
 
 
 @triton.jit
@@ -226,7 +217,7 @@ def _store_codes(ptr, code, mask, WORDS: tl.constexpr):
     """Dense scoring's store of int64 order codes: the codes, or with WORDS their high words
     (int32; the low word is ``T - 1 - key``, implied by the position)."""
     if WORDS:
-        tl.store(ptr, (code >> 32).to(tl.int32), mask=mask)
+        tl.store(ptr, word_of_code(code), mask=mask)
     else:
         tl.store(ptr, code, mask=mask)
 
@@ -245,7 +236,7 @@ def _dense_tile(key, best, out_rows, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, m
         skt, ssb, msb, mss, mst, BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, FP8, MASK_READ)
     _store_codes(out_rows + key[None, :], code, ok, WORDS)
     if MAXIMA:
-        best = tl.maximum(best, tl.where(ok, code, -9223372036854775808))
+        best = tl.maximum(best, tl.where(ok, code, INT64_MIN))
     return best
 
 
@@ -368,7 +359,7 @@ def _dense_score_kernel(
         # ones, then hidden ones.
         n_scored = tl.cdiv(tl.maximum(scored_tiles - g, 0), n_groups)
         n_clear = tl.minimum(tl.cdiv(tl.maximum(clear_tiles - g, 0), n_groups), n_scored)
-        best = tl.full((BLOCK_S, BLOCK_T), -9223372036854775808, tl.int64)
+        best = tl.full((BLOCK_S, BLOCK_T), INT64_MIN, tl.int64)
         for i in range(0, n_clear):
             best = _dense_tile((g + i * n_groups) * BLOCK_T + lanes, best, out_rows, qt, wt, q_ptr, q_off,
                                rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok, T, H, skb, skt, ssb, msb, mss,
@@ -383,7 +374,7 @@ def _dense_score_kernel(
             # Per lane, the group's first hidden-only tile holds its largest hidden code.
             key = (g + n_scored * n_groups) * BLOCK_T + lanes
             best = tl.maximum(best, tl.where((key < T)[None, :], _hidden_tile(key, BLOCK_S, BLOCK_T, T),
-                                             -9223372036854775808))
+                                             INT64_MIN))
             tl.store(max_ptr + b * smb + slots[:, None] * sms + g * BLOCK_T + lanes[None, :], best,
                      mask=row_ok[:, None])
         for i in range(n_scored, tl.cdiv(tl.maximum(n_key_tiles - g, 0), n_groups)):
@@ -518,7 +509,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         raise ValueError("rows: only the non-compact mode (tau=None) takes a row list")
     if not compact:
         shape = (B, n_slots, ids.shape[-1])
-        out = (torch.full(shape, torch.iinfo(torch.int64).min, dtype=torch.int64, device=q.device)
+        out = (torch.full(shape, PADDING, dtype=torch.int64, device=q.device)
                if fill else torch.empty(shape, dtype=torch.int64, device=q.device))
     # Operands a variant never reads (tau and out_count without COMPACT, mask with MASK_NONE) are
     # passed as any tensor of the call: the kernel's constexpr branches skip them.
@@ -603,38 +594,4 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
 def chunk_multiple(dtype: torch.dtype) -> int:
     """The chunk counts the scorer's ``maxima`` output takes are multiples of this (its key tile)."""
     return dict(scorer_config(dtype).meta)["BLOCK_T"]
-
-
-@triton.jit
-def decode_code(c, T):
-    """(fp32 value, int64 key) of int64 order codes ``c`` (the inverse of ``order_code``)."""
-    c32 = (c >> 32).to(tl.int32)  # arithmetic shift: the high word, floor(c / 2^32)
-    key = (T - 1) - (c - (c32.to(tl.int64) << 32))
-    bits = tl.where(c32 >= 0, c32, c32 ^ 0x7FFFFFFF)
-    value = tl.where(c32 == -2147483648, float("-inf"), bits.to(tl.float32, bitcast=True))
-    return value, key
-
-
-@triton.jit
-def _decode_codes_kernel(codes_ptr, values_ptr, idx_ptr, n, T, BLOCK: tl.constexpr):
-    off = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = off < n
-    value, key = decode_code(tl.load(codes_ptr + off, mask=ok, other=0), T)
-    tl.store(values_ptr + off, value, mask=ok)
-    tl.store(idx_ptr + off, key, mask=ok)
-
-
-def decode_codes(codes: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values fp32, indices int64) of int64 order codes, same shape; hidden keys decode to -inf.
-
-    The inverse of ``order_code`` (one kernel launch): the high word gives the fp32 value (-0.0
-    comes back as +0.0, as it was folded), the low word the key ``T - 1 - low``."""
-    c = codes.contiguous()
-    values = torch.empty(c.shape, dtype=torch.float32, device=c.device)
-    idx = torch.empty(c.shape, dtype=torch.int64, device=c.device)
-    if c.numel():
-        block = 1024
-        _decode_codes_kernel[(triton.cdiv(c.numel(), block),)](c, values, idx, c.numel(), T,
-                                                              BLOCK=block)
-    return values, idx
 

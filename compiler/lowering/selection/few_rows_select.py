@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import multiprocessor_count
-from compiler.lowering.scoring.indexer_scores import decode_code
+from compiler.lowering.order_codes import INT64_MIN, decode_code
 from compiler.lowering.selection.radix_select import _complete_and_sort, _select_row
 from compiler.lowering.selection.threshold_select import _kth_of, window
 from compiler.lowering import defaults
@@ -27,7 +27,7 @@ def _few_rows_kernel(codes_ptr, maxima_ptr, cand_ptr, counters_ptr, values_ptr, 
                      NP: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr, KP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, NP)
-    tau = _kth_of(tl.load(maxima_ptr + row * stride_m + j, mask=j < n, other=-9223372036854775808), kk)
+    tau = _kth_of(tl.load(maxima_ptr + row * stride_m + j, mask=j < n, other=INT64_MIN), kk)
     row_codes = codes_ptr + row * stride_c
     row_cand = cand_ptr + row * stride_d
     count_ptr = counters_ptr + 2 * row
@@ -36,7 +36,7 @@ def _few_rows_kernel(codes_ptr, maxima_ptr, cand_ptr, counters_ptr, values_ptr, 
     hi = tl.minimum(lo + chunk, N)
     for start in range(lo, hi, BLOCK):
         t = start + offs
-        c = tl.load(row_codes + t, mask=t < hi, other=-9223372036854775808)
+        c = tl.load(row_codes + t, mask=t < hi, other=INT64_MIN)
         keep = ((t < hi) & (c >= tau)).to(tl.int32)
         base = tl.atomic_add(count_ptr, tl.sum(keep, axis=0))
         tl.store(row_cand + base + tl.cumsum(keep, axis=0) - 1, c, mask=keep != 0)
@@ -46,7 +46,7 @@ def _few_rows_kernel(codes_ptr, maxima_ptr, cand_ptr, counters_ptr, values_ptr, 
         live = count > 0
         if count <= WINDOW:
             w = tl.arange(0, WINDOW)
-            x = tl.load(row_cand + w, mask=w < count, other=-9223372036854775808, cache_modifier=".cg")
+            x = tl.load(row_cand + w, mask=w < count, other=INT64_MIN, cache_modifier=".cg")
             kth = _kth_of(x, kk)
             greater = (x > kth).to(tl.int32)
             tl.store(row_codes + tl.cumsum(greater, axis=0) - 1, x, mask=greater != 0)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import torch
 import triton
-from compiler.lowering import defaults
 import triton.language as tl
 
 from compiler.autotune import interpreter_active, multiprocessor_count
+from compiler.lowering import defaults
+from compiler.lowering.order_codes import INT32_MIN, INT64_MIN, code_of_word, word_of_code
 
 
 @triton.jit
@@ -24,10 +25,9 @@ def row_codes_at(row_codes, idx, inside, N, WORDS: tl.constexpr):
     row's codes, or with WORDS its int32 words, the code at position t being (word << 32) + N - 1 - t."""
     if WORDS:
         word = tl.load(row_codes + idx, mask=inside, other=0)
-        code = tl.where(inside, word.to(tl.int64) * 4294967296 + (N - 1 - idx).to(tl.int64),
-                        -9223372036854775808)
+        code = tl.where(inside, code_of_word(word, idx, N), INT64_MIN)
     else:
-        code = tl.load(row_codes + idx, mask=inside, other=-9223372036854775808)
+        code = tl.load(row_codes + idx, mask=inside, other=INT64_MIN)
     return code
 
 
@@ -38,13 +38,13 @@ def row_codes_at_least(row_codes, idx, inside, N, tau, WORDS: tl.constexpr):
     With WORDS the comparison takes no int64 arithmetic per code: with tau = (h << 32) + l
     (0 <= l < 2^32), code >= tau iff word > h, or word == h and N - 1 - idx >= l, i.e. idx < N - l."""
     if WORDS:
-        word = tl.load(row_codes + idx, mask=inside, other=-2147483648)
-        high = (tau >> 32).to(tl.int32)
+        word = tl.load(row_codes + idx, mask=inside, other=INT32_MIN)
+        high = word_of_code(tau)
         cut = tl.maximum(N - (tau & 0xFFFFFFFF), 0).to(tl.int32)
         keep = inside & ((word > high) | ((word == high) & (idx < cut)))
-        code = (word.to(tl.int64) << 32) | (N - 1 - idx).to(tl.int64)
+        code = code_of_word(word, idx, N)
     else:
-        code = tl.load(row_codes + idx, mask=inside, other=-9223372036854775808)
+        code = tl.load(row_codes + idx, mask=inside, other=INT64_MIN)
         keep = inside & (code >= tau)
     return code, keep
 
@@ -72,7 +72,7 @@ def _count_digits(row_codes, N, lo, hi, prefix, prefix_mask, shift, BLOCK: tl.co
     for start in range(lo, hi, BLOCK):
         idx = start + offs
         inside = idx < hi
-        u = row_codes_at(row_codes, idx, inside, N, WORDS) ^ -9223372036854775808
+        u = row_codes_at(row_codes, idx, inside, N, WORDS) ^ INT64_MIN
         match = inside & ((u & prefix_mask) == prefix)
         digit = ((u >> shift) & 15).to(tl.int32)
         hit = match[:, None] & (digit[:, None] == digits[None, :])
@@ -115,7 +115,7 @@ def _complete_and_sort(row_out, stride_oc, live, kth, num_greater, kk, KP: tl.co
         slots = tl.arange(0, KP)
         top = tl.load(row_out + slots.to(tl.int64) * stride_oc, mask=slots < num_greater, other=0,
                       cache_modifier=".cg")
-        top = tl.where(slots < num_greater, top, tl.where(slots < kk, kth, -9223372036854775808))
+        top = tl.where(slots < num_greater, top, tl.where(slots < kk, kth, INT64_MIN))
         top = tl.sort(top, descending=True)
         tl.store(row_out + slots.to(tl.int64) * stride_oc, top, mask=slots < kk)
 
@@ -139,7 +139,7 @@ def _select_row(row_codes, N, row_out, stride_oc, live, kk, BLOCK: tl.constexpr,
         chosen, rank = _choose_digit(counts, rank)
         prefix = prefix | (chosen.to(tl.int64) << shift)
         prefix_mask = prefix_mask | (tl.full([], 15, tl.int64) << shift)
-    kth = prefix ^ -9223372036854775808
+    kth = prefix ^ INT64_MIN
 
     # Stage 2: compact the values strictly greater than kth (fewer than kk of them).
     written = tl.zeros([], dtype=tl.int32)
@@ -186,7 +186,7 @@ def _compact_pass(row_codes, row_out, stride_oc, m, written, chosen, shift, next
         idx = start + offs
         inside = idx < m
         c = tl.load(row_codes + idx, mask=inside, other=0, cache_modifier=".cg")
-        u = c ^ -9223372036854775808
+        u = c ^ INT64_MIN
         digit = ((u >> shift) & 15).to(tl.int32)
         above = inside & (digit > chosen)
         keep = inside & (digit == chosen)
@@ -235,7 +235,7 @@ def _select_top_codes_compacting_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_
         # The next pass reads codes[0:m] stored by other threads: a barrier, and ".cg" loads.
         tl.debug_barrier()
 
-    _complete_and_sort(row_out, stride_oc, live, prefix ^ -9223372036854775808, written, kk, KP)
+    _complete_and_sort(row_out, stride_oc, live, prefix ^ INT64_MIN, written, kk, KP)
 
 
 TALLY_ROW = 17 * 16
@@ -279,7 +279,7 @@ def _collect_chunk_kernel(codes_ptr, valid_ptr, out_ptr, out_rows_ptr, tally_ptr
     dst, live = _destination(valid_ptr, out_rows_ptr, row, out_num_rows, HAS_OUT_ROWS)
     tally_row = tally_ptr + row.to(tl.int64) * stride_tr
     prefix, _, _ = _state_after(tally_row, state_ptr + row.to(tl.int64) * 32, 15, kk)
-    kth = prefix ^ -9223372036854775808
+    kth = prefix ^ INT64_MIN
     row_codes = codes_ptr + row.to(tl.int64) * stride_cr
     row_out = out_ptr + tl.where(live, dst, 0) * stride_or
     lo = part * chunk
@@ -306,7 +306,7 @@ def _finish_row_kernel(valid_ptr, out_ptr, out_rows_ptr, tally_ptr, state_ptr,
     prefix, _, rank = _state_after(tally_ptr + row.to(tl.int64) * stride_tr,
                                    state_ptr + row.to(tl.int64) * 32, 15, kk)
     _complete_and_sort(out_ptr + tl.where(live, dst, 0) * stride_or, stride_oc, live,
-                       prefix ^ -9223372036854775808, kk - rank, kk, KP)
+                       prefix ^ INT64_MIN, kk - rank, kk, KP)
 
 
 def _check_tensor(name: str, value, dtype: torch.dtype | tuple[torch.dtype, ...], dim: int) -> None:

@@ -14,10 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from compiler.lowering.selection.radix_select import row_codes_at, row_codes_at_least, select_top_codes
 from compiler.lowering import defaults
-
-INT64_MIN = -(2**63)
+from compiler.lowering.order_codes import INT32_MIN, INT64_MIN, codes_of_words, word_of_code
+from compiler.lowering.selection.radix_select import row_codes_at, row_codes_at_least, select_top_codes
 
 
 @triton.jit
@@ -27,7 +26,7 @@ def _chunk_max_kernel(codes_ptr, out_ptr, N, n, stride_c, stride_o, BLOCK_J: tl.
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
     jok = j < n
-    m = tl.full([BLOCK_J], -9223372036854775808, tl.int64)
+    m = tl.full([BLOCK_J], INT64_MIN, tl.int64)
     for t0 in range(0, N, n):
         t = t0 + j
         m = tl.maximum(m, row_codes_at(codes_ptr + row * stride_c, t, jok & (t < N), N, WORDS))
@@ -51,7 +50,7 @@ def _compact_kernel(codes_ptr, tau_ptr, ends_ptr, cand_ptr, count_ptr, N, seg, s
     limit = N
     if ENDS:
         end = tl.minimum(tl.load(ends_ptr + row * stride_e).to(tl.int64), N)
-        limit = tl.where((tau >> 32) > -2147483648, end, N)
+        limit = tl.where(word_of_code(tau) > INT32_MIN, end, N)
     codes = codes_ptr + row * stride_c
     out = cand_ptr + row * stride_d + s * seg
     lane_first = (tl.arange(0, 32) * TILE)[:, None] + tl.arange(0, TILE)[None, :]
@@ -91,7 +90,7 @@ def _kth_of(x, kk):
     unsigned order is the signed one); the kk-th value is then the ``need``-th largest low word
     (unsigned) among the values with high word h, ``need`` = kk - #(high words > h). That search
     runs only when more than ``need`` values share h; otherwise it is their smallest low word."""
-    uh = ((x >> 32).to(tl.int32) ^ -2147483648).to(tl.uint32, bitcast=True)
+    uh = ((x >> 32).to(tl.int32) ^ INT32_MIN).to(tl.uint32, bitcast=True)
     h = _kth_word(uh, kk, uh == uh)
     tie = uh == h
     need = kk - tl.sum((uh > h).to(tl.int32), axis=0)
@@ -99,7 +98,7 @@ def _kth_of(x, kk):
     low = tl.min(tl.where(tie, ul, tl.full(ul.shape, 0xFFFFFFFF, tl.uint32)), axis=0)
     if tl.sum(tie.to(tl.int32), axis=0) > need:
         low = _kth_word(ul, need, tie)
-    return ((h.to(tl.int32, bitcast=True) ^ -2147483648).to(tl.int64) << 32) | low.to(tl.int64)
+    return ((h.to(tl.int32, bitcast=True) ^ INT32_MIN).to(tl.int64) << 32) | low.to(tl.int64)
 
 
 @triton.jit
@@ -107,7 +106,7 @@ def _kth_largest_kernel(x_ptr, out_ptr, n, kk, stride_x, NP: tl.constexpr):
     """out[row] = the kk-th largest of x[row, :n] (int64, 1 <= kk <= n <= NP)."""
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, NP)
-    x = tl.load(x_ptr + row * stride_x + j, mask=j < n, other=-9223372036854775808)
+    x = tl.load(x_ptr + row * stride_x + j, mask=j < n, other=INT64_MIN)
     tl.store(out_ptr + row + tl.arange(0, 1), tl.zeros([1], tl.int64) + _kth_of(x, kk))
 
 
@@ -122,7 +121,7 @@ def _top_window_kernel(cand_ptr, count_ptr, out_ptr, N, seg, kk, stride_c, strid
     j = tl.arange(0, NP)
     count = tl.load(count_ptr + row * stride_n + j // seg, mask=j < N, other=0)
     live = tl.max(count, axis=0) <= tl.minimum(seg, NP)
-    x = tl.load(cand_ptr + row * stride_c + j, mask=live & (j % seg < count), other=-9223372036854775808)
+    x = tl.load(cand_ptr + row * stride_c + j, mask=live & (j % seg < count), other=INT64_MIN)
     kth = _kth_of(x, kk)
     greater = x > kth
     equal = x == kth
@@ -144,7 +143,7 @@ def _pad_tail_kernel(cand_ptr, count_ptr, NP, N, stride_c, BLOCK: tl.constexpr):
     start = tl.where((count > NP) & (count <= N), count, N)
     for t0 in range(start, N, BLOCK):
         t = t0 + tl.arange(0, BLOCK)
-        tl.store(cand_ptr + row * stride_c + t, tl.full([BLOCK], -9223372036854775808, tl.int64), mask=t < N)
+        tl.store(cand_ptr + row * stride_c + t, tl.full([BLOCK], INT64_MIN, tl.int64), mask=t < N)
 
 
 def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
@@ -302,12 +301,6 @@ def compact(rows: torch.Tensor, tau: torch.Tensor, cap: int, segments: int | Non
                                 EVEN=N % (G * 32 * tile) == 0, WORDS=rows.dtype == torch.int32,
                                 ENDS=ends is not None, num_warps=1)
     return cand, count
-
-
-def codes_of_words(words: torch.Tensor) -> torch.Tensor:
-    """int64 codes of int32 words ``[..., N]``: ``(word << 32) + N - 1 - position``."""
-    N = words.shape[-1]
-    return (words.to(torch.int64) << 32) + torch.arange(N - 1, -1, -1, device=words.device)
 
 
 def top_codes(codes: torch.Tensor, kk: int, maxima: torch.Tensor | None = None, ordered: bool = True,

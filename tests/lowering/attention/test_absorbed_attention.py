@@ -165,14 +165,14 @@ def test_a_configuration_that_does_not_compile_falls_back_for_the_op_only(monkey
 
 def test_decode_sized_calls_try_the_few_queries_config_first_prefill_the_warp_specialised_kernel():
     from compiler.lowering.attention.absorbed_attention import (CONFIGS, DEFAULT_CONFIG, FEW_QUERIES,
-                                                                FEW_QUERIES_CONFIG, FORMS, WARP_SPECIALISED,
+                                                                FEW_QUERIES_CONFIG, CONFIG_NAMES, WARP_SPECIALISED,
                                                                 default_configs)
 
     few, many = default_configs(FEW_QUERIES), default_configs(FEW_QUERIES + 1)
     assert few[0] == FEW_QUERIES_CONFIG and many[0] == WARP_SPECIALISED
     assert set(few) <= set(CONFIGS) and set(many[1:]) <= set(CONFIGS)
     for names in (few, many):
-        assert len(set(names)) == len(names) and set(names) <= set(FORMS)
+        assert len(set(names)) == len(names) and set(names) <= set(CONFIG_NAMES)
         assert DEFAULT_CONFIG in names and FEW_QUERIES_CONFIG in names
 
 

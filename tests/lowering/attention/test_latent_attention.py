@@ -1,9 +1,9 @@
-"""``latent_attention.latent_sparse_attention`` (under TRITON_INTERPRET=1): both forms of an "auto"
-call give the reference's result, the choice follows ``compiler.ops.sparse_form``."""
+"""``latent_attention.latent_sparse_attention`` (under TRITON_INTERPRET=1): both forms give the
+reference's result."""
 import pytest
 import torch
 
-from compiler.lowering.attention.latent_attention import choose_form, latent_sparse_attention
+from compiler.lowering.attention.latent_attention import latent_sparse_attention
 from runtime.absorbed_attention import absorbed_sparse_attention, expand_latent, head_weights
 
 from tests.lowering.attention.test_absorbed_attention import causal, mla_inputs
@@ -12,21 +12,18 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0:DeprecationWarning")  # Triton interpreter internals
 
 
-@pytest.mark.parametrize("heads,s,t,width,want", [(2, 40, 40, 8, "union"), (16, 16, 4096, 4, "absorbed")])
+@pytest.mark.parametrize("heads,s,t,width", [(2, 40, 40, 8), (16, 16, 4096, 4)])
 @pytest.mark.parametrize("masked_rows", ["zero", "mean"])
-def test_auto_runs_the_chosen_form_and_matches_the_reference(heads, s, t, width, want, masked_rows):
+def test_both_forms_match_the_reference(heads, s, t, width, masked_rows):
     q, latent, rope_key, weight, indices = mla_inputs(2, heads, s, t, width, seed=heads)
     indices[0, :3] = -1  # rows without a key
     mask = causal(2, s, t)
-    form, reason = choose_form(q, latent, rope_key, weight, indices, mask)
-    assert form == want and "any overlap" in reason
-    got = latent_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=0.3, masked_rows=masked_rows)
-    forced = latent_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=0.3,
-                                     masked_rows=masked_rows, form="absorbed")
     ref, _ = absorbed_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=0.3,
                                        masked_rows=masked_rows)
-    torch.testing.assert_close(got, ref, rtol=0, atol=2e-5)
-    torch.testing.assert_close(forced, ref, rtol=0, atol=2e-5)
+    for union in (False, True):
+        got = latent_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=0.3,
+                                      masked_rows=masked_rows, union=union)
+        torch.testing.assert_close(got, ref, rtol=0, atol=2e-5)
 
 
 def test_expand_latent_is_kv_b_projs_expansion():
@@ -39,9 +36,8 @@ def test_expand_latent_is_kv_b_projs_expansion():
     torch.testing.assert_close(v, torch.einsum("btc,hvc->bhtv", latent, w_uv))
 
 
-def test_a_bad_form_is_named_before_any_work():
+@pytest.mark.parametrize("union", [False, True])
+def test_a_bad_argument_is_named_before_any_work(union):
     q, latent, rope_key, weight, indices = mla_inputs(1, 2, 4, 7, 2)
-    with pytest.raises(ValueError, match="form must be one of"):
-        latent_sparse_attention(q, latent, rope_key, weight, indices, scale=0.3, form="union")
     with pytest.raises(ValueError, match="masked_rows"):
-        latent_sparse_attention(q, latent, rope_key, weight, indices, scale=0.3, masked_rows="nan")
+        latent_sparse_attention(q, latent, rope_key, weight, indices, scale=0.3, masked_rows="nan", union=union)

@@ -5,6 +5,7 @@ operands are clear errors."""
 import pytest
 import torch
 
+from compiler.lowering.order_codes import decode_codes
 from compiler.lowering.scoring import indexer_scores as scorer
 from compiler.lowering.topk_pipeline import _all_keys
 from runtime.dense_scorer import masked_scores
@@ -39,7 +40,7 @@ def test_kernels_compute_the_runtime_fp8_scorer_bitwise(mask_kind):
     mask = masks(S, T, 1)[mask_kind]
     dense, listed = every_code(q8, w8, k8, scale, mask)
     assert torch.equal(dense, listed)
-    values, _ = scorer.decode_codes(dense, T)
+    values, _ = decode_codes(dense, T)
     want = masked_scores(check_indexer_inputs(q8, k8, w8, 4, mask, scale))
     assert torch.equal(values.view(torch.int32), (want + 0.0).view(torch.int32))  # -0.0 is folded
 
@@ -58,7 +59,7 @@ def test_gpu_form_of_the_kernels_on_exact_sums(monkeypatch):
     mask = masks(S, T, 3)["additive"]
     dense, listed = every_code(q8, w, k8, scale, mask)
     assert torch.equal(dense, listed)
-    values, _ = scorer.decode_codes(dense, T)
+    values, _ = decode_codes(dense, T)
     want = masked_scores(check_indexer_inputs(q8, k8, w, 4, mask, scale))
     assert torch.equal(values.view(torch.int32), (want + 0.0).view(torch.int32))
 

@@ -11,7 +11,8 @@ import torch
 
 from compiler.lowering import defaults
 from compiler.lowering.scoring import indexer_scores
-from compiler.lowering.scoring.indexer_scores import decode_codes, score_keys, score_tile_shape, trim_positions
+from compiler.lowering.order_codes import decode_codes
+from compiler.lowering.scoring.indexer_scores import score_keys, score_tile_shape, trim_positions
 from runtime.dense_scorer import exact_scores
 
 

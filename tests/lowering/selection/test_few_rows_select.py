@@ -5,7 +5,7 @@ import torch
 
 from compiler.lowering import defaults
 from compiler.lowering.selection import few_rows_select
-from compiler.lowering.scoring.indexer_scores import decode_codes
+from compiler.lowering.order_codes import decode_codes
 from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
 from compiler.lowering.selection.threshold_select import chunk_maxima
 
@@ -46,7 +46,7 @@ def test_both_finishes_are_taken():
 
 
 def test_scorer_codes_of_hidden_and_tied_keys():
-    """Order codes as the scorer encodes them (indexer_scores ``order_code``): tied values (lower
+    """Order codes as the scorer encodes them (``compiler.lowering.order_codes.order_code``): tied values (lower
     key first), hidden keys, NaN."""
     N, kk = 3000, 50
     g = torch.Generator().manual_seed(7)

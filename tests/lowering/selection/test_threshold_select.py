@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from compiler.lowering import defaults
+from compiler.lowering.order_codes import codes_of_words
 from compiler.lowering.selection import threshold_select
 from compiler.lowering.selection.threshold_select import top_codes
 
@@ -138,7 +139,7 @@ def test_compaction_of_words_keeps_the_codes_above_any_tau(segments):
     R, N = 8, 700
     g = torch.Generator().manual_seed(segments)
     words = torch.tensor([-(2**31), -1, 0, 7, 2**31 - 1], dtype=torch.int32)[torch.randint(0, 5, (R, N), generator=g)]
-    codes = threshold_select.codes_of_words(words)
+    codes = codes_of_words(words)
     lows = [0, 1, 350, N - 1, N, 2**31 - 1, 2**31, 2**32 - 1]
     for high in (-(2**31), -1, 7, 2**31 - 1):
         tau = torch.tensor([high * 2**32 + low for low in lows])
@@ -188,7 +189,7 @@ def test_int32_words_select_as_their_codes(kind, factor, monkeypatch):
         words = torch.tensor([5, 6, 7], dtype=torch.int32)[torch.randint(0, 3, (R, N), generator=g)]
     else:
         words = torch.tensor([-(2**31), 2**31 - 1, 0], dtype=torch.int32)[torch.randint(0, 3, (R, N), generator=g)]
-    codes = threshold_select.codes_of_words(words)
+    codes = codes_of_words(words)
     assert torch.equal(threshold_select.chunk_maxima(words, 64), threshold_select.chunk_maxima(codes, 64))
     assert torch.equal(threshold_select.chunk_maxima(words.T.contiguous().T, 64),  # a column-major view
                        threshold_select.chunk_maxima(codes, 64))
@@ -351,7 +352,7 @@ def test_compaction_stops_at_the_visible_extent(segments, tile):
     R, N, kk = 7, 300, 12  # rounds of 32 and 256 positions: N and the ends 111, 213 end inside one
     ends = [0, 1, kk - 3, 111, 213, N, N + 50]
     words = rows_with_hidden_tails(R, N, ends, seed=segments)
-    codes = threshold_select.codes_of_words(words)
+    codes = codes_of_words(words)
     end_t = torch.tensor(ends, dtype=torch.int32)
     want = torch.topk(codes, kk).values
     assert torch.equal(top_codes(words, kk, ends=end_t), want)

@@ -1,4 +1,4 @@
-"""benchmarks/sparse_attention.py in its CPU smoke mode (Triton interpreter, tiny MLA shape): every
+"""benchmarks/sparse_attention_forms.py in its CPU smoke mode (Triton interpreter, tiny MLA shape): every
 method checked against the fp32 reference, the selection kinds distinct and visible, a selections
 file, the time budget."""
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from benchmarks.sparse_attention import KINDS, distinct_rows, main, selections
+from benchmarks.sparse_attention_forms import KINDS, distinct_rows, main, selections
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0:DeprecationWarning")  # Triton interpreter internals

@@ -1,6 +1,7 @@
-"""DSA sparse attention in Triton: every query attends to its selected keys only.
+"""DSA sparse attention in Triton, the union form: every query attends to its selected keys only, a
+tile of queries walking the union of their selections.
 
-Contract: ``runtime.sparse_attention.sparse_attention`` (visible keys = the distinct in-range
+Contract: ``runtime.union_attention.sparse_attention`` (visible keys = the distinct in-range
 indices of the query's row that the bool mask shows; rows without one get 0 or the mean of v).
 q ``[B, Hq, S, Dqk]``, k ``[B, Hkv, T, Dqk]``, v ``[B, Hkv, T, Dv]`` (bf16, fp16 or fp32, one
 dtype), indices ``[B, S, K]`` int32/int64, mask None or bool broadcastable to ``[B, 1, S, T]``.
@@ -59,7 +60,7 @@ import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket
 from compiler.lowering.attention.online_softmax import LOG2_E, attention_splits, merge_split_partials
-from runtime.sparse_attention import check_sparse_attention_inputs
+from runtime.union_attention import check_sparse_attention_inputs
 from runtime.workspace import check_workspace
 
 _INTERPRETED = interpreter_active()

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from compiler.lowering.attention.sparse_attention import build_union, sparse_attention_triton, tile_rows
-from runtime.sparse_attention import selected_keys, sparse_attention
+from compiler.lowering.attention.union_attention import build_union, sparse_attention_triton, tile_rows
+from runtime.union_attention import selected_keys, sparse_attention
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0:DeprecationWarning")  # Triton interpreter internals

@@ -3,11 +3,11 @@ today's union op and transformers' masked SDPA, with errors checked in the same 
 
 Run on one CUDA GPU from the repository root (about 3 minutes on an H200, ``--budget-s`` bounds it):
 
-    PYTHONPATH=. python3 benchmarks/sparse_attention.py --out benchmarks/results/sparse_attention_h200.json
+    PYTHONPATH=. python3 benchmarks/sparse_attention_forms.py --out benchmarks/results/sparse_attention_h200.json
 
 and on the CPU, tiny, under the Triton interpreter (checks that the script works):
 
-    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/sparse_attention.py --smoke --out /tmp/sparse_smoke.json
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/sparse_attention_forms.py --smoke --out /tmp/sparse_smoke.json
 
 Shape: an MLA layer with latent Dc = 512 (kv_lora after its norm), rope key Dr = 64, q/k nope 128,
 v 128, H heads (128 and 16), top-K 2048, bf16, random weights; the keys and values of the union op
@@ -28,14 +28,14 @@ within its visible keys; a row with at most 2048 visible keys selects keys 0..20
   or a dict with ``indices`` and optionally ``T``), e.g. a trained model's selections.
 
 Methods, timed by CUDA events (median): ``absorbed:<config>`` for every form of
-``compiler.lowering.attention.absorbed_attention.FORMS`` (its Triton launch configurations and
+``compiler.lowering.attention.absorbed_attention.CONFIG_NAMES`` (its Triton launch configurations and
 the Gluon warp-specialised kernel, ``ws``) on a case's first kind and the fastest of
 them on its other kinds (the op runs ``default_configs``' first),
 ``union`` (``pulsar_dosa.sparse_attention``'s kernels on the expanded keys and values) and
 ``masked_sdpa`` (what transformers runs: index mask, combined mask, SDPA over all T keys; timed
 once per case, its work does not depend on the selection), and where the compile-time form is
-"auto" (prefill), ``auto``: the op's per-call choice (``latent_attention``, its pick in
-``auto_form``, its site the kind: measured on its first call, then from its own earlier
+"auto" (prefill), ``auto``: the op's CUDA kernel choosing per call (``compiler.ops.sparse_form``,
+its pick in ``auto_form``, its site the kind: measured on its first call, then from its own earlier
 measurements) and ``union:latent``: the union form as that op runs it, the
 latent's expansion included; there ``regret`` is auto's time over the fastest absorbed
 configuration's or union:latent's. ``tflops`` is the absorbed form's 2·B·S·H·K·(Dc + Dr + Dc) FLOPs
@@ -63,12 +63,13 @@ import torch.nn.functional as F
 import triton
 
 import benchmarks.indexer_graphs as graphs
-from compiler.lowering.attention.absorbed_attention import DEFAULT_CONFIG, FORMS, absorbed_sparse_attention_triton
-from compiler.lowering.attention.latent_attention import choose_form, expand_latent, latent_sparse_attention
+from compiler.lowering.attention.absorbed_attention import CONFIG_NAMES, DEFAULT_CONFIG, absorbed_sparse_attention_triton
 from compiler.lowering.attention.selection_overlap import union_ratio
-from compiler.lowering.attention.sparse_attention import sparse_attention_triton, tile_rows
+from compiler.lowering.attention.union_attention import sparse_attention_triton, tile_rows
+from compiler.ops.absorbed_sparse_attention import absorbed_sparse_attention_cuda
+from compiler.ops.sparse_form import choose_form
 from compiler.policy import sparse_attention_form
-from runtime.absorbed_attention import absorbed_sparse_attention, head_weights
+from runtime.absorbed_attention import absorbed_sparse_attention, expand_latent, head_weights
 
 DIMS = dict(nope=128, rope=64, v=128, latent=512, topk=2048)
 SMOKE_DIMS = dict(nope=16, rope=16, v=16, latent=32, topk=32)
@@ -250,7 +251,7 @@ def run_case(case, kinds, args, device, dims, emit):
     b, s, t, heads = case["B"], case["S"], case["T"], case["heads"]
     q, latent, rope_key, weight, scale = mla_inputs(b, s, t, heads, dims, device, torch.bfloat16, seed=s + t)
     mask = causal_mask(s, t, device) if s > 1 else None
-    configs = [DEFAULT_CONFIG] if args.smoke else list(FORMS)
+    configs = [DEFAULT_CONFIG] if args.smoke else list(CONFIG_NAMES)
     expanded_bytes = 2 * b * heads * t * (dims["nope"] + dims["rope"] + dims["v"])
     kv = expanded_kv(latent, rope_key, weight, heads, dims["nope"]) if fits(2 * expanded_bytes, device) else None
     sdpa_bytes = 3 * b * s * t  # index mask, combined mask, their inversion
@@ -292,8 +293,8 @@ def run_case(case, kinds, args, device, dims, emit):
                 found[0]["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         if chosen == "auto":
             auto_form, reason = choose_form(q, latent, rope_key, weight, indices, mask, site=kind)
-            record("auto", lambda: latent_sparse_attention(q, latent, rope_key, weight, indices, mask, scale=scale,
-                                                           distinct=distinct, form="auto", site=kind),
+            record("auto", lambda: absorbed_sparse_attention_cuda(q, latent, rope_key, weight, indices, mask, scale,
+                                                                  "zero", distinct, "auto", kind),
                    auto_form=auto_form, auto_reason=reason)
         if kv is None:
             found.append({**base, "method": "union", "error": "skipped: the expanded keys and values "

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from runtime.sparse_attention import selected_keys, sparse_attention
+from runtime.union_attention import selected_keys, sparse_attention
 
 LOWEST = torch.finfo(torch.float32).min
 

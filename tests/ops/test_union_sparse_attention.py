@@ -5,7 +5,7 @@ import torch
 
 import compiler.ops  # noqa: F401  (registers pulsar_dosa::sparse_attention)
 from runtime.attention_layout import QueryPhase, use_layout
-from runtime.sparse_attention import sparse_attention
+from runtime.union_attention import sparse_attention
 
 OP = torch.ops.pulsar_dosa.sparse_attention
 

@@ -59,14 +59,14 @@ import torch
 import torch.fx as fx
 
 import compiler.ops.absorbed_sparse_attention  # noqa: F401  (registers pulsar_dosa::absorbed_sparse_attention)
-import compiler.ops.sparse_attention  # noqa: F401  (registers pulsar_dosa::sparse_attention)
+import compiler.ops.union_sparse_attention  # noqa: F401  (registers pulsar_dosa::sparse_attention)
 from compiler.passes.base import Declined, PatternPass, near_miss
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call, is_unit,
                                      may_be_equal, normalize_dim, op_kind, same_size, scale_value, scaled_scores,
                                      single_use, softmax_of, tensor_meta, value)
 from compiler.passes.matcher import LatentKV, NotLatent, latent_form, module_path
 from compiler.policy import keeps_stock, latent_expansion_products, sparse_attention_form, stock_threshold
-from runtime.sparse_attention import FLOAT_DTYPES
+from runtime.union_attention import FLOAT_DTYPES
 
 KIND = "sparse_attention"
 OP = torch.ops.pulsar_dosa.sparse_attention.default

@@ -1,4 +1,6 @@
-"""DSA sparse attention with log-sum-exp: the plain-torch reference semantics.
+"""DSA sparse attention over expanded keys and values, with log-sum-exp: the plain-torch reference
+semantics of the union form (``pulsar_dosa.sparse_attention``; the absorbed form's is
+``runtime.absorbed_attention``).
 
 A DSA layer attends, for query ``s`` of batch row ``b``, to the keys its indexer selected:
 

@@ -284,7 +284,7 @@ def test_key_lengths_of_separate_symbols_match_and_provably_different_ones_do_no
     contracts and broadcasts them against each other, so they are equal whenever it runs (the op
     checks them again)."""
     from compiler.passes.matcher import NearMiss
-    from compiler.passes.sparse_attention import check_operands
+    from compiler.passes.dsa_sparse_attention import check_operands
 
     check_operands(*_operand_nodes({"k": "t_k", "v": "t_v", "ones": "t_i", "mask": "t_m"}))
     for name in ("v", "ones", "mask"):
