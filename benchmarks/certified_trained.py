@@ -44,11 +44,11 @@ from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.dsa_forward import dsa_forward, indexer_qkw
 from runtime.indexer_zoo import HELD_OUT_TOKENS, TRAINED_MODEL
 
-FULL = {"S": 4096, "T": [32768, 65536, 131072], "topk": 2048, "rs": [7, 15, 31], "reps": 5, "gap_queries": 64,
-        "profile_r": 15, "refine_queries": [1, 2, 4]}
+FULL = {"S": 4096, "T": [32768, 65536, 131072], "topk": 2048, "rs": [7, 15, 31], "reps": 5, "warmup": 1,
+        "gap_queries": 64, "profile_r": 15, "refine_queries": [1, 2, 4]}
 """The sizes; the certified rows refine lists of the runtime's ``REFINE_QUERIES`` queries, the
 ``refine_queries`` rows lists of each other count (1: each query's own survivors)."""
-SMOKE = {"S": 8, "T": [256], "topk": 16, "rs": [7], "reps": 1, "gap_queries": 4, "profile_r": 7,
+SMOKE = {"S": 4, "T": [128], "topk": 16, "rs": [7], "reps": 1, "warmup": 0, "gap_queries": 4, "profile_r": 7,
          "refine_queries": [1, 2]}
 STAGES = ("seeds", "plan", "screen", "refine", "select", "redo")
 
@@ -85,10 +85,10 @@ def threshold_gap(q, k, w, mask, tau, tau_star, n):
     return float(((ts - t) / (ts - median))[ok].mean()) if bool(ok.any()) else None
 
 
-def certified_row(q, k, w, mask, kk, config, dense, reps, device):
+def certified_row(q, k, w, mask, kk, config, dense, sizes, device):
     """Time, identity, pruning and the stage split of one certified configuration."""
     run = lambda: checked_certified_topk_cuda(q, k, w, kk, mask, config=config)  # noqa: E731
-    timing = harness.measure(run, device, reps)
+    timing = harness.measure(run, device, sizes["reps"], warmup=sizes["warmup"])
     stats, trace, marks = TopkStats(), [], []
     cuda = torch.device(device).type == "cuda"
 
@@ -137,7 +137,7 @@ def budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows) 
     for witnesses in (False, True):
         for r in sizes["rs"]:
             config = CertifiedTopkConfig(r=r, witnesses=witnesses, path="certified")
-            row = certified_row(q, k, w, mask, kk, config, dense.out, sizes["reps"], device)
+            row = certified_row(q, k, w, mask, kk, config, dense.out, sizes, device)
             tau = row.pop("tau")
             row["b"] = threshold_gap(q, k, w, mask, tau, tau_star, sizes["gap_queries"])
             row["x_dense"] = round(row["ms"] / dense.ms, 3)
@@ -160,7 +160,7 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     """Every row of one layer at one T: dense, certified per (r, witnesses), the plan and its op."""
     S, T, kk = q.shape[1], k.shape[1], min(sizes["topk"], k.shape[1])
     dense_call = lambda: dense_topk_cuda(q, k, w, kk, mask)  # noqa: E731
-    dense = harness.measure(dense_call, device, sizes["reps"])
+    dense = harness.measure(dense_call, device, sizes["reps"], warmup=sizes["warmup"])
     tau_star = dense.out[0][..., -1]
     rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3),
              "graph_ms": harness.graph_ms(dense_call, device)}]
@@ -170,7 +170,7 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
             continue
         config = CertifiedTopkConfig(r=sizes["profile_r"], witnesses=False, path="certified")
         with refine_lists(G):
-            row = certified_row(q, k, w, mask, kk, config, dense.out, sizes["reps"], device)
+            row = certified_row(q, k, w, mask, kk, config, dense.out, sizes, device)
         row.pop("tau")
         row["x_dense"] = round(row["ms"] / dense.ms, 3)
         rows.append({"layer": layer, "T": T, "S": S, "variant": f"r={sizes['profile_r']} lists of {G}",

@@ -17,7 +17,7 @@ def test_a_tiny_run_writes_exact_rows_the_time_split_and_a_plan(tmp_path):
     for r in certified:
         assert 0 <= r["pruned"] <= 1 and r["m"] >= 0 and r["queries"] == ct.SMOKE["S"]
     assert rows[1]["b"] is not None and rows[1]["b"] >= 0  # the threshold never passes the kk-th score here
-    plan = load_plan(tmp_path / "ct_plan_256.json")
+    plan = load_plan(tmp_path / "ct_plan_128.json")
     assert [p.layer for p in plan.layers] == ["model.layers.2.self_attn.indexer"]
     assert plan.layers[0].settings.path == rows[-1]["path"]
 
@@ -26,5 +26,5 @@ def test_a_prefill_needs_every_layer_in_its_plan(tmp_path, capsys):
     import pytest
 
     with pytest.raises(SystemExit) as exit_info:
-        ct.main(["--smoke", "--layers", "2", "--prefill", "256", "--out", str(tmp_path / "ct.json")])
+        ct.main(["--smoke", "--layers", "2", "--prefill", "128", "--out", str(tmp_path / "ct.json")])
     assert exit_info.value.code == 2 and "--prefill" in capsys.readouterr().err
