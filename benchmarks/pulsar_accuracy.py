@@ -85,7 +85,8 @@ def decoded(model, trial: Trial, config: PulsarConfig, device: torch.device) -> 
 
 def answers(model, trial: Trial, config: PulsarConfig, device: torch.device) -> list[bool]:
     """Per instance of ``trial`` (``KINDS`` order), whether greedy decoding gives its answer."""
-    return [bool(torch.equal(out, x.answer_ids)) for out, x in zip(decoded(model, trial, config, device), trial.instances)]
+    outputs = decoded(model, trial, config, device)
+    return [bool(torch.equal(out, x.answer_ids)) for out, x in zip(outputs, trial.instances)]
 
 
 def cost(model, shape: DecoderShape, context: torch.Tensor, config: PulsarConfig, reps: int,

@@ -69,10 +69,10 @@ class Composition:
 
 
 def training_composition(length: int) -> Composition:
-    """The tasks of one training sequence of ``length`` tokens: one of each kind per 2048 tokens
-    (count: per 4096), at most 6 / 5 / 3, at least one of each."""
+    """The tasks of one training sequence of ``length`` tokens: one of each kind per 2048 tokens,
+    at most 6 singles, 5 two-hops and 4 counts, at least one of each."""
     return Composition(single=max(1, min(6, length // 2048)), two_hop=max(1, min(5, length // 2048)),
-                       count=max(1, min(3, length // 4096)))
+                       count=max(1, min(4, length // 2048)))
 
 
 def _value(rng: np.random.Generator) -> str:

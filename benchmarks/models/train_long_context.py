@@ -13,8 +13,9 @@ transformers release and needs no scaling code, so the checkpoint loads as befor
 
 Data: ``--corpus``/train.npy windows with the tasks of ``tiny_tasks`` planted (single facts,
 two-hop chains, counts; their lines spread over ``--blocks`` blocks), every question answered at
-the end. Loss: the LM loss plus ``--answer-weight`` times the mean cross-entropy of the answer
-tokens (a 64K sequence holds ~100 answer tokens, which the LM mean alone weighs at ~0.15%). On
+the end. Loss: the LM loss plus ``--answer-weight`` times the answers' cross-entropy, averaged per
+task (``answer_loss``; a 64K sequence holds ~100 answer tokens, which the LM mean alone weighs at
+~0.15%). On
 CUDA the forward runs under bf16 autocast, on the CPU (smoke runs) in fp32.
 
 Phases (``PHASES``): 4096 x 8, 16384 x 2, 32768 x 1, then two phases of 65536 x 1; each phase starts
@@ -86,11 +87,15 @@ def phases(budgets: list[float], steps: list[int] | None, scale: float) -> list[
 
 
 def answer_loss(logits: torch.Tensor, ids: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the answer tokens (positions ``answers`` [B, Q, A], -1 ignored)."""
+    """Cross-entropy of the answer tokens (positions ``answers`` [B, Q, A], -1 ignored), averaged
+    over each task's tokens, then over the tasks: a count's one digit weighs as much as a value's
+    five."""
     b = torch.arange(ids.shape[0], device=ids.device)[:, None, None].expand_as(answers)
     keep = answers >= 0
-    pos = answers[keep]
-    return F.cross_entropy(logits[b[keep], pos - 1].float(), ids[b[keep], pos])
+    pos = answers.clamp_min(1)
+    ce = F.cross_entropy(logits[b, pos - 1].float().flatten(0, 2), ids[b, pos].flatten(), reduction="none")
+    per_task = (ce.view(answers.shape) * keep).sum(-1) / keep.sum(-1).clamp_min(1)
+    return per_task[keep.any(-1)].mean()
 
 
 class Stage:

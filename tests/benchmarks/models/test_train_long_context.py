@@ -80,13 +80,15 @@ def test_a_deadline_pauses_before_a_phase_that_could_end_after_it(tmp_path, corp
     assert json.loads((out / "train_progress_part4.json").read_text())["done"] == []
 
 
-def test_answer_loss_reads_the_logits_one_position_before_each_answer_token():
+def test_answer_loss_reads_the_logits_before_each_answer_token_and_weighs_tasks_alike():
     import torch
 
-    ids = torch.tensor([[5, 6, 7, 8]])
-    answers = torch.tensor([[[2, 3, -1]]])
-    logits = torch.full((1, 4, 10), -30.0)
-    logits[0, 1, 7] = logits[0, 2, 8] = 30.0
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    answers = torch.tensor([[[2, 3], [4, -1]]])  # a task of two tokens, one of one
+    logits = torch.full((1, 5, 10), -30.0)
+    logits[0, 1, 7] = logits[0, 2, 8] = logits[0, 3, 9] = 30.0
     assert stage.answer_loss(logits, ids, answers).item() == pytest.approx(0.0, abs=1e-6)
-    logits[0, 2, 8], logits[0, 2, 0] = -30.0, 30.0  # the second answer token now scores 60 nats
-    assert stage.answer_loss(logits, ids, answers).item() == pytest.approx(30.0, abs=1e-4)
+    logits[0, 2, 8], logits[0, 2, 0] = -30.0, 30.0  # the first task's second token now costs 60 nats
+    assert stage.answer_loss(logits, ids, answers).item() == pytest.approx((60 / 2 + 0) / 2, abs=1e-4)
+    logits[0, 3, 9], logits[0, 3, 0] = -30.0, 30.0  # and the second task's only token
+    assert stage.answer_loss(logits, ids, answers).item() == pytest.approx((60 / 2 + 60) / 2, abs=1e-4)
