@@ -3,7 +3,8 @@
 ``write_report(path, result)`` writes the result as JSON at ``path``, its tables beside it as
 ``.md`` (per task kind: accuracy and Wilson 95% interval per length, block count and mode; then the
 phase-1 cost per block) and one plot as ``.png``: accuracy against length per mode, a panel per task
-kind (rows) and block count (columns), the intervals as error bars.
+kind (rows) and block count (columns), the intervals as error bars, each mode's points shifted a
+little along the length axis so that equal values stay apart.
 
     python benchmarks/pulsar_accuracy_report.py --render benchmarks/results/NAME.json
 """
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from benchmarks import harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness  # noqa: E402
 
 
 def mode_name(mode: str, heuristic: str | None) -> str:
@@ -85,22 +88,23 @@ def plot(result: dict, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells, kinds, blocks = cell_lookup(result), result["kinds"], result["blocks"]
+    cells, kinds, blocks, modes = cell_lookup(result), result["kinds"], result["blocks"], modes_of(result)
     fig, axes = plt.subplots(len(kinds), len(blocks), figsize=(4.2 * len(blocks), 3.2 * len(kinds)),
                              squeeze=False, sharex=True, sharey=True)
     for r, kind in enumerate(kinds):
         for c, n in enumerate(blocks):
             ax = axes[r][c]
-            for name in modes_of(result):
+            for i, name in enumerate(modes):
                 points = [(length, cells[(name, length, n, kind)]) for length in result["lengths"]
                           if (name, length, n, kind) in cells]
                 if not points:
                     continue
-                x = [p[0] for p in points]
+                shift = 2 ** (0.2 * (i / max(1, len(modes) - 1) - 0.5))
+                x = [p[0] * shift for p in points]
                 y = [p[1]["accuracy"] for p in points]
                 err = [[a - p[1]["wilson_95"][0] for a, p in zip(y, points)],
                        [p[1]["wilson_95"][1] - a for a, p in zip(y, points)]]
-                style = {"dense": dict(color="black", ls="--"), "star": dict(color="tab:red", lw=2)}.get(name, {})
+                style = {"dense": dict(color="black", ls="--"), "star": dict(color="dimgray", lw=2.5)}.get(name, {})
                 ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=name, **style)
             ax.set_xscale("log", base=2)
             ax.set_xticks(result["lengths"], [str(length) for length in result["lengths"]])
@@ -109,8 +113,9 @@ def plot(result: dict, png: Path) -> None:
                 ax.set_ylabel("accuracy")
             if r == len(kinds) - 1:
                 ax.set_xlabel("context tokens L")
-    axes[0][-1].legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
+    fig.legend(handles, labels, loc="center right", fontsize=8)
     fig.savefig(png, dpi=100)
     plt.close(fig)
 
