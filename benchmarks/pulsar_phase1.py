@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import harness
+from benchmarks.phase1_flops import DecoderShape, visible_pairs
 from compiler.lowering.attention.two_interval_attention import two_interval_attention_triton
 from runtime.lse_merge import merge_partials
 from runtime.assembly import PackedLayout, assemble
@@ -139,20 +140,10 @@ def host_inputs(layout: PackedLayout, token_ids: torch.Tensor, one_device: bool,
     return inputs
 
 
-def visible_pairs(prefix_end: torch.Tensor, segment_start: torch.Tensor) -> int:
-    """Number of (query, key) pairs of the two-interval rule over packed queries 0..T-1."""
-    t = prefix_end.numel()
-    query = torch.arange(t, device=prefix_end.device)
-    prefix = prefix_end.clamp(min=0, max=t)
-    segment = (query + 1 - torch.maximum(segment_start, prefix)).clamp(min=0)
-    return int((prefix + segment).sum())
-
-
 def phase1_flops(shape: ModelShape, inp: HostInput) -> int:
-    t = inp.token_ids.numel()
-    linear = 2 * t * shape.linear_weights_per_layer()
-    attention = 4 * shape.heads * shape.head_dim * visible_pairs(inp.prefix_end, inp.segment_start)
-    return shape.layers * (linear + attention)
+    """``benchmarks.phase1_flops``'s count for one host's input."""
+    decoder = DecoderShape(shape.layers, shape.heads * shape.head_dim, shape.linear_weights_per_layer())
+    return decoder.flops(inp.token_ids.numel(), visible_pairs(inp.prefix_end, inp.segment_start))
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -8,9 +8,14 @@ documentation pages. Tokenizer: byte-level BPE (HF ``tokenizers``), ``VOCAB`` id
 one per token, ``EOS`` between documents. Output under ``--out``: ``train.npy`` and
 ``heldout.npy`` (uint16 token ids, documents joined by EOS in path order), ``manifest.json``
 (file counts, bytes, tokens, sha256 of both arrays); the tokenizer under ``--tokenizer``.
+With ``--reuse-tokenizer`` the tokenizer already at ``--tokenizer`` encodes the documents and is
+left as it is: the committed models' ids whatever the interpreter's patch release (a BPE trained on
+another release's standard library differs), so a later training stage reads the same vocabulary.
 
     apt-get download python3.11-doc && dpkg -x python3.11-doc_*.deb /tmp/pydoc
     python benchmarks/models/tiny_corpus.py --docs /tmp/pydoc --out .corpus --tokenizer benchmarks/models/tokenizer
+    python benchmarks/models/tiny_corpus.py --docs /tmp/pydoc --out .corpus --tokenizer benchmarks/models/tokenizer \\
+        --reuse-tokenizer   # a corpus for the committed models
 """
 from __future__ import annotations
 
@@ -91,16 +96,25 @@ def main() -> None:
     parser.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--reuse-tokenizer", action="store_true",
+                        help="encode with the tokenizer at --tokenizer instead of training one")
     args = parser.parse_args()
     for flag in ("docs", "stdlib"):
         if not getattr(args, flag).is_dir():
             parser.error(f"--{flag}: {getattr(args, flag)} is not a directory")
+    if args.reuse_tokenizer and not (args.tokenizer / "tokenizer.json").is_file():
+        parser.error(f"--reuse-tokenizer: {args.tokenizer} holds no tokenizer.json")
     docs = stdlib_documents(args.stdlib) + doc_documents(args.docs)
     train = [d for d in docs if not held_out(d[0])]
     heldout = [d for d in docs if held_out(d[0])]
-    tokenizer = train_tokenizer([text for _, text in train])
     args.out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(args.tokenizer)
+    if args.reuse_tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    else:
+        tokenizer = train_tokenizer([text for _, text in train])
+        tokenizer.save_pretrained(args.tokenizer)
     manifest = {"vocab": VOCAB, "eos": EOS, "held_out": HELD_OUT}
     for split, split_docs in (("train", train), ("heldout", heldout)):
         ids = encode(tokenizer, split_docs)

@@ -3,21 +3,29 @@ baselines, retrieval of planted facts, and how much of the main attention's mass
 indexer's top-K holds, per layer.
 
 * ``loss``: bits per token and per byte on held-out windows (the corpus' held-out split, never
-  trained on) for the DSA model attending to all keys (``dense``) and to its indexer's top-2048
-  (``sparse``), and for the Llama model; the unigram and interpolated-bigram baselines are
+  trained on) of ``--loss-lengths`` tokens (4096 and 16384) for the DSA model attending to all keys
+  (``dense``) and to its indexer's top-2048 (``sparse``), and for the Llama model; the unigram and interpolated-bigram baselines are
   estimated on the training split and scored on the same tokens (the bigram's interpolation
   weight is the best of a grid on those tokens: a baseline favoured, not tuned against).
 * ``retrieval``: 4 facts planted at uniform depths of a held-out window, two asked for at the
   end and the second scored: correct when the argmax at every answer position is the answer
   (teacher forced, which is what greedy decoding produces when it is right). The first question
   is a primer: it reads exactly like a planted fact (the models learned questions as a block at
-  the end), so the models answer a lone first question mostly by guessing (``PRIMER``).
+  the end), so the models answer a lone first question mostly by guessing (``PRIMER``). Each row
+  carries its Wilson 95% interval. With ``--retrieval-lengths`` every model runs ``--trials``
+  trials at each of those lengths instead of the fixed plan (16K and 32K for every model).
 * ``mass``: per layer, over query rows with more than K visible keys, the mean share of the
   head-mean main attention probability (dense attention) on the indexer's top-K keys (indexer
   scored in fp32 as transformers does), K = 2048 and T/16; beside it the share on the K most
-  recent keys (a sliding window), for scale.
+  recent keys (a sliding window), for scale; only with ``--dsa``.
+
+Without ``--dsa`` only the Llama model is evaluated (the long-context evidence below);
+``--llama-rope`` (JSON ``rope_parameters``) evaluates it under another RoPE than its configuration's
+(the zero-shot probe behind ``train_long_context.ROPE_THETA``).
 
     python benchmarks/models/tiny_eval.py --dsa ckpt/dsa --llama ckpt/llama --out tiny_models_h200.json
+    python benchmarks/models/tiny_eval.py --llama ckpt/llama-64k --loss-lengths 16384 32768 65536 \\
+        --retrieval-lengths 32768 65536 --out tiny_llama_64k.json
 """
 from __future__ import annotations
 
@@ -33,6 +41,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proportions import wilson_interval  # noqa: E402
 from tiny_data import FactTokens, answer_accuracy, load_tokens, planted_sequence, random_facts  # noqa: E402
 
 from runtime.dsa_forward import dsa_forward, indexer_qkw, indexer_topk, causal_index_scores  # noqa: E402
@@ -70,18 +79,23 @@ def baselines(train: np.ndarray, scored: np.ndarray, vocab: int) -> dict:
 
 
 class Models:
-    """The DSA and Llama checkpoints on one device, with the forwards the evidence needs."""
+    """The DSA (None without ``dsa_dir``) and Llama checkpoints on one device, with the forwards
+    the evidence needs; ``names`` lists the forwards there are."""
 
-    def __init__(self, dsa_dir: Path, llama_dir: Path, device: torch.device):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def __init__(self, dsa_dir: Path | None, llama_dir: Path, device: torch.device, llama_rope: dict | None = None):
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        def load(path: Path):
-            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+        def load(path: Path, rope: dict | None = None):
+            config = AutoConfig.from_pretrained(path)
+            if rope is not None:
+                config.rope_parameters = rope
+            return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.bfloat16,
                                                         attn_implementation="sdpa").to(device).eval()
 
-        self.dsa, self.llama = load(dsa_dir), load(llama_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(dsa_dir)
+        self.dsa, self.llama = (None if dsa_dir is None else load(dsa_dir)), load(llama_dir, llama_rope)
+        self.tokenizer = AutoTokenizer.from_pretrained(llama_dir if dsa_dir is None else dsa_dir)
         self.device = device
+        self.names = ("llama",) if self.dsa is None else ("dsa_dense", "dsa_sparse", "llama")
 
     @staticmethod
     def topk_select(layer: int, capture) -> torch.Tensor:
@@ -98,8 +112,9 @@ class Models:
 
 def held_out_loss(models: Models, tokens: np.ndarray, bytes_per_token: float, args) -> list[dict]:
     rows = []
-    for length, count in ((4096 // args.scale, args.loss_windows * 2), (16384 // args.scale, args.loss_windows)):
-        for how in ("dsa_dense", "dsa_sparse", "llama"):
+    for full_length in args.loss_lengths:
+        length, count = full_length // args.scale, args.loss_windows * (2 if full_length <= 4096 else 1)
+        for how in models.names:
             total, n = 0.0, 0
             for ids in windows(tokens, length, count if how != "dsa_sparse" else max(1, count // 2)):
                 logits = models.logits(how, ids)[0, :-1].float()
@@ -119,7 +134,12 @@ def retrieval(models: Models, tokens: np.ndarray, args) -> list[dict]:
     plan = [("dsa_dense", 16384, args.trials), ("llama", 16384, args.trials), ("dsa_sparse", 16384, args.sparse_trials),
             ("dsa_dense", 32768, args.trials // 2), ("llama", 32768, args.trials // 2),
             ("dsa_sparse", 32768, args.sparse_trials // 2), ("dsa_dense", 4096, args.trials)]
+    if args.retrieval_lengths:
+        plan = [(how, length, args.sparse_trials if how == "dsa_sparse" else args.trials)
+                for length in args.retrieval_lengths for how in models.names]
     for how, length, trials in plan:
+        if how not in models.names:
+            continue
         length //= args.scale
         rng = np.random.default_rng(12345 + length)
         correct, depths, t0 = [], [], time.time()
@@ -132,7 +152,7 @@ def retrieval(models: Models, tokens: np.ndarray, args) -> list[dict]:
             correct.append(bool(ok[0, -1].item()))  # the second question (the first is the primer)
             depths.append(planted.depths[-1])
         rows.append({"model": how, "length": length, "trials": trials, "accuracy": sum(correct) / max(1, trials),
-                     "correct": correct, "depths": [round(d, 3) for d in depths],
+                     "wilson_95": [round(x, 4) for x in wilson_interval(sum(correct), trials)], "correct": correct, "depths": [round(d, 3) for d in depths],
                      "seconds": round(time.time() - t0, 1)})
         print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("correct", "depths")}), flush=True)
     return rows
@@ -177,11 +197,14 @@ def attention_mass(models: Models, tokens: np.ndarray, args) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsa", type=Path, required=True)
+    parser.add_argument("--dsa", type=Path, help="the DSA checkpoint (without it: the Llama model only)")
     parser.add_argument("--llama", type=Path, required=True)
+    parser.add_argument("--llama-rope", type=json.loads, help="JSON rope_parameters for the Llama model")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--corpus", type=Path, default=Path(".corpus"), help="folder with train.npy (baselines)")
     parser.add_argument("--loss-windows", type=int, default=8)
+    parser.add_argument("--loss-lengths", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--retrieval-lengths", type=int, nargs="+", help="every model at each (default: the fixed plan)")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--sparse-trials", type=int, default=40)
     parser.add_argument("--mass-windows", type=int, default=2)
@@ -190,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     for flag in ("dsa", "llama"):
-        if not (getattr(args, flag) / "config.json").is_file():
+        if getattr(args, flag) is not None and not (getattr(args, flag) / "config.json").is_file():
             parser.error(f"--{flag}: {getattr(args, flag)} holds no config.json")
     if not args.out.parent.is_dir():
         parser.error(f"--out: directory {args.out.parent} does not exist")
@@ -199,14 +222,15 @@ def main(argv: list[str] | None = None) -> None:
     heldout = load_tokens(HELDOUT)
     manifest = json.loads((args.corpus / "manifest.json").read_text())
     bytes_per_token = manifest["heldout"]["bytes"] / manifest["heldout"]["tokens"]
-    models = Models(args.dsa, args.llama, torch.device(args.device))
+    models = Models(args.dsa, args.llama, torch.device(args.device), args.llama_rope)
     scored = np.concatenate([w.numpy() for w in windows(heldout, 16384 // args.scale, args.loss_windows)])
     result = {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
               "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-              "bytes_per_token": bytes_per_token,
+              "bytes_per_token": bytes_per_token, "llama_rope": models.llama.config.rope_parameters,
               "baselines": baselines(load_tokens(args.corpus / "train.npy"), scored, len(models.tokenizer))}
     print(json.dumps(result["baselines"]), flush=True)
-    for name, section in (("loss", held_out_loss), ("retrieval", retrieval), ("mass", attention_mass)):
+    sections = (("loss", held_out_loss), ("retrieval", retrieval), ("mass", attention_mass))
+    for name, section in sections[:3 if args.dsa is not None else 2]:
         result[name] = section(models, heldout, bytes_per_token, args) if name == "loss" else section(models, heldout, args)
         args.out.write_text(json.dumps(result, indent=1))
 

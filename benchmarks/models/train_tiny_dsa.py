@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -108,6 +109,84 @@ def lr_at(step: int, steps: int, peak: float, warmup: int = 30) -> float:
     return peak * (1.0 - 0.9 * (step - decay_from) / max(1, steps - decay_from))
 
 
+class JsonLog:
+    """Appends records to a JSON-lines file and prints them, each with the seconds since the log
+    was opened (``elapsed_s``)."""
+
+    def __init__(self, path: Path):
+        self.file = path.open("a")
+        self.started = time.time()
+
+    def __call__(self, record: dict) -> None:
+        record["elapsed_s"] = round(time.time() - self.started, 2)
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        print(json.dumps(record), flush=True)
+
+
+class StepBudget:
+    """A phase's step count: ``steps`` when given, else decided from the time of steps 3 to
+    ``2 + rate_steps`` to fill ``budget_s`` seconds (``planned`` is 10^9 until then); a phase
+    without given steps is stopped past 1.2x its budget."""
+
+    def __init__(self, steps: int | None, budget_s: float, rate_steps: int, device: torch.device):
+        self.given, self.decided = steps is not None, False
+        self.budget_s, self.rate_steps, self.device = budget_s, rate_steps, device
+        self.planned = steps if steps is not None else 10 ** 9
+        self.t0 = self.t_rate = time.time()
+
+    def after(self, step: int) -> dict | None:
+        """Call after every step (``step`` steps done); returns the decision, once, when it is made."""
+        if self.given or self.decided or step not in (2, 2 + self.rate_steps):
+            return None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        if step == 2:
+            self.t_rate = time.time()
+            return None
+        rate = (time.time() - self.t_rate) / self.rate_steps
+        self.decided = True
+        self.planned = max(step + 1, int((self.budget_s - (self.t_rate - self.t0)) / rate) + 2)
+        return {"decided_steps": self.planned, "s_per_step": round(rate, 4)}
+
+    def over(self) -> bool:
+        """Whether a phase without given steps has run past 1.2x its budget."""
+        return not self.given and time.time() - self.t0 > 1.2 * self.budget_s
+
+
+def train_phase(name: str, lr: float, params: list[torch.nn.Parameter], budget: StepBudget,
+                next_batch: Callable[[int], tuple[torch.Tensor, ...]], step: Callable[..., dict],
+                log: Callable[[dict], None], log_every: int) -> dict:
+    """One phase: AdamW (betas 0.9/0.95, weight decay 0.1, fused on CUDA) at ``lr_at``'s schedule
+    over ``budget.planned`` steps, gradients clipped to norm 1. ``next_batch(i)`` gives step i's
+    tensors (the first one's ``numel`` counts the tokens), ``step(*batch)`` computes and
+    backpropagates the loss and returns its statistics; logs every ``log_every`` steps, the
+    budget's decision and an early stop. Returns the phase's steps, tokens and seconds."""
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=params[0].device.type == "cuda")
+    done, tokens = 0, 0
+    while done < budget.planned:
+        batch = next_batch(done)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(done, budget.planned, lr)
+        stats = step(*batch)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        done += 1
+        tokens += batch[0].numel()
+        decision = budget.after(done)
+        if decision is not None:
+            log({"phase": name, **decision})
+        if budget.over():
+            log({"phase": name, "stopped_at_step": done, "reason": "over 1.2x its time budget"})
+            break
+        if done % log_every == 0 or done == budget.planned:
+            log({"phase": name, "step": done, "of": budget.planned, "lr": lr_at(done - 1, budget.planned, lr),
+                 "tokens_per_s": round(tokens / (time.time() - budget.t0)), **{k: round(v, 4) for k, v in stats.items()}})
+    return {"phase": name, "steps": done, "tokens": tokens, "seconds": round(time.time() - budget.t0, 1)}
+
+
 def lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
 
@@ -178,15 +257,7 @@ class Trainer:
     def __init__(self, args, model, tokenizer, tokens: np.ndarray, device: torch.device):
         self.args, self.model, self.tokenizer, self.tokens, self.device = args, model, tokenizer, tokens, device
         self.encoder = FactTokens(tokenizer)
-        self.log_path = args.out / "train_log.jsonl"
-        self.log_file = self.log_path.open("a")
-        self.started = time.time()
-
-    def log(self, record: dict) -> None:
-        record["elapsed_s"] = round(time.time() - self.started, 2)
-        self.log_file.write(json.dumps(record) + "\n")
-        self.log_file.flush()
-        print(json.dumps(record), flush=True)
+        self.log = JsonLog(args.out / "train_log.jsonl")
 
     def trainable(self, phase: Phase) -> list[torch.nn.Parameter]:
         for name, p in self.model.named_parameters():
@@ -236,39 +307,15 @@ class Trainer:
 
     def run(self, phase: Phase, seed: int) -> dict:
         params = self.trainable(phase)
-        opt = torch.optim.AdamW(params, lr=phase.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                                fused=self.device.type == "cuda")
         rng = np.random.default_rng(seed)
-        steps = phase.steps
-        planned = steps if steps is not None else 10 ** 9
-        t0, step, tokens = time.time(), 0, 0
-        while step < planned:
+
+        def next_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
             ids, answers = training_batch(rng, self.tokens, phase.length, phase.batch, phase.facts, self.encoder)
-            ids, answers = ids.to(self.device), answers.to(self.device)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, planned if steps is not None else 10 ** 9, phase.lr)
-            stats = self.step(phase, ids, answers)
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            step += 1
-            tokens += ids.numel()
-            if steps is None and step in (2, 2 + self.args.rate_steps):
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize()
-                if step == 2:
-                    t_rate = time.time()
-                else:
-                    rate = (time.time() - t_rate) / self.args.rate_steps
-                    planned = steps = max(step + 1, int((phase.budget_s - (t_rate - t0)) / rate) + 2)
-                    self.log({"phase": phase.name, "decided_steps": planned, "s_per_step": round(rate, 4)})
-            if phase.steps is None and time.time() - t0 > 1.2 * phase.budget_s:
-                self.log({"phase": phase.name, "stopped_at_step": step, "reason": "over 1.2x its time budget"})
-                break
-            if step % self.args.log_every == 0 or step == planned:
-                self.log({"phase": phase.name, "step": step, "of": planned, "lr": lr_at(step - 1, planned, phase.lr),
-                          "tokens_per_s": round(tokens / (time.time() - t0)), **{k: round(v, 4) for k, v in stats.items()}})
-        return {"phase": phase.name, "steps": step, "tokens": tokens, "seconds": round(time.time() - t0, 1)}
+            return ids.to(self.device), answers.to(self.device)
+
+        budget = StepBudget(phase.steps, phase.budget_s, self.args.rate_steps, self.device)
+        return train_phase(phase.name, phase.lr, params, budget, next_batch,
+                           lambda ids, answers: self.step(phase, ids, answers), self.log, self.args.log_every)
 
 
 def load_or_init(args, vocab: int, device: torch.device):

@@ -1,18 +1,36 @@
 #!/usr/bin/env bash
-# Train the measuring models on one GPU in three calls of at most 9 minutes, results under $OUT.
+# Train the measuring models on one GPU in calls of at most 9 minutes, results under $OUT.
 #   part 1: dense pretraining of the DSA model and of the Llama model, side by side;
 #   part 2 (ckpt/llama from part 1): more dense training of the Llama model (both phases again),
-#           then Pulsar's accuracy with it (benchmarks/pulsar_accuracy.py);
+#           then Pulsar's accuracy with it (benchmarks/pulsar_accuracy.py as it was then);
 #   part 3 (ckpt/dsa-dense from part 1; the Llama model of part 2 saved as benchmarks/models/tiny-llama): the DSA indexer
 #           warm-up and sparse stage, the evidence (benchmarks/models/tiny_eval.py), the trained zoo cells.
-# Checkpoints go to ckpt/ and come back as ckpt.tar.* (15 MB pieces: cat ckpt.tar.* | tar x).
+#   part 4 (benchmarks/models/tiny-llama; ckpt/llama-64k from an earlier part-4 call, if any): the Llama model's
+#           curriculum to 65536 tokens (train_long_context.py), resumed where the last call stopped; once every
+#           phase is done, its evidence at 16K/32K/64K (tiny_eval.py without --dsa). Two calls: the first stops
+#           at its deadline (DEADLINE_S, 470 s) before the last phase, the second ends it and evaluates.
+#   part 5 (ckpt/llama-64k copied to benchmarks/models/tiny-llama): benchmarks/pulsar_accuracy.py at 32K and 64K.
+#   corpus DOCS (a CPU, once): .corpus/ under the committed tokenizer from python3.11-doc extracted at DOCS, and
+#           .corpus/train.npy.xz (3.5 MB, what a call carries; parts 1-4 unpack it when train.npy is missing).
+# Checkpoints go to ckpt/ and come back as ckpt.tar.* (15 MB pieces: cat ckpt.tar.* | tar x). Results of parts 4
+# and 5 are named for the GPU (TAG, default h100).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/tiny_out}
-mkdir -p "$OUT" ckpt
+TAG=${TAG:-h100}
 export PYTHONUNBUFFERED=1
+if [ "${1:-}" = corpus ]; then
+  python3 benchmarks/models/tiny_corpus.py --docs "${2:?corpus DOCS: python3.11-doc extracted with dpkg -x}" \
+    --out .corpus --tokenizer benchmarks/models/tokenizer --reuse-tokenizer
+  python3 -c 'import lzma, shutil; shutil.copyfileobj(open(".corpus/train.npy", "rb"), lzma.open(".corpus/train.npy.xz", "wb", preset=9))'
+  exit
+fi
+mkdir -p "$OUT" ckpt
+if [ ! -f .corpus/train.npy ] && [ -f .corpus/train.npy.xz ]; then
+  python3 -c 'import lzma, shutil; shutil.copyfileobj(lzma.open(".corpus/train.npy.xz"), open(".corpus/train.npy", "wb"))'
+fi
 python3 -m pip install -q --no-build-isolation --no-deps -e . > /dev/null 2>&1
-case "${1:?part 1 or 2}" in
+case "${1:?part 1, 2, 3, 4, 5 or corpus}" in
   1)
     python3 benchmarks/models/train_tiny_dsa.py --stage dense --model llama --out ckpt/llama --budget-s 250 130 \
       > "$OUT/llama_dense.log" 2>&1 &
@@ -45,5 +63,23 @@ case "${1:?part 1 or 2}" in
         --families --trained-layers 2 0 4 --S 4096 --T 65536 --cal-T 32768 --budget-s 25 2>&1 \
         | grep -v "Loading weights" | tail -25
     fi
+    ;;
+  4)
+    R="$OUT/results"; mkdir -p "$R"
+    python3 benchmarks/models/train_long_context.py --out ckpt/llama-64k --deadline-s ${DEADLINE_S:-470} \
+      > "$R/llama_long.log" 2>&1
+    rc=$?
+    grep -E '"(start|decided_steps|stopped_at_step|saved|paused_before|end)"|Error|error' "$R/llama_long.log" | cut -c1-400
+    tar cf - ckpt/llama-64k | split -b 15M - "$OUT/ckpt.tar."
+    if [ $rc -eq 0 ]; then
+      timeout ${EVAL_S:-150} python3 benchmarks/models/tiny_eval.py --llama ckpt/llama-64k --loss-lengths 16384 32768 65536 \
+        --loss-windows 6 --retrieval-lengths 32768 65536 --trials 100 --out "$R/tiny_llama_64k_$TAG.json" 2>&1 \
+        | grep -v "Loading weights" | tee "$R/tiny_eval.log"
+    fi
+    ;;
+  5)
+    R="$OUT/results"; mkdir -p "$R"
+    python3 benchmarks/pulsar_accuracy.py --model benchmarks/models/tiny-llama --out "$R/pulsar_accuracy_64k_$TAG.json" \
+      --budget-s ${BUDGET_S:-400} 2>&1 | grep -v "Loading weights" | tee "$R/pulsar_accuracy.log"
     ;;
 esac
