@@ -145,14 +145,18 @@ def test_a_dsa_selections_attention_is_never_the_pulsar_attention_op(passes):
 
 
 def test_a_decode_step_kept_stock_adds_no_attention_op():
+    """Keys and values of one width (as the trained tiny-dsa's), so that the Pulsar attention pass
+    would otherwise take the stock decode attention."""
     from transformers import DynamicCache
 
-    model = build_model(tiny_config(layers=2, dense_layers=2), torch.float32)
+    config = tiny_config(layers=2, dense_layers=2)
+    config.v_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
+    model = build_model(config, torch.float32)
     ids = _ids(1, 40, seed=3)
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
         step = model(ids, past_key_values=cache).logits[:, -1:].argmax(-1)
-    report = compiler.explain(model, step, past_key_values=cache, options={"stock_below": 1 << 40})
+    report = compiler.explain(model, step, past_key_values=cache, options={"downstream": "eager", "stock_below": 1 << 40})
     assert [m.kind for m in report.near_misses].count("sparse_attention") == 2  # kept stock
     assert not report.rewrites
 
