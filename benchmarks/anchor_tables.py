@@ -1,0 +1,77 @@
+"""``anchors.py``'s readable tables: one per part, each cell a variant's median ms (or why it has
+none), then the issue's ratios and the largest error of the row's checked variants."""
+from __future__ import annotations
+
+from benchmarks import harness
+from benchmarks.anchor_attention import VARIANTS as ATTENTION_VARIANTS
+from benchmarks.anchor_indexer import VARIANTS as INDEXER_VARIANTS
+
+
+def _cell(result: dict | None) -> str:
+    if not result:
+        return "-"
+    if "ms" in result:
+        return f"{result['ms']:.3f}" if result["ms"] < 10 else f"{result['ms']:.1f}"
+    return "skipped" if "skipped" in result else "error"
+
+
+def _ratio(row: dict, key: str) -> str:
+    return f"{row[key]:.2f}" if key in row else "-"
+
+
+def _worst(row: dict, field: str, key: str) -> str:
+    values = [r[field][key] for r in row.get("results", {}).values() if field in r]
+    return f"{max(values):.2g}" if values else "-"
+
+
+def attention_table(rows: list[dict], part: str) -> str:
+    columns = ["B", "S", "T", "kind", *ATTENTION_VARIANTS, "FlashMLA / ws", "op / dispatch", "op / FlashMLA",
+               "op / pipeline", "max abs err"]
+    body = [[r["B"], r["S"], r["T"], r["kind"],
+             *([_cell(r["results"].get(v)) for v in ATTENTION_VARIANTS] if "results" in r
+               else [r.get("skipped", "-")] + ["-"] * (len(ATTENTION_VARIANTS) - 1)),
+             _ratio(r, "ws_speed_vs_flashmla"), _ratio(r, "op_over_dispatch"), _ratio(r, "op_over_flashmla"),
+             _ratio(r, "op_over_pipeline"), _worst(r, "err_vs_fp32", "max_abs")]
+            for r in rows if r["part"] == part]
+    return harness.markdown_table(columns, body)
+
+
+def indexer_table(rows: list[dict]) -> str:
+    columns = ["S", "T", "H", *INDEXER_VARIANTS, "dg+topk / dense fp8", "dg logits / scorer", "bf16 / fp8 op",
+               "scorer TFLOP/s", "dg TFLOP/s", "max rel err", "min top-K overlap"]
+    body = []
+    for r in rows:
+        if r["part"] != "indexer":
+            continue
+        res = r.get("results", {})
+        rate = (lambda name: f"{res[name]['tflops_visible']:.0f}" if "tflops_visible" in res.get(name, {}) else "-")
+        overlaps = [x["topk_overlap_min"] for x in res.values() if "topk_overlap_min" in x]
+        body.append([r["S"], r["T"], r.get("H", "-"),
+                     *([_cell(res.get(v)) for v in INDEXER_VARIANTS] if res
+                       else [r.get("skipped", "-")] + ["-"] * (len(INDEXER_VARIANTS) - 1)),
+                     _ratio(r, "dg_topk_over_dense_fp8"), _ratio(r, "dg_logits_over_scorer"),
+                     _ratio(r, "bf16_over_fp8_op"), rate("project_scorer"), rate("dg_logits"),
+                     _worst(r, "err_vs_fp64", "max_rel"), f"{min(overlaps):.3f}" if overlaps else "-"])
+    return harness.markdown_table(columns, body)
+
+
+def tables(doc: dict) -> str:
+    """The document's markdown: its device and anchors, a table per part present, then every
+    variant that was skipped or failed, with the reason."""
+    rows = doc["rows"]
+    parts = [p for p in ("prefill", "decode", "indexer") if any(r["part"] == p for r in rows)]
+    lines = [f"{doc['device']}; torch {doc['versions'].get('torch')}, triton {doc['versions'].get('triton')}; "
+             f"FlashMLA {doc.get('flashmla_commit')}, DeepGEMM {doc.get('deepgemm_commit')}",
+             f"FlashMLA entry: {doc['flashmla_entry']}", ""]
+    titles = {"prefill": "Sparse MLA prefill (ms; ratios of ms)", "decode": "Decode-sized calls (ms; ratios of ms)",
+              "indexer": "FP8 indexer, causal (ms; ratios of ms)"}
+    for part in parts:
+        lines += [f"### {titles[part]}", "",
+                  indexer_table(rows) if part == "indexer" else attention_table(rows, part), ""]
+    notes = [f"{r['part']} S={r['S']} T={r['T']}{' B=' + str(r['B']) if 'B' in r else ''} {name}: "
+             f"{res.get('skipped') or res.get('error')}"
+             for r in rows for name, res in r.get("results", {}).items() if "ms" not in res]
+    notes += [f"{r['part']} S={r['S']} T={r['T']}: {r['skipped']}" for r in rows if "skipped" in r]
+    if notes:
+        lines += ["Skipped or failed:", *sorted(set(f"- {n}" for n in notes))]
+    return "\n".join(lines)
