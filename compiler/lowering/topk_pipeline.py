@@ -476,7 +476,7 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, k_scale=None, config=
 def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: CertifiedTopkConfig) -> int:
     """An upper bound of the bytes a call allocates at once: the dense scorer's chunk (at most
     DENSE_CHUNK_BYTES) and its selection, the outputs; on the certified path also the anchors, the
-    seed codes, the plan (PLAN_CHUNK_BYTES twice, the screen rows), the survivor lists, the
+    seed codes, the plan (PLAN_CHUNK_BYTES twice, the screen rows), the survivor words and lists, the
     candidate buffer and the redo round (REDO_BUFFER_BYTES). Operands are contiguous copies at most."""
     dense_chunk = min(defaults.DENSE_CHUNK_BYTES, 8 * B * S * T)
     total = 2 * dense_chunk + 4 * B * (S * H * (D + 1) + T * D) + 24 * B * S * kk
@@ -484,7 +484,7 @@ def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: Cer
         cap = survivor_cap(T, kk, config.workspace_frac)
         seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
         total += (dense_chunk + 8 * B * S * seeds + 2 * defaults.PLAN_CHUNK_BYTES + B * S * 16 * (2 * D + 12)
-                  + 4 * B * triton.cdiv(S, refine_queries(H)) * cap
+                  + 4 * B * triton.cdiv(S, refine_queries(H)) * (cap + triton.cdiv(T, 32))
                   + 8 * B * S * min(cap, defaults.CERTIFIED_BUFFER_K * kk)
                   + 2 * defaults.REDO_BUFFER_BYTES)
     return total

@@ -2,10 +2,11 @@
 
 ``screen(...)`` bounds every visible key of every query with U (the prepared rows ``g``, their
 coefficients, the key norms rounded up and the rounding margin of ``topk_pipeline.screen_margin``)
-and keeps a key for query s when ``not (U < tau[s])`` (strict pruning; NaN survives). Survivors
-are compacted per refine list (the queries of one scorer tile) into ``ids[b, list, :cap]`` in no
-particular order; ``count[b, list]`` goes on past ``cap`` so that the scorer rescans an overflowed
-list densely. The launch config is tuned per shape (``choose_screen_config`` over
+and keeps a key for query s when ``not (U < tau[s])`` (strict pruning; NaN survives). The screen
+kernel writes each refine list's survivors (a key survives for any query of the list) as a bitmask,
+one int32 word per 32 keys, with plain stores; a second kernel compacts each list's words into
+``ids[b, list, :cap]`` in ascending key order; ``count[b, list]`` goes on past ``cap`` so that the
+scorer rescans an overflowed list densely. The launch config is tuned per shape (``choose_screen_config`` over
 ``defaults.SCREEN_CONFIGS``); every config keeps every key with ``U >= tau``, so the pipeline's
 output does not depend on it. E4M3 keys (SPEC A.10): U in the units of the unscaled sum, the keys
 multiplied as bf16 (exact), then the scorer's own last step ``scale_and_bias`` before the test."""
@@ -27,14 +28,21 @@ DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.floa
 
 
 @triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
 def _screen_kernel(
-    g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, tau_ptr, k_ptr, ks_ptr, nk_ptr, mask_ptr, ids_ptr, count_ptr,
-    S, T, cap, n_tiles, n_lists,
-    sgb, sgs, sgr, sab, sas, skb, skt, ssb, snb, sib, sil, scb, msb, mss, mst,
+    g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, tau_ptr, k_ptr, ks_ptr, nk_ptr, mask_ptr, words_ptr,
+    S, T, n_words, n_tiles, n_lists,
+    sgb, sgs, sgr, sab, sas, skb, skt, ssb, snb, swb, swl, msb, mss, mst,
     BLOCK_SS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     G: tl.constexpr, MASK_KIND: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
-    ATOMIC: tl.constexpr, SEQUENTIAL: tl.constexpr, FP8: tl.constexpr,
+    SEQUENTIAL: tl.constexpr, FP8: tl.constexpr,
 ):
+    """Program (query tile, key split): the survivor words [NSUB lists, BLOCK_T / 32] of each key
+    tile of its split (splits are whole tiles, BLOCK_T a multiple of 32: no word is shared)."""
     pid = tl.program_id(0)
     b = (pid // n_tiles).to(tl.int64)  # b * (stride of a batch row) can pass 2^31
     tile = pid % n_tiles
@@ -56,14 +64,16 @@ def _screen_kernel(
     e = tl.load(e_ptr + b * S + rows, mask=row_ok, other=0.0)
     c = tl.load(c_ptr + b * S + rows, mask=row_ok, other=0.0)
     tau = tl.load(tau_ptr + b * S + rows, mask=row_ok, other=float("inf"))
+    tl.static_assert(BLOCK_T % 32 == 0, "BLOCK_T: a multiple of 32 (32 keys a survivor word)")
     NSUB: tl.constexpr = BLOCK_SS // G
+    WORDS: tl.constexpr = BLOCK_T // 32
     lists = (tile * NSUB + tl.arange(0, NSUB)).to(tl.int64)
     lok = lists < n_lists
+    bit = tl.arange(0, BLOCK_T) % 32
 
     chunk = tl.cdiv(tl.cdiv(T, tl.num_programs(1)), BLOCK_T) * BLOCK_T
     t_lo = tl.program_id(1) * chunk
     t_hi = tl.minimum(t_lo + chunk, T)
-    running = tl.zeros([NSUB], dtype=tl.int32)
     for t0 in range(t_lo, t_hi, BLOCK_T):
         key = t0 + tl.arange(0, BLOCK_T)
         kok = key < t_hi
@@ -79,16 +89,32 @@ def _screen_kernel(
             u = u + bias
         survive = (visible & ~(u < tau[:, None])).to(tl.int32)
         sub = tl.max(tl.reshape(survive, (NSUB, G, BLOCK_T)), axis=1)
-        if ATOMIC:
-            base = tl.atomic_add(count_ptr + b * scb + lists, tl.sum(sub, axis=1), mask=lok)
-        else:
-            base = running
-            running += tl.sum(sub, axis=1)
-        slot = base[:, None] + tl.cumsum(sub, axis=1) - 1
-        tl.store(ids_ptr + b * sib + lists[:, None] * sil + slot, key[None, :],
-                 mask=(sub > 0) & (slot < cap) & lok[:, None])
-    if not ATOMIC:
-        tl.store(count_ptr + b * scb + lists, running, mask=lok)
+        words = tl.reduce(tl.reshape(sub << bit[None, :], (NSUB, WORDS, 32)), 2, _or)
+        col = t0 // 32 + tl.arange(0, WORDS)
+        tl.store(words_ptr + b * swb + lists[:, None] * swl + col[None, :], words,
+                 mask=lok[:, None] & (col < n_words)[None, :])
+
+
+@triton.jit
+def _compact_words_kernel(words_ptr, ids_ptr, count_ptr, n_words, cap, n_lists, swb, swl, sib, sil, scb,
+                          BLOCK_W: tl.constexpr):
+    """Program (b, list): the keys of the list's set bits, ascending, into ids[:cap]; the bit count
+    into count (past cap when the list overflows)."""
+    pid = tl.program_id(0)
+    b = (pid // n_lists).to(tl.int64)
+    lst = (pid % n_lists).to(tl.int64)
+    bit = tl.arange(0, 32)
+    base = 0
+    for w0 in range(0, n_words, BLOCK_W):
+        col = w0 + tl.arange(0, BLOCK_W)
+        word = tl.load(words_ptr + b * swb + lst * swl + col, mask=col < n_words, other=0)
+        on = (word[:, None] >> bit[None, :]) & 1
+        per_word = tl.sum(on, axis=1)
+        slot = base + (tl.cumsum(per_word, 0) - per_word)[:, None] + (tl.cumsum(on, 1) - on)
+        tl.store(ids_ptr + b * sib + lst * sil + slot, col[:, None] * 32 + bit[None, :],
+                 mask=(on != 0) & (slot < cap))
+        base += tl.sum(per_word, axis=0)
+    tl.store(count_ptr + b * scb + lst, base)
 
 
 def screen_tile_queries(rp: int, g: int) -> int:
@@ -98,7 +124,8 @@ def screen_tile_queries(rp: int, g: int) -> int:
 
 def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_queries, cap,
            config: LaunchConfig | None = None, k_scale=None):
-    """Screen every key for every query; returns (ids [B,L,cap] int32, count [B,L] int32).
+    """Screen every key for every query; returns (ids [B,L,cap] int32, count [B,L] int32) as
+    ``compact_words`` gives them (each list's survivors in ascending key order).
 
     g [B,S,RP,D] in k's dtype, bf16 for E4M3 keys (RP a power of two), alpha/beta [B,S,RP] fp32, e/c
     [B,S] fp32, tau [B,S] fp32, k [B,T,D], nk [B,T] fp32 upper bounds of the key norms, mask None |
@@ -111,18 +138,30 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
     """
     B, S, RP, D = g.shape
     T = k.shape[1]
-    ids = torch.empty(B, lists_per_batch, cap, dtype=torch.int32, device=k.device)
-    count = torch.empty(B, lists_per_batch, dtype=torch.int32, device=k.device)
+    words = torch.empty(B, lists_per_batch, triton.cdiv(T, 32), dtype=torch.int32, device=k.device)
     kind, m, mask_strides = mask_operand(mask, B, S, T)
 
     def launch(cfg: LaunchConfig) -> None:
-        count.zero_()
-        _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids, count,
+        _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, words,
                        lists_per_batch, list_queries, cfg, k_scale)
 
     if config is None:
         config = choose_screen_config(launch, k, kind, RP, list_queries, work=B * S * T * RP * D)
     launch(config)
+    return compact_words(words, cap)
+
+
+def compact_words(words: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [B,L,cap] int32, count [B,L] int32) of survivor words [B,L,W] int32 (bit j of word i:
+    key 32 i + j): each list's keys in ascending order in ids[:min(count, cap)], the rest unwritten;
+    count the list's set bits."""
+    B, L, W = words.shape
+    ids = torch.empty(B, L, cap, dtype=torch.int32, device=words.device)
+    count = torch.empty(B, L, dtype=torch.int32, device=words.device)
+    if B * L:
+        _compact_words_kernel[(B * L,)](words, ids, count, W, cap, L, words.stride(0), words.stride(1),
+                                        ids.stride(0), ids.stride(1), count.stride(0),
+                                        BLOCK_W=defaults.SURVIVOR_WORDS)
     return ids, count
 
 
@@ -141,9 +180,10 @@ def choose_screen_config(launch: Callable[[LaunchConfig], None], k, mask_kind: i
                          work=work)
 
 
-def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids, count,
+def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, words,
                    lists_per_batch, list_queries, config: LaunchConfig, k_scale=None) -> None:
-    """One launch of the screen kernel with ``config`` (BLOCK_T, num_warps, num_stages)."""
+    """One launch of the screen kernel with ``config`` (BLOCK_T, num_warps, num_stages): every
+    survivor word of ``words`` [B, L, ceil(T / 32)] written."""
     B, S, RP, D = g.shape
     T = k.shape[1]
     msb, mss, mst = mask_strides
@@ -154,11 +194,11 @@ def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, ids,
     splits = key_splits(B * n_tiles, T, launch["BLOCK_T"])
     _screen_kernel[(B * n_tiles, splits)](
         g, alpha, beta, e, c, tau, k, nk if k_scale is None else k_scale, nk,  # nk: unread scale slot
-        k if m is None else m, ids, count,  # k: unread mask slot
-        S, T, ids.shape[-1], n_tiles, lists_per_batch,
+        k if m is None else m, words,  # k: unread mask slot
+        S, T, words.shape[-1], n_tiles, lists_per_batch,
         g.stride(0), g.stride(1), g.stride(2), alpha.stride(0), alpha.stride(1),
         k.stride(0), k.stride(1), 0 if k_scale is None else k_scale.stride(0), nk.stride(0),
-        ids.stride(0), ids.stride(1), count.stride(0), msb, mss, mst,
+        words.stride(0), words.stride(1), msb, mss, mst,
         BLOCK_SS=block_ss, RP=RP, D=D, G=list_queries, MASK_KIND=kind, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, ATOMIC=splits > 1, SEQUENTIAL=INTERPRET, FP8=k_scale is not None, **launch,
+        TO_FP32=INTERPRET or ieee, SEQUENTIAL=INTERPRET, FP8=k_scale is not None, **launch,
     )

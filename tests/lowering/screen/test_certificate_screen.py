@@ -1,6 +1,7 @@
 """Launch configs of the DSA indexer kernels (interpreter, tiny sizes): the screen may use any of its
 candidates without changing the survivor sets or the pipeline's output; the scorer always runs with
-its one fixed config; a candidate that cannot launch is skipped."""
+its one fixed config; a candidate that cannot launch is skipped; survivor words compact to their
+keys in ascending order."""
 import contextlib
 
 import pytest
@@ -16,6 +17,7 @@ from compiler.lowering.topk_pipeline import (
 )
 from compiler.lowering.screen.certificate_screen import (
     choose_screen_config,
+    compact_words,
     screen,
 )
 from runtime.certified_topk import CertifiedTopkConfig
@@ -133,7 +135,7 @@ def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs, traced):
     tr = traced[2]
     p = tr.plan
     nk = round_up_to_float32(key_norm_up(k.float()))
-    broken = LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=48)  # not a power of two
+    broken = LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=48)  # not a multiple of 32
     launched = []
 
     def launch(config):
@@ -144,7 +146,7 @@ def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs, traced):
 
     assert launchable_configs([broken, defaults.SCREEN_CONFIGS[0]], launch) == (defaults.SCREEN_CONFIGS[0],)
     assert launched == [defaults.SCREEN_CONFIGS[0]]
-    with pytest.raises(InterpreterError, match="power of 2"):
+    with pytest.raises(InterpreterError, match="multiple of 32"):
         launchable_configs([broken], launch)
 
 
@@ -162,3 +164,24 @@ def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, traced, p
         seen |= launched
     fixed = score_mod.scorer_config(q.dtype).kwargs()
     assert seen == {(fixed["BLOCK_T"], fixed["num_warps"], fixed["num_stages"])}
+
+
+@pytest.mark.parametrize("density", [0.0, 0.05, 0.5, 1.0])
+def test_survivor_words_compact_to_their_keys_in_order(density):
+    """Every set bit (bit 31 included) gives its key 32 i + j, ascending, up to cap; count is the
+    bit count, past cap for an overflowed list; several blocks of words per list."""
+    gen = torch.Generator().manual_seed(int(density * 100))
+    B, L, T, cap = 2, 3, 32 * 3 * defaults.SURVIVOR_WORDS + 17, 200
+    bits = torch.rand(B, L, T, generator=gen) < density
+    padded = torch.zeros(B, L, -(-T // 32) * 32, dtype=torch.bool)
+    padded[..., :T] = bits
+    weights = torch.tensor([1 << j for j in range(32)], dtype=torch.int64)
+    words = (padded.view(B, L, -1, 32).long() * weights).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    ids, count = compact_words(words, cap)
+    for b in range(B):
+        for lst in range(L):
+            keys = bits[b, lst].nonzero().flatten()
+            assert int(count[b, lst]) == keys.numel()
+            n = min(cap, keys.numel())
+            assert torch.equal(ids[b, lst, :n].long(), keys[:n])
