@@ -13,10 +13,10 @@ the pruned share of the screened keys, the mean survival per query m, the thresh
 the queries redone densely, and the time split from CUDA events between the pipeline's stages (seeds,
 plan, screen, refine, select, redo); at the budget ``profile_r`` without witnesses, the costliest kernels
 of one call (torch profiler) and the device time of a call replayed from a CUDA graph (``graph_ms``: no
-host time; the dense row has it too), and the same budget with survivor lists of each other count of
-queries in ``refine_queries`` (``compiler.lowering.defaults.REFINE_QUERIES``: the union of the list's
-queries' survivors; 1: a query's own). Then the plan's choice (``compiler.plan.choice.choose_layer`` on
-the measured rows, designed for the same call) and the op with those settings through the runtime
+host time; the dense row has it too), and the same budget with the runtime's witnesses setting and
+survivor lists of each other count of queries in ``refine_queries`` (``CertifiedTopkConfig.list_queries``:
+the union of the list's queries' survivors; 1: a query's own), as the op would run them. Then the plan's choice (``compiler.plan.choice.choose_layer`` on the
+measured rows, the list sizes' among them, designed for the same call) and the op with those settings through the runtime
 guard, timed after its warm-up calls; the layers' choices form a plan (written beside ``--out``). With
 ``--prefill T``: the model's prefill of T tokens as ``generate`` runs it, compiled with that plan, with
 every indexer dense and with the defaults. JSON after every layer.
@@ -24,7 +24,6 @@ every indexer dense and with the defaults. JSON after every layer.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from pathlib import Path
 
@@ -35,7 +34,6 @@ from benchmarks import harness
 
 import compiler  # noqa: F401  (registers torch.ops.pulsar_dosa.certified_topk)
 from compiler.cost_model import constants_for
-from compiler.lowering import defaults as lowering_defaults
 from compiler.lowering.topk_pipeline import checked_certified_topk_cuda, dense_topk_cuda, refine_queries
 from compiler.ops.guard import GUARD
 from compiler.plan.choice import choose_layer
@@ -46,8 +44,8 @@ from runtime.indexer_zoo import HELD_OUT_TOKENS, TRAINED_MODEL
 
 FULL = {"S": 4096, "T": [32768, 65536, 131072], "topk": 2048, "rs": [7, 15, 31], "reps": 5, "warmup": 1,
         "gap_queries": 64, "profile_r": 15, "refine_queries": [1, 2, 4]}
-"""The sizes; the certified rows refine lists of the runtime's ``REFINE_QUERIES`` queries, the
-``refine_queries`` rows lists of each other count (1: each query's own survivors)."""
+"""The sizes; the certified rows refine the pipeline's default survivor lists, the ``refine_queries``
+rows lists of each other count of queries (1: each query's own survivors)."""
 SMOKE = {"S": 4, "T": [128], "topk": 16, "rs": [7], "reps": 1, "warmup": 0, "gap_queries": 4, "profile_r": 7,
          "refine_queries": [1, 2]}
 STAGES = ("seeds", "plan", "screen", "refine", "select", "redo")
@@ -119,14 +117,13 @@ def certified_row(q, k, w, mask, kk, config, dense, sizes, device):
             "keys_screened": summary["keys_screened"], "queries": summary["queries"], "tau": tr.tau}
 
 
-@contextlib.contextmanager
-def refine_lists(queries: int):
-    """``compiler.lowering.defaults.REFINE_QUERIES`` set to ``queries`` inside the block."""
-    kept, lowering_defaults.REFINE_QUERIES = lowering_defaults.REFINE_QUERIES, queries
-    try:
-        yield
-    finally:
-        lowering_defaults.REFINE_QUERIES = kept
+def candidate(row, config: CertifiedTopkConfig) -> CandidateMeasurement:
+    """The plan's measurement of a certified row run with ``config``."""
+    return CandidateMeasurement(
+        r=config.r, survival=1.0 - row["pruned"], redo_frac=row["redo"], ms=row["ms"], queries=row["queries"],
+        certified_queries=row["queries"], keys_screened=row["keys_screened"],
+        survivors=round((1.0 - row["pruned"]) * row["keys_screened"]), fallbacks={},
+        list_queries=config.list_queries)
 
 
 def budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows) -> list[CandidateMeasurement]:
@@ -148,10 +145,7 @@ def budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows) 
             rows.append({"layer": layer, "T": T, "S": S, "variant": f"r={r}" + (" +witnesses" if witnesses else ""),
                          "r": r, "witnesses": witnesses, **row})
             if witnesses == CertifiedTopkConfig().witnesses:
-                candidates.append(CandidateMeasurement(
-                    r=r, survival=1.0 - row["pruned"], redo_frac=row["redo"], ms=row["ms"], queries=row["queries"],
-                    certified_queries=row["queries"], keys_screened=row["keys_screened"],
-                    survivors=round((1.0 - row["pruned"]) * row["keys_screened"]), fallbacks={}))
+                candidates.append(candidate(row, config))
             print(rows[-1], flush=True)
     return candidates
 
@@ -165,16 +159,18 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3),
              "graph_ms": harness.graph_ms(dense_call, device)}]
     candidates = budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows)
-    for G in sizes["refine_queries"]:  # survivor lists of G queries (their union) other than the runtime's
-        if G == refine_queries(q.shape[2]):
+    r, witnesses = sizes["profile_r"], CertifiedTopkConfig().witnesses
+    for G in sizes["refine_queries"]:  # survivor lists of G queries (their union) other than the default's
+        if G == refine_queries(q.shape[2], CertifiedTopkConfig()):
             continue
-        config = CertifiedTopkConfig(r=sizes["profile_r"], witnesses=False, path="certified")
-        with refine_lists(G):
-            row = certified_row(q, k, w, mask, kk, config, dense.out, sizes, device)
+        config = CertifiedTopkConfig(r=r, path="certified", list_queries=G)
+        row = certified_row(q, k, w, mask, kk, config, dense.out, sizes, device)
         row.pop("tau")
         row["x_dense"] = round(row["ms"] / dense.ms, 3)
-        rows.append({"layer": layer, "T": T, "S": S, "variant": f"r={sizes['profile_r']} lists of {G}",
-                     "r": sizes["profile_r"], "witnesses": False, "refine_queries": G, **row})
+        rows.append({"layer": layer, "T": T, "S": S,
+                     "variant": f"r={r}" + (" +witnesses" if witnesses else "") + f" lists of {G}",
+                     "r": r, "witnesses": witnesses, "refine_queries": G, **row})
+        candidates.append(candidate(row, config))
         print(rows[-1], flush=True)
     constants = constants_for(torch.device(device).type)
     choice = choose_layer(candidates, dense.ms, [(1, S, T)], heads=q.shape[2], head_dim=q.shape[3], topk=kk,
@@ -187,13 +183,13 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     GUARD.reset()
 
     def plan_op():
-        return torch.ops.pulsar_dosa.certified_topk(q, k, w, kk, mask, path=s.path, r=s.r, min_keys=s.min_keys,
+        return torch.ops.pulsar_dosa.certified_topk(q, k, w, kk, mask, **s.op_arguments(),
                                                     layer=f"trained/L{layer}")
 
     for _ in range(4):  # the guard's warm-ups and its dense and certified trials
         plan_op()
     op = harness.measure(plan_op, device, sizes["reps"])
-    rows.append({"layer": layer, "T": T, "S": S, "variant": "plan", "path": s.path, "r": s.r, "min_keys": s.min_keys,
+    rows.append({"layer": layer, "T": T, "S": S, "variant": "plan", **s.op_arguments(),
                  "reason": choice.reason, "ms": round(op.ms, 3), "x_dense": round(op.ms / dense.ms, 3),
                  "identical": harness.identical(op.out, dense.out)})
     print(rows[-1], flush=True)
@@ -278,6 +274,12 @@ def main(argv=None):
     return doc
 
 
+def _choice(row) -> str:
+    """The plan row's settings after its variant: " -> path r=.." and its list size when not the default."""
+    lists = "" if row.get("list_queries") is None else f" lists of {row['list_queries']}"
+    return f" -> {row['path']} r={row['r']}{lists}"
+
+
 def render(doc) -> str:
     """The readable table: one line per (T, layer, variant)."""
     head = ["T", "layer", "variant", "ms", "x dense", "graph ms", "identical", "pruned", "m", "b", "redo",
@@ -285,7 +287,7 @@ def render(doc) -> str:
     lines = []
     for r in doc["rows"]:
         split = r.get("split_ms")
-        lines.append([r["T"], r["layer"], r["variant"] + (f" -> {r['path']} r={r['r']}" if r["variant"] == "plan" else ""),
+        lines.append([r["T"], r["layer"], r["variant"] + (_choice(r) if r["variant"] == "plan" else ""),
                       r.get("ms"), r.get("x_dense", 1.0), r.get("graph_ms"), r.get("identical", "-"), r.get("pruned", "-"),
                       r.get("m", "-"),
                       "-" if r.get("b") is None else round(r["b"], 3), r.get("redo", "-"),

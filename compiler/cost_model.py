@@ -219,7 +219,10 @@ def dense_query_cost(n, shape: IndexerShape, c: KernelConstants):
 
 def certified_query_cost(n, r: int, m, shape: IndexerShape, c: KernelConstants, *, anchors, redo=0):
     """Seconds for one query over n > N0 visible keys of a call over ``T`` keys on the certified path
-    with budget r, survival m, ``anchors`` anchor queries per query and a ``redo`` fraction."""
+    with budget r, survival m, ``anchors`` anchor queries per query and a ``redo`` fraction. m is
+    the refined share of the screened (query, key) pairs as the pipeline counts it (a survivor
+    list's keys once for each of its queries, ``TopkStats.survivors``): the union of a list's
+    queries enters through m measured at that list size, the model has no list size of its own."""
     hd, n0 = shape.heads * shape.head_dim, shape.n0
     screened = n - n0
     sample = T / runtime_defaults.SAMPLE_PER_KEYS if shape.sample else 0

@@ -36,7 +36,7 @@ from runtime import defaults
 from runtime.seeds import (SOFT_HIDDEN_BIAS, anchor_rows, sample_keys, sample_rank,
                            sample_size, seed_mask, takes_witnesses)
 
-__all__ = ["FALLBACK_REASONS", "PATHS", "CertifiedTopkConfig", "TopkStats", "certified_topk"]
+__all__ = ["FALLBACK_REASONS", "PATHS", "CertifiedTopkConfig", "TopkStats", "certified_topk", "check_list_queries"]
 
 ROUTED_REASONS = ("nonfinite", "numeric_range", "topk_ge_visible", "dense_cheaper")
 """Fallbacks decided before a query is certified (``_route``), in the order they are checked."""
@@ -54,6 +54,17 @@ def _require_int(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
 
 
+def check_list_queries(value: object, name: str = "list_queries") -> None:
+    """ValueError naming ``name`` unless ``value`` is None or a power-of-two int >= 1 (a survivor
+    list's queries are one query tile of the GPU screen and refine kernels, whose tiles are powers
+    of two)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise ValueError(f"{name}: expected None or a power-of-two int >= 1 (queries sharing a survivor "
+                         f"list), got {value!r}")
+
+
 @dataclass(frozen=True)
 class CertifiedTopkConfig:
     """Options of ``certified_topk``.
@@ -68,6 +79,12 @@ class CertifiedTopkConfig:
     sample_keys: keys of the strided sample behind each query's own threshold (None: the default
     of ``seeds.sample_size``; 0: none). sample_sigmas: safety of its rank (``seeds.sample_rank``).
     path: "certified" (failed preconditions still fall back per query) or "dense".
+    list_queries: consecutive queries sharing one survivor list (the union of their survivors) and
+    one refine program on the GPU pipeline (``compiler/lowering/topk_pipeline.py``), a power of two
+    (None: the scorer tile's query count, 4 at H = 64 on CUDA). 1 refines no pair a query pruned but
+    reads each listed key once per query; which size is fastest depends on the layer
+    (benchmarks/results/certified_trained_h100.md), so plans choose it per layer. This reference
+    screens and refines each query alone whatever the value; no size changes an output.
     """
 
     r: int | None = None
@@ -79,6 +96,7 @@ class CertifiedTopkConfig:
     sample_keys: int | None = None
     sample_sigmas: float = defaults.SAMPLE_SIGMAS
     path: str = "certified"
+    list_queries: int | None = None
 
     def __post_init__(self) -> None:
         if self.r is not None:
@@ -98,13 +116,15 @@ class CertifiedTopkConfig:
             raise ValueError(f"workspace_frac: expected a finite number >= 0, got {frac!r}")
         if self.path not in PATHS:
             raise ValueError(f"path: expected one of {PATHS}, got {self.path!r}")
+        check_list_queries(self.list_queries)
 
 
 class TopkStats:
     """Counters of ``certified_topk`` calls: device tensors (no host sync when adding) and host ints.
 
     Counters: queries, anchors, keys_visible, keys_seeded (seed keys of certified queries),
-    keys_screened (keys bounded by the certificate), survivors (screened keys with bound >= tau),
+    keys_screened (keys bounded by the certificate), survivors (screened keys with bound >= tau; the
+    GPU pipeline counts each key of a survivor list once per query of the list: ``list_queries``),
     written (survivors with score >= tau), and one count of queries per fallback reason.
     ``summary()`` and ``pruned_frac`` synchronise.
     """

@@ -44,7 +44,8 @@ def test_layer_settings_come_from_the_cost_model_or_the_options_and_say_so():
     with pytest.raises(ValueError, match="path"):
         settings(path="fast")
     assert default.report_fields() == {"path": "auto", "r": None, "min_keys": default.topk.min_keys,
-                                       "predicted_pruned_frac": None, "settings_from": "cost model"}
+                                       "list_queries": None, "predicted_pruned_frac": None,
+                                       "settings_from": "cost model"}
 
 
 def test_threshold_comes_from_the_option_else_the_device_unless_cuda_graphs_or_a_forced_op():

@@ -56,7 +56,6 @@ FEW_ROWS_INTERPRETER_PROGRAMS = 3  # programs off CUDA: several per row, so that
 FEW_ROWS_WARPS = 8  # warps of a few-rows program
 
 # The certified pipeline (topk_pipeline.py)
-REFINE_QUERIES = None  # queries sharing a survivor list (its union) and a refine program; None: the scorer tile's, as the indexer zoo's families were measured; 1 refines no pair a query pruned but reads each key once per query (on the trained indexers neither wins in sum, certified_trained_h100.md)
 CERTIFIED_BUFFER_K = 8  # candidates per certified query, in kk: at most 3.53 kk seen, certified_buffer_h200.json
 DEFAULT_R_CAP = 7  # cap of the per-query budget without config.r, so that the screen's row count is static
 DENSE_CHUNK_BYTES = 4 << 30  # largest scorer output [rows, T] the dense path allocates at once

@@ -10,9 +10,10 @@ for every input. Rows the certificate cannot answer are flagged on the device an
 (``redo_dense``): nothing is dropped. No host synchronisation: a call can be captured in a CUDA
 graph after one call outside the capture. fp32 operands are scored densely (tf32 products are
 outside the margins). Config fields used: r, witnesses, anchor_stride, workspace_frac, sample_keys,
-sample_sigmas, path. ``shared_bound`` (keys sharded over ranks, as in runtime.certified_topk)
-replaces the witness threshold by its bound b; a row whose tau is a finite b and that wrote fewer
-than kk candidates is short instead of redone: its candidates in THE ORDER, then padding."""
+sample_sigmas, path, list_queries (the survivor lists' size, ``refine_queries``). ``shared_bound``
+(keys sharded over ranks, as in runtime.certified_topk) replaces the witness threshold by its bound
+b; a row whose tau is a finite b and that wrote fewer than kk candidates is short instead of
+redone: its candidates in THE ORDER, then padding."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -288,10 +289,11 @@ class CertifiedTrace:
     plan: ScreenPlan | None
 
 
-def refine_queries(H: int) -> int:
-    """Queries sharing a survivor list and a refine program: defaults.REFINE_QUERIES, or the scorer
-    tile's (``score_tile_shape``) where it is None."""
-    return score_tile_shape(H)[0] if defaults.REFINE_QUERIES is None else defaults.REFINE_QUERIES
+def refine_queries(H: int, config: CertifiedTopkConfig) -> int:
+    """Queries sharing a survivor list and a refine program in a call of H heads under ``config``:
+    its ``list_queries``, or the scorer tile's query count (``score_tile_shape``) where that is None,
+    as the indexer zoo's families were measured. The pipeline's one reading of the list size."""
+    return score_tile_shape(H)[0] if config.list_queries is None else config.list_queries
 
 
 def survivor_cap(T: int, kk: int, workspace_frac: float) -> int:
@@ -305,9 +307,9 @@ def _no_mark(stage: str) -> None:
 
 
 def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None, k_scale=None, mark=_no_mark):
-    """Seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, plan, b), ids [B,L,cap] the
-    survivors of each group of ``refine_queries(H)`` queries (a key survives for any of them), b the
-    shared bound [B,S] (None without ``shared_bound``).
+    """Seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, G, plan, b), ids [B,L,cap] the
+    survivors of each group of G = ``refine_queries(H, config)`` queries (a key survives for any of
+    them), b the shared bound [B,S] (None without ``shared_bound``).
     ``screen_config``: the screen's LaunchConfig, None to let ``screen`` choose it. ``k_scale``: the
     FP8 scorer's key scales. ``mark(stage)`` is called once each stage's work is queued."""
     B, S, H, D = q.shape
@@ -342,12 +344,12 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_boun
     tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
     mark("plan")
     cap = survivor_cap(T, kk, config.workspace_frac)
-    G = refine_queries(H)
+    G = refine_queries(H, config)
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
                              lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap, config=screen_config,
                              k_scale=k_scale)
     mark("screen")
-    return tau, ids, list_count, cap, plan, shared
+    return tau, ids, list_count, cap, G, plan, shared
 
 
 def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_per_group, k_scale=None):
@@ -386,12 +388,11 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     "seeds", "plan", "screen", "refine" and "select" is queued (a benchmark records events there)."""
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
-    tau, ids, list_count, cap, plan, shared = _screen_stage(q, w, k, mask, kk, config, nk, screen_config,
+    tau, ids, list_count, cap, G, plan, shared = _screen_stage(q, w, k, mask, kk, config, nk, screen_config,
                                                             shared_bound, k_scale, mark)
     cand_cap = min(cap, defaults.CERTIFIED_BUFFER_K * kk)
     cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
-    G = refine_queries(q.shape[2])
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
                out_count=cand_count, splits=key_splits(B * ids.shape[1], cap), k_scale=k_scale, block_s=G)
     mark("refine")
@@ -484,7 +485,7 @@ def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: Cer
         cap = survivor_cap(T, kk, config.workspace_frac)
         seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
         total += (dense_chunk + 8 * B * S * seeds + 2 * defaults.PLAN_CHUNK_BYTES + B * S * 16 * (2 * D + 12)
-                  + 4 * B * triton.cdiv(S, refine_queries(H)) * (cap + triton.cdiv(T, 32))
+                  + 4 * B * triton.cdiv(S, refine_queries(H, config)) * (cap + triton.cdiv(T, 32))
                   + 8 * B * S * min(cap, defaults.CERTIFIED_BUFFER_K * kk)
                   + 2 * defaults.REDO_BUFFER_BYTES)
     return total

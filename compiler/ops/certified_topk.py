@@ -2,16 +2,17 @@
 
 Schema (:data:`SCHEMA`, shared by ``capture_topk``): ``(Tensor q, Tensor k, Tensor weights, Scalar
 topk, Tensor? mask=None, str layer="", str path="auto", SymInt? r=None, SymInt? min_keys=None,
-bool record_stats=True, str precision="bf16", Tensor? k_scale=None, bool sorted=True) -> (Tensor,
-Tensor)``. q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or
+int? list_queries=None, bool record_stats=True, str precision="bf16", Tensor? k_scale=None, bool
+sorted=True) -> (Tensor, Tensor)``. q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or
 [B,S,T] (bool, True = visible; or additive float), one device; ``topk`` a positive int (a bool is
 refused). Returns (values [B,S,kk] fp32, indices [B,S,kk] int64), kk = min(topk, T): exactly
 ``runtime.dense_scorer.dense_topk`` of the scored operands (``scored_operands``: the inputs for
 ``precision`` "bf16"; for "fp8" / "fp8_unrotated" their E4M3 quantisation, SPEC A.10; ``k_scale``
 [B,T] fp32: k is already E4M3 with these scales, e.g. an FP8 key cache); with ``sorted`` False,
 each row's same (value, index) pairs in an unspecified order, for readers of the set. ``layer`` files the
-statistics and the runtime guard; ``path``, ``r``, ``min_keys`` are the layer's ``TopkSettings``,
-resolved per call by ``compiler.ops.guard.call_path``. Every kernel checks its arguments first
+statistics and the runtime guard; ``path``, ``r``, ``min_keys``, ``list_queries`` are the layer's
+``TopkSettings``, the path resolved per call by ``compiler.ops.guard.call_path``, r and the survivor
+lists' size passed to the runtime's ``CertifiedTopkConfig``. Every kernel checks its arguments first
 (``check_call``: a clear error naming the argument) and answers empty inputs with empty outputs.
 The CPU runs ``runtime.certified_topk``; CUDA ``compiler/lowering/topk_pipeline.py`` (its FP8 inputs
 quantised by ``compiler/lowering/scoring/fp8_quant.py``, the same bits). The fake
@@ -31,8 +32,8 @@ from runtime.fp8_quant import Quantizer, check_head_dim, check_precision, quanti
 from runtime.indexer_inputs import checked_kk
 
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
-          'str path="auto", SymInt? r=None, SymInt? min_keys=None, bool record_stats=True, str precision="bf16", '
-          'Tensor? k_scale=None, bool sorted=True) -> (Tensor, Tensor)')
+          'str path="auto", SymInt? r=None, SymInt? min_keys=None, int? list_queries=None, bool record_stats=True, '
+          'str precision="bf16", Tensor? k_scale=None, bool sorted=True) -> (Tensor, Tensor)')
 """The schema of ``certified_topk`` and of every op that stands in for it (``capture_topk``)."""
 _ARGUMENTS = torch._C.parse_schema("pulsar_dosa::certified_topk" + SCHEMA).arguments
 
@@ -75,7 +76,7 @@ def check_call(a: dict[str, Any]) -> tuple[int, TopkSettings]:
     tensors, once per signature (``checked_kk``; no data is read)."""
     check_devices(a)
     check_topk_type(a["topk"])
-    settings = settings_of(a["path"], a["r"], a["min_keys"])
+    settings = settings_of(a["path"], a["r"], a["min_keys"], a["list_queries"])
     precision = check_precision("precision", a["precision"])
     q, k, k_scale = a["q"], a["k"], a["k_scale"]
     if isinstance(q, torch.Tensor) and q.dim() == 4:

@@ -1,8 +1,10 @@
 """Plan time: one layer's path from its calibration measurements (``choose_layer``).
 
 From the survival m(r), the fraction of queries redone densely and the measured times of dense and
-of each candidate budget on the calibration calls, the budget with the lowest predicted time at
-the design length: the cost model's prediction (``compiler.cost_model``) scaled by the ratio
+of each candidate (a budget r with survivor lists of ``list_queries`` queries, None the pipeline's
+default) on the calibration calls, the candidate with the lowest predicted time at the design
+length (on a tie the earlier of (r, default lists first, then smaller lists)); its r and list size
+become the layer's settings: the cost model's prediction (``compiler.cost_model``) scaled by the ratio
 measured on the calibration calls. A budget that lost to dense there stays a candidate only when
 the design length is longer than every calibration call (the certified advantage grows with the
 key count), and is then certified only above the longest one. The layer is certified (path "auto"
@@ -27,9 +29,9 @@ DENSE = TopkSettings("dense")
 
 @dataclass(frozen=True)
 class LayerChoice:
-    """The decision for one layer: its ``settings`` (path "auto" with r and min_keys, or "dense"),
-    the predicted pruned fraction 1 - m(r), the predicted speedup over dense at the design length,
-    and ``reason``, one readable sentence."""
+    """The decision for one layer: its ``settings`` (path "auto" with r, min_keys and the list size,
+    or "dense"), the predicted pruned fraction 1 - m(r), the predicted speedup over dense at the
+    design length, and ``reason``, one readable sentence."""
 
     settings: TopkSettings
     predicted_pruned_frac: float | None
@@ -44,6 +46,16 @@ def short_candidates(heads: int) -> list[int]:
     return [(1 << j) - 1 for j in range(1, limit.bit_length()) if (1 << j) <= limit]
 
 
+def _label(c) -> str:
+    """A candidate in a reason: "r=15", or "r=15 lists of 2" with a list size of its own."""
+    return f"r={c.r}" if c.list_queries is None else f"r={c.r} lists of {c.list_queries}"
+
+
+def _order(c) -> tuple[int, int]:
+    """Candidates in (r, list size) order, each budget's default lists first."""
+    return c.r, 0 if c.list_queries is None else c.list_queries
+
+
 def _call_shape(heads, head_dim, topk, batch, queries, keys):
     """(IndexerShape, length) of one calibration call: a prefill when queries == keys."""
     return IndexerShape(heads=heads, head_dim=head_dim, topk=topk, batch=batch,
@@ -55,8 +67,8 @@ def choose_layer(candidates: Sequence, dense_ms: float | None, calls: Sequence[t
                  queries: int | None) -> LayerChoice:
     """The plan's decision for one layer (module docstring).
 
-    ``candidates``: measurements with ``r``, ``survival``, ``redo_frac``, ``ms`` (None: not timed),
-    ``keys_screened`` and ``certified_queries``; ``dense_ms`` the measured dense time of the same
+    ``candidates``: measurements with ``r``, ``list_queries``, ``survival``, ``redo_frac``, ``ms``
+    (None: not timed), ``keys_screened`` and ``certified_queries`` (``CandidateMeasurement``); ``dense_ms`` the measured dense time of the same
     calls; ``calls`` their (batch, queries, keys) sizes. The design call has ``queries`` queries per
     call (None: a causal prefill) at ``design_length`` keys.
     """
@@ -73,14 +85,14 @@ def choose_layer(candidates: Sequence, dense_ms: float | None, calls: Sequence[t
     dense_cal = sum(float(dense_call_time(s, constants).subs(LENGTH, n)) for s, n in shapes)
     longest = max((n for _, n in shapes), default=0)
     best, lost = None, []
-    for c in sorted(candidates, key=lambda c: c.r):
+    for c in sorted(candidates, key=_order):
         if c.r >= heads:
             continue
         cert_cal = sum(float(certified_call_time(c.r, c.survival, s, constants, redo=c.redo_frac).subs(LENGTH, n))
                        for s, n in shapes)
         measured = None if c.ms is None or not dense_ms else c.ms / dense_ms
         if measured is not None and measured >= 1.0:
-            lost.append(f"r={c.r} {measured:.2f}x")
+            lost.append(f"{_label(c)} {measured:.2f}x")
             if design_length <= longest:  # it lost at the design length itself (or beyond it)
                 continue
         scale = 1.0 if measured is None else measured / (cert_cal / dense_cal)
@@ -99,14 +111,14 @@ def choose_layer(candidates: Sequence, dense_ms: float | None, calls: Sequence[t
             else f"; measured {measured:.2f}x the dense time on the calibration calls")
     if ratio >= defaults.PAYS_BELOW:
         return LayerChoice(DENSE, None, 1.0,
-                           f"best budget r={c.r} predicted at {ratio:.2f}x the dense time at {design_length} keys "
+                           f"best budget {_label(c)} predicted at {ratio:.2f}x the dense time at {design_length} keys "
                            f"(certified needs < {defaults.PAYS_BELOW}){seen}")
     crossover = crossover_length(c.r, c.survival, design, constants, redo=c.redo_frac, scale=scale)
     if crossover is not None and measured is not None and measured >= 1.0:
         crossover = max(crossover, longest + 1)  # never certified where it was measured to lose
     if crossover is None or crossover > design_length:
         return LayerChoice(DENSE, None, 1.0,
-                           f"r={c.r} never overtakes dense up to {design_length} keys{seen}")
-    return LayerChoice(TopkSettings("auto", c.r, crossover), 1.0 - c.survival, 1.0 / ratio,
-                       f"r={c.r} predicted {1 / ratio:.2f}x faster than dense at {design_length} keys, "
+                           f"{_label(c)} never overtakes dense up to {design_length} keys{seen}")
+    return LayerChoice(TopkSettings("auto", c.r, crossover, c.list_queries), 1.0 - c.survival, 1.0 / ratio,
+                       f"{_label(c)} predicted {1 / ratio:.2f}x faster than dense at {design_length} keys, "
                        f"from {crossover} keys{seen}")

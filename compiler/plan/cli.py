@@ -2,10 +2,10 @@
 
 Runs the model eagerly on calibration tokens, captures each DSA indexer layer's q, k, weights through
 the backend's own indexer pass (``compiler.plan.capture``), measures per layer the survival m(r), the
-redo fraction and the call time of each candidate budget r with the certified top-K on the device,
-the dense time, the seed gap and slack distributions (``compiler.plan.measure``), lets
-``compiler.plan.choice.choose_layer`` choose r, the path and the crossover length (or refuse, with the
-reason), and writes a versioned JSON plan (``compiler.plan.schema``). ``--plot out.png`` also draws
+redo fraction and the call time of each candidate budget r with the certified top-K on the device
+(the best budgets also with survivor lists of other sizes, on CUDA), the dense time, the seed gap and
+slack distributions (``compiler.plan.measure``), lets ``compiler.plan.choice.choose_layer`` choose r,
+the list size, the path and the crossover length (or refuse, with the reason), and writes a versioned JSON plan (``compiler.plan.schema``). ``--plot out.png`` also draws
 m(r) per layer and the predicted speedup.
 
 Candidates: by default the short tile-aligned list r = 1, 3, 7, 15, 31, at most half the heads
@@ -285,13 +285,14 @@ def plan_from_calls(calls: Mapping[str, Sequence], *, constants: KernelConstants
                     timed: bool = True) -> Plan:
     """Measure and decide every layer of ``calls`` (layer -> CapturedCalls) and assemble the plan;
     ``model`` and ``inputs`` are the plan's descriptions; ``timed``: time the calibration calls."""
-    from compiler.plan.measure import choose_from_measurement, measure_layer
+    from compiler.plan.measure import choose_from_measurement, measure_layer, measurement_count
     from compiler.plan.progress import progress
 
     layers = []
     for name, layer_calls in calls.items():
         rs = layer_candidates(candidates, layer_calls[0].q.shape[2], constants)
-        with progress((len(rs) + 1) * len(layer_calls), f"measure {name} (r x batches)") as step:
+        runs = measurement_count(len(rs), layer_calls) + 1
+        with progress(runs * len(layer_calls), f"measure {name} ((r, list size) x batches)") as step:
             measurement = measure_layer(name, layer_calls, rs, timed=timed, on_call=step)
             layers.append(choose_from_measurement(measurement, constants, design_length, queries, on_call=step))
     return Plan(model=model, inputs=inputs, design_length=design_length, queries=queries, constants=constants,
@@ -356,7 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     save_plan(plan, args.out)
     for e in plan.layers:
         pruned = "-" if e.predicted_pruned_frac is None else f"{e.predicted_pruned_frac:.3f}"
-        print(f"{e.layer}: path={e.settings.path} r={e.settings.r} min_keys={e.settings.min_keys} pruned={pruned} "
+        print(f"{e.layer}: path={e.settings.path} r={e.settings.r} min_keys={e.settings.min_keys} "
+              f"list_queries={e.settings.list_queries} pruned={pruned} "
               f"speedup@{plan.design_length}={e.predicted_speedup:.2f}: {e.reason}", file=sys.stderr)
     print(f"wrote {args.out} (sha256 {plan.hash[:16]}...)", file=sys.stderr)
     if args.plot:

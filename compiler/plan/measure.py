@@ -4,8 +4,12 @@
 candidate budget r the certified top-K on every call (path "certified"): m(r) = survivors /
 keys screened (1.0 when nothing was screened), the fraction of certified queries redone densely,
 and, when ``timed``, the summed time of one run per call after a warm-up on CUDA; and the dense
-time of the same calls. ``choose_from_measurement`` decides the layer (``compiler.plan.choice``)
-and adds the chosen budget's diagnostics (SPEC A.6): the seed gap b = τ* − τ per certified query
+time of the same calls. Every budget runs with the pipeline's default survivor lists; the
+``LIST_BUDGETS`` best of them (fastest, or lowest m untimed) run again with lists of each size of
+``list_sizes`` (``LIST_SIZES`` but the default's own size, on CUDA only): at most
+``len(candidates) + LIST_BUDGETS * len(LIST_SIZES)`` measurements (``measurement_count``; 9 for the
+short list's 5 budgets), not one per (budget, size). ``choose_from_measurement`` decides the layer
+(``compiler.plan.choice``) and adds the chosen budget's diagnostics (SPEC A.6): the seed gap b = τ* − τ per certified query
 and the slack δ = U_num − s per screened key, recomputed from the runtime's public stages for at
 most ``DIAGNOSTIC_QUERIES`` queries per call."""
 from __future__ import annotations
@@ -28,6 +32,11 @@ from runtime.rounding import key_norm_up
 from runtime.seeds import anchor_rows, seed_mask
 
 _ROW_ELEMENTS = 1 << 22  # bound on the [rows, H, T] intermediates of the diagnostics
+LIST_SIZES = (1, 2)
+"""Survivor-list sizes measured besides the default (the scorer tile's queries, 4 at H = 64): on the
+trained indexers each of 1, 2 and 4 was the fastest on some layer (certified_trained_h100.md)."""
+LIST_BUDGETS = 2
+"""Best budgets re-measured with each of ``list_sizes``."""
 DIAGNOSTIC_QUERIES = 64
 """Certified queries per call whose seed gap and slacks are computed (the distributions are summaries)."""
 
@@ -92,9 +101,11 @@ def _seconds(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def measure_candidate(calls: Sequence[CapturedCall], r: int, timed: bool = True,
-                      on_call: Callable[[], None] | None = None) -> CandidateMeasurement:
-    """m(r), the redo fraction, counts and (``timed``) the summed call time of budget r over the calls."""
-    config = CertifiedTopkConfig(r=r, path="certified")
+                      on_call: Callable[[], None] | None = None, list_queries: int | None = None
+                      ) -> CandidateMeasurement:
+    """m(r), the redo fraction, counts and (``timed``) the summed call time of budget r over the
+    calls, with survivor lists of ``list_queries`` queries (None: the pipeline's default)."""
+    config = CertifiedTopkConfig(r=r, path="certified", list_queries=list_queries)
     total, ms = TopkStats(), 0.0
     for call in calls:
         last = []  # the statistics of the last run (the timed one, after the warm-up)
@@ -118,7 +129,8 @@ def measure_candidate(calls: Sequence[CapturedCall], r: int, timed: bool = True,
                                 redo_frac=redone / certified if certified > 0 else 0.0,
                                 ms=ms if timed else None, queries=int(s["queries"]),
                                 certified_queries=max(0, int(certified)), keys_screened=screened,
-                                survivors=survivors, fallbacks={k: int(v) for k, v in s["fallbacks"].items()})
+                                survivors=survivors, fallbacks={k: int(v) for k, v in s["fallbacks"].items()},
+                                list_queries=list_queries)
 
 
 def measure_dense(calls: Sequence[CapturedCall]) -> float:
@@ -126,15 +138,35 @@ def measure_dense(calls: Sequence[CapturedCall]) -> float:
     return sum(1e3 * _seconds(lambda call=call: _dense_run(call), call.q.device) for call in calls)
 
 
+def list_sizes(calls: Sequence[CapturedCall]) -> tuple[int, ...]:
+    """The survivor-list sizes measured besides the default: ``LIST_SIZES`` but the size the default
+    takes for these calls, on CUDA; none elsewhere (the plain-torch reference screens each query
+    alone, so a size would measure the default again)."""
+    if not calls or calls[0].q.device.type != "cuda":
+        return ()
+    from compiler.lowering.topk_pipeline import refine_queries
+
+    default = refine_queries(calls[0].q.shape[2], CertifiedTopkConfig())
+    return tuple(size for size in LIST_SIZES if size != default)
+
+
+def measurement_count(budgets: int, calls: Sequence[CapturedCall]) -> int:
+    """Candidate measurements ``measure_layer`` makes for ``budgets`` budgets on ``calls``."""
+    return budgets + min(budgets, LIST_BUDGETS) * len(list_sizes(calls))
+
+
 def measure_layer(layer: str, calls: Sequence[CapturedCall], candidates: Sequence[int], timed: bool = True,
                   on_call: Callable[[], None] | None = None) -> LayerMeasurement:
-    """Every candidate budget and (``timed``) the dense time on one layer's calls."""
+    """Every candidate budget with the default survivor lists, the ``LIST_BUDGETS`` best again with
+    each of ``list_sizes`` (module docstring), and (``timed``) the dense time on one layer's calls."""
     if not calls:
         raise ValueError(f"calls: layer {layer!r} has no captured call")
     _, _, heads, head_dim = calls[0].q.shape
-    measured = tuple(measure_candidate(calls, r, timed, on_call) for r in candidates)
+    measured = [measure_candidate(calls, r, timed, on_call) for r in candidates]
+    best = sorted(measured, key=lambda c: (c.survival if c.ms is None else c.ms, c.r))[:LIST_BUDGETS]
+    measured += [measure_candidate(calls, c.r, timed, on_call, size) for c in best for size in list_sizes(calls)]
     return LayerMeasurement(layer=layer, heads=heads, head_dim=head_dim, topk=calls[0].topk,
-                            candidates=measured, dense_ms=measure_dense(calls) if timed else None,
+                            candidates=tuple(measured), dense_ms=measure_dense(calls) if timed else None,
                             calls=tuple(calls))
 
 

@@ -3,11 +3,14 @@
 A plan file is one JSON object: ``{"format": "pulsar-dosa-plan", "version": 3, "model", "inputs"
 (free-form descriptions), "design_length", "queries" (null: causal prefill), "constants"
 (KernelConstants fields), "layers": [...]}``; each layer: its module path, its ``TopkSettings``
-(``"path"`` "auto" with ``"r"`` and ``"min_keys"`` in [1, MAX_KEYS], or "dense" with both null),
+(``"path"`` "auto" with ``"r"`` and ``"min_keys"`` in [1, MAX_KEYS], or "dense" with both null;
+``"list_queries"``, the survivor lists' size, written only when the plan chose one: absent is null,
+the pipeline's default, so that plans written before the key existed load and hash as they did),
 ``heads``, ``head_dim``, ``topk``, the predictions and ``reason`` (``compiler.plan.choice``), the
-calibration calls [B, S, T], the candidate measurements and the seed-gap and slack distributions
-(``count``, ``mean``, ``min``, ``max``, ``p05``, ``p50``, ``p95``). ``plan_hash`` is the SHA-256 of
-the canonical JSON text (sorted keys, no spaces): formatting does not change it, any content does.
+calibration calls [B, S, T], the candidate measurements (each with its ``"list_queries"`` under the
+same rule) and the seed-gap and slack distributions (``count``, ``mean``, ``min``, ``max``,
+``p05``, ``p50``, ``p95``). ``plan_hash`` is the SHA-256 of the canonical JSON text (sorted keys,
+no spaces): formatting does not change it, any content does.
 Every problem raises ``PlanError`` (a ValueError) naming the offending field."""
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Any, Mapping
 
 from compiler.cost_model import KernelConstants
 from compiler.topk_settings import TopkSettings
+from runtime.certified_topk import check_list_queries
 
 PLAN_FORMAT = "pulsar-dosa-plan"
 PLAN_VERSION = 3
@@ -28,6 +32,8 @@ PLAN_PATHS = ("auto", "dense")
 MAX_KEYS = 2**31 - 1
 """Largest key length a plan may name (the kernels index keys with int32)."""
 _DISTRIBUTION_KEYS = ("count", "mean", "min", "max", "p05", "p50", "p95")
+_OPTIONAL = frozenset({"list_queries"})
+"""Keys of a layer or a candidate that may be absent (read as null) and are not written when null."""
 
 
 class PlanError(ValueError):
@@ -49,8 +55,9 @@ class Distribution:
 
 @dataclass(frozen=True)
 class CandidateMeasurement:
-    """Budget r measured on real activations: m(r) = survivors / keys_screened, the fraction of
-    certified queries redone densely, the summed call time (ms, None when not timed) and counts."""
+    """Budget r measured on real activations, with survivor lists of ``list_queries`` queries (None:
+    the pipeline's default size): m(r) = survivors / keys_screened, the fraction of certified queries
+    redone densely, the summed call time (ms, None when not timed) and counts."""
 
     r: int
     survival: float
@@ -61,6 +68,7 @@ class CandidateMeasurement:
     keys_screened: int
     survivors: int
     fallbacks: Mapping[str, int]
+    list_queries: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,16 +137,22 @@ class Plan:
         return plan_hash(self)
 
 
+def _omit_null_optional(fields: dict) -> dict:
+    """``fields`` without the optional keys (``_OPTIONAL``) that are None."""
+    return {k: v for k, v in fields.items() if k not in _OPTIONAL or v is not None}
+
+
 def _layer_to_dict(e: LayerPlan) -> dict:
     return {
-        "layer": e.layer, **e.settings.op_arguments(),
+        "layer": e.layer, **_omit_null_optional(e.settings.op_arguments()),
         "heads": e.heads, "head_dim": e.head_dim, "topk": e.topk,
         "predicted_pruned_frac": e.predicted_pruned_frac, "predicted_speedup": e.predicted_speedup,
         "reason": e.reason, "dense_ms": e.dense_ms, "calibration_calls": [list(c) for c in e.calibration_calls],
         "candidates": [{"r": c.r, "survival": c.survival, "redo_frac": c.redo_frac, "ms": c.ms,
                         "queries": c.queries, "certified_queries": c.certified_queries,
                         "keys_screened": c.keys_screened, "survivors": c.survivors,
-                        "fallbacks": dict(sorted(c.fallbacks.items()))} for c in e.candidates],
+                        "fallbacks": dict(sorted(c.fallbacks.items())),
+                        **_omit_null_optional({"list_queries": c.list_queries})} for c in e.candidates],
         "seed_gap": None if e.seed_gap is None else _dist_to_dict(e.seed_gap),
         "slack": None if e.slack is None else _dist_to_dict(e.slack),
     }
@@ -213,7 +227,7 @@ def plan_from_dict(data: Any) -> Plan:
 def _keys(where: str, obj: Any, expected: set[str]) -> None:
     if not isinstance(obj, dict):
         raise PlanError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    missing, unknown = sorted(expected - set(obj)), sorted(set(obj) - expected)
+    missing, unknown = sorted(expected - _OPTIONAL - set(obj)), sorted(set(obj) - expected)
     if missing or unknown:
         raise PlanError(f"{where}: missing keys {missing}, unknown keys {unknown}")
 
@@ -236,10 +250,20 @@ def _opt(check, where: str, value: Any, *bounds):
     return None if value is None else check(where, value, *bounds)
 
 
+def _list_queries(where: str, obj: dict) -> int | None:
+    """The optional ``list_queries`` of a layer or a candidate (absent: None)."""
+    value = obj.get("list_queries")
+    try:
+        check_list_queries(value, f"{where}.list_queries")
+    except ValueError as exc:
+        raise PlanError(str(exc)) from exc
+    return value
+
+
 def _layer(where: str, e: Any) -> LayerPlan:
-    _keys(where, e, {"layer", "path", "r", "min_keys", "heads", "head_dim", "topk", "predicted_pruned_frac",
-                     "predicted_speedup", "reason", "dense_ms", "calibration_calls", "candidates", "seed_gap",
-                     "slack"})
+    _keys(where, e, {"layer", "path", "r", "min_keys", "list_queries", "heads", "head_dim", "topk",
+                     "predicted_pruned_frac", "predicted_speedup", "reason", "dense_ms", "calibration_calls",
+                     "candidates", "seed_gap", "slack"})
     if not isinstance(e["layer"], str):
         raise PlanError(f"{where}.layer: expected a module path string ('' is the compiled module itself), "
                         f"got {e['layer']!r}")
@@ -251,8 +275,10 @@ def _layer(where: str, e: Any) -> LayerPlan:
     min_keys = _opt(_int, f"{where}.min_keys", e["min_keys"], 1, MAX_KEYS)
     if e["path"] == "auto" and (r is None or min_keys is None):
         raise PlanError(f"{where}: an 'auto' layer needs r and min_keys, got r={r!r}, min_keys={min_keys!r}")
-    if e["path"] == "dense" and (r is not None or min_keys is not None):
-        raise PlanError(f"{where}: a dense layer has r and min_keys null, got r={r!r}, min_keys={min_keys!r}")
+    list_queries = _list_queries(where, e)
+    if e["path"] == "dense" and (r is not None or min_keys is not None or list_queries is not None):
+        raise PlanError(f"{where}: a dense layer has r, min_keys and list_queries null, got r={r!r}, "
+                        f"min_keys={min_keys!r}, list_queries={list_queries!r}")
     if r is not None and r >= heads:
         raise PlanError(f"{where}.r: expected fewer than heads={heads}, got {r}")
     candidates = e["candidates"]
@@ -264,7 +290,7 @@ def _layer(where: str, e: Any) -> LayerPlan:
     if not isinstance(calls, list) or not all(isinstance(c, list) and len(c) == 3 for c in calls):
         raise PlanError(f"{where}.calibration_calls: expected a list of [batch, queries, keys]")
     return LayerPlan(
-        layer=e["layer"], settings=TopkSettings(e["path"], r, min_keys), heads=heads,
+        layer=e["layer"], settings=TopkSettings(e["path"], r, min_keys, list_queries), heads=heads,
         head_dim=_int(f"{where}.head_dim", e["head_dim"], 1),
         topk=_int(f"{where}.topk", e["topk"], 1),
         predicted_pruned_frac=_opt(_float, f"{where}.predicted_pruned_frac", e["predicted_pruned_frac"], 0.0, 1.0),
@@ -280,7 +306,7 @@ def _layer(where: str, e: Any) -> LayerPlan:
 
 def _candidate(where: str, c: Any) -> CandidateMeasurement:
     _keys(where, c, {"r", "survival", "redo_frac", "ms", "queries", "certified_queries", "keys_screened",
-                     "survivors", "fallbacks"})
+                     "survivors", "fallbacks", "list_queries"})
     fallbacks = c["fallbacks"]
     if not isinstance(fallbacks, dict):
         raise PlanError(f"{where}.fallbacks: expected an object reason -> count")
@@ -294,6 +320,7 @@ def _candidate(where: str, c: Any) -> CandidateMeasurement:
         keys_screened=_int(f"{where}.keys_screened", c["keys_screened"], 0),
         survivors=_int(f"{where}.survivors", c["survivors"], 0),
         fallbacks={str(k): _int(f"{where}.fallbacks[{k}]", v, 0) for k, v in fallbacks.items()},
+        list_queries=_list_queries(where, c),
     )
 
 

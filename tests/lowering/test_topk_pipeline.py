@@ -14,9 +14,12 @@ from compiler.lowering.topk_pipeline import (
     dense_topk_cuda,
     redo_dense,
     redo_slots,
+    refine_queries,
+    survivor_cap,
+    workspace_bytes,
 )
 from compiler.lowering.order_codes import decode_codes
-from compiler.lowering.scoring.indexer_scores import score_keys
+from compiler.lowering.scoring.indexer_scores import score_keys, score_tile_shape
 from compiler.lowering.screen.certificate_screen import screen
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_zoo import zoo_inputs
@@ -158,25 +161,37 @@ def test_own_sample_threshold_prunes_misaligned_queries_and_a_too_high_one_is_re
     assert (fallbacks["threshold_miss"] > 0) == (sigmas < 0)
 
 
-@pytest.mark.parametrize("witnesses, list_queries", [(False, 1), (True, 1), (False, 4)])
+@pytest.mark.parametrize("witnesses, list_queries", [(False, 1), (True, 1), (False, 2), (False, 4), (True, 8)])
 def test_without_witnesses_no_anchor_is_scored_and_lists_serve_their_queries(witnesses, list_queries,
                                                                                misaligned_runs, monkeypatch):
     """The sample alone sets the threshold: the pipeline scores no anchor query densely (with
-    witnesses it scores one per group); each list holds the survivors of REFINE_QUERIES queries
-    (one: each query's own), and the output is the dense one, bitwise."""
+    witnesses it scores one per group); each list holds the survivors of the config's list_queries
+    queries (one: each query's own; 8: the call's every query), and the output is the dense one,
+    bitwise."""
     from compiler.lowering import topk_pipeline
 
     q, k, w, mask, dense = misaligned_runs
     anchors = []
     real = topk_pipeline.dense_codes_topk
     monkeypatch.setattr(topk_pipeline, "dense_codes_topk", lambda *a, **kw: anchors.append(a[0].shape) or real(*a, **kw))
-    monkeypatch.setattr(defaults, "REFINE_QUERIES", list_queries)
     trace = []
-    config = CertifiedTopkConfig(witnesses=witnesses, sample_keys=64)
+    config = CertifiedTopkConfig(witnesses=witnesses, sample_keys=64, list_queries=list_queries)
     assert_same(certified_topk_cuda(q, k, w, 32, mask, config=config, trace=trace), dense)
     assert len(anchors) == int(witnesses)
     assert trace[0].list_queries == list_queries and trace[0].list_count.shape == (1, q.shape[1] // list_queries)
     assert (trace[0].list_count < 0.5 * k.shape[1]).all()  # every list pruned
+
+
+def test_the_list_size_comes_from_the_config_and_the_workspace_bound_holds_its_lists():
+    assert refine_queries(8, CertifiedTopkConfig()) == score_tile_shape(8)[0]
+    assert refine_queries(8, CertifiedTopkConfig(list_queries=2)) == 2
+    B, S, T, kk = 1, 64, 4096, 32
+
+    def bound(n):
+        return workspace_bytes(B, S, T, 8, 32, kk, CertifiedTopkConfig(list_queries=n))
+
+    cap = survivor_cap(T, kk, CertifiedTopkConfig().workspace_frac)
+    assert bound(1) - bound(2) == 4 * B * (S - S // 2) * (cap + T // 32)  # a list's ids and survivor words
 
 
 def test_screen_keeps_every_key_scoring_at_least_tau(structured_16, structured_16_calls):

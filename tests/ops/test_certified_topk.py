@@ -69,9 +69,23 @@ def test_scalar_arguments_map_to_the_runtime_config_and_bad_ones_are_named():
     assert TopkSettings(r=None).runtime_config("certified") == CertifiedTopkConfig()
     assert TopkSettings(r=5).runtime_config("dense") == CertifiedTopkConfig(r=5, path="dense")
     q, k, w, _ = _inputs()
-    for kwargs, name in (({"path": "fast"}, "path"), ({"min_keys": -2}, "min_keys"), ({"r": -3}, "r"), ({"r": 0}, "r")):
+    for kwargs, name in (({"path": "fast"}, "path"), ({"min_keys": -2}, "min_keys"), ({"r": -3}, "r"), ({"r": 0}, "r"),
+                         ({"list_queries": 3}, "list_queries")):
         with pytest.raises(ValueError, match=f"{name}: expected"):
             torch.ops.pulsar_dosa.certified_topk(q, k, w, 3, record_stats=False, **kwargs)
+
+
+def test_the_list_size_reaches_the_runtime_config(monkeypatch):
+    import importlib
+
+    op = importlib.import_module("compiler.ops.certified_topk")  # the package's attribute is the op itself
+    configs = []
+    real = op.reference_certified_topk
+    monkeypatch.setattr(op, "reference_certified_topk", lambda *a, config, **kw: configs.append(config)
+                        or real(*a, config=config, **kw))
+    q, k, w, visible = _inputs()
+    torch.ops.pulsar_dosa.certified_topk(q, k, w, 4, visible, path="certified", r=2, list_queries=2, record_stats=False)
+    assert configs == [CertifiedTopkConfig(r=2, path="certified", list_queries=2)]
 
 
 def test_statistics_accumulate_per_layer_only_when_recorded():

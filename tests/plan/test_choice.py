@@ -14,9 +14,10 @@ CONSTANTS = KernelConstants(dense_macs_per_s=1.17e14, screen_macs_per_s=2.6e13, 
 CALLS = [(1, 512, 131072)]  # one calibration chunk of 512 queries at 131072 keys
 
 
-def candidate(r, survival, ms=None, redo=0.0, screened=10**8, certified=500):
+def candidate(r, survival, ms=None, redo=0.0, screened=10**8, certified=500, lists=None):
     return CandidateMeasurement(r=r, survival=survival, redo_frac=redo, ms=ms, queries=512, certified_queries=certified,
-                                keys_screened=screened, survivors=int(survival * screened), fallbacks={})
+                                keys_screened=screened, survivors=int(survival * screened), fallbacks={},
+                                list_queries=lists)
 
 
 def choose(candidates, dense_ms=None, design_length=131072, queries=16384):
@@ -83,3 +84,18 @@ def test_the_min_keys_of_a_planned_layer_is_the_cost_models_crossover_with_the_m
     assert choice.settings.path == "auto"
     design = IndexerShape(**GEOMETRY, queries=16384)
     assert choice.settings.min_keys != crossover_length(3, 0.03, design, CONSTANTS)
+
+
+def test_a_plan_picks_the_list_size_of_its_fastest_measurement():
+    # The same budget measured with the default lists and with lists of 1 and 2 (the union of fewer
+    # queries survives less): the fastest measured call wins, and its list size reaches the settings.
+    measured = [candidate(15, 0.10, ms=8.0), candidate(15, 0.07, ms=6.0, lists=2),
+                candidate(15, 0.05, ms=7.0, lists=1), candidate(7, 0.2, ms=9.0)]
+    choice = choose(measured, dense_ms=10.0)
+    assert choice.settings.path == "auto" and (choice.settings.r, choice.settings.list_queries) == (15, 2)
+    assert choice.reason.startswith("r=15 lists of 2 predicted")
+    # Where the default lists are the fastest, the plan keeps them (None: the pipeline's default).
+    default = choose([candidate(15, 0.10, ms=5.0), candidate(15, 0.07, ms=6.0, lists=2)], dense_ms=10.0)
+    assert (default.settings.r, default.settings.list_queries) == (15, None)
+    lost = choose([candidate(15, 0.1, ms=12.0), candidate(15, 0.1, ms=11.0, lists=1)], dense_ms=10.0)
+    assert lost.settings.path == "dense" and "r=15 lists of 1 1.10x" in lost.reason

@@ -5,8 +5,9 @@ import torch
 
 from compiler.cost_model import H200_FITTED
 from compiler.ops.capture_topk import CapturedCall
+from compiler.plan import measure
 from compiler.plan.measure import (certificate_diagnostics, choose_from_measurement, distribution,
-                                   measure_candidate, measure_layer)
+                                   measure_candidate, measure_layer, measurement_count)
 from compiler.topk_settings import TopkSettings
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats, certified_topk
 from runtime.structured_indexer import structured_indexer_inputs
@@ -90,3 +91,15 @@ def test_distribution_quantiles_match_torch_quantile():
     d = distribution(v)
     expected = torch.quantile(v, torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64))
     assert (d.p05, d.p50, d.p95) == pytest.approx(expected.tolist(), rel=1e-12)
+
+
+def test_the_best_budgets_are_measured_again_with_each_list_size(monkeypatch):
+    calls = [structured_call()]
+    assert measure.list_sizes(calls) == ()  # the CPU reference screens each query alone
+    monkeypatch.setattr(measure, "list_sizes", lambda calls: (1, 2))
+    measurement = measure_layer("b", calls, [1, 3, 7], timed=False)
+    by_default = {c.r: c for c in measurement.candidates if c.list_queries is None}
+    lists = [(c.r, c.list_queries) for c in measurement.candidates if c.list_queries is not None]
+    best = sorted(by_default.values(), key=lambda c: (c.survival, c.r))[:measure.LIST_BUDGETS]
+    assert sorted(by_default) == [1, 3, 7] and lists == [(c.r, n) for c in best for n in (1, 2)]
+    assert len(measurement.candidates) == measurement_count(3, calls) == 3 + 2 * measure.LIST_BUDGETS

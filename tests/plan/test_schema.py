@@ -1,5 +1,6 @@
 """The plan file format: round trip, hash, version check and errors that name the field."""
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -32,6 +33,34 @@ def test_plan_round_trips_through_a_file_unchanged(tmp_path):
     loaded = load_plan(tmp_path / "plan.json")
     assert loaded == plan
     assert loaded.hash == plan.hash
+
+
+def with_lists(plan: Plan, size: int) -> Plan:
+    """``plan`` with its certified layer (and its candidate) run on survivor lists of ``size`` queries."""
+    first = plan.layers[0]
+    settings = TopkSettings("auto", first.settings.r, first.settings.min_keys, size)
+    candidates = tuple(dataclasses.replace(c, list_queries=size) for c in first.candidates)
+    return dataclasses.replace(plan, layers=(dataclasses.replace(first, settings=settings, candidates=candidates),
+                                             *plan.layers[1:]))
+
+
+def test_the_list_size_round_trips_and_changes_the_hash(tmp_path):
+    plan = with_lists(example_plan(), 2)
+    save_plan(plan, tmp_path / "plan.json")
+    loaded = load_plan(tmp_path / "plan.json")
+    assert loaded == plan and loaded.layers[0].settings.list_queries == 2
+    assert loaded.layers[0].candidates[0].list_queries == 2
+    assert loaded.hash == plan.hash != example_plan().hash
+
+
+def test_a_plan_written_before_list_sizes_loads_with_the_default_and_keeps_its_hash():
+    data = example_plan().to_dict()
+    layer = data["layers"][0]
+    assert "list_queries" not in layer and "list_queries" not in layer["candidates"][0]  # the old format
+    old = json.loads(json.dumps(data))
+    plan = plan_from_dict(old)
+    assert plan.layers[0].settings.list_queries is None and plan.layers[0].candidates[0].list_queries is None
+    assert plan.to_dict() == old and plan.hash == example_plan().hash
 
 
 def test_hash_ignores_formatting_and_changes_with_any_content(tmp_path):
@@ -87,7 +116,10 @@ def mutated(path, value):
     (("layers",), [], r"plan\.layers"),
     (("layers", 0, "path"), "sparse", r"layers\[model\.layers\.0\.self_attn\.indexer\]\.path"),
     (("layers", 0, "r"), None, "'auto' layer needs r"),
-    (("layers", 1, "r"), 4, "dense layer has r and min_keys null"),
+    (("layers", 1, "r"), 4, "dense layer has r, min_keys and list_queries null"),
+    (("layers", 1, "list_queries"), 2, "dense layer has r, min_keys and list_queries null"),
+    (("layers", 0, "list_queries"), 3, r"indexer\]\.list_queries: expected None or a power-of-two int"),
+    (("layers", 0, "candidates", 0, "list_queries"), 0, r"candidates\[0\]\.list_queries: expected None or a power"),
     (("layers", 0, "r"), 32, r"\.r: expected fewer than heads"),
     (("layers", 0, "r"), True, r"\.r: expected an int"),
     (("layers", 0, "candidates", 0, "survival"), 1.5, r"candidates\[0\]\.survival"),

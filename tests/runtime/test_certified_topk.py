@@ -468,12 +468,20 @@ def test_stats_accumulate_over_calls_and_count_every_reason():
         ("workspace_frac", NAN, "workspace_frac: expected a finite number >= 0"),
         ("path", "fast", "path: expected one of"),
         ("path", "auto", "path: expected one of"),
+        ("list_queries", 0, "list_queries: expected None or a power-of-two int >= 1"),
+        ("list_queries", 3, "list_queries: expected None or a power-of-two int >= 1"),
+        ("list_queries", 2.0, "list_queries: expected None or a power-of-two int >= 1"),
+        ("list_queries", True, "list_queries: expected None or a power-of-two int >= 1"),
     ],
 )
 def test_invalid_config_raises_an_error_naming_the_field(field, value, words):
     with pytest.raises(ValueError) as info:
         CertifiedTopkConfig(**{field: value})
     assert words in str(info.value)
+
+
+def test_list_queries_takes_none_and_powers_of_two():
+    assert [CertifiedTopkConfig(list_queries=n).list_queries for n in (None, 1, 2, 4, 64)] == [None, 1, 2, 4, 64]
 
 
 def test_witnesses_must_be_a_bool():
