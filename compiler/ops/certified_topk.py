@@ -2,8 +2,8 @@
 
 Schema (:data:`SCHEMA`, shared by ``capture_topk``): ``(Tensor q, Tensor k, Tensor weights, Scalar
 topk, Tensor? mask=None, str layer="", str path="auto", SymInt? r=None, SymInt? min_keys=None,
-int? list_queries=None, bool record_stats=True, str precision="bf16", Tensor? k_scale=None, bool
-sorted=True) -> (Tensor, Tensor)``. q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or
+bool record_stats=True, str precision="bf16", Tensor? k_scale=None, bool sorted=True, int?
+list_queries=None) -> (Tensor, Tensor)``. q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or
 [B,S,T] (bool, True = visible; or additive float), one device; ``topk`` a positive int (a bool is
 refused). Returns (values [B,S,kk] fp32, indices [B,S,kk] int64), kk = min(topk, T): exactly
 ``runtime.dense_scorer.dense_topk`` of the scored operands (``scored_operands``: the inputs for
@@ -32,9 +32,10 @@ from runtime.fp8_quant import Quantizer, check_head_dim, check_precision, quanti
 from runtime.indexer_inputs import checked_kk
 
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
-          'str path="auto", SymInt? r=None, SymInt? min_keys=None, int? list_queries=None, bool record_stats=True, '
-          'str precision="bf16", Tensor? k_scale=None, bool sorted=True) -> (Tensor, Tensor)')
-"""The schema of ``certified_topk`` and of every op that stands in for it (``capture_topk``)."""
+          'str path="auto", SymInt? r=None, SymInt? min_keys=None, bool record_stats=True, '
+          'str precision="bf16", Tensor? k_scale=None, bool sorted=True, int? list_queries=None) -> (Tensor, Tensor)')
+"""The schema of ``certified_topk`` and of every op that stands in for it (``capture_topk``); arguments
+added later go last, so that positional calls keep their meaning."""
 _ARGUMENTS = torch._C.parse_schema("pulsar_dosa::certified_topk" + SCHEMA).arguments
 
 
