@@ -25,8 +25,7 @@ from compiler.ops.attention import SDPA_FORM
 from compiler.passes.base import PatternPass
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call,
                                      may_be_equal, normalize_dim, op_kind, op_targets, same_size, scale_value,
-                                     scaled_scores,
-                                     single_use, softmax_of, tensor_meta)
+                                     score_operands, single_use, softmax_dtype, softmax_of, tensor_meta)
 
 KIND = "attention"
 OP = torch.ops.pulsar_dosa.attention.default
@@ -107,7 +106,7 @@ def match_eager(anchor: fx.Node, selected: set = frozenset()) -> Optional[Attent
     if softmax is None:
         return None
     dim = arg(softmax, 1, "dim")
-    dtype = softmax.kwargs.get("dtype", softmax.args[2] if len(softmax.args) > 2 else None)
+    dtype = softmax_dtype(softmax)
     if normalize_dim(dim, 4) != 3:
         raise NearMiss(f"softmax over dim {dim}, not the key dim")
     scores = softmax.args[0]
@@ -120,19 +119,8 @@ def match_eager(anchor: fx.Node, selected: set = frozenset()) -> Optional[Attent
         if not isinstance(mask, fx.Node):
             raise NearMiss("the added mask is not a tensor")
         _not_a_selection(mask, selected)
-    product, scale, divides = scaled_scores(scores)
-    if product is not scores:
-        chain.append(scores)
-        scores = product
-    if op_kind(scores) != "matmul":
-        raise NearMiss("the softmax input is not matmul(q, kᵀ) [scaled] [+ mask]")
-    chain.append(scores)
-    q, kt = scores.args[0], scores.args[1]
-    if op_kind(kt) != "transpose" or {normalize_dim(kt.args[1], 4), normalize_dim(kt.args[2], 4)} != {2, 3}:
-        raise NearMiss("the key operand is not k.transpose(-2, -1)")
-    chain.append(kt)
-    k, v_src, folded, repeats = fold_repeat_kv(kt.args[0], v)
-    single_use(chain + repeats)
+    q, k, v_src, scale, divides, folded, repeats = score_operands(scores, v, chain,
+                                                                  "matmul(q, kᵀ) [scaled] [+ mask]")
     check_operands(q, k, v_src)
     q_meta = tensor_meta(q)
     if dtype not in (None, torch.float32):

@@ -62,8 +62,8 @@ import compiler.ops.absorbed_sparse_attention  # noqa: F401  (registers pulsar_d
 import compiler.ops.union_sparse_attention  # noqa: F401  (registers pulsar_dosa::sparse_attention)
 from compiler.passes.base import Declined, PatternPass, near_miss
 from compiler.passes.matcher import (SDPA_TARGETS, NearMiss, NotCandidate, arg, fold_repeat_kv, insert_call, is_unit,
-                                     may_be_equal, normalize_dim, op_kind, same_size, scale_value, scaled_scores,
-                                     single_use, softmax_of, tensor_meta, value)
+                                     may_be_equal, normalize_dim, op_kind, same_size, scale_value, score_operands,
+                                     single_use, softmax_dtype, softmax_of, tensor_meta, value)
 from compiler.passes.matcher import LatentKV, NotLatent, latent_form, module_path
 from compiler.policy import keeps_stock, latent_expansion_products, sparse_attention_form, stock_threshold
 from runtime.union_attention import FLOAT_DTYPES
@@ -310,22 +310,10 @@ def eager_attention(anchor: fx.Node) -> _Attention:
     chain += [softmax, added]
     if normalize_dim(arg(softmax, 1, "dim"), 4) != 3:
         raise NearMiss(f"softmax over dim {arg(softmax, 1, 'dim')}, not the key dim")
-    dtype = softmax.kwargs.get("dtype", softmax.args[2] if len(softmax.args) > 2 else None)
+    dtype = softmax_dtype(softmax)
     if dtype not in (None, torch.float32):
         raise NearMiss(f"softmax in dtype {dtype}")
-    product, scale, divide = scaled_scores(scores)
-    if product is not scores:
-        chain.append(scores)
-        scores = product
-    if op_kind(scores) != "matmul":
-        raise NearMiss("the softmax input is not matmul(q, kᵀ) [scaled] + mask")
-    chain.append(scores)
-    q, kt = scores.args[:2]
-    if op_kind(kt) != "transpose" or {normalize_dim(kt.args[1], 4), normalize_dim(kt.args[2], 4)} != {2, 3}:
-        raise NearMiss("the key operand is not k.transpose(-2, -1)")
-    chain.append(kt)
-    k, v, folded, repeats = fold_repeat_kv(kt.args[0], v)
-    single_use(chain + repeats)
+    q, k, v, scale, divide, folded, repeats = score_operands(scores, v, chain, "matmul(q, kᵀ) [scaled] + mask")
     return _Attention(q, k, v, mask, scale, divide, "eager", folded, chain + repeats)
 
 

@@ -373,6 +373,32 @@ def single_use(nodes: list[fx.Node]) -> None:
             raise NearMiss(f"intermediate {node.name} is used outside the attention chain")
 
 
+def score_operands(scores: fx.Node, v: Any, chain: list[fx.Node], pattern: str):
+    """The operands of attention scores ``matmul(q, k.transpose(-2, -1))`` under an optional scale
+    (``scaled_scores``), a matching repeat of k and v folded (``fold_repeat_kv``): ``(q, k, v, scale,
+    divides, folded, repeats)``. Appends the walked nodes to ``chain`` and checks that ``chain`` and
+    the repeats feed only the next node (``single_use``); ``pattern`` names the form a NearMiss expected."""
+    product, scale, divides = scaled_scores(scores)
+    if product is not scores:
+        chain.append(scores)
+        scores = product
+    if op_kind(scores) != "matmul":
+        raise NearMiss(f"the softmax input is not {pattern}")
+    chain.append(scores)
+    q, kt = scores.args[:2]
+    if op_kind(kt) != "transpose" or {normalize_dim(kt.args[1], 4), normalize_dim(kt.args[2], 4)} != {2, 3}:
+        raise NearMiss("the key operand is not k.transpose(-2, -1)")
+    chain.append(kt)
+    k, v, folded, repeats = fold_repeat_kv(kt.args[0], v)
+    single_use(chain + repeats)
+    return q, k, v, scale, divides, folded, repeats
+
+
+def softmax_dtype(softmax: fx.Node) -> Any:
+    """The ``dtype`` argument of a softmax node (None when not given)."""
+    return softmax.kwargs.get("dtype", softmax.args[2] if len(softmax.args) > 2 else None)
+
+
 def through_inactive_dropout(node: Any, chain: list[fx.Node]) -> Any:
     """Skip ``F.dropout(x, p=0)`` / ``dropout(x, training=False)`` (appending it to ``chain``)."""
     if isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.dropout:

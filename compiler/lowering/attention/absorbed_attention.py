@@ -47,7 +47,8 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, interpreter_active
-from compiler.lowering.attention.online_softmax import LOG2_E, attention_splits, merge_split_partials, online_softmax_step
+from compiler.lowering.attention.online_softmax import (LOG2_E, attention_splits, merge_split_partials,
+                                                        online_softmax_step, split_partials)
 try:  # Gluon's API is experimental: a Triton whose Gluon lacks what the kernel uses runs the Triton chain
     from compiler.lowering.attention import absorbed_attention_ws
 except (ImportError, AttributeError):
@@ -339,11 +340,7 @@ def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: f
     block_c = max(16, triton.next_power_of_2(lat_dim))
     head_blocks = triton.cdiv(heads, block_h)
     n_split, split_len = attention_splits(head_blocks * n * b, width, block_n, q_lat.device, splits)
-    if n_split > 1:
-        part_o = torch.empty((n_split, b, heads, n, block_c), dtype=torch.float32, device=q_lat.device)
-        part_lse = torch.empty((n_split, b, heads, n), dtype=torch.float32, device=q_lat.device)
-    else:
-        part_o = part_lse = o_lat
+    part_o, part_lse = split_partials(n_split, (b, heads, n), block_c, q_lat.device, o_lat)
     common = dict(lat_dim=lat_dim, MEAN_ROWS=mean is not None, BLOCK_H=block_h, BLOCK_C=block_c)
     mean_arg = mean if mean is not None else o_lat
     _absorbed_attention_kernel[(head_blocks * n_split, n, b)](

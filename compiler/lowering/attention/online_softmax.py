@@ -34,6 +34,17 @@ def attention_splits(programs: int, width: int, block_n: int, device: torch.devi
     return triton.cdiv(width, split_len), split_len
 
 
+def split_partials(n_split: int, rows: tuple[int, ...], width: int, device: torch.device,
+                   unsplit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial outputs [n_split, *rows, width] fp32, partial lse [n_split, *rows] fp32) for a launch
+    of ``n_split`` > 1 splits; with one split the kernel writes no partials: both are ``unsplit``
+    (an unread placeholder)."""
+    if n_split == 1:
+        return unsplit, unsplit
+    return (torch.empty((n_split, *rows, width), dtype=torch.float32, device=device),
+            torch.empty((n_split, *rows), dtype=torch.float32, device=device))
+
+
 @triton.jit
 def online_softmax_step(scores, values, acc, m_i, l_i, DOT_PRECISION: tl.constexpr):
     """Fold one key tile into the running (acc [M, D], row max m_i [M], row sum l_i [M]): scores

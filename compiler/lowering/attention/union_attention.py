@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active, length_bucket
-from compiler.lowering.attention.online_softmax import LOG2_E, attention_splits, merge_split_partials
+from compiler.lowering.attention.online_softmax import LOG2_E, attention_splits, merge_split_partials, split_partials
 from runtime.union_attention import check_sparse_attention_inputs
 from runtime.workspace import check_workspace
 
@@ -410,11 +410,7 @@ def _launch(q, k, v, indices, mask, scale: float, masked_rows: str, splits: Opti
     def run(config: LaunchConfig) -> None:
         block_n = dict(config.meta)["BLOCK_N"]
         n_split, split_len = attention_splits(tiles * hq * b, cap, block_n, q.device, splits)
-        if n_split > 1:
-            part_o = torch.empty((n_split, b, hq, s, block_dv), dtype=torch.float32, device=q.device)
-            part_lse = torch.empty((n_split, b, hq, s), dtype=torch.float32, device=q.device)
-        else:
-            part_o = part_lse = lse
+        part_o, part_lse = split_partials(n_split, (b, hq, s), block_dv, q.device, lse)
         _sparse_attention_kernel[(tiles * n_split, hq, b)](
             q, k, v, words, keys, sizes, o, lse, part_o, part_lse, *strides,
             hq, hq // hkv, s, seq_k, tiles, n_split, split_len, cap, scale * LOG2_E,
