@@ -19,7 +19,14 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import LaunchConfig, choose_config, interpreter_active
-from compiler.lowering.scoring.indexer_scores import INTERPRET, key_splits, load_mask_tile, mask_operand, scale_and_bias
+from compiler.lowering.scoring.indexer_scores import (
+    INTERPRET,
+    key_splits,
+    load_mask_tile,
+    mask_bounds,
+    mask_operand,
+    scale_and_bias,
+)
 from compiler.lowering.scoring.tile_arith import group_bound
 from compiler.lowering import defaults
 
@@ -33,8 +40,37 @@ def _or(a, b):
 
 
 @triton.jit
+def _screen_tile(t0, t_hi, gt, alpha, beta, e, c, tau, g_ptr, g_off, rok, k_ptr, ks_ptr, nk_ptr, mask_ptr, words_ptr,
+                 b, rows, row_ok, lists, lok, bit, n_words, skb, skt, ssb, snb, swb, swl, msb, mss, mst,
+                 BLOCK_SS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                 G: tl.constexpr, MASK_KIND: tl.constexpr, IEEE: tl.constexpr, SEQUENTIAL: tl.constexpr,
+                 FP8: tl.constexpr):
+    """The survivor words of the key tile at t0 (keys below t_hi); MASK_KIND 0 on a clear tile."""
+    NSUB: tl.constexpr = BLOCK_SS // G
+    WORDS: tl.constexpr = BLOCK_T // 32
+    key = t0 + tl.arange(0, BLOCK_T)
+    kok = key < t_hi
+    nk = tl.load(nk_ptr + b * snb + key, mask=kok, other=0.0)
+    u = group_bound(gt, alpha, beta, g_ptr, g_off, rok, k_ptr, b * skb + key * skt, kok, D, BLOCK_SS, RP,
+                    BLOCK_T, SEQUENTIAL, IEEE)
+    u = u + e[:, None] * nk[None, :] + c[:, None]
+    visible, bias = load_mask_tile(mask_ptr, b, rows, key, row_ok[:, None] & kok[None, :], msb, mss, mst,
+                                   MASK_KIND)
+    if FP8:  # the scorer's own last step (a monotone function of u)
+        u = scale_and_bias(u, tl.load(ks_ptr + b * ssb + key, mask=kok, other=1.0), bias, SEQUENTIAL)
+    else:
+        u = u + bias
+    survive = (visible & ~(u < tau[:, None])).to(tl.int32)
+    sub = tl.max(tl.reshape(survive, (NSUB, G, BLOCK_T)), axis=1)
+    words = tl.reduce(tl.reshape(sub << bit[None, :], (NSUB, WORDS, 32)), 2, _or)
+    col = t0 // 32 + tl.arange(0, WORDS)
+    tl.store(words_ptr + b * swb + lists[:, None] * swl + col[None, :], words,
+             mask=lok[:, None] & (col < n_words)[None, :])
+
+
+@triton.jit
 def _screen_kernel(
-    g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, tau_ptr, k_ptr, ks_ptr, nk_ptr, mask_ptr, words_ptr,
+    g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, tau_ptr, k_ptr, ks_ptr, nk_ptr, mask_ptr, bounds_ptr, words_ptr,
     S, T, n_words, n_tiles, n_lists,
     sgb, sgs, sgr, sab, sas, skb, skt, ssb, snb, swb, swl, msb, mss, mst,
     BLOCK_SS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -42,7 +78,9 @@ def _screen_kernel(
     SEQUENTIAL: tl.constexpr, FP8: tl.constexpr,
 ):
     """Program (query tile, key split): the survivor words [NSUB lists, BLOCK_T / 32] of each key
-    tile of its split (splits are whole tiles, BLOCK_T a multiple of 32: no word is shared)."""
+    tile of its split (splits are whole tiles, BLOCK_T a multiple of 32: no word is shared). Under
+    a mask, the rows' ``mask_bounds`` split the key tiles into clear ones (no mask read), masked
+    ones, and hidden ones (zero words, no key read), as the dense scorer does."""
     pid = tl.program_id(0)
     b = (pid // n_tiles).to(tl.int64)  # b * (stride of a batch row) can pass 2^31
     tile = pid % n_tiles
@@ -74,24 +112,25 @@ def _screen_kernel(
     chunk = tl.cdiv(tl.cdiv(T, tl.num_programs(1)), BLOCK_T) * BLOCK_T
     t_lo = tl.program_id(1) * chunk
     t_hi = tl.minimum(t_lo + chunk, T)
-    for t0 in range(t_lo, t_hi, BLOCK_T):
-        key = t0 + tl.arange(0, BLOCK_T)
-        kok = key < t_hi
-        nk = tl.load(nk_ptr + b * snb + key, mask=kok, other=0.0)
-        u = group_bound(gt, alpha, beta, g_ptr, g_off, rok, k_ptr, b * skb + key * skt, kok, D, BLOCK_SS, RP,
-                        BLOCK_T, SEQUENTIAL, IEEE)
-        u = u + e[:, None] * nk[None, :] + c[:, None]
-        visible, bias = load_mask_tile(mask_ptr, b, rows, key, row_ok[:, None] & kok[None, :],
-                                       msb, mss, mst, MASK_KIND)
-        if FP8:  # the scorer's own last step (a monotone function of u)
-            u = scale_and_bias(u, tl.load(ks_ptr + b * ssb + key, mask=kok, other=1.0), bias, SEQUENTIAL)
-        else:
-            u = u + bias
-        survive = (visible & ~(u < tau[:, None])).to(tl.int32)
-        sub = tl.max(tl.reshape(survive, (NSUB, G, BLOCK_T)), axis=1)
-        words = tl.reduce(tl.reshape(sub << bit[None, :], (NSUB, WORDS, 32)), 2, _or)
+    t_clear = t_lo
+    t_end = t_hi
+    if MASK_KIND != 0:  # keys below t_clear are clear for every row of the tile, from t_end on hidden
+        at = bounds_ptr + (b * S + rows) * 2
+        first = tl.min(tl.load(at, mask=row_ok, other=2147483647), axis=0)
+        end = tl.max(tl.load(at + 1, mask=row_ok, other=0), axis=0)
+        t_clear = tl.minimum(tl.maximum(t_lo, first // BLOCK_T * BLOCK_T), t_hi)
+        t_end = tl.minimum(tl.maximum(t_clear, tl.cdiv(end, BLOCK_T) * BLOCK_T), t_hi)
+    for t0 in range(t_lo, t_clear, BLOCK_T):
+        _screen_tile(t0, t_hi, gt, alpha, beta, e, c, tau, g_ptr, g_off, rok, k_ptr, ks_ptr, nk_ptr, mask_ptr,
+                     words_ptr, b, rows, row_ok, lists, lok, bit, n_words, skb, skt, ssb, snb, swb, swl, msb, mss,
+                     mst, BLOCK_SS, RP, D, BLOCK_T, G, 0, IEEE, SEQUENTIAL, FP8)
+    for t0 in range(t_clear, t_end, BLOCK_T):
+        _screen_tile(t0, t_hi, gt, alpha, beta, e, c, tau, g_ptr, g_off, rok, k_ptr, ks_ptr, nk_ptr, mask_ptr,
+                     words_ptr, b, rows, row_ok, lists, lok, bit, n_words, skb, skt, ssb, snb, swb, swl, msb, mss,
+                     mst, BLOCK_SS, RP, D, BLOCK_T, G, MASK_KIND, IEEE, SEQUENTIAL, FP8)
+    for t0 in range(t_end, t_hi, BLOCK_T):  # hidden for every row: no survivor
         col = t0 // 32 + tl.arange(0, WORDS)
-        tl.store(words_ptr + b * swb + lists[:, None] * swl + col[None, :], words,
+        tl.store(words_ptr + b * swb + lists[:, None] * swl + col[None, :], tl.zeros([NSUB, WORDS], tl.int32),
                  mask=lok[:, None] & (col < n_words)[None, :])
 
 
@@ -140,9 +179,10 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
     T = k.shape[1]
     words = torch.empty(B, lists_per_batch, triton.cdiv(T, 32), dtype=torch.int32, device=k.device)
     kind, m, mask_strides = mask_operand(mask, B, S, T)
+    bounds = mask_bounds(mask, B, S, T)
 
     def launch(cfg: LaunchConfig) -> None:
-        _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, words,
+        _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, bounds, words,
                        lists_per_batch, list_queries, cfg, k_scale)
 
     if config is None:
@@ -180,7 +220,7 @@ def choose_screen_config(launch: Callable[[LaunchConfig], None], k, mask_kind: i
                          work=work)
 
 
-def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, words,
+def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, bounds, words,
                    lists_per_batch, list_queries, config: LaunchConfig, k_scale=None) -> None:
     """One launch of the screen kernel with ``config`` (BLOCK_T, num_warps, num_stages): every
     survivor word of ``words`` [B, L, ceil(T / 32)] written."""
@@ -194,7 +234,7 @@ def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, word
     splits = key_splits(B * n_tiles, T, launch["BLOCK_T"])
     _screen_kernel[(B * n_tiles, splits)](
         g, alpha, beta, e, c, tau, k, nk if k_scale is None else k_scale, nk,  # nk: unread scale slot
-        k if m is None else m, words,  # k: unread mask slot
+        k if m is None else m, words if bounds is None else bounds, words,  # k, words: unread mask and bounds slots
         S, T, words.shape[-1], n_tiles, lists_per_batch,
         g.stride(0), g.stride(1), g.stride(2), alpha.stride(0), alpha.stride(1),
         k.stride(0), k.stride(1), 0 if k_scale is None else k_scale.stride(0), nk.stride(0),

@@ -185,3 +185,48 @@ def test_survivor_words_compact_to_their_keys_in_order(density):
             assert int(count[b, lst]) == keys.numel()
             n = min(cap, keys.numel())
             assert torch.equal(ids[b, lst, :n].long(), keys[:n])
+
+
+@pytest.mark.parametrize("additive", [False, True])
+@pytest.mark.parametrize("threshold", ["traced", "none"])
+def test_clear_and_hidden_key_tiles_give_the_survivors_of_reading_the_whole_mask(inputs, traced, additive, threshold,
+                                                                                 monkeypatch):
+    """A mask with a clear prefix, holes (and biases) in the middle and a hidden suffix that
+    differ per row: the screen that skips the mask on clear tiles and the keys on hidden ones keeps
+    the same survivors as one told by its bounds that every tile is masked; with no threshold
+    (tau = -inf) a list's survivors are exactly the keys visible to one of its queries."""
+    import compiler.lowering.screen.certificate_screen as screen_mod
+
+    _, k, _, base = inputs
+    _, _, tr, _ = traced
+    p = tr.plan
+    S, T = base.shape[1:]
+    gen = torch.Generator().manual_seed(5)
+    key = torch.arange(T)
+    holes = (torch.rand(S, T, generator=gen) < 0.7) & (key >= 300)  # clear below key 300
+    end = 500 + 19 * torch.arange(S)[:, None]  # hidden from end on: no row sees a whole last tile
+    visible = base[0] & ~holes & (key < end)
+    if additive:
+        bias = torch.where(key >= 300, torch.randn(S, T, generator=gen) * 0.1, 0.0)
+        mask = torch.where(visible, bias, float("-inf"))[None]
+    else:
+        mask = visible[None]
+    nk = round_up_to_float32(key_norm_up(k.float()))
+    tau = tr.tau if threshold == "traced" else torch.full_like(tr.tau, float("-inf"))
+
+    def run():
+        return screen(p.g, p.alpha, p.beta, p.e, p.c, tau, k, nk, mask=mask,
+                      lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries, cap=T,
+                      config=defaults.SCREEN_CONFIGS[1])
+
+    ids, count = run()
+    if threshold == "none":
+        G = tr.list_queries
+        assert survivor_sets(ids, count) == [set(visible[i * G:(i + 1) * G].any(0).nonzero().flatten().tolist())
+                                             for i in range(count.shape[1])]
+    everything_masked = lambda m, B, S_, T_: torch.tensor([0, T_], dtype=torch.int32).expand(B, S_, 2).contiguous()  # noqa: E731
+    monkeypatch.setattr(screen_mod, "mask_bounds", everything_masked)
+    ids_all, count_all = run()
+    assert torch.equal(count, count_all)
+    assert survivor_sets(ids, count) == survivor_sets(ids_all, count_all)
+    assert 0 < int(count.min()) and int(count.max()) < T  # some keys survive, some do not
