@@ -131,10 +131,6 @@ FP32_CONFIGS = [LaunchConfig.of(num_warps=w, num_stages=s, BLOCK_T=bt)
 """Launch configs tried for fp32 operands (tf32 products); the first is the module default."""
 
 
-SCAN_STEPS = [(4, 1024), (4, 2048), (4, 4096), (8, 1024), (8, 4096)]
-"""(warps, TRIM_BLOCK) pairs timed under a causal mask: the key-list scorer's scan step against warps."""
-
-
 def sweep(emit, S=4096, T=131072):
     # On the CPU (the smoke run) the bitwise row-list check compares two tl.dot calls that numpy's
     # BLAS computes: small-integer inputs make their scores exact in any summation order.
@@ -162,24 +158,7 @@ def sweep(emit, S=4096, T=131072):
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
     label = scorer_form(*default)
-    step = defaults.TRIM_BLOCK
-    want = listed_codes(q, w, k, mask)
-    for warps, trim_block in SCAN_STEPS:
-        defaults.SCORER_CONFIG = LaunchConfig.of(num_warps=warps, num_stages=3, BLOCK_T=dict(default[0].meta)["BLOCK_T"])
-        defaults.TRIM_BLOCK = trim_block
-        row = {"kind": "mask_scan", "warps": warps, "trim_block": trim_block, "S": S, "T": T}
-        try:
-            got = listed_codes(q, w, k, mask)
-            # the scan step changes no score; warps may reassociate the head sum (values compared only then)
-            row["same_codes"] = bool(torch.equal(got, want)) if warps == default[0].num_warps else None
-            del got
-            row["masked_ms"] = round(timed(lambda: listed_codes(q, w, k, mask)), 3)
-        except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        emit(row)
-    del want
     scorer_form(*default)
-    defaults.TRIM_BLOCK = step
     bf16_ms = timed(lambda: all_codes(q, w, k, mask))
     bf16_op_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
     q32, k32 = q.float(), k.float()

@@ -14,8 +14,6 @@ FP8_SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)  # E4
 PRODUCT_COLUMNS = 32 if _INTERPRET else 256  # queries x heads per program: 78-81% of bf16 peak, dense_scorer_groups_h200.json
 BOUNDS_BLOCK = 2048  # mask entries per step of the mask-bounds kernel (1024 and 4096 were no faster)
 BOUNDS_ROWS = 16 if _INTERPRET else 1  # query rows per mask-bounds program (the interpreter pays per program)
-TRIM_BLOCK = 4096  # positions per step of a key list's mask scan (latency-bound): dense_scorer_mask_ab_h200.json
-TRIM_ENTRIES = 16384  # most mask entries (query rows x positions) of one scan step: TRIM_BLOCK at H = 64; at H = 1 (256 rows) a full step took Triton minutes to compile
 
 # Screen (screen/)
 SCREEN_CONFIGS = (  # screen launch candidates tuned per shape, the first off CUDA: indexer_autotune_h200.md
@@ -31,6 +29,7 @@ ACTIVATION_KEYS = 64  # witness keys per step of a head-activation program
 ACTIVATION_SAMPLES = 256  # witness keys behind each head's activation frequency (it steers choices only)
 PLAN_WARPS = 1  # warps per plan program: the fastest; Triton 3.6 fails to compile some 4-warp forms
 PLAN_COLUMNS = 4  # q columns per step of the plan's passes: 1-2 slower, 8 no faster
+SCREEN_OPERANDS_WARPS = 4  # warps per screen-operands program (one query's RP x D float64 rows); not tuned
 PLAN_STEP_ELEMENTS = 2048  # most float64 products [heads, rows, columns] of one plan step, so that 32 rows do not spill
 
 # Selection (selection/)

@@ -36,6 +36,7 @@ from compiler.lowering.screen.head_activation import activation_frequency
 from compiler.lowering.screen.certificate_screen import screen
 from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
 from compiler.lowering.screen.certificate_plan import plan_certificate_triton
+from compiler.lowering.screen.screen_operands import screen_operands
 from compiler.lowering.selection.radix_select import select_top_codes
 from compiler.lowering.selection.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
 from runtime.certificate import default_r, plan_certificate
@@ -76,12 +77,12 @@ def _operands(q, k, weights, k_scale=None):
     return q.contiguous(), k.contiguous(), weights.float().contiguous(), None
 
 
-def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list, k_scale=None):
+def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list, k_scale=None, bounds=None):
     """``score_keys`` in non-compact mode, with key splits for the call's tile count."""
     block_s, _ = score_tile_shape(q.shape[2])
     splits = key_splits(q.shape[0] * triton.cdiv(q.shape[1], block_s), cap)
     return score_keys(q, w, k, lists, counts, cap=cap, tiles_per_list=tiles_per_list, mask=mask,
-                      splits=splits, k_scale=k_scale)
+                      splits=splits, k_scale=k_scale, bounds=bounds)
 
 
 def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False, k_scale=None, bounds=None):
@@ -169,7 +170,8 @@ def dense_topk_cuda(q, k, weights, topk, mask=None, k_scale=None):
 
 @dataclass
 class ScreenPlan:
-    """Screen operands: g [B,S,RP,D] (k dtype), alpha/beta [B,S,RP] fp32, e/c [B,S] fp32, ok [B,S]."""
+    """Screen operands (``screen_operands``): g [B,S,RP,D] (screen_dtype), alpha/beta [B,S,RP] fp32, e/c
+    [B,S] fp32, ok [B,S] bool (operands finite and within REACH_LIMIT)."""
 
     g: torch.Tensor
     alpha: torch.Tensor
@@ -192,26 +194,27 @@ def fp8_dot_error(D: int) -> float:
     return rho + gamma(triton.cdiv(D, K), U32) * (1 + rho)
 
 
-def screen_margin(M_s, W, row_mass, D, H, RP, fp8=False):
-    """GPU rounding margin (slope on ||k||_up, offset), float64, on top of the runtime's plan margin.
+def screen_margin(D, H, RP, fp8=False):
+    """The GPU rounding margin's constants (a, b, g_eval, f), on top of the runtime's plan margin
+    (``screen_operands`` puts them into e and c).
 
     With m_rho = max(|alpha|, |beta|) and G = sum_rho m_rho ||g^_rho||: the refine scorer's tl.dot
     is off by <= s_D ||q_h|| ||k|| per head, s_D = 4 gamma_D (MMA_FACTOR; ``fp8``: s_D =
     fp8_dot_error(D), the FP8 tensor cores), its weighted head sum in any order by gamma_H more; the
     screen's dots by 4 gamma_D ||g^|| ||k|| (bf16 or wider operands), its (RP + 2)-term evaluation
-    (products, e * nk and c included) by gamma_{RP+2} times the absolute terms. Hence
-        slope = (s_D + gamma_H (1 + s_D)) M_s + (4 gamma_D + gamma_{RP+2} (1 + 4 gamma_D)) G
-    and the caller divides the whole norm coefficient by 1 - gamma_{RP+2} so that the rounding of
-    its own term is covered too. Flushed subnormals add at most FTZ_UNIT per operation:
-        offset = 2 (D + H + RP + 8) FTZ_UNIT (1 + W + sum_rho m_rho).
+    (products, e * nk and c included) by gamma_{RP+2} = g_eval times the absolute terms. Hence the
+    slope on ||k||_up
+        a M_s + b G,   a = s_D + gamma_H (1 + s_D),   b = 4 gamma_D + g_eval (1 + 4 gamma_D),
+    and the whole norm coefficient is divided by 1 - g_eval so that the rounding of its own term is
+    covered too. Flushed subnormals add at most FTZ_UNIT per operation: an offset of
+        f (1 + W + sum_rho m_rho),   f = 2 (D + H + RP + 8) FTZ_UNIT.
     FP8: U and the score are in the units of the unscaled sum; both then take the scorer's last
     step (``scale_and_bias``), monotone for a positive scale, so no term is added for it.
     """
     g_d = MMA_FACTOR * gamma(D, U32)
     s_d = fp8_dot_error(D) if fp8 else g_d
     g_eval = gamma(RP + 2, U32)
-    slope = (s_d + gamma(H, U32) * (1 + s_d)) * M_s + (g_d + g_eval * (1 + g_d)) * row_mass
-    return slope, g_eval
+    return s_d + gamma(H, U32) * (1 + s_d), g_d + g_eval * (1 + g_d), g_eval, 2 * (D + H + RP + 8) * FTZ_UNIT
 
 
 def screen_dtype(k_dtype: torch.dtype) -> torch.dtype:
@@ -220,58 +223,27 @@ def screen_dtype(k_dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if k_dtype == torch.float8_e4m3fn else k_dtype
 
 
-def plan_screen(q, w, k_dtype, p, r, r_max, chunk=None) -> ScreenPlan:
+def plan_screen(q, w, k_dtype, p, r, r_max, nk_max, chunk=None) -> ScreenPlan:
     """Screen rows and coefficients for every query (runtime planning, GPU margin added).
 
     q [B,S,H,D] (bf16/fp16/fp32, or E4M3 with E4M3 keys), w [B,S,H] fp32, p [B,S,H] activation
     frequencies, r [B,S] int64 budgets, r_max an int >= every r (the screen gets
-    next_power_of_2(r_max + 1) rows; no host synchronisation). U(k) = sum_rho alpha relu(g . k) +
-    beta min(g . k, 0) + e ||k||_up + c >= the GPU score (the unscaled sum for E4M3 keys), for every
-    query with ok; queries without ok must not be pruned. ``chunk``: queries planned at once (None:
-    as many as fit defaults.PLAN_CHUNK_BYTES; speed and memory only).
+    next_power_of_2(r_max + 1) rows; no host synchronisation), nk_max [B] fp32 the largest key
+    norm bound. U(k) = sum_rho alpha relu(g . k) + beta min(g . k, 0) + e ||k||_up + c >= the GPU
+    score (the unscaled sum for E4M3 keys), for every query with ok; queries without ok must not be
+    pruned. ``chunk``: queries planned at once (None: as many as fit defaults.PLAN_CHUNK_BYTES;
+    speed and memory only).
     """
     B, S, H, D = q.shape
     RP = triton.next_power_of_2(r_max + 1)
     chunk = max(1, defaults.PLAN_CHUNK_BYTES // (8 * B * H * D)) if chunk is None else chunk
-    parts = []
-    for s0 in range(0, S, chunk):
-        sl = slice(s0, min(S, s0 + chunk))
-        parts.append(_plan_chunk(q[:, sl], w[:, sl], k_dtype, p[:, sl], r[:, sl], r_max, RP))
-    return ScreenPlan(*[torch.cat([pt[i] for pt in parts], dim=1) for i in range(6)])
-
-
-def _plan_chunk(q, w, k_dtype, p, r, r_max, RP):
-    B, S, H, D = q.shape
-    plan = (plan_certificate_triton if q.is_cuda else plan_certificate)(q, w, p, r, r_max)
-    n_rows = plan.rows.shape[-2]
-    ap = plan.abs_path[..., None]
-    rw = plan.row_weights
-    a_rows = rw
-    b_rows = torch.where(ap, -rw, torch.zeros_like(rw))
-    a_aux = torch.full_like(rw[..., :1], -1.0)
-    b_aux = torch.where(ap, a_aux, torch.zeros_like(a_aux))
-    pad = RP - n_rows - 1
-    z = torch.zeros_like(rw[..., :1]).expand(*rw.shape[:-1], pad)
-    alpha64 = torch.cat((a_rows, a_aux, z), -1)
-    beta64 = torch.cat((b_rows, b_aux, z), -1)
-    g64 = torch.cat((plan.rows, plan.aux[..., None, :],
-                     torch.zeros(*rw.shape[:-1], pad, D, dtype=torch.float64, device=q.device)), -2)
-    alpha = round_up_to_float32(alpha64)
-    beta = -round_up_to_float32(-beta64)
-    g = g64.to(screen_dtype(k_dtype))
-    g_back = g.to(torch.float64)
-    m = torch.maximum(alpha.abs(), beta.abs()).to(torch.float64)
-    row_mass = (m * g_back.norm(dim=-1)).sum(-1)
-    bf_err = (m * (g_back - g64).norm(dim=-1)).sum(-1) * (1 + 2.0**-40)
-    W = w.to(torch.float64).abs().sum(-1)
-    slope, g_eval = screen_margin(plan.mass, W, row_mass, D, H, RP, fp8=k_dtype == torch.float8_e4m3fn)
-    e64 = (plan.residual + plan.slope + bf_err + slope) / (1 - g_eval) * (1 + 2.0**-40)
-    c64 = (plan.offset + 2 * (D + H + RP + 8) * FTZ_UNIT * (1 + W + m.sum(-1))) / (1 - g_eval)
-    e = round_up_to_float32(e64)
-    c = round_up_to_float32(c64)
-    finite = (torch.isfinite(g.float()).all(-1).all(-1) & torch.isfinite(alpha).all(-1)
-              & torch.isfinite(beta).all(-1) & torch.isfinite(e) & torch.isfinite(c))
-    return g.contiguous(), alpha, beta, e, c, finite
+    margin = screen_margin(D, H, RP, fp8=k_dtype == torch.float8_e4m3fn)
+    plan = (plan_certificate_triton if q.is_cuda else plan_certificate)
+    parts = [screen_operands(plan(q[:, s0:s0 + chunk], w[:, s0:s0 + chunk], p[:, s0:s0 + chunk],
+                                  r[:, s0:s0 + chunk], r_max),
+                             w[:, s0:s0 + chunk], screen_dtype(k_dtype), RP, margin, nk_max)
+             for s0 in range(0, S, chunk)]
+    return ScreenPlan(*parts[0]) if len(parts) == 1 else ScreenPlan(*[torch.cat(x, dim=1) for x in zip(*parts)])
 
 
 @dataclass
@@ -306,10 +278,12 @@ def _no_mark(stage: str) -> None:
     """The default stage marker: nothing."""
 
 
-def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None, k_scale=None, mark=_no_mark):
+def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None, k_scale=None, mark=_no_mark,
+                  bounds=None):
     """Seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, G, plan, b), ids [B,L,cap] the
     survivors of each group of G = ``refine_queries(H, config)`` queries (a key survives for any of
-    them), b the shared bound [B,S] (None without ``shared_bound``).
+    them), b the shared bound [B,S] (None without ``shared_bound``). ``bounds``: the mask's
+    ``mask_bounds`` (the seeds' scorer and the screen read them).
     ``screen_config``: the screen's LaunchConfig, None to let ``screen`` choose it. ``k_scale``: the
     FP8 scorer's key scales. ``mark(stage)`` is called once each stage's work is queued."""
     B, S, H, D = q.shape
@@ -326,7 +300,8 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_boun
     sample_ids = None
     if M:
         sample_ids = sample_keys(triton.cdiv(S, A), M, T, dev).to(torch.int32).expand(B, -1, M).contiguous()
-    witness_tau, theta = _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, A // G, k_scale)
+    witness_tau, theta = _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, A // G, k_scale,
+                                          bounds)
     shared = None
     if shared_bound is not None:
         shared = shared_bound(torch.where(torch.isfinite(witness_tau), witness_tau, float("-inf")))
@@ -336,9 +311,8 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_boun
     mark("seeds")
     r_max = min(H, defaults.DEFAULT_R_CAP if config.r is None else config.r)
     r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
-    plan = plan_screen(q, w, k.dtype, p, r.long(), r_max)
-    reach = (plan.e + (plan.alpha.abs() + plan.beta.abs()).sum(-1)) * nk.amax(-1, keepdim=True)
-    ok = plan.ok & torch.isfinite(tau_val) & (reach < 2.0**100)
+    plan = plan_screen(q, w, k.dtype, p, r.long(), r_max, nk.amax(-1))
+    ok = plan.ok & torch.isfinite(tau_val)
     if k_scale is not None:  # the last step is monotone in U only for finite positive scales
         ok &= (torch.isfinite(k_scale) & (k_scale > 0)).all(-1, keepdim=True)
     tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
@@ -347,12 +321,12 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_boun
     G = refine_queries(H, config)
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
                              lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap, config=screen_config,
-                             k_scale=k_scale)
+                             k_scale=k_scale, bounds=bounds)
     mark("screen")
     return tau, ids, list_count, cap, G, plan, shared
 
 
-def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_per_group, k_scale=None):
+def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_per_group, k_scale=None, bounds=None):
     """(witness_tau, theta) [B,S] fp32, whose max is tau before the validity checks: the kk-th
     best score over the anchor's witnesses ``witness_ids`` [B,groups,W] (-inf without them), and
     theta, the own threshold of ``runtime.seeds`` over the group's strided sample ``sample_ids``
@@ -362,7 +336,7 @@ def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_p
     B, groups, n = lists.shape
     n_wit = 0 if witness_ids is None else witness_ids.shape[-1]
     counts = torch.full((B, groups), n, dtype=torch.int32, device=q.device)
-    codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group, k_scale)
+    codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group, k_scale, bounds)
     none = torch.full(codes.shape[:2], float("-inf"), device=q.device)
     tau = none if witness_ids is None else decode_codes(kth_largest(codes[..., :n_wit], kk), T)[0]
     if sample_ids is None:
@@ -388,13 +362,15 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     "seeds", "plan", "screen", "refine" and "select" is queued (a benchmark records events there)."""
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
+    bounds = mask_bounds(mask, B, S, k.shape[1])
     tau, ids, list_count, cap, G, plan, shared = _screen_stage(q, w, k, mask, kk, config, nk, screen_config,
-                                                            shared_bound, k_scale, mark)
+                                                            shared_bound, k_scale, mark, bounds)
     cand_cap = min(cap, defaults.CERTIFIED_BUFFER_K * kk)
     cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
     score_keys(q, w, k, ids, list_count, cap=cap, tiles_per_list=1, mask=mask, tau=tau, out=cand,
-               out_count=cand_count, splits=key_splits(B * ids.shape[1], cap), k_scale=k_scale, block_s=G)
+               out_count=cand_count, splits=key_splits(B * ids.shape[1], cap), k_scale=k_scale, block_s=G,
+               bounds=bounds)
     mark("refine")
     codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True,
                            ordered=ordered).view(B, S, kk)

@@ -85,16 +85,6 @@ def mask_unclear(visible, bias, ok):
 
 
 @triton.jit
-def mask_extent(visible, bias, ok, pos, none):
-    """Per row of a mask tile (positions ``pos``, entries in range ``ok``): (one past the last
-    visible position, or 0; the first position whose entry is not clear, i.e. visible with bias 0,
-    or ``none``)."""
-    end = tl.max(tl.where(visible, pos[None, :] + 1, 0), axis=1)
-    first = tl.min(tl.where(mask_unclear(visible, bias, ok), pos[None, :], none), axis=1)
-    return end, first
-
-
-@triton.jit
 def _mask_bounds_kernel(mask_ptr, rows_ptr, out_ptr, S, T, n_slots, n_blocks, msb, mss, mst, srb,
                         MASK_KIND: tl.constexpr, ROWS: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
     """out[b, j] = (the first key whose mask entry is not clear, or T; one past the last key the
@@ -179,20 +169,20 @@ def _query_tile(q_ptr, w_ptr, rows_ptr, b, tile, S, H, n_slots, sqb, sqs, sqh, s
 
 
 @triton.jit
-def _key_tile(key, pok, p0, p_clear, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok,
+def _key_tile(key, pok, key_clear, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok,
               T, H, skb, skt, ssb, msb, mss, mst, BLOCK_S: tl.constexpr, HP: tl.constexpr,
               D: tl.constexpr, BLOCK_T: tl.constexpr, MASK_KIND: tl.constexpr, TO_FP32: tl.constexpr,
               SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, FP8: tl.constexpr, MASK_READ: tl.constexpr):
-    """Scores of the keys ``key`` [BLOCK_T] (``pok``: in range) at list positions p0.. for the
-    program's rows: (ok [BLOCK_S, BLOCK_T], score (times the key's scale with FP8) + bias, visible,
-    order code). MASK_READ: 0 the tile is clear (visible = in range, bias 0; no mask read), 1 the
-    mask is read unless the tile ends by ``p_clear``, 2 the mask is read."""
+    """Scores of the keys ``key`` [BLOCK_T] (``pok``: in range) for the program's rows: (ok
+    [BLOCK_S, BLOCK_T], score (times the key's scale with FP8) + bias, visible, order code).
+    MASK_READ: 0 the tile is clear (visible = in range, bias 0; no mask read), 1 the mask is read
+    unless every key of the tile lies below ``key_clear``, 2 the mask is read."""
     ok = row_ok[:, None] & pok[None, :]
     score = _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, b * skb + key * skt, pok, H, BLOCK_S, HP,
                          D, BLOCK_T, SEQUENTIAL, TF32, TO_FP32, FP8)
     clear = MASK_READ == 0
     if MASK_READ == 1:
-        clear = p0 + BLOCK_T <= p_clear
+        clear = tl.max(tl.where(pok, key, 0), axis=0) < key_clear
     if clear:  # every entry of the tile visible with bias 0: no mask to read
         visible = ok
         bias = tl.zeros((BLOCK_S, BLOCK_T), dtype=tl.float32)
@@ -232,7 +222,7 @@ def _dense_tile(key, best, out_rows, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, m
     at ``out_rows + key``; returns the running chunk maxima ``best`` [BLOCK_S, BLOCK_T] updated
     lane by lane (with MAXIMA)."""
     ok, score, visible, code = _key_tile(
-        key, key < T, 0, 0, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok, T, H, skb,
+        key, key < T, 0, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok, T, H, skb,
         skt, ssb, msb, mss, mst, BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, FP8, MASK_READ)
     _store_codes(out_rows + key[None, :], code, ok, WORDS)
     if MAXIMA:
@@ -242,15 +232,17 @@ def _dense_tile(key, best, out_rows, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, m
 
 @triton.jit
 def _indexer_score_kernel(
-    q_ptr, w_ptr, k_ptr, ks_ptr, ids_ptr, count_ptr, tau_ptr, mask_ptr, out_ptr, out_count_ptr, rows_ptr,
-    S, T, H, cap, cap_out, tiles_per_list, n_tiles, n_slots,
+    q_ptr, w_ptr, k_ptr, ks_ptr, ids_ptr, count_ptr, tau_ptr, mask_ptr, bounds_ptr, out_ptr, out_count_ptr,
+    rows_ptr, S, T, H, cap, cap_out, tiles_per_list, n_tiles, n_slots,
     sqb, sqs, sqh, swb, sws, skb, skt, ssb, sib, sil, scb, msb, mss, mst, sob, sos, srb,
     BLOCK_S: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     MASK_KIND: tl.constexpr, COMPACT: tl.constexpr, TO_FP32: tl.constexpr, ATOMIC: tl.constexpr,
     ROWS: tl.constexpr, SEQUENTIAL: tl.constexpr, TF32: tl.constexpr, FP8: tl.constexpr,
-    TRIM_HIDDEN: tl.constexpr, TRIM_BLOCK: tl.constexpr,
 ):
-    """Key lists (seeds, refine): program (query tile, split) scores its split of the tile's list."""
+    """Key lists (seeds, refine): program (query tile, split) scores its split of the tile's list.
+    Under a mask, the slots' ``mask_bounds`` tell which key tiles need no mask read (every key below
+    each row's first unclear key) and, for an overflowed list (position = key), where hidden keys
+    begin for every row (no products there)."""
     pid = tl.program_id(0)
     b = (pid // n_tiles).to(tl.int64)  # b * (stride of a batch row) can pass 2^31
     tile = pid % n_tiles
@@ -271,31 +263,21 @@ def _indexer_score_kernel(
     p_hi = tl.minimum(p_lo + chunk, n)
     running = tl.zeros([BLOCK_S], dtype=tl.int32)
     p_end = p_hi
-    p_clear = p_lo
-    if TRIM_HIDDEN:
-        # Positions after the program's last visible key hold hidden keys only (p_end); positions
-        # before p_clear are clear (visible with bias 0) for all of its rows.
-        p_end = p_lo
-        p_clear = p_hi
-        for p0 in range(p_lo, p_hi, TRIM_BLOCK):
-            pos = p0 + tl.arange(0, TRIM_BLOCK)
-            pok = pos < p_hi
-            listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
-            key = tl.where(overflow, pos, listed)
-            tile_ok = row_ok[:, None] & pok[None, :]
-            visible, bias = load_mask_tile(mask_ptr, b, rows, key, tile_ok, msb, mss, mst, MASK_KIND)
-            seen, unclear = mask_extent(visible, bias, tile_ok, pos, p_hi)
-            p_end = tl.maximum(p_end, tl.max(seen, axis=0))
-            p_clear = tl.minimum(p_clear, tl.min(unclear, axis=0))
+    key_clear = 0
+    if MASK_KIND != 0:
+        at = bounds_ptr + (b * n_slots + slots) * 2
+        key_clear = tl.min(tl.load(at, mask=row_ok, other=2147483647), axis=0)
+        key_end = tl.max(tl.load(at + 1, mask=row_ok, other=0), axis=0)
+        p_end = tl.where(overflow, tl.minimum(p_hi, tl.maximum(p_lo, key_end)), p_hi)
     for p0 in range(p_lo, p_end, BLOCK_T):
         pos = p0 + tl.arange(0, BLOCK_T)
         pok = pos < p_hi
         listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
         key = tl.where(overflow, pos, listed)
         ok, score, visible, code = _key_tile(
-            key, pok, p0, p_clear, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok, T, H,
+            key, pok, key_clear, qt, wt, q_ptr, q_off, rok, k_ptr, ks_ptr, mask_ptr, b, rows, row_ok, T, H,
             skb, skt, ssb, msb, mss, mst, BLOCK_S, HP, D, BLOCK_T, MASK_KIND, TO_FP32, SEQUENTIAL, TF32, FP8,
-            1 if TRIM_HIDDEN else 2)
+            1 if MASK_KIND != 0 else 0)
         if COMPACT:
             keep = visible & ~(score < tau[:, None])
             keep_i = keep.to(tl.int32)
@@ -308,14 +290,6 @@ def _indexer_score_kernel(
             tl.store(out_ptr + b * sob + rows[:, None] * sos + slot, code, mask=keep & (slot < cap_out))
         else:
             tl.store(out_ptr + b * sob + slots[:, None] * sos + pos[None, :], code, mask=ok)
-    if TRIM_HIDDEN and not COMPACT:  # the trimmed tail: hidden keys' codes, nothing to multiply
-        for p0 in range(p_lo + tl.cdiv(p_end - p_lo, BLOCK_T) * BLOCK_T, p_hi, BLOCK_T):
-            pos = p0 + tl.arange(0, BLOCK_T)
-            pok = pos < p_hi
-            listed = tl.load(ids_ptr + b * sib + lst * sil + pos, mask=pok & (pos < cap), other=0)
-            key = tl.where(overflow, pos, listed)
-            tl.store(out_ptr + b * sob + slots[:, None] * sos + pos[None, :],
-                     _hidden_tile(key, BLOCK_S, BLOCK_T, T), mask=row_ok[:, None] & pok[None, :])
     if COMPACT and not ATOMIC:
         tl.store(out_count_ptr + b * S + rows, running, mask=row_ok)
 
@@ -475,14 +449,8 @@ def _launch_shape(q, k, rows, block_s=None):
     return B, S, H, D, k.shape[1], block_s, hp, n_slots, triton.cdiv(n_slots, block_s)
 
 
-def trim_positions(block_s: int) -> int:
-    """List positions per step of the key-list scorer's mask scan for ``block_s`` query rows a
-    program: defaults.TRIM_BLOCK, fewer where the step's tile would pass defaults.TRIM_ENTRIES."""
-    return max(1, min(defaults.TRIM_BLOCK, defaults.TRIM_ENTRIES // block_s))
-
-
 def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None, out=None,
-               out_count=None, splits=1, fill=False, rows=None, k_scale=None, block_s=None):
+               out_count=None, splits=1, fill=False, rows=None, k_scale=None, block_s=None, bounds=None):
     """Run the scorer over key lists (SPEC C.1).
 
     q [B,S,H,D] (bf16/fp16/fp32, or float8_e4m3fn with ``k_scale``; last dim contiguous), w [B,S,H]
@@ -511,11 +479,14 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         shape = (B, n_slots, ids.shape[-1])
         out = (torch.full(shape, PADDING, dtype=torch.int64, device=q.device)
                if fill else torch.empty(shape, dtype=torch.int64, device=q.device))
-    # Operands a variant never reads (tau and out_count without COMPACT, mask with MASK_NONE) are
+    if kind != MASK_NONE and bounds is None:
+        bounds = mask_bounds(mask, B, S, T, rows)
+    # Operands a variant never reads (tau and out_count without COMPACT, mask and bounds with MASK_NONE) are
     # passed as any tensor of the call: the kernel's constexpr branches skip them.
     _indexer_score_kernel[(B * n_tiles, splits)](
         q, w, k, w if k_scale is None else k_scale, ids, counts, w if tau is None else tau,
-        q if m is None else m, out, counts if out_count is None else out_count, counts if rows is None else rows,
+        q if m is None else m, counts if bounds is None else bounds, out, counts if out_count is None else out_count,
+        counts if rows is None else rows,
         S, T, H, cap, out.shape[-1], tiles_per_list, n_tiles, n_slots,
         q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), k.stride(0), k.stride(1),
         0 if k_scale is None else k_scale.stride(0),
@@ -523,7 +494,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         0 if rows is None else rows.stride(0),
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET and not fp8,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
-        TF32=tf32_scores(q.dtype), FP8=fp8, TRIM_HIDDEN=kind != MASK_NONE, TRIM_BLOCK=trim_positions(block_s),
+        TF32=tf32_scores(q.dtype), FP8=fp8,
         **scorer_launch(q.dtype),
     )
     return out

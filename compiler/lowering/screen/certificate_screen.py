@@ -162,7 +162,7 @@ def screen_tile_queries(rp: int, g: int) -> int:
 
 
 def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_queries, cap,
-           config: LaunchConfig | None = None, k_scale=None):
+           config: LaunchConfig | None = None, k_scale=None, bounds=None):
     """Screen every key for every query; returns (ids [B,L,cap] int32, count [B,L] int32) as
     ``compact_words`` gives them (each list's survivors in ascending key order).
 
@@ -173,13 +173,13 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
     ``list_queries`` (G) consecutive queries share one list; L = lists_per_batch = ceil(S / G).
     ``config``: a launch config (e.g. one of defaults.SCREEN_CONFIGS); None chooses one by measurement on
     CUDA (cached per device and bucketed T), defaults.SCREEN_CONFIGS[0] elsewhere. Every config gives the
-    same survivor guarantee (SPEC C.2).
+    same survivor guarantee (SPEC C.2). ``bounds``: the mask's ``mask_bounds`` when the caller has them.
     """
     B, S, RP, D = g.shape
     T = k.shape[1]
     words = torch.empty(B, lists_per_batch, triton.cdiv(T, 32), dtype=torch.int32, device=k.device)
     kind, m, mask_strides = mask_operand(mask, B, S, T)
-    bounds = mask_bounds(mask, B, S, T)
+    bounds = mask_bounds(mask, B, S, T) if bounds is None else bounds
 
     def launch(cfg: LaunchConfig) -> None:
         _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, bounds, words,

@@ -12,7 +12,7 @@ import torch
 from compiler.lowering import defaults
 from compiler.lowering.scoring import indexer_scores
 from compiler.lowering.order_codes import decode_codes
-from compiler.lowering.scoring.indexer_scores import score_keys, score_tile_shape, trim_positions
+from compiler.lowering.scoring.indexer_scores import score_keys, score_tile_shape
 from runtime.dense_scorer import exact_scores
 
 
@@ -114,36 +114,47 @@ def test_masks_with_clear_runs_broken_anywhere_score_exactly(kind, anomaly):
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-@pytest.mark.parametrize("last_visible,unclear", [(2, 1), (1, 0)])
-def test_the_mask_scan_spans_several_steps(last_visible, unclear):
-    """A mask whose first unclear entry and last visible key lie in given scan steps (steps of
-    ``trim_positions``): every code is still the runtime scorer's, hidden keys after the last
-    visible one included."""
+@pytest.mark.parametrize("order", ["ascending", "shuffled"])
+@pytest.mark.parametrize("last_visible,unclear,offset", [(2, 1, 17), (1, 0, 17), (0, 2, 17), (2, 0, 63)])
+def test_mask_bounds_pick_the_tiles_that_read_the_mask(last_visible, unclear, offset, order):
+    """A mask whose first unclear entry and last visible key lie in given key tiles: tiles below
+    every row's first unclear key read no mask, the others do, in a list of keys in any order
+    (``shuffled``: clear and unclear keys mixed in one tile; offset 63: the first unclear key is
+    its tile's last). Every code is still the runtime scorer's, hidden keys after the last visible
+    one included."""
     S, H, D = 3, 2, 8
-    step = trim_positions(score_tile_shape(H)[0])
-    T = 2 * step + 700
+    step = 64  # the scorer's key tile
+    T = 3 * step + 40
     q, k, w = general_inputs(S, T, H, D, torch.bfloat16, seed=5)
     visible = torch.ones(S, T, dtype=torch.bool)
-    visible[:, last_visible * step + 100:] = False
-    visible[1, unclear * step + 17] = False
-    got, got_keys = triton_scores(q, w, k, list(range(T)), mask=visible[None], with_keys=True)
-    want = reference_scores(q, w, k, list(range(T))).masked_fill(~visible, float("-inf")) + 0.0
-    assert torch.equal(got_keys[0], torch.arange(T).expand(S, T))
+    visible[:, last_visible * step + 10:] = False
+    visible[1, unclear * step + offset] = False
+    keys = list(range(T)) if order == "ascending" else torch.randperm(T, generator=torch.Generator().manual_seed(1)).tolist()
+    got, got_keys = triton_scores(q, w, k, keys, mask=visible[None], with_keys=True)
+    want = reference_scores(q, w, k, keys).masked_fill(~visible[:, keys], float("-inf")) + 0.0
+    assert torch.equal(got_keys[0], torch.tensor(keys).expand(S, T))
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-@pytest.mark.parametrize("H", [1, 2, 3, 4, 8, 16, 64])
-def test_a_mask_scan_step_stays_small_at_every_head_count(monkeypatch, H):
-    """The scan's tile (query rows x positions) is at most TRIM_ENTRIES for the GPU's tile shape
-    at every H: at H = 1 a program holds 256 query rows, and a step of TRIM_BLOCK positions there
-    (a million mask entries) took Triton minutes to compile. At H = 64 the step stays TRIM_BLOCK."""
-    monkeypatch.setattr(defaults, "PRODUCT_COLUMNS", 256)
-    block_s, _ = score_tile_shape(H)
-    step = trim_positions(block_s)
-    assert step >= 1 and step & (step - 1) == 0
-    assert block_s * step <= defaults.TRIM_ENTRIES
-    if H == 64:
-        assert step == defaults.TRIM_BLOCK
+def test_an_overflowed_list_keeps_every_visible_key_and_no_hidden_one():
+    """An overflowed list (count past cap: every key, position = key) under a causal mask, compact
+    with tau = -inf: every visible key kept with the runtime scorer's value, the keys past every
+    row's last visible one (not multiplied) never."""
+    S, T, H, D = 4, 300, 2, 8
+    q, k, w = general_inputs(S, T, H, D, torch.bfloat16, seed=7)
+    visible = torch.ones(S, T, dtype=torch.bool).tril(253)  # keys from 257 on hidden for all: 256 starts a tile
+    ids = torch.zeros(1, 1, 8, dtype=torch.int32)
+    counts = torch.tensor([[9]], dtype=torch.int32)  # > cap = 8: overflowed
+    want = reference_scores(q, w, k, list(range(T))).masked_fill(~visible, float("-inf")) + 0.0
+    out = torch.empty(1, S, T, dtype=torch.int64)
+    n = torch.zeros(1, S, dtype=torch.int32)
+    score_keys(q, w, k, ids, counts, cap=8, tiles_per_list=1 << 30, mask=visible[None],
+               tau=torch.full((1, S), float("-inf")), out=out, out_count=n)
+    assert n[0].tolist() == visible.sum(-1).tolist()
+    for s in range(S):
+        values, keys = decode_codes(out[:, s, :n[0, s]], T)
+        assert keys[0].tolist() == visible[s].nonzero().flatten().tolist()
+        assert torch.equal(values[0].view(torch.int32), want[0, s, visible[s]].view(torch.int32))
 
 
 @pytest.mark.parametrize("splits", [2, 5])

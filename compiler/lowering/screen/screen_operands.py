@@ -1,0 +1,120 @@
+"""The screen's operands from a certificate plan, one Triton program per query (SPEC C.2).
+
+``screen_operands(plan, w, g_dtype, RP, margin, nk_max)`` turns a ``runtime.certificate``
+``CertificatePlan`` (float64, rows [N, R, D]) into what ``certificate_screen.screen`` reads: rows
+g [N, RP, D] in ``g_dtype`` (the R retained rows, the aux row, zero rows), alpha and beta [N, RP]
+fp32 rounded outward, e and c [N] fp32 rounded up, and ok [N] bool. With m_rho = max(|alpha|,
+|beta|), G = sum_rho m_rho ||g_rho|| and the rows' rounding error X = sum_rho m_rho ||g_rho -
+g64_rho||, ``margin = (a, b, g_eval, f)`` (``topk_pipeline.screen_margin``) gives
+    e = (E + slope + X + a M_s + b G) / (1 - g_eval),   c = (offset + f (1 + W + sum_rho m_rho)) / (1 - g_eval)
+(E, slope, offset and M_s the plan's, W = sum_h |w_h|), each float64 term multiplied by 1 + 2^-40
+(any summation order is inside it). ok: every operand finite and (e + sum_rho |alpha| + |beta|)
+max_k ||k||_up < 2^100 (``nk_max`` [B], the batch row of query n being n // (N / B)). One launch
+instead of the float64 tensor algebra it replaces."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from compiler.lowering import defaults
+from runtime.certificate import CertificatePlan
+
+__all__ = ["screen_operands", "REACH_LIMIT"]
+
+REACH_LIMIT = 2.0**100
+"""Largest value of (e + sum_rho |alpha| + |beta|) max_k ||k||_up for which a query is screened: the
+screen's fp32 sums then stay far from overflow."""
+_REACH = tl.constexpr(REACH_LIMIT)
+_SLACK = tl.constexpr(1.0 + 2.0**-40)
+_TINY = tl.constexpr(2.0**-126)
+
+
+@triton.jit
+def _round_up_f32(x):
+    """The smallest float32 >= float64 x (within one ulp of the conversion; a positive x below the
+    smallest normal float32 becomes 2^-126, so a flushing conversion cannot round it down)."""
+    y = x.to(tl.float32)
+    bits = y.to(tl.int32, bitcast=True)
+    up = tl.where(y > 0.0, bits + 1, bits - 1)  # y <= 0 below x only where x > 0 is tiny: clamped
+    y = tl.where(y.to(tl.float64) < x, up.to(tl.float32, bitcast=True), y)
+    return tl.where((x > 0.0) & (x < _TINY), _TINY, y)
+
+
+@triton.jit
+def _finite(x):
+    return (x == x) & (tl.abs(x) < float("inf"))
+
+
+@triton.jit
+def _operands_kernel(rows_ptr, rw_ptr, aux_ptr, resid_ptr, abs_ptr, slope_ptr, offset_ptr, mass_ptr, w_ptr,
+                     nkmax_ptr, g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, ok_ptr, H, D, per_batch,
+                     coef_mass, coef_rows, g_eval, ftz,
+                     R: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, HP: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    slot = tl.arange(0, RP)
+    d = tl.arange(0, DP)
+    dok = d < D
+    is_row = slot < R
+    is_aux = slot == R
+    rows = tl.load(rows_ptr + n * R * D + slot[:, None] * D + d[None, :], mask=is_row[:, None] & dok[None, :],
+                   other=0.0)
+    aux = tl.load(aux_ptr + n * D + d, mask=dok, other=0.0)
+    g64 = tl.where(is_aux[:, None], aux[None, :], rows)
+    abs_path = tl.load(abs_ptr + n) != 0
+    rw = tl.load(rw_ptr + n * R + slot, mask=is_row, other=0.0)
+    alpha64 = tl.where(is_aux, -1.0, rw)
+    beta64 = tl.where(abs_path, tl.where(is_aux, -1.0, -rw), 0.0)
+    alpha = _round_up_f32(alpha64)
+    beta = -_round_up_f32(-beta64)
+    g = g64.to(tl.float32).to(g_ptr.dtype.element_ty)
+    back = g.to(tl.float32).to(tl.float64)
+    m = tl.maximum(tl.abs(alpha), tl.abs(beta)).to(tl.float64)
+    row_mass = tl.sum(m * tl.sqrt(tl.sum(back * back, axis=1)), axis=0)
+    diff = back - g64
+    rows_err = tl.sum(m * tl.sqrt(tl.sum(diff * diff, axis=1)), axis=0) * _SLACK
+    h = tl.arange(0, HP)
+    W = tl.sum(tl.abs(tl.load(w_ptr + n * H + h, mask=h < H, other=0.0).to(tl.float64)), axis=0)
+    slope = coef_mass * tl.load(mass_ptr + n) + coef_rows * row_mass
+    e64 = (tl.load(resid_ptr + n) + tl.load(slope_ptr + n) + rows_err + slope) / (1.0 - g_eval) * _SLACK
+    c64 = (tl.load(offset_ptr + n) + ftz * (1.0 + W + tl.sum(m, axis=0))) / (1.0 - g_eval) * _SLACK
+    e = _round_up_f32(e64)
+    c = _round_up_f32(c64)
+    finite = (tl.min(tl.min(_finite(g.to(tl.float32)).to(tl.int32), axis=1), axis=0) > 0) \
+        & (tl.min((_finite(alpha) & _finite(beta)).to(tl.int32), axis=0) > 0) & _finite(e) & _finite(c)
+    reach = (e + tl.sum(tl.abs(alpha) + tl.abs(beta), axis=0)) * tl.load(nkmax_ptr + n // per_batch)
+    ok = finite & (reach < _REACH)
+    tl.store(g_ptr + n * RP * D + slot[:, None] * D + d[None, :], g, mask=dok[None, :])
+    tl.store(alpha_ptr + n * RP + slot, alpha)
+    tl.store(beta_ptr + n * RP + slot, beta)
+    one = tl.arange(0, 1)
+    tl.store(e_ptr + n + one, tl.zeros([1], dtype=tl.float32) + e)
+    tl.store(c_ptr + n + one, tl.zeros([1], dtype=tl.float32) + c)
+    tl.store(ok_ptr + n + one, tl.zeros([1], dtype=tl.int8) + ok.to(tl.int8))
+
+
+def screen_operands(plan: CertificatePlan, w: torch.Tensor, g_dtype: torch.dtype, RP: int,
+                    margin: tuple[float, float, float, float], nk_max: torch.Tensor):
+    """(g [..., RP, D] g_dtype, alpha [..., RP] fp32, beta [..., RP] fp32, e [...] fp32, c [...] fp32,
+    ok [...] bool) for the plan's queries ``...`` = [B, S] (module docstring). w [B, S, H] any float
+    dtype; RP > the plan's row count R; nk_max [B] fp32."""
+    *lead, R, D = plan.rows.shape
+    H = w.shape[-1]
+    if RP <= R:
+        raise ValueError(f"RP: expected more than the plan's {R} rows, got {RP}")
+    dev = plan.rows.device
+    N = plan.rows.numel() // max(1, R * D)
+    B = nk_max.shape[0]
+    g = torch.empty((*lead, RP, D), dtype=g_dtype, device=dev)
+    alpha = torch.empty((*lead, RP), dtype=torch.float32, device=dev)
+    beta = torch.empty_like(alpha)
+    e = torch.empty(lead, dtype=torch.float32, device=dev)
+    c = torch.empty_like(e)
+    ok = torch.empty(lead, dtype=torch.int8, device=dev)
+    if N:
+        flat = [x.contiguous() for x in (plan.rows, plan.row_weights, plan.aux, plan.residual,
+                                         plan.abs_path.to(torch.int8), plan.slope, plan.offset, plan.mass)]
+        _operands_kernel[(N,)](*flat, w.contiguous(), nk_max.float().contiguous(), g, alpha, beta, e, c, ok,
+                               H, D, N // B, *margin, R=R, RP=RP, DP=triton.next_power_of_2(D),
+                               HP=triton.next_power_of_2(H), num_warps=defaults.SCREEN_OPERANDS_WARPS)
+    return g, alpha, beta, e, c, ok.bool()
