@@ -80,11 +80,8 @@ def main():
     os.environ["PULSAR_DOSA_AUTOTUNE_CACHE"] = str(Path(tempfile.mkdtemp()) / "autotune.json")
 
     from compiler.lowering import defaults
-    from compiler.lowering.topk_pipeline import (
-        certified_topk_cuda,
-        dense_topk_cuda,
-        key_norms,
-    )
+    from compiler.lowering.screen.key_norms import key_norms
+    from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda
     from compiler.lowering.scoring.indexer_scores import mask_operand
     from compiler.lowering.screen.certificate_screen import (
         choose_screen_config,

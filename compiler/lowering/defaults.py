@@ -29,6 +29,7 @@ ACTIVATION_KEYS = 64  # witness keys per step of a head-activation program
 ACTIVATION_SAMPLES = 256  # witness keys behind each head's activation frequency (it steers choices only)
 PLAN_WARPS = 1  # warps per plan program: the fastest; Triton 3.6 fails to compile some 4-warp forms
 PLAN_COLUMNS = 4  # q columns per step of the plan's passes: 1-2 slower, 8 no faster
+KEY_NORM_BLOCK = 32  # keys per key-norm program (a [keys, D] float64 tile); not tuned
 SCREEN_OPERANDS_WARPS = 4  # warps per screen-operands program (one query's RP x D float64 rows); not tuned
 PLAN_STEP_ELEMENTS = 2048  # most float64 products [heads, rows, columns] of one plan step, so that 32 rows do not spill
 
@@ -59,6 +60,7 @@ CERTIFIED_BUFFER_K = 8  # candidates per certified query, in kk: at most 3.53 kk
 DEFAULT_R_CAP = 7  # cap of the per-query budget without config.r, so that the screen's row count is static
 DENSE_CHUNK_BYTES = 4 << 30  # largest scorer output [rows, T] the dense path allocates at once
 PLAN_CHUNK_BYTES = 1 << 30  # queries planned at once (a float64 [queries, H, D]): certified_profile_h200.json
+REDO_LIVE_TILES = 8  # query tiles per batch row the redo's key splits are sized for (a redone row alone was one program's ~2000 key tiles: 1.9 ms at 131072 keys on the H100); not tuned
 REDO_BUFFER_BYTES = 1 << 30  # dense code buffer of one round of the redo ([B, slots, T] int64)
 
 # Absorbed sparse attention (attention/absorbed_attention.py, absorbed_attention_ws.py)

@@ -16,6 +16,7 @@ b; a row whose tau is a finite b and that wrote fewer than kk candidates is shor
 redone: its candidates in THE ORDER, then padding."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -36,13 +37,14 @@ from compiler.lowering.screen.head_activation import activation_frequency
 from compiler.lowering.screen.certificate_screen import screen
 from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
 from compiler.lowering.screen.certificate_plan import plan_certificate_triton
+from compiler.lowering.screen.key_norms import key_norms
 from compiler.lowering.screen.screen_operands import screen_operands
 from compiler.lowering.selection.radix_select import select_top_codes
 from compiler.lowering.selection.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.indexer_inputs import checked_kk
-from runtime.rounding import U32, gamma, key_norm_up, round_up_to_float32
+from runtime.rounding import U32, gamma
 from runtime.seeds import sample_keys, sample_rank, sample_size, takes_witnesses
 from compiler.lowering import defaults
 from runtime.workspace import check_workspace
@@ -85,12 +87,15 @@ def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list, k_scale=None, 
                       splits=splits, k_scale=k_scale, bounds=bounds)
 
 
-def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False, k_scale=None, bounds=None):
+def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False, k_scale=None, bounds=None, live_tiles=None):
     """``score_dense`` (codes [B,R,T] of every key, or their int32 high words with ``words``), with
-    key splits for the call's tile count; ``bounds``: the mask's ``mask_bounds`` when the caller has them."""
+    key splits for the call's tile count (``live_tiles``: for that many query tiles per batch row
+    instead, where most tiles of a row list are expected empty); ``bounds``: the mask's
+    ``mask_bounds`` when the caller has them."""
     block_s, _ = score_tile_shape(q.shape[2])
     n_slots = q.shape[1] if rows is None else rows.shape[1]
-    splits = key_splits(q.shape[0] * triton.cdiv(n_slots, block_s), k.shape[1])
+    tiles = triton.cdiv(n_slots, block_s) if live_tiles is None else live_tiles
+    splits = key_splits(q.shape[0] * tiles, k.shape[1])
     return score_dense(q, w, k, mask=mask, splits=splits, rows=rows, maxima=maxima, words=words,
                        k_scale=k_scale, bounds=bounds)
 
@@ -299,7 +304,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_boun
         witness_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
     sample_ids = None
     if M:
-        sample_ids = sample_keys(triton.cdiv(S, A), M, T, dev).to(torch.int32).expand(B, -1, M).contiguous()
+        sample_ids = _sample_lists(triton.cdiv(S, A), M, T, dev).expand(B, -1, M)
     witness_tau, theta = _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, A // G, k_scale,
                                           bounds)
     shared = None
@@ -326,16 +331,32 @@ def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_boun
     return tau, ids, list_count, cap, G, plan, shared
 
 
+@functools.lru_cache(maxsize=64)
+def _sample_lists(groups: int, M: int, T: int, device: torch.device) -> torch.Tensor:
+    """``runtime.seeds.sample_keys`` as int32 [1, groups, M], built once per shape and device (read
+    only: every call's key lists are views of it)."""
+    return sample_keys(groups, M, T, device).to(torch.int32)[None]
+
+
+@functools.lru_cache(maxsize=64)
+def _list_counts(B: int, groups: int, n: int, device: torch.device) -> torch.Tensor:
+    """int32 [B, groups] filled with n, built once per shape and device (read only)."""
+    return torch.full((B, groups), n, dtype=torch.int32, device=device)
+
+
 def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_per_group, k_scale=None, bounds=None):
     """(witness_tau, theta) [B,S] fp32, whose max is tau before the validity checks: the kk-th
     best score over the anchor's witnesses ``witness_ids`` [B,groups,W] (-inf without them), and
     theta, the own threshold of ``runtime.seeds`` over the group's strided sample ``sample_ids``
     [B,groups,M] (-inf without it or when not finite). One scorer call scores both key lists."""
     T = k.shape[1]
-    lists = torch.cat([x for x in (witness_ids, sample_ids) if x is not None], dim=-1).contiguous()
+    if witness_ids is None:
+        lists = sample_ids
+    else:
+        lists = torch.cat([x for x in (witness_ids, sample_ids) if x is not None], dim=-1)
     B, groups, n = lists.shape
     n_wit = 0 if witness_ids is None else witness_ids.shape[-1]
-    counts = torch.full((B, groups), n, dtype=torch.int32, device=q.device)
+    counts = _list_counts(B, groups, n, q.device)
     codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group, k_scale, bounds)
     none = torch.full(codes.shape[:2], float("-inf"), device=q.device)
     tau = none if witness_ids is None else decode_codes(kth_largest(codes[..., :n_wit], kk), T)[0]
@@ -345,11 +366,6 @@ def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_p
     rank = sample_rank(kk, M, T, config.sample_sigmas)
     theta, _ = decode_codes(kth_largest(codes[..., n_wit:], rank), T)
     return tau, torch.where(torch.isfinite(theta), theta, float("-inf"))
-
-
-def key_norms(k):
-    """Upper bounds of the key norms, fp32 [B,T] (never below the exact norm)."""
-    return round_up_to_float32(key_norm_up(k.float()))
 
 
 def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None, k_scale=None,
@@ -401,8 +417,9 @@ def redo_dense(codes, redo, q, w, k, mask, kk, k_scale=None):
     their top kk with ``select_top_codes``; unflagged slots cost a launch and no key reads. When
     every row fits one round, a row keeps its own slot; otherwise the flagged rows are ranked on
     the device and a fixed number of rounds, ceil(S / slots), takes them in rank order (the row
-    lists of every round are built at once: two launches per round).
-    codes [B,S,kk] int64 (returned). ``k_scale``: the FP8 scorer's key scales.
+    lists of every round are built at once: two launches per round). The scorer splits each row's
+    keys as for defaults.REDO_LIVE_TILES query tiles: few rows are redone, and a tile of empty slots
+    costs nothing. codes [B,S,kk] int64 (returned). ``k_scale``: the FP8 scorer's key scales.
     """
     B, S = redo.shape
     T = k.shape[1]
@@ -411,7 +428,7 @@ def redo_dense(codes, redo, q, w, k, mask, kk, k_scale=None):
     valid = lists >= 0
     out_rows = (torch.arange(B, device=q.device) * S)[:, None, None] + lists.clamp(min=0)
     for i in range(lists.shape[1]):
-        buf = dense_codes(q, w, k, mask, rows=lists[:, i], k_scale=k_scale)
+        buf = dense_codes(q, w, k, mask, rows=lists[:, i], k_scale=k_scale, live_tiles=defaults.REDO_LIVE_TILES)
         select_top_codes(buf.view(-1, T), valid[:, i].reshape(-1), kk, out=flat, scratch=True,
                          out_rows=out_rows[:, i].reshape(-1))
     return codes

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from compiler.lowering import defaults
+from compiler.lowering.outward_rounding import round_up_f32
 from runtime.certificate import CertificatePlan
 
 __all__ = ["screen_operands", "REACH_LIMIT"]
@@ -27,18 +28,6 @@ REACH_LIMIT = 2.0**100
 screen's fp32 sums then stay far from overflow."""
 _REACH = tl.constexpr(REACH_LIMIT)
 _SLACK = tl.constexpr(1.0 + 2.0**-40)
-_TINY = tl.constexpr(2.0**-126)
-
-
-@triton.jit
-def _round_up_f32(x):
-    """The smallest float32 >= float64 x (within one ulp of the conversion; a positive x below the
-    smallest normal float32 becomes 2^-126, so a flushing conversion cannot round it down)."""
-    y = x.to(tl.float32)
-    bits = y.to(tl.int32, bitcast=True)
-    up = tl.where(y > 0.0, bits + 1, bits - 1)  # y <= 0 below x only where x > 0 is tiny: clamped
-    y = tl.where(y.to(tl.float64) < x, up.to(tl.float32, bitcast=True), y)
-    return tl.where((x > 0.0) & (x < _TINY), _TINY, y)
 
 
 @triton.jit
@@ -65,8 +54,8 @@ def _operands_kernel(rows_ptr, rw_ptr, aux_ptr, resid_ptr, abs_ptr, slope_ptr, o
     rw = tl.load(rw_ptr + n * R + slot, mask=is_row, other=0.0)
     alpha64 = tl.where(is_aux, -1.0, rw)
     beta64 = tl.where(abs_path, tl.where(is_aux, -1.0, -rw), 0.0)
-    alpha = _round_up_f32(alpha64)
-    beta = -_round_up_f32(-beta64)
+    alpha = round_up_f32(alpha64)
+    beta = -round_up_f32(-beta64)
     g = g64.to(tl.float32).to(g_ptr.dtype.element_ty)
     back = g.to(tl.float32).to(tl.float64)
     m = tl.maximum(tl.abs(alpha), tl.abs(beta)).to(tl.float64)
@@ -78,8 +67,8 @@ def _operands_kernel(rows_ptr, rw_ptr, aux_ptr, resid_ptr, abs_ptr, slope_ptr, o
     slope = coef_mass * tl.load(mass_ptr + n) + coef_rows * row_mass
     e64 = (tl.load(resid_ptr + n) + tl.load(slope_ptr + n) + rows_err + slope) / (1.0 - g_eval) * _SLACK
     c64 = (tl.load(offset_ptr + n) + ftz * (1.0 + W + tl.sum(m, axis=0))) / (1.0 - g_eval) * _SLACK
-    e = _round_up_f32(e64)
-    c = _round_up_f32(c64)
+    e = round_up_f32(e64)
+    c = round_up_f32(c64)
     finite = (tl.min(tl.min(_finite(g.to(tl.float32)).to(tl.int32), axis=1), axis=0) > 0) \
         & (tl.min((_finite(alpha) & _finite(beta)).to(tl.int32), axis=0) > 0) & _finite(e) & _finite(c)
     reach = (e + tl.sum(tl.abs(alpha) + tl.abs(beta), axis=0)) * tl.load(nkmax_ptr + n // per_batch)
