@@ -56,11 +56,12 @@ FEW_ROWS_INTERPRETER_PROGRAMS = 3  # programs off CUDA: several per row, so that
 FEW_ROWS_WARPS = 8  # warps of a few-rows program
 
 # The certified pipeline (topk_pipeline.py)
+CERTIFIED_WINDOW_FACTOR = 4  # a certified row of at most this many kk candidates is selected in registers (at 2, rows of the trained layers at 131072 keys went to the radix selector: 1.9-2.6 ms of a 16-17 ms call on the H100)
 CERTIFIED_BUFFER_K = 8  # candidates per certified query, in kk: at most 3.53 kk seen, certified_buffer_h200.json
 DEFAULT_R_CAP = 7  # cap of the per-query budget without config.r, so that the screen's row count is static
 DENSE_CHUNK_BYTES = 4 << 30  # largest scorer output [rows, T] the dense path allocates at once
 PLAN_CHUNK_BYTES = 1 << 30  # queries planned at once (a float64 [queries, H, D]): certified_profile_h200.json
-REDO_LIVE_TILES = 8  # query tiles per batch row the redo's key splits are sized for (a redone row alone was one program's ~2000 key tiles: 1.9 ms at 131072 keys on the H100); not tuned
+REDO_LIVE_TILES = 32  # query tiles per batch row the redo's key splits are sized for (a redone row alone was one program's ~2000 key tiles: 1.9 ms at 131072 keys on the H100; at 8, two empty rounds cost 0.34 ms at 65536); not tuned
 REDO_BUFFER_BYTES = 1 << 30  # dense code buffer of one round of the redo ([B, slots, T] int64)
 
 # Absorbed sparse attention (attention/absorbed_attention.py, absorbed_attention_ws.py)

@@ -389,6 +389,7 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
                bounds=bounds)
     mark("refine")
     codes = top_candidates(cand.view(B * S, cand_cap), cand_count.view(B * S), kk, scratch=True,
+                           window_factor=defaults.CERTIFIED_WINDOW_FACTOR,
                            ordered=ordered).view(B, S, kk)
     mark("select")
     # Every key with s >= tau was written (pruned keys have s < tau); with at least kk of them

@@ -179,14 +179,15 @@ def kth_largest(x: torch.Tensor, kk: int) -> torch.Tensor:
     return out.view(x.shape[:-1])
 
 
-def window(N: int, kk: int) -> int:
+def window(N: int, kk: int, factor: int | None = None) -> int:
     """Codes of a candidate row that ``top_candidates`` selects in registers: the power of two
-    >= defaults.WINDOW_FACTOR * kk (at least kk), at most that of N."""
-    return triton.next_power_of_2(max(kk, min(N, defaults.WINDOW_FACTOR * kk)))
+    >= ``factor`` * kk (None: defaults.WINDOW_FACTOR; at least kk), at most that of N."""
+    factor = defaults.WINDOW_FACTOR if factor is None else factor
+    return triton.next_power_of_2(max(kk, min(N, factor * kk)))
 
 
 def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bool = False,
-                   ordered: bool = True) -> torch.Tensor:
+                   ordered: bool = True, window_factor: int | None = None) -> torch.Tensor:
     """[R, kk] int64: the kk largest codes of each candidate row ``cand [R, N]`` int64, descending
     (``torch.topk`` of the row's codes with INT64_MIN past them), for rows that hold all their codes;
     with ``ordered`` False the same codes in an unspecified order (the final sort is skipped).
@@ -196,7 +197,7 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
     codes first. What follows a segment's codes is never read as a code (the buffer need not be
     filled: a row with fewer than kk codes gets INT64_MIN for the missing ones). A count above its
     segment (an overflowed buffer) leaves that row of the result unspecified, for the caller to
-    answer (``overflowed``). Rows whose codes lie within the window (``window(N, kk)``) get their
+    answer (``overflowed``). Rows whose codes lie within the window (``window(N, kk, window_factor)``) get their
     kk largest, found in registers by one program per row (the kk-th by ``_kth_of``, then the codes
     above it and copies of it), then ``torch.sort`` of the kk. When an unsegmented buffer is wider
     than the window, rows with a larger count get INT64_MIN written past their codes (one gated
@@ -209,7 +210,7 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
         raise ValueError(f"kk: expected 1 <= kk <= N = {N}, got {kk}")
     counts = count.reshape(R, -1)
     G = counts.shape[1]
-    np_ = window(N, kk)
+    np_ = window(N, kk, window_factor)
     if N % G or (G > 1 and np_ < N):
         raise ValueError(f"count: expected [R] or [R, G] with G dividing N = {N} and, for G > 1, a buffer "
                          f"within the window {np_}; got {tuple(count.shape)}")
