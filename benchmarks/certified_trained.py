@@ -13,10 +13,11 @@ the pruned share of the screened keys, the mean survival per query m, the thresh
 the queries redone densely, and the time split from CUDA events between the pipeline's stages (seeds,
 plan, screen, refine, select, redo); at the budget ``profile_r`` without witnesses, the costliest kernels
 of one call (torch profiler) and the device time of a call replayed from a CUDA graph (``graph_ms``: no
-host time; the dense row has it too), and the same budget with the runtime's witnesses setting and
-survivor lists of each other count of queries in ``refine_queries`` (``CertifiedTopkConfig.list_queries``:
-the union of the list's queries' survivors; 1: a query's own), as the op would run them. Then the plan's choice (``compiler.plan.choice.choose_layer`` on the
-measured rows, the list sizes' among them, designed for the same call) and the op with those settings through the runtime
+host time; the dense row has it too), and the same budget without and with witnesses and survivor
+lists of each other count of queries in ``refine_queries`` (``CertifiedTopkConfig.list_queries``: the
+union of the list's queries' survivors; 1: a query's own), as the op would run them. Then the plan's
+choice (``compiler.plan.choice.choose_layer`` on every certified row, each with the r, list size and
+witnesses it ran, designed for the same call) and the op with those settings through the runtime
 guard, timed after its warm-up calls; the layers' choices form a plan (written beside ``--out``). With
 ``--prefill T``: the model's prefill of T tokens as ``generate`` runs it, compiled with that plan, with
 every indexer dense and with the defaults. JSON after every layer.
@@ -123,12 +124,12 @@ def candidate(row, config: CertifiedTopkConfig) -> CandidateMeasurement:
         r=config.r, survival=1.0 - row["pruned"], redo_frac=row["redo"], ms=row["ms"], queries=row["queries"],
         certified_queries=row["queries"], keys_screened=row["keys_screened"],
         survivors=round((1.0 - row["pruned"]) * row["keys_screened"]), fallbacks={},
-        list_queries=config.list_queries)
+        list_queries=config.list_queries, witnesses=config.witnesses)
 
 
 def budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows) -> list[CandidateMeasurement]:
-    """The certified rows at every budget with and without witnesses (appended to ``rows``); the
-    measurements with the runtime's witnesses setting as the plan's candidates."""
+    """The certified rows at every budget with and without witnesses (appended to ``rows``), each the
+    plan's candidate with its settings."""
     S, T = q.shape[1], k.shape[1]
     candidates = []
     for witnesses in (False, True):
@@ -144,8 +145,7 @@ def budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows) 
                 row["kernels"] = harness.kernel_breakdown(call, top=14) if torch.device(device).type == "cuda" else None
             rows.append({"layer": layer, "T": T, "S": S, "variant": f"r={r}" + (" +witnesses" if witnesses else ""),
                          "r": r, "witnesses": witnesses, **row})
-            if witnesses == CertifiedTopkConfig().witnesses:
-                candidates.append(candidate(row, config))
+            candidates.append(candidate(row, config))
             print(rows[-1], flush=True)
     return candidates
 
@@ -159,19 +159,20 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3),
              "graph_ms": harness.graph_ms(dense_call, device)}]
     candidates = budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows)
-    r, witnesses = sizes["profile_r"], CertifiedTopkConfig().witnesses
-    for G in sizes["refine_queries"]:  # survivor lists of G queries (their union) other than the default's
-        if G == refine_queries(q.shape[2], CertifiedTopkConfig()):
-            continue
-        config = CertifiedTopkConfig(r=r, path="certified", list_queries=G)
-        row = certified_row(q, k, w, mask, kk, config, dense.out, sizes, device)
-        row.pop("tau")
-        row["x_dense"] = round(row["ms"] / dense.ms, 3)
-        rows.append({"layer": layer, "T": T, "S": S,
-                     "variant": f"r={r}" + (" +witnesses" if witnesses else "") + f" lists of {G}",
-                     "r": r, "witnesses": witnesses, "refine_queries": G, **row})
-        candidates.append(candidate(row, config))
-        print(rows[-1], flush=True)
+    r, default = sizes["profile_r"], refine_queries(q.shape[2], CertifiedTopkConfig())
+    for witnesses in (False, True):
+        for G in sizes["refine_queries"]:  # survivor lists of G queries (their union) other than the default's
+            if G == default:
+                continue
+            config = CertifiedTopkConfig(r=r, witnesses=witnesses, path="certified", list_queries=G)
+            row = certified_row(q, k, w, mask, kk, config, dense.out, sizes, device)
+            row.pop("tau")
+            row["x_dense"] = round(row["ms"] / dense.ms, 3)
+            rows.append({"layer": layer, "T": T, "S": S,
+                         "variant": f"r={r}" + (" +witnesses" if witnesses else "") + f" lists of {G}",
+                         "r": r, "witnesses": witnesses, "refine_queries": G, **row})
+            candidates.append(candidate(row, config))
+            print(rows[-1], flush=True)
     constants = constants_for(torch.device(device).type)
     choice = choose_layer(candidates, dense.ms, [(1, S, T)], heads=q.shape[2], head_dim=q.shape[3], topk=kk,
                           constants=constants, design_length=T, queries=S)
@@ -275,9 +276,11 @@ def main(argv=None):
 
 
 def _choice(row) -> str:
-    """The plan row's settings after its variant: " -> path r=.." and its list size when not the default."""
+    """The plan row's settings after its variant: " -> path r=..", its list size and its witnesses
+    when not the default."""
     lists = "" if row.get("list_queries") is None else f" lists of {row['list_queries']}"
-    return f" -> {row['path']} r={row['r']}{lists}"
+    witnesses = "" if row.get("witnesses") is None else " +witnesses" if row["witnesses"] else " no witnesses"
+    return f" -> {row['path']} r={row['r']}{lists}{witnesses}"
 
 
 def render(doc) -> str:

@@ -61,14 +61,16 @@ def layer_settings(layer: str, *, plan, path: str, heads: int | None, head_dim: 
 
     With a plan (``compiler.plan.Plan``): its layer's settings (``PlanError`` when it has no such
     layer or another geometry); a ``path`` other than "auto" overrides the plan's path and keeps its
-    r and list size. Without one: ``path`` when forced, else "auto" from ``default_min_keys`` of a prefill on the
-    device type ("dense" where it never pays; no min_keys while a size is symbolic).
+    r, list size and witnesses. Without one: ``path`` when forced, else "auto" from
+    ``default_min_keys`` of a prefill on the device type ("dense" where it never pays; no min_keys
+    while a size is symbolic).
     """
     forced = TopkSettings(path)
     if plan is not None:
         entry = plan.layer_for(layer, heads=heads, head_dim=head_dim, topk=topk)
         if forced.path != "auto":
-            kept = TopkSettings(forced.path, entry.settings.r, list_queries=entry.settings.list_queries)
+            kept = TopkSettings(forced.path, entry.settings.r, list_queries=entry.settings.list_queries,
+                                witnesses=entry.settings.witnesses)
             return LayerSettings(kept, entry.predicted_pruned_frac, "options")
         return LayerSettings(entry.settings, entry.predicted_pruned_frac, f"plan {plan.hash[:12]}")
     if forced.path != "auto":

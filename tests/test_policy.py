@@ -44,7 +44,7 @@ def test_layer_settings_come_from_the_cost_model_or_the_options_and_say_so():
     with pytest.raises(ValueError, match="path"):
         settings(path="fast")
     assert default.report_fields() == {"path": "auto", "r": None, "min_keys": default.topk.min_keys,
-                                       "list_queries": None, "predicted_pruned_frac": None,
+                                       "list_queries": None, "witnesses": None, "predicted_pruned_frac": None,
                                        "settings_from": "cost model"}
 
 

@@ -50,8 +50,8 @@ def causal_mask(T):
     return torch.full((T, T), float("-inf")).triu(1)[None]
 
 
-def layer(name, path="auto", r=3, min_keys=50, heads=H, list_queries=None):
-    settings = TopkSettings(path, r, min_keys, list_queries) if path == "auto" else TopkSettings(path)
+def layer(name, path="auto", r=3, min_keys=50, heads=H, list_queries=None, witnesses=None):
+    settings = TopkSettings(path, r, min_keys, list_queries, witnesses) if path == "auto" else TopkSettings(path)
     return LayerPlan(layer=name, settings=settings, heads=heads, head_dim=D, topk=K,
                      predicted_pruned_frac=0.9 if path == "auto" else None, predicted_speedup=1.0,
                      reason="tests", dense_ms=None, calibration_calls=(), candidates=(), seed_gap=None, slack=None)
@@ -81,13 +81,15 @@ def compile_and_run(model, options, lengths, dynamic=None):
 def test_report_shows_the_plans_r_path_and_min_keys_per_layer(tmp_path):
     torch.manual_seed(0)
     path = tmp_path / "plan.json"
-    save_plan(plan_of(layer("first", r=3, min_keys=50, list_queries=2), layer("second", path="dense")), path)
+    save_plan(plan_of(layer("first", r=3, min_keys=50, list_queries=2, witnesses=False), layer("second", path="dense")),
+              path)
     report, _ = compile_and_run(TwoLayers().eval(), {"plan": str(path), "downstream": "eager"}, [24])
     by_layer = {rw.module: rw for rw in report.rewrites}
     assert set(by_layer) == {"first", "second"}
     assert (by_layer["first"].r, by_layer["first"].path, by_layer["first"].details["min_keys"]) == (3, "auto", 50)
     assert by_layer["first"].details["predicted_pruned_frac"] == 0.9
     assert (by_layer["first"].details["list_queries"], by_layer["second"].details["list_queries"]) == (2, None)
+    assert (by_layer["first"].details["witnesses"], by_layer["second"].details["witnesses"]) == (False, None)
     assert (by_layer["second"].r, by_layer["second"].path) == (None, "dense")
     assert by_layer["first"].details["settings_from"].startswith("plan ")
 
@@ -147,15 +149,15 @@ def test_length_dispatch_happens_in_the_op_without_recompiling_per_length():
         assert stats["queries"] == T
 
 
-def test_a_forced_path_overrides_the_plan_but_keeps_its_r_and_list_size():
+def test_a_forced_path_overrides_the_plan_but_keeps_its_r_list_size_and_witnesses():
     torch.manual_seed(0)
-    plan = plan_of(layer("first", path="dense"), layer("second", r=5, list_queries=1))
+    plan = plan_of(layer("first", path="dense"), layer("second", r=5, list_queries=1, witnesses=False))
     report, _ = compile_and_run(TwoLayers().eval(), {"plan": plan, "path": "certified",
                                                      "downstream": "eager"}, [24])
     by_layer = {rw.module: rw for rw in report.rewrites}
     assert (by_layer["first"].path, by_layer["first"].r) == ("certified", None)
     assert (by_layer["second"].path, by_layer["second"].r) == ("certified", 5)
-    assert by_layer["second"].details["list_queries"] == 1
+    assert (by_layer["second"].details["list_queries"], by_layer["second"].details["witnesses"]) == (1, False)
 
 
 def test_plan_dataclass_is_accepted_as_the_option_value():

@@ -3,17 +3,19 @@
 Schema (:data:`SCHEMA`, shared by ``capture_topk``): ``(Tensor q, Tensor k, Tensor weights, Scalar
 topk, Tensor? mask=None, str layer="", str path="auto", SymInt? r=None, SymInt? min_keys=None,
 bool record_stats=True, str precision="bf16", Tensor? k_scale=None, bool sorted=True, int?
-list_queries=None) -> (Tensor, Tensor)``. q [B,S,H,D], k [B,T,D], weights [B,S,H] (signed, every scale folded in), mask None or
-[B,S,T] (bool, True = visible; or additive float), one device; ``topk`` a positive int (a bool is
-refused). Returns (values [B,S,kk] fp32, indices [B,S,kk] int64), kk = min(topk, T): exactly
-``runtime.dense_scorer.dense_topk`` of the scored operands (``scored_operands``: the inputs for
+list_queries=None, bool? witnesses=None) -> (Tensor, Tensor)``. q [B,S,H,D], k [B,T,D], weights
+[B,S,H] (signed, every scale folded in), mask None or [B,S,T] (bool, True = visible; or additive
+float), one device; ``topk`` a positive int (a bool is refused). Returns (values [B,S,kk] fp32,
+indices [B,S,kk] int64), kk = min(topk, T): exactly ``runtime.dense_scorer.dense_topk`` of the
+scored operands (``scored_operands``: the inputs for
 ``precision`` "bf16"; for "fp8" / "fp8_unrotated" their E4M3 quantisation, SPEC A.10; ``k_scale``
 [B,T] fp32: k is already E4M3 with these scales, e.g. an FP8 key cache); with ``sorted`` False,
 each row's same (value, index) pairs in an unspecified order, for readers of the set. ``layer`` files the
-statistics and the runtime guard; ``path``, ``r``, ``min_keys``, ``list_queries`` are the layer's
-``TopkSettings``, the path resolved per call by ``compiler.ops.guard.call_path``, r and the survivor
-lists' size passed to the runtime's ``CertifiedTopkConfig``. Every kernel checks its arguments first
-(``check_call``: a clear error naming the argument) and answers empty inputs with empty outputs.
+statistics and the runtime guard; ``path``, ``r``, ``min_keys``, ``list_queries``, ``witnesses`` are
+the layer's ``TopkSettings``, the path resolved per call by ``compiler.ops.guard.call_path``, r, the
+survivor lists' size and the witnesses passed to the runtime's ``CertifiedTopkConfig``. Every kernel
+checks its arguments first (``check_call``: a clear error naming the argument) and answers empty
+inputs with empty outputs.
 The CPU runs ``runtime.certified_topk``; CUDA ``compiler/lowering/topk_pipeline.py`` (its FP8 inputs
 quantised by ``compiler/lowering/scoring/fp8_quant.py``, the same bits). The fake
 kernel keeps symbolic sizes and adds no guards."""
@@ -33,7 +35,8 @@ from runtime.indexer_inputs import checked_kk
 
 SCHEMA = ('(Tensor q, Tensor k, Tensor weights, Scalar topk, Tensor? mask=None, str layer="", '
           'str path="auto", SymInt? r=None, SymInt? min_keys=None, bool record_stats=True, '
-          'str precision="bf16", Tensor? k_scale=None, bool sorted=True, int? list_queries=None) -> (Tensor, Tensor)')
+          'str precision="bf16", Tensor? k_scale=None, bool sorted=True, int? list_queries=None, '
+          'bool? witnesses=None) -> (Tensor, Tensor)')
 """The schema of ``certified_topk`` and of every op that stands in for it (``capture_topk``); arguments
 added later go last, so that positional calls keep their meaning."""
 _ARGUMENTS = torch._C.parse_schema("pulsar_dosa::certified_topk" + SCHEMA).arguments
@@ -77,7 +80,7 @@ def check_call(a: dict[str, Any]) -> tuple[int, TopkSettings]:
     tensors, once per signature (``checked_kk``; no data is read)."""
     check_devices(a)
     check_topk_type(a["topk"])
-    settings = settings_of(a["path"], a["r"], a["min_keys"], a["list_queries"])
+    settings = settings_of(a["path"], a["r"], a["min_keys"], a["list_queries"], a["witnesses"])
     precision = check_precision("precision", a["precision"])
     q, k, k_scale = a["q"], a["k"], a["k_scale"]
     if isinstance(q, torch.Tensor) and q.dim() == 4:

@@ -1,11 +1,12 @@
 """Plan time: one layer's path from its calibration measurements (``choose_layer``).
 
 From the survival m(r), the fraction of queries redone densely and the measured times of dense and
-of each candidate (a budget r with survivor lists of ``list_queries`` queries, None the pipeline's
-default) on the calibration calls, the candidate with the lowest predicted time at the design
-length (on a tie the earlier of (r, default lists first, then smaller lists)); its r and list size
-become the layer's settings: the cost model's prediction (``compiler.cost_model``) scaled by the ratio
-measured on the calibration calls. A budget that lost to dense there stays a candidate only when
+of each candidate (a budget r with survivor lists of ``list_queries`` queries and anchor
+``witnesses`` on or off, None the runtime's default for either) on the calibration calls, the
+candidate with the lowest predicted time at the design length (on a tie the earlier of (r, default
+lists first, then smaller lists, default witnesses first, then off, then on)); its r, list size and
+witnesses become the layer's settings: the cost model's prediction (``compiler.cost_model``) scaled
+by the ratio measured on the calibration calls. A budget that lost to dense there stays a candidate only when
 the design length is longer than every calibration call (the certified advantage grows with the
 key count), and is then certified only above the longest one. The layer is certified (path "auto"
 from ``min_keys`` keys, the crossover) only with enough evidence (``defaults.MIN_SCREENED_KEYS``,
@@ -29,9 +30,9 @@ DENSE = TopkSettings("dense")
 
 @dataclass(frozen=True)
 class LayerChoice:
-    """The decision for one layer: its ``settings`` (path "auto" with r, min_keys and the list size,
-    or "dense"), the predicted pruned fraction 1 - m(r), the predicted speedup over dense at the
-    design length, and ``reason``, one readable sentence."""
+    """The decision for one layer: its ``settings`` (path "auto" with r, min_keys, the list size and
+    the witnesses, or "dense"), the predicted pruned fraction 1 - m(r), the predicted speedup over
+    dense at the design length, and ``reason``, one readable sentence."""
 
     settings: TopkSettings
     predicted_pruned_frac: float | None
@@ -47,13 +48,17 @@ def short_candidates(heads: int) -> list[int]:
 
 
 def _label(c) -> str:
-    """A candidate in a reason: "r=15", or "r=15 lists of 2" with a list size of its own."""
-    return f"r={c.r}" if c.list_queries is None else f"r={c.r} lists of {c.list_queries}"
+    """A candidate in a reason: "r=15", "r=15 lists of 2" with a list size of its own, and " with
+    witnesses" or " without witnesses" with a witnesses setting of its own."""
+    lists = "" if c.list_queries is None else f" lists of {c.list_queries}"
+    witnesses = "" if c.witnesses is None else " with witnesses" if c.witnesses else " without witnesses"
+    return f"r={c.r}{lists}{witnesses}"
 
 
-def _order(c) -> tuple[int, int]:
-    """Candidates in (r, list size) order, each budget's default lists first."""
-    return c.r, 0 if c.list_queries is None else c.list_queries
+def _order(c) -> tuple[int, int, int]:
+    """Candidates in (r, list size, witnesses) order, each budget's default lists first, then the
+    default witnesses, then witnesses off, then on."""
+    return c.r, 0 if c.list_queries is None else c.list_queries, 0 if c.witnesses is None else 1 + c.witnesses
 
 
 def _call_shape(heads, head_dim, topk, batch, queries, keys):
@@ -67,8 +72,9 @@ def choose_layer(candidates: Sequence, dense_ms: float | None, calls: Sequence[t
                  queries: int | None) -> LayerChoice:
     """The plan's decision for one layer (module docstring).
 
-    ``candidates``: measurements with ``r``, ``list_queries``, ``survival``, ``redo_frac``, ``ms``
-    (None: not timed), ``keys_screened`` and ``certified_queries`` (``CandidateMeasurement``); ``dense_ms`` the measured dense time of the same
+    ``candidates``: measurements with ``r``, ``list_queries``, ``witnesses``, ``survival``,
+    ``redo_frac``, ``ms`` (None: not timed), ``keys_screened`` and ``certified_queries``
+    (``CandidateMeasurement``); ``dense_ms`` the measured dense time of the same
     calls; ``calls`` their (batch, queries, keys) sizes. The design call has ``queries`` queries per
     call (None: a causal prefill) at ``design_length`` keys.
     """
@@ -119,6 +125,7 @@ def choose_layer(candidates: Sequence, dense_ms: float | None, calls: Sequence[t
     if crossover is None or crossover > design_length:
         return LayerChoice(DENSE, None, 1.0,
                            f"{_label(c)} never overtakes dense up to {design_length} keys{seen}")
-    return LayerChoice(TopkSettings("auto", c.r, crossover, c.list_queries), 1.0 - c.survival, 1.0 / ratio,
+    return LayerChoice(TopkSettings("auto", c.r, crossover, c.list_queries, c.witnesses), 1.0 - c.survival,
+                       1.0 / ratio,
                        f"{_label(c)} predicted {1 / ratio:.2f}x faster than dense at {design_length} keys, "
                        f"from {crossover} keys{seen}")

@@ -3,10 +3,11 @@
 Runs the model eagerly on calibration tokens, captures each DSA indexer layer's q, k, weights through
 the backend's own indexer pass (``compiler.plan.capture``), measures per layer the survival m(r), the
 redo fraction and the call time of each candidate budget r with the certified top-K on the device
-(the best budgets also with survivor lists of other sizes, on CUDA), the dense time, the seed gap and
-slack distributions (``compiler.plan.measure``), lets ``compiler.plan.choice.choose_layer`` choose r,
-the list size, the path and the crossover length (or refuse, with the reason), and writes a versioned JSON plan (``compiler.plan.schema``). ``--plot out.png`` also draws
-m(r) per layer and the predicted speedup.
+(the best budgets also with survivor lists of other sizes, on CUDA, and the best of those with anchor
+witnesses off and on), the dense time, the seed gap and slack distributions (``compiler.plan.measure``),
+lets ``compiler.plan.choice.choose_layer`` choose r, the list size, the witnesses, the path and the
+crossover length (or refuse, with the reason), and writes a versioned JSON plan
+(``compiler.plan.schema``). ``--plot out.png`` also draws m(r) per layer and the predicted speedup.
 
 Candidates: by default the short tile-aligned list r = 1, 3, 7, 15, 31, at most half the heads
 (``choice.short_candidates``);
@@ -292,7 +293,7 @@ def plan_from_calls(calls: Mapping[str, Sequence], *, constants: KernelConstants
     for name, layer_calls in calls.items():
         rs = layer_candidates(candidates, layer_calls[0].q.shape[2], constants)
         runs = measurement_count(len(rs), layer_calls) + 1
-        with progress(runs * len(layer_calls), f"measure {name} ((r, list size) x batches)") as step:
+        with progress(runs * len(layer_calls), f"measure {name} ((r, list size, witnesses) x batches)") as step:
             measurement = measure_layer(name, layer_calls, rs, timed=timed, on_call=step)
             layers.append(choose_from_measurement(measurement, constants, design_length, queries, on_call=step))
     return Plan(model=model, inputs=inputs, design_length=design_length, queries=queries, constants=constants,
@@ -358,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for e in plan.layers:
         pruned = "-" if e.predicted_pruned_frac is None else f"{e.predicted_pruned_frac:.3f}"
         print(f"{e.layer}: path={e.settings.path} r={e.settings.r} min_keys={e.settings.min_keys} "
-              f"list_queries={e.settings.list_queries} pruned={pruned} "
+              f"list_queries={e.settings.list_queries} witnesses={e.settings.witnesses} pruned={pruned} "
               f"speedup@{plan.design_length}={e.predicted_speedup:.2f}: {e.reason}", file=sys.stderr)
     print(f"wrote {args.out} (sha256 {plan.hash[:16]}...)", file=sys.stderr)
     if args.plot:

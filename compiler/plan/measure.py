@@ -6,9 +6,11 @@ keys screened (1.0 when nothing was screened), the fraction of certified queries
 and, when ``timed``, the summed time of one run per call after a warm-up on CUDA; and the dense
 time of the same calls. Every budget runs with the pipeline's default survivor lists; the
 ``LIST_BUDGETS`` best of them (fastest, or lowest m untimed) run again with lists of each size of
-``list_sizes`` (``LIST_SIZES`` but the default's own size, on CUDA only): at most
-``len(candidates) + LIST_BUDGETS * len(LIST_SIZES)`` measurements (``measurement_count``; 9 for the
-short list's 5 budgets), not one per (budget, size). ``choose_from_measurement`` decides the layer
+``list_sizes`` (``LIST_SIZES`` but the default's own size, on CUDA only); the best of all these
+(its r and list size) runs again with anchor witnesses off and on (``WITNESSES``, on every device:
+the plain-torch reference honours them too): at most ``len(candidates) + LIST_BUDGETS *
+len(LIST_SIZES) + len(WITNESSES)`` measurements (``measurement_count``; 11 for the short list's 5
+budgets), not one per (budget, size, witnesses). ``choose_from_measurement`` decides the layer
 (``compiler.plan.choice``) and adds the chosen budget's diagnostics (SPEC A.6): the seed gap b = τ* − τ per certified query
 and the slack δ = U_num − s per screened key, recomputed from the runtime's public stages for at
 most ``DIAGNOSTIC_QUERIES`` queries per call."""
@@ -24,6 +26,7 @@ from compiler.ops.capture_topk import CapturedCall
 from compiler.plan.choice import choose_layer
 from compiler.plan.constants import best_seconds
 from compiler.plan.schema import CandidateMeasurement, Distribution, LayerPlan
+from compiler.topk_settings import TopkSettings
 from runtime.certificate import default_r, evaluate_bound, plan_certificate
 from runtime.certified_topk import ROUTED_REASONS, CertifiedTopkConfig, TopkStats, certified_topk
 from runtime.dense_scorer import dense_topk, head_dots, weighted_relu_sum
@@ -37,6 +40,10 @@ LIST_SIZES = (1, 2)
 trained indexers each of 1, 2 and 4 was the fastest on some layer (certified_trained_h100.md)."""
 LIST_BUDGETS = 2
 """Best budgets re-measured with each of ``list_sizes``."""
+WITNESSES = (False, True)
+"""Witnesses settings the best candidate is measured with besides the runtime's default: the default
+(``runtime.defaults.WITNESSES``) suits the indexer zoo's families, while on the trained indexers the
+sample alone sets as tight a threshold for less seed time."""
 DIAGNOSTIC_QUERIES = 64
 """Certified queries per call whose seed gap and slacks are computed (the distributions are summaries)."""
 
@@ -101,11 +108,12 @@ def _seconds(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def measure_candidate(calls: Sequence[CapturedCall], r: int, timed: bool = True,
-                      on_call: Callable[[], None] | None = None, list_queries: int | None = None
-                      ) -> CandidateMeasurement:
+                      on_call: Callable[[], None] | None = None, list_queries: int | None = None,
+                      witnesses: bool | None = None) -> CandidateMeasurement:
     """m(r), the redo fraction, counts and (``timed``) the summed call time of budget r over the
-    calls, with survivor lists of ``list_queries`` queries (None: the pipeline's default)."""
-    config = CertifiedTopkConfig(r=r, path="certified", list_queries=list_queries)
+    calls, with survivor lists of ``list_queries`` queries (None: the pipeline's default) and anchor
+    ``witnesses`` (None: the runtime's default)."""
+    config = TopkSettings("certified", r, list_queries=list_queries, witnesses=witnesses).runtime_config("certified")
     total, ms = TopkStats(), 0.0
     for call in calls:
         last = []  # the statistics of the last run (the timed one, after the warm-up)
@@ -130,7 +138,7 @@ def measure_candidate(calls: Sequence[CapturedCall], r: int, timed: bool = True,
                                 ms=ms if timed else None, queries=int(s["queries"]),
                                 certified_queries=max(0, int(certified)), keys_screened=screened,
                                 survivors=survivors, fallbacks={k: int(v) for k, v in s["fallbacks"].items()},
-                                list_queries=list_queries)
+                                list_queries=list_queries, witnesses=witnesses)
 
 
 def measure_dense(calls: Sequence[CapturedCall]) -> float:
@@ -152,19 +160,27 @@ def list_sizes(calls: Sequence[CapturedCall]) -> tuple[int, ...]:
 
 def measurement_count(budgets: int, calls: Sequence[CapturedCall]) -> int:
     """Candidate measurements ``measure_layer`` makes for ``budgets`` budgets on ``calls``."""
-    return budgets + min(budgets, LIST_BUDGETS) * len(list_sizes(calls))
+    return budgets + min(budgets, LIST_BUDGETS) * len(list_sizes(calls)) + min(budgets, 1) * len(WITNESSES)
+
+
+def _fastest(measured: Sequence[CandidateMeasurement]) -> list[CandidateMeasurement]:
+    """The measurements fastest first (lowest m first when untimed), the smaller r on a tie."""
+    return sorted(measured, key=lambda c: (c.survival if c.ms is None else c.ms, c.r))
 
 
 def measure_layer(layer: str, calls: Sequence[CapturedCall], candidates: Sequence[int], timed: bool = True,
                   on_call: Callable[[], None] | None = None) -> LayerMeasurement:
     """Every candidate budget with the default survivor lists, the ``LIST_BUDGETS`` best again with
-    each of ``list_sizes`` (module docstring), and (``timed``) the dense time on one layer's calls."""
+    each of ``list_sizes``, the best of those with each of ``WITNESSES`` (module docstring), and
+    (``timed``) the dense time on one layer's calls."""
     if not calls:
         raise ValueError(f"calls: layer {layer!r} has no captured call")
     _, _, heads, head_dim = calls[0].q.shape
     measured = [measure_candidate(calls, r, timed, on_call) for r in candidates]
-    best = sorted(measured, key=lambda c: (c.survival if c.ms is None else c.ms, c.r))[:LIST_BUDGETS]
-    measured += [measure_candidate(calls, c.r, timed, on_call, size) for c in best for size in list_sizes(calls)]
+    measured += [measure_candidate(calls, c.r, timed, on_call, size)
+                 for c in _fastest(measured)[:LIST_BUDGETS] for size in list_sizes(calls)]
+    measured += [measure_candidate(calls, c.r, timed, on_call, c.list_queries, witnesses)
+                 for c in _fastest(measured)[:1] for witnesses in WITNESSES]
     return LayerMeasurement(layer=layer, heads=heads, head_dim=head_dim, topk=calls[0].topk,
                             candidates=tuple(measured), dense_ms=measure_dense(calls) if timed else None,
                             calls=tuple(calls))

@@ -4,12 +4,13 @@ A plan file is one JSON object: ``{"format": "pulsar-dosa-plan", "version": 3, "
 (free-form descriptions), "design_length", "queries" (null: causal prefill), "constants"
 (KernelConstants fields), "layers": [...]}``; each layer: its module path, its ``TopkSettings``
 (``"path"`` "auto" with ``"r"`` and ``"min_keys"`` in [1, MAX_KEYS], or "dense" with both null;
-``"list_queries"``, the survivor lists' size, written only when the plan chose one: absent is null,
-the pipeline's default, so that plans written before the key existed load and hash as they did),
+``"list_queries"``, the survivor lists' size, and ``"witnesses"``, whether anchors seed the
+threshold, each written only when the plan chose one: absent is null, the runtime's default, so that
+plans written before the keys existed load and hash as they did),
 ``heads``, ``head_dim``, ``topk``, the predictions and ``reason`` (``compiler.plan.choice``), the
-calibration calls [B, S, T], the candidate measurements (each with its ``"list_queries"`` under the
-same rule) and the seed-gap and slack distributions (``count``, ``mean``, ``min``, ``max``,
-``p05``, ``p50``, ``p95``). ``plan_hash`` is the SHA-256 of the canonical JSON text (sorted keys,
+calibration calls [B, S, T], the candidate measurements (each with its ``"list_queries"`` and
+``"witnesses"`` under the same rule) and the seed-gap and slack distributions (``count``, ``mean``,
+``min``, ``max``, ``p05``, ``p50``, ``p95``). ``plan_hash`` is the SHA-256 of the canonical JSON text (sorted keys,
 no spaces): formatting does not change it, any content does.
 Every problem raises ``PlanError`` (a ValueError) naming the offending field."""
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from compiler.cost_model import KernelConstants
-from compiler.topk_settings import TopkSettings
+from compiler.topk_settings import TopkSettings, check_witnesses
 from runtime.certified_topk import check_list_queries
 
 PLAN_FORMAT = "pulsar-dosa-plan"
@@ -32,7 +33,7 @@ PLAN_PATHS = ("auto", "dense")
 MAX_KEYS = 2**31 - 1
 """Largest key length a plan may name (the kernels index keys with int32)."""
 _DISTRIBUTION_KEYS = ("count", "mean", "min", "max", "p05", "p50", "p95")
-_OPTIONAL = frozenset({"list_queries"})
+_OPTIONAL = frozenset({"list_queries", "witnesses"})
 """Keys of a layer or a candidate that may be absent (read as null) and are not written when null."""
 
 
@@ -56,8 +57,9 @@ class Distribution:
 @dataclass(frozen=True)
 class CandidateMeasurement:
     """Budget r measured on real activations, with survivor lists of ``list_queries`` queries (None:
-    the pipeline's default size): m(r) = survivors / keys_screened, the fraction of certified queries
-    redone densely, the summed call time (ms, None when not timed) and counts."""
+    the pipeline's default size) and anchor witnesses on or off (``witnesses``; None: the runtime's
+    default): m(r) = survivors / keys_screened, the fraction of certified queries redone densely,
+    the summed call time (ms, None when not timed) and counts."""
 
     r: int
     survival: float
@@ -69,6 +71,7 @@ class CandidateMeasurement:
     survivors: int
     fallbacks: Mapping[str, int]
     list_queries: int | None = None
+    witnesses: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,8 @@ def _layer_to_dict(e: LayerPlan) -> dict:
                         "queries": c.queries, "certified_queries": c.certified_queries,
                         "keys_screened": c.keys_screened, "survivors": c.survivors,
                         "fallbacks": dict(sorted(c.fallbacks.items())),
-                        **_omit_null_optional({"list_queries": c.list_queries})} for c in e.candidates],
+                        **_omit_null_optional({"list_queries": c.list_queries, "witnesses": c.witnesses})}
+                       for c in e.candidates],
         "seed_gap": None if e.seed_gap is None else _dist_to_dict(e.seed_gap),
         "slack": None if e.slack is None else _dist_to_dict(e.slack),
     }
@@ -260,8 +264,18 @@ def _list_queries(where: str, obj: dict) -> int | None:
     return value
 
 
+def _witnesses(where: str, obj: dict) -> bool | None:
+    """The optional ``witnesses`` of a layer or a candidate (absent: None)."""
+    value = obj.get("witnesses")
+    try:
+        check_witnesses(value, f"{where}.witnesses")
+    except TypeError as exc:
+        raise PlanError(str(exc)) from exc
+    return value
+
+
 def _layer(where: str, e: Any) -> LayerPlan:
-    _keys(where, e, {"layer", "path", "r", "min_keys", "list_queries", "heads", "head_dim", "topk",
+    _keys(where, e, {"layer", "path", "r", "min_keys", "list_queries", "witnesses", "heads", "head_dim", "topk",
                      "predicted_pruned_frac", "predicted_speedup", "reason", "dense_ms", "calibration_calls",
                      "candidates", "seed_gap", "slack"})
     if not isinstance(e["layer"], str):
@@ -275,10 +289,10 @@ def _layer(where: str, e: Any) -> LayerPlan:
     min_keys = _opt(_int, f"{where}.min_keys", e["min_keys"], 1, MAX_KEYS)
     if e["path"] == "auto" and (r is None or min_keys is None):
         raise PlanError(f"{where}: an 'auto' layer needs r and min_keys, got r={r!r}, min_keys={min_keys!r}")
-    list_queries = _list_queries(where, e)
-    if e["path"] == "dense" and (r is not None or min_keys is not None or list_queries is not None):
-        raise PlanError(f"{where}: a dense layer has r, min_keys and list_queries null, got r={r!r}, "
-                        f"min_keys={min_keys!r}, list_queries={list_queries!r}")
+    list_queries, witnesses = _list_queries(where, e), _witnesses(where, e)
+    if e["path"] == "dense" and (r, min_keys, list_queries, witnesses) != (None, None, None, None):
+        raise PlanError(f"{where}: a dense layer has r, min_keys, list_queries and witnesses null, got r={r!r}, "
+                        f"min_keys={min_keys!r}, list_queries={list_queries!r}, witnesses={witnesses!r}")
     if r is not None and r >= heads:
         raise PlanError(f"{where}.r: expected fewer than heads={heads}, got {r}")
     candidates = e["candidates"]
@@ -290,7 +304,7 @@ def _layer(where: str, e: Any) -> LayerPlan:
     if not isinstance(calls, list) or not all(isinstance(c, list) and len(c) == 3 for c in calls):
         raise PlanError(f"{where}.calibration_calls: expected a list of [batch, queries, keys]")
     return LayerPlan(
-        layer=e["layer"], settings=TopkSettings(e["path"], r, min_keys, list_queries), heads=heads,
+        layer=e["layer"], settings=TopkSettings(e["path"], r, min_keys, list_queries, witnesses), heads=heads,
         head_dim=_int(f"{where}.head_dim", e["head_dim"], 1),
         topk=_int(f"{where}.topk", e["topk"], 1),
         predicted_pruned_frac=_opt(_float, f"{where}.predicted_pruned_frac", e["predicted_pruned_frac"], 0.0, 1.0),
@@ -306,7 +320,7 @@ def _layer(where: str, e: Any) -> LayerPlan:
 
 def _candidate(where: str, c: Any) -> CandidateMeasurement:
     _keys(where, c, {"r", "survival", "redo_frac", "ms", "queries", "certified_queries", "keys_screened",
-                     "survivors", "fallbacks", "list_queries"})
+                     "survivors", "fallbacks", "list_queries", "witnesses"})
     fallbacks = c["fallbacks"]
     if not isinstance(fallbacks, dict):
         raise PlanError(f"{where}.fallbacks: expected an object reason -> count")
@@ -320,7 +334,7 @@ def _candidate(where: str, c: Any) -> CandidateMeasurement:
         keys_screened=_int(f"{where}.keys_screened", c["keys_screened"], 0),
         survivors=_int(f"{where}.survivors", c["survivors"], 0),
         fallbacks={str(k): _int(f"{where}.fallbacks[{k}]", v, 0) for k, v in fallbacks.items()},
-        list_queries=_list_queries(where, c),
+        list_queries=_list_queries(where, c), witnesses=_witnesses(where, c),
     )
 
 

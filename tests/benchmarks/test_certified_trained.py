@@ -11,7 +11,7 @@ def test_a_tiny_run_writes_exact_rows_the_time_split_and_a_plan(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert rows == json.loads(json.dumps(doc["rows"]))
     variants = [r["variant"] for r in rows]
-    assert variants == ["dense", "r=7", "r=7 +witnesses", "r=7 +witnesses lists of 2", "plan"]
+    assert variants == ["dense", "r=7", "r=7 +witnesses", "r=7 lists of 2", "r=7 +witnesses lists of 2", "plan"]
     certified = [r for r in rows if r["variant"].startswith("r=")]
     assert all(r["identical"] for r in certified + rows[-1:])
     for r in certified:
@@ -20,7 +20,12 @@ def test_a_tiny_run_writes_exact_rows_the_time_split_and_a_plan(tmp_path):
     plan = load_plan(tmp_path / "ct_plan_128.json")
     assert [p.layer for p in plan.layers] == ["model.layers.2.self_attn.indexer"]
     assert plan.layers[0].settings.path == rows[-1]["path"]
-    assert [(c.r, c.list_queries) for c in plan.layers[0].candidates] == [(7, None), (7, 2)]  # the list rows too
+    assert (plan.layers[0].settings.list_queries, plan.layers[0].settings.witnesses) == \
+        (rows[-1]["list_queries"], rows[-1]["witnesses"])
+    # every certified row, with the list size and the witnesses it ran
+    assert [(c.r, c.list_queries, c.witnesses) for c in plan.layers[0].candidates] == \
+        [(7, None, False), (7, None, True), (7, 2, False), (7, 2, True)]
+    assert [r["witnesses"] for r in certified] == [False, True, False, True]
 
 
 def test_a_prefill_needs_every_layer_in_its_plan(tmp_path, capsys):

@@ -29,7 +29,7 @@ def test_opcheck(mask_kind):
     mask = {None: None, "bool": visible,
             "additive": torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))}[mask_kind]
     torch.library.opcheck(torch.ops.pulsar_dosa.certified_topk.default, (q, k, w, 4, mask),
-                          {"layer": "opcheck", "record_stats": False})
+                          {"layer": "opcheck", "record_stats": False, "witnesses": False})
 
 
 @pytest.mark.parametrize("path", ["auto", "dense", "certified"])
@@ -73,9 +73,11 @@ def test_scalar_arguments_map_to_the_runtime_config_and_bad_ones_are_named():
                          ({"list_queries": 3}, "list_queries")):
         with pytest.raises(ValueError, match=f"{name}: expected"):
             torch.ops.pulsar_dosa.certified_topk(q, k, w, 3, record_stats=False, **kwargs)
+    with pytest.raises(RuntimeError, match="'witnesses'"):  # the schema's bool? refuses it
+        torch.ops.pulsar_dosa.certified_topk(q, k, w, 3, record_stats=False, witnesses="yes")
 
 
-def test_the_list_size_reaches_the_runtime_config(monkeypatch):
+def test_the_list_size_and_the_witnesses_reach_the_runtime_config(monkeypatch):
     import importlib
 
     op = importlib.import_module("compiler.ops.certified_topk")  # the package's attribute is the op itself
@@ -85,7 +87,15 @@ def test_the_list_size_reaches_the_runtime_config(monkeypatch):
                         or real(*a, config=config, **kw))
     q, k, w, visible = _inputs()
     torch.ops.pulsar_dosa.certified_topk(q, k, w, 4, visible, path="certified", r=2, list_queries=2, record_stats=False)
-    assert configs == [CertifiedTopkConfig(r=2, path="certified", list_queries=2)]
+    torch.ops.pulsar_dosa.certified_topk(q, k, w, 4, visible, path="certified", r=2, witnesses=False,
+                                         record_stats=False)
+    # positionally: witnesses is the last argument, after list_queries
+    torch.ops.pulsar_dosa.certified_topk(q, k, w, 4, visible, "", "certified", 2, None, False, "bf16", None, True, 1,
+                                         False)
+    assert configs == [CertifiedTopkConfig(r=2, path="certified", list_queries=2),
+                       CertifiedTopkConfig(r=2, path="certified", witnesses=False),
+                       CertifiedTopkConfig(r=2, path="certified", list_queries=1, witnesses=False)]
+    assert CertifiedTopkConfig().witnesses  # so that False is the op's, not the default
 
 
 def test_statistics_accumulate_per_layer_only_when_recorded():

@@ -1,4 +1,6 @@
 """Plan time: one layer's path from its calibration measurements (compiler.plan.choice)."""
+import dataclasses
+
 from compiler.cost_model import IndexerShape, KernelConstants, crossover_length
 from compiler.plan.choice import choose_layer, short_candidates
 from compiler.plan.schema import CandidateMeasurement
@@ -14,10 +16,10 @@ CONSTANTS = KernelConstants(dense_macs_per_s=1.17e14, screen_macs_per_s=2.6e13, 
 CALLS = [(1, 512, 131072)]  # one calibration chunk of 512 queries at 131072 keys
 
 
-def candidate(r, survival, ms=None, redo=0.0, screened=10**8, certified=500, lists=None):
+def candidate(r, survival, ms=None, redo=0.0, screened=10**8, certified=500, lists=None, witnesses=None):
     return CandidateMeasurement(r=r, survival=survival, redo_frac=redo, ms=ms, queries=512, certified_queries=certified,
                                 keys_screened=screened, survivors=int(survival * screened), fallbacks={},
-                                list_queries=lists)
+                                list_queries=lists, witnesses=witnesses)
 
 
 def choose(candidates, dense_ms=None, design_length=131072, queries=16384):
@@ -99,3 +101,17 @@ def test_a_plan_picks_the_list_size_of_its_fastest_measurement():
     assert (default.settings.r, default.settings.list_queries) == (15, None)
     lost = choose([candidate(15, 0.1, ms=12.0), candidate(15, 0.1, ms=11.0, lists=1)], dense_ms=10.0)
     assert lost.settings.path == "dense" and "r=15 lists of 1 1.10x" in lost.reason
+
+
+def test_a_plan_picks_the_witnesses_of_its_fastest_measurement():
+    # The best (r, list size) measured again with witnesses off and on: the fastest wins, and its
+    # witnesses reach the settings; on a tie the runtime's default (None) is kept.
+    measured = [candidate(15, 0.07, ms=6.0, lists=2), candidate(15, 0.07, ms=5.0, lists=2, witnesses=False),
+                candidate(15, 0.07, ms=6.5, lists=2, witnesses=True)]
+    choice = choose(measured, dense_ms=10.0)
+    assert (choice.settings.r, choice.settings.list_queries, choice.settings.witnesses) == (15, 2, False)
+    assert choice.reason.startswith("r=15 lists of 2 without witnesses predicted")
+    on = choose([measured[0], dataclasses.replace(measured[2], ms=5.0)], dense_ms=10.0)
+    assert on.settings.witnesses is True and on.reason.startswith("r=15 lists of 2 with witnesses predicted")
+    tie = choose([dataclasses.replace(m, ms=5.0) for m in reversed(measured)], dense_ms=10.0)
+    assert tie.settings.witnesses is None

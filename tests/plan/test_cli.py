@@ -44,7 +44,10 @@ def test_plan_has_one_entry_per_indexer_layer_with_measurements_and_inputs(gener
     assert [e.layer for e in plan.layers] == LAYERS
     for e in plan.layers:
         assert (e.heads, e.head_dim, e.topk) == (32, 16, 16)
-        assert [c.r for c in e.candidates] == [4, 8]
+        assert [(c.r, c.witnesses) for c in e.candidates[:2]] == [(4, None), (8, None)]
+        best = min(e.candidates[:2], key=lambda c: (c.survival if c.ms is None else c.ms, c.r))
+        assert [(c.r, c.list_queries, c.witnesses) for c in e.candidates[2:]] == [(best.r, None, False),
+                                                                                 (best.r, None, True)]
         assert all(c.queries == TOKENS and c.keys_screened > 0 for c in e.candidates)
         assert e.seed_gap.count > 0 and e.seed_gap.min >= 0
         assert e.slack.count > 0 and e.slack.min >= 0

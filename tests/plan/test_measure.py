@@ -93,13 +93,30 @@ def test_distribution_quantiles_match_torch_quantile():
     assert (d.p05, d.p50, d.p95) == pytest.approx(expected.tolist(), rel=1e-12)
 
 
-def test_the_best_budgets_are_measured_again_with_each_list_size(monkeypatch):
+def test_the_best_budgets_are_measured_again_with_each_list_size_and_the_best_with_each_witnesses(monkeypatch):
     calls = [structured_call()]
     assert measure.list_sizes(calls) == ()  # the CPU reference screens each query alone
     monkeypatch.setattr(measure, "list_sizes", lambda calls: (1, 2))
+    configs, run = [], measure._certified_run
+    monkeypatch.setattr(measure, "_certified_run", lambda call, config, stats: configs.append(config)
+                        or run(call, config, stats))
     measurement = measure_layer("b", calls, [1, 3, 7], timed=False)
-    by_default = {c.r: c for c in measurement.candidates if c.list_queries is None}
-    lists = [(c.r, c.list_queries) for c in measurement.candidates if c.list_queries is not None]
+    plain = [c for c in measurement.candidates if c.witnesses is None]
+    by_default = {c.r: c for c in plain if c.list_queries is None}
+    lists = [(c.r, c.list_queries) for c in plain if c.list_queries is not None]
     best = sorted(by_default.values(), key=lambda c: (c.survival, c.r))[:measure.LIST_BUDGETS]
     assert sorted(by_default) == [1, 3, 7] and lists == [(c.r, n) for c in best for n in (1, 2)]
-    assert len(measurement.candidates) == measurement_count(3, calls) == 3 + 2 * measure.LIST_BUDGETS
+    fastest = sorted(plain, key=lambda c: (c.survival, c.r))[0]
+    witnessed = [(c.r, c.list_queries, c.witnesses) for c in measurement.candidates if c.witnesses is not None]
+    assert witnessed == [(fastest.r, fastest.list_queries, w) for w in measure.WITNESSES] == \
+        [(c.r, c.list_queries, c.witnesses) for c in configs[-2:]]  # what ran is what is recorded
+    assert measure.WITNESSES == (False, True)
+    assert len(measurement.candidates) == measurement_count(3, calls) == 3 + 2 * measure.LIST_BUDGETS + 2
+
+
+def test_a_candidate_measured_without_witnesses_has_no_anchor():
+    q, k, w, _ = structured_indexer_inputs(1, S, 8192, H, D, seed=0)  # long enough for a sample of its own
+    calls = [CapturedCall(q, k, w, K, None)]
+    off, on = (measure_candidate(calls, 3, timed=False, witnesses=x) for x in (False, True))
+    assert (off.witnesses, on.witnesses) == (False, True)
+    assert off.certified_queries == on.certified_queries + 1 == off.queries  # query 0 is the only anchor

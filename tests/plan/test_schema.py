@@ -35,11 +35,12 @@ def test_plan_round_trips_through_a_file_unchanged(tmp_path):
     assert loaded.hash == plan.hash
 
 
-def with_lists(plan: Plan, size: int) -> Plan:
-    """``plan`` with its certified layer (and its candidate) run on survivor lists of ``size`` queries."""
+def with_lists(plan: Plan, size: int, witnesses: bool | None = None) -> Plan:
+    """``plan`` with its certified layer (and its candidate) run on survivor lists of ``size`` queries
+    and with ``witnesses``."""
     first = plan.layers[0]
-    settings = TopkSettings("auto", first.settings.r, first.settings.min_keys, size)
-    candidates = tuple(dataclasses.replace(c, list_queries=size) for c in first.candidates)
+    settings = TopkSettings("auto", first.settings.r, first.settings.min_keys, size, witnesses)
+    candidates = tuple(dataclasses.replace(c, list_queries=size, witnesses=witnesses) for c in first.candidates)
     return dataclasses.replace(plan, layers=(dataclasses.replace(first, settings=settings, candidates=candidates),
                                              *plan.layers[1:]))
 
@@ -53,13 +54,26 @@ def test_the_list_size_round_trips_and_changes_the_hash(tmp_path):
     assert loaded.hash == plan.hash != example_plan().hash
 
 
-def test_a_plan_written_before_list_sizes_loads_with_the_default_and_keeps_its_hash():
+@pytest.mark.parametrize("witnesses", [False, True])
+def test_the_witnesses_round_trip_and_change_the_hash(tmp_path, witnesses):
+    plan = with_lists(example_plan(), 2, witnesses)
+    save_plan(plan, tmp_path / "plan.json")
+    assert json.loads((tmp_path / "plan.json").read_text())["layers"][0]["witnesses"] is witnesses
+    loaded = load_plan(tmp_path / "plan.json")
+    assert loaded == plan and loaded.layers[0].settings.witnesses is witnesses
+    assert loaded.layers[0].candidates[0].witnesses is witnesses
+    assert loaded.hash == plan.hash != with_lists(example_plan(), 2).hash
+
+
+def test_a_plan_written_before_list_sizes_and_witnesses_loads_with_the_defaults_and_keeps_its_hash():
     data = example_plan().to_dict()
     layer = data["layers"][0]
-    assert "list_queries" not in layer and "list_queries" not in layer["candidates"][0]  # the old format
+    for key in ("list_queries", "witnesses"):  # the old format
+        assert key not in layer and key not in layer["candidates"][0]
     old = json.loads(json.dumps(data))
     plan = plan_from_dict(old)
     assert plan.layers[0].settings.list_queries is None and plan.layers[0].candidates[0].list_queries is None
+    assert plan.layers[0].settings.witnesses is None and plan.layers[0].candidates[0].witnesses is None
     assert plan.to_dict() == old and plan.hash == example_plan().hash
 
 
@@ -116,8 +130,11 @@ def mutated(path, value):
     (("layers",), [], r"plan\.layers"),
     (("layers", 0, "path"), "sparse", r"layers\[model\.layers\.0\.self_attn\.indexer\]\.path"),
     (("layers", 0, "r"), None, "'auto' layer needs r"),
-    (("layers", 1, "r"), 4, "dense layer has r, min_keys and list_queries null"),
-    (("layers", 1, "list_queries"), 2, "dense layer has r, min_keys and list_queries null"),
+    (("layers", 1, "r"), 4, "dense layer has r, min_keys, list_queries and witnesses null"),
+    (("layers", 1, "list_queries"), 2, "dense layer has r, min_keys, list_queries and witnesses null"),
+    (("layers", 1, "witnesses"), False, "dense layer has r, min_keys, list_queries and witnesses null"),
+    (("layers", 0, "witnesses"), 1, r"indexer\]\.witnesses: expected None or a bool"),
+    (("layers", 0, "candidates", 0, "witnesses"), "no", r"candidates\[0\]\.witnesses: expected None or a bool"),
     (("layers", 0, "list_queries"), 3, r"indexer\]\.list_queries: expected None or a power-of-two int"),
     (("layers", 0, "candidates", 0, "list_queries"), 0, r"candidates\[0\]\.list_queries: expected None or a power"),
     (("layers", 0, "r"), 32, r"\.r: expected fewer than heads"),
