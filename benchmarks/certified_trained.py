@@ -290,7 +290,7 @@ def render(doc) -> str:
     lines = []
     for r in doc["rows"]:
         split = r.get("split_ms")
-        lines.append([r["T"], r["layer"], r["variant"] + (_choice(r) if r["variant"] == "plan" else ""),
+        lines.append([r["T"], r.get("layer", "-"), r["variant"] + (_choice(r) if r["variant"] == "plan" else ""),
                       r.get("ms"), r.get("x_dense", 1.0), r.get("graph_ms"), r.get("identical", "-"), r.get("pruned", "-"),
                       r.get("m", "-"),
                       "-" if r.get("b") is None else round(r["b"], 3), r.get("redo", "-"),

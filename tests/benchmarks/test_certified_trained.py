@@ -34,3 +34,13 @@ def test_a_prefill_needs_every_layer_in_its_plan(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         ct.main(["--smoke", "--layers", "2", "--prefill", "128", "--out", str(tmp_path / "ct.json")])
     assert exit_info.value.code == 2 and "--prefill" in capsys.readouterr().err
+
+
+def test_the_table_renders_prefill_rows_beside_layer_rows():
+    """Prefill rows (no layer) render with the layer rows (a prefill run once ended in a KeyError)."""
+    from benchmarks.certified_trained import render
+
+    doc = {"rows": [{"T": 128, "layer": 0, "variant": "dense", "ms": 1.0},
+                    {"T": 128, "variant": "prefill plan", "ms": 2.5, "argmax_as_dense": True}]}
+    table = render(doc)
+    assert "prefill plan" in table and "2.5" in table
