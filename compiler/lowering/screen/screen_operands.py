@@ -37,49 +37,53 @@ def _finite(x):
 
 @triton.jit
 def _operands_kernel(rows_ptr, rw_ptr, aux_ptr, resid_ptr, abs_ptr, slope_ptr, offset_ptr, mass_ptr, w_ptr,
-                     nkmax_ptr, g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, ok_ptr, H, D, per_batch,
+                     nkmax_ptr, g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, ok_ptr, N, H, D, per_batch,
                      coef_mass, coef_rows, g_eval, ftz,
-                     R: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, HP: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)
+                     R: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, HP: tl.constexpr, QB: tl.constexpr):
+    """Queries pid * QB ..: tiles [QB, RP, DP] of rows, [QB, RP] of coefficients."""
+    n = tl.program_id(0).to(tl.int64) * QB + tl.arange(0, QB)
+    nok = n < N
     slot = tl.arange(0, RP)
     d = tl.arange(0, DP)
     dok = d < D
     is_row = slot < R
     is_aux = slot == R
-    rows = tl.load(rows_ptr + n * R * D + slot[:, None] * D + d[None, :], mask=is_row[:, None] & dok[None, :],
-                   other=0.0)
-    aux = tl.load(aux_ptr + n * D + d, mask=dok, other=0.0)
-    g64 = tl.where(is_aux[:, None], aux[None, :], rows)
-    abs_path = tl.load(abs_ptr + n) != 0
-    rw = tl.load(rw_ptr + n * R + slot, mask=is_row, other=0.0)
-    alpha64 = tl.where(is_aux, -1.0, rw)
-    beta64 = tl.where(abs_path, tl.where(is_aux, -1.0, -rw), 0.0)
+    at = n[:, None, None] * R * D + slot[None, :, None] * D + d[None, None, :]
+    rows = tl.load(rows_ptr + at, mask=nok[:, None, None] & is_row[None, :, None] & dok[None, None, :], other=0.0)
+    aux = tl.load(aux_ptr + n[:, None] * D + d[None, :], mask=nok[:, None] & dok[None, :], other=0.0)
+    g64 = tl.where(is_aux[None, :, None], aux[:, None, :], rows)
+    abs_path = tl.load(abs_ptr + n, mask=nok, other=0) != 0
+    rw = tl.load(rw_ptr + n[:, None] * R + slot[None, :], mask=nok[:, None] & is_row[None, :], other=0.0)
+    alpha64 = tl.where(is_aux[None, :], -1.0, rw)
+    beta64 = tl.where(abs_path[:, None], tl.where(is_aux[None, :], -1.0, -rw), 0.0)
     alpha = round_up_f32(alpha64)
     beta = -round_up_f32(-beta64)
     g = g64.to(tl.float32).to(g_ptr.dtype.element_ty)
     back = g.to(tl.float32).to(tl.float64)
     m = tl.maximum(tl.abs(alpha), tl.abs(beta)).to(tl.float64)
-    row_mass = tl.sum(m * tl.sqrt(tl.sum(back * back, axis=1)), axis=0)
+    row_mass = tl.sum(m * tl.sqrt(tl.sum(back * back, axis=2)), axis=1)
     diff = back - g64
-    rows_err = tl.sum(m * tl.sqrt(tl.sum(diff * diff, axis=1)), axis=0) * _SLACK
+    rows_err = tl.sum(m * tl.sqrt(tl.sum(diff * diff, axis=2)), axis=1) * _SLACK
     h = tl.arange(0, HP)
-    W = tl.sum(tl.abs(tl.load(w_ptr + n * H + h, mask=h < H, other=0.0).to(tl.float64)), axis=0)
-    slope = coef_mass * tl.load(mass_ptr + n) + coef_rows * row_mass
-    e64 = (tl.load(resid_ptr + n) + tl.load(slope_ptr + n) + rows_err + slope) / (1.0 - g_eval) * _SLACK
-    c64 = (tl.load(offset_ptr + n) + ftz * (1.0 + W + tl.sum(m, axis=0))) / (1.0 - g_eval) * _SLACK
+    w = tl.load(w_ptr + n[:, None] * H + h[None, :], mask=nok[:, None] & (h < H)[None, :], other=0.0)
+    W = tl.sum(tl.abs(w.to(tl.float64)), axis=1)
+    slope = coef_mass * tl.load(mass_ptr + n, mask=nok, other=0.0) + coef_rows * row_mass
+    e64 = (tl.load(resid_ptr + n, mask=nok, other=0.0) + tl.load(slope_ptr + n, mask=nok, other=0.0) + rows_err
+           + slope) / (1.0 - g_eval) * _SLACK
+    c64 = (tl.load(offset_ptr + n, mask=nok, other=0.0) + ftz * (1.0 + W + tl.sum(m, axis=1))) / (1.0 - g_eval) * _SLACK
     e = round_up_f32(e64)
     c = round_up_f32(c64)
-    finite = (tl.min(tl.min(_finite(g.to(tl.float32)).to(tl.int32), axis=1), axis=0) > 0) \
-        & (tl.min((_finite(alpha) & _finite(beta)).to(tl.int32), axis=0) > 0) & _finite(e) & _finite(c)
-    reach = (e + tl.sum(tl.abs(alpha) + tl.abs(beta), axis=0)) * tl.load(nkmax_ptr + n // per_batch)
+    finite = (tl.min(tl.min(_finite(g.to(tl.float32)).to(tl.int32), axis=2), axis=1) > 0) \
+        & (tl.min((_finite(alpha) & _finite(beta)).to(tl.int32), axis=1) > 0) & _finite(e) & _finite(c)
+    reach = (e + tl.sum(tl.abs(alpha) + tl.abs(beta), axis=1)) * tl.load(nkmax_ptr + n // per_batch, mask=nok, other=0.0)
     ok = finite & (reach < _REACH)
-    tl.store(g_ptr + n * RP * D + slot[:, None] * D + d[None, :], g, mask=dok[None, :])
-    tl.store(alpha_ptr + n * RP + slot, alpha)
-    tl.store(beta_ptr + n * RP + slot, beta)
-    one = tl.arange(0, 1)
-    tl.store(e_ptr + n + one, tl.zeros([1], dtype=tl.float32) + e)
-    tl.store(c_ptr + n + one, tl.zeros([1], dtype=tl.float32) + c)
-    tl.store(ok_ptr + n + one, tl.zeros([1], dtype=tl.int8) + ok.to(tl.int8))
+    tl.store(g_ptr + n[:, None, None] * RP * D + slot[None, :, None] * D + d[None, None, :], g,
+             mask=nok[:, None, None] & dok[None, None, :])
+    tl.store(alpha_ptr + n[:, None] * RP + slot[None, :], alpha, mask=nok[:, None])
+    tl.store(beta_ptr + n[:, None] * RP + slot[None, :], beta, mask=nok[:, None])
+    tl.store(e_ptr + n, e, mask=nok)
+    tl.store(c_ptr + n, c, mask=nok)
+    tl.store(ok_ptr + n, ok.to(tl.int8), mask=nok)
 
 
 def screen_operands(plan: CertificatePlan, w: torch.Tensor, g_dtype: torch.dtype, RP: int,
@@ -103,7 +107,9 @@ def screen_operands(plan: CertificatePlan, w: torch.Tensor, g_dtype: torch.dtype
     if N:
         flat = [x.contiguous() for x in (plan.rows, plan.row_weights, plan.aux, plan.residual,
                                          plan.abs_path.to(torch.int8), plan.slope, plan.offset, plan.mass)]
-        _operands_kernel[(N,)](*flat, w.contiguous(), nk_max.float().contiguous(), g, alpha, beta, e, c, ok,
-                               H, D, N // B, *margin, R=R, RP=RP, DP=triton.next_power_of_2(D),
-                               HP=triton.next_power_of_2(H), num_warps=defaults.SCREEN_OPERANDS_WARPS)
+        qb = defaults.SCREEN_OPERANDS_QUERIES
+        _operands_kernel[(triton.cdiv(N, qb),)](*flat, w.contiguous(), nk_max.float().contiguous(), g, alpha, beta, e,
+                                                c, ok, N, H, D, N // B, *margin, R=R, RP=RP,
+                                                DP=triton.next_power_of_2(D), HP=triton.next_power_of_2(H), QB=qb,
+                                                num_warps=defaults.SCREEN_OPERANDS_WARPS)
     return g, alpha, beta, e, c, ok.bool()

@@ -37,7 +37,7 @@ def _reference(plan, w, g, RP, margin):
     return alpha64, beta64, g64, e64, c64
 
 
-def _plan(regime, B=2, S=5, H=8, D=16, r_max=3, seed=0):
+def _plan(regime, B=2, S=37, H=8, D=16, r_max=3, seed=0):  # 74 queries: programs of several queries, the last partial
     g = torch.Generator().manual_seed(seed)
     scale = {"normal": 1.0, "tiny": 1e-20, "huge": 1e30}[regime]
     q = torch.randn(B, S, H, D, generator=g) * scale
