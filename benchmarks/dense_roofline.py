@@ -157,7 +157,6 @@ def sweep(emit, S=4096, T=131072):
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
-    label = scorer_form(*default)
     scorer_form(*default)
     bf16_ms = timed(lambda: all_codes(q, w, k, mask))
     bf16_op_ms = timed(lambda: dense_topk_cuda(q, k, w, TOPK, mask), reps=3)
