@@ -75,12 +75,13 @@ def _screen_kernel(
     sgb, sgs, sgr, sab, sas, skb, skt, ssb, snb, swb, swl, msb, mss, mst,
     BLOCK_SS: tl.constexpr, RP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     G: tl.constexpr, MASK_KIND: tl.constexpr, IEEE: tl.constexpr, TO_FP32: tl.constexpr,
-    SEQUENTIAL: tl.constexpr, FP8: tl.constexpr,
+    SEQUENTIAL: tl.constexpr, FP8: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Program (query tile, key split): the survivor words [NSUB lists, BLOCK_T / 32] of each key
-    tile of its split (splits are whole tiles, BLOCK_T a multiple of 32: no word is shared). Under
-    a mask, the rows' ``mask_bounds`` split the key tiles into clear ones (no mask read), masked
-    ones, and hidden ones (zero words, no key read), as the dense scorer does."""
+    tile of its split (splits are whole tiles, BLOCK_T a multiple of 32: no word is shared). With
+    SPLIT, under a mask, the rows' ``mask_bounds`` split the key tiles into clear ones (no mask
+    read), masked ones, and hidden ones (zero words, no key read), as the dense scorer does; without
+    it every tile reads the mask (the same survivors)."""
     pid = tl.program_id(0)
     b = (pid // n_tiles).to(tl.int64)  # b * (stride of a batch row) can pass 2^31
     tile = pid % n_tiles
@@ -112,26 +113,32 @@ def _screen_kernel(
     chunk = tl.cdiv(tl.cdiv(T, tl.num_programs(1)), BLOCK_T) * BLOCK_T
     t_lo = tl.program_id(1) * chunk
     t_hi = tl.minimum(t_lo + chunk, T)
-    t_clear = t_lo
-    t_end = t_hi
-    if MASK_KIND != 0:  # keys below t_clear are clear for every row of the tile, from t_end on hidden
-        at = bounds_ptr + (b * S + rows) * 2
-        first = tl.min(tl.load(at, mask=row_ok, other=2147483647), axis=0)
-        end = tl.max(tl.load(at + 1, mask=row_ok, other=0), axis=0)
-        t_clear = tl.minimum(tl.maximum(t_lo, first // BLOCK_T * BLOCK_T), t_hi)
-        t_end = tl.minimum(tl.maximum(t_clear, tl.cdiv(end, BLOCK_T) * BLOCK_T), t_hi)
-    for t0 in range(t_lo, t_clear, BLOCK_T):
-        _screen_tile(t0, t_hi, gt, alpha, beta, e, c, tau, g_ptr, g_off, rok, k_ptr, ks_ptr, nk_ptr, mask_ptr,
-                     words_ptr, b, rows, row_ok, lists, lok, bit, n_words, skb, skt, ssb, snb, swb, swl, msb, mss,
-                     mst, BLOCK_SS, RP, D, BLOCK_T, G, 0, IEEE, SEQUENTIAL, FP8)
-    for t0 in range(t_clear, t_end, BLOCK_T):
-        _screen_tile(t0, t_hi, gt, alpha, beta, e, c, tau, g_ptr, g_off, rok, k_ptr, ks_ptr, nk_ptr, mask_ptr,
-                     words_ptr, b, rows, row_ok, lists, lok, bit, n_words, skb, skt, ssb, snb, swb, swl, msb, mss,
-                     mst, BLOCK_SS, RP, D, BLOCK_T, G, MASK_KIND, IEEE, SEQUENTIAL, FP8)
-    for t0 in range(t_end, t_hi, BLOCK_T):  # hidden for every row: no survivor
-        col = t0 // 32 + tl.arange(0, WORDS)
-        tl.store(words_ptr + b * swb + lists[:, None] * swl + col[None, :], tl.zeros([NSUB, WORDS], tl.int32),
-                 mask=lok[:, None] & (col < n_words)[None, :])
+    if SPLIT:  # keys below t_clear are clear for every row of the tile, from t_end on hidden
+        t_clear = t_lo
+        t_end = t_hi
+        if MASK_KIND != 0:
+            at = bounds_ptr + (b * S + rows) * 2
+            first = tl.min(tl.load(at, mask=row_ok, other=2147483647), axis=0)
+            end = tl.max(tl.load(at + 1, mask=row_ok, other=0), axis=0)
+            t_clear = tl.minimum(tl.maximum(t_lo, first // BLOCK_T * BLOCK_T), t_hi)
+            t_end = tl.minimum(tl.maximum(t_clear, tl.cdiv(end, BLOCK_T) * BLOCK_T), t_hi)
+        for t0 in range(t_lo, t_clear, BLOCK_T):
+            _screen_tile(t0, t_hi, gt, alpha, beta, e, c, tau, g_ptr, g_off, rok, k_ptr, ks_ptr, nk_ptr, mask_ptr,
+                         words_ptr, b, rows, row_ok, lists, lok, bit, n_words, skb, skt, ssb, snb, swb, swl, msb,
+                         mss, mst, BLOCK_SS, RP, D, BLOCK_T, G, 0, IEEE, SEQUENTIAL, FP8)
+        for t0 in range(t_clear, t_end, BLOCK_T):
+            _screen_tile(t0, t_hi, gt, alpha, beta, e, c, tau, g_ptr, g_off, rok, k_ptr, ks_ptr, nk_ptr, mask_ptr,
+                         words_ptr, b, rows, row_ok, lists, lok, bit, n_words, skb, skt, ssb, snb, swb, swl, msb,
+                         mss, mst, BLOCK_SS, RP, D, BLOCK_T, G, MASK_KIND, IEEE, SEQUENTIAL, FP8)
+        for t0 in range(t_end, t_hi, BLOCK_T):  # hidden for every row: no survivor
+            col = t0 // 32 + tl.arange(0, WORDS)
+            tl.store(words_ptr + b * swb + lists[:, None] * swl + col[None, :], tl.zeros([NSUB, WORDS], tl.int32),
+                     mask=lok[:, None] & (col < n_words)[None, :])
+    else:  # every tile reads the mask
+        for t0 in range(t_lo, t_hi, BLOCK_T):
+            _screen_tile(t0, t_hi, gt, alpha, beta, e, c, tau, g_ptr, g_off, rok, k_ptr, ks_ptr, nk_ptr, mask_ptr,
+                         words_ptr, b, rows, row_ok, lists, lok, bit, n_words, skb, skt, ssb, snb, swb, swl, msb,
+                         mss, mst, BLOCK_SS, RP, D, BLOCK_T, G, MASK_KIND, IEEE, SEQUENTIAL, FP8)
 
 
 @triton.jit
@@ -240,5 +247,6 @@ def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, boun
         k.stride(0), k.stride(1), 0 if k_scale is None else k_scale.stride(0), nk.stride(0),
         words.stride(0), words.stride(1), msb, mss, mst,
         BLOCK_SS=block_ss, RP=RP, D=D, G=list_queries, MASK_KIND=kind, IEEE=ieee,
-        TO_FP32=INTERPRET or ieee, SEQUENTIAL=INTERPRET, FP8=k_scale is not None, **launch,
+        TO_FP32=INTERPRET or ieee, SEQUENTIAL=INTERPRET, FP8=k_scale is not None,
+        SPLIT=list_queries >= defaults.SCREEN_SPLIT_LIST_QUERIES, **launch,
     )

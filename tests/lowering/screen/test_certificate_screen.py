@@ -187,20 +187,24 @@ def test_survivor_words_compact_to_their_keys_in_order(density):
             assert torch.equal(ids[b, lst, :n].long(), keys[:n])
 
 
+@pytest.mark.parametrize("lists", ["traced", 1])
 @pytest.mark.parametrize("additive", [False, True])
 @pytest.mark.parametrize("threshold", ["traced", "none"])
 def test_clear_and_hidden_key_tiles_give_the_survivors_of_reading_the_whole_mask(inputs, traced, additive, threshold,
-                                                                                 monkeypatch):
+                                                                                 lists, monkeypatch):
     """A mask with a clear prefix, holes (and biases) in the middle and a hidden suffix that
-    differ per row: the screen that skips the mask on clear tiles and the keys on hidden ones keeps
-    the same survivors as one told by its bounds that every tile is masked; with no threshold
-    (tau = -inf) a list's survivors are exactly the keys visible to one of its queries."""
+    differ per row: the screen that skips the mask on clear tiles and the keys on hidden ones (the
+    split form, forced at every list size) keeps the same survivors as one told by its bounds that
+    every tile is masked, and at lists of one query as the unsplit form (the one that list size
+    runs); with no threshold (tau = -inf) a list's survivors are exactly the keys visible to one of
+    its queries."""
     import compiler.lowering.screen.certificate_screen as screen_mod
 
     _, k, _, base = inputs
     _, _, tr, _ = traced
     p = tr.plan
     S, T = base.shape[1:]
+    G = tr.list_queries if lists == "traced" else lists
     gen = torch.Generator().manual_seed(5)
     key = torch.arange(T)
     holes = (torch.rand(S, T, generator=gen) < 0.7) & (key >= 300)  # clear below key 300
@@ -216,16 +220,18 @@ def test_clear_and_hidden_key_tiles_give_the_survivors_of_reading_the_whole_mask
 
     def run():
         return screen(p.g, p.alpha, p.beta, p.e, p.c, tau, k, nk, mask=mask,
-                      lists_per_batch=tr.list_count.shape[1], list_queries=tr.list_queries, cap=T,
-                      config=defaults.SCREEN_CONFIGS[1])
+                      lists_per_batch=-(-S // G), list_queries=G, cap=T, config=defaults.SCREEN_CONFIGS[1])
 
+    monkeypatch.setattr(defaults, "SCREEN_SPLIT_LIST_QUERIES", 1)
     ids, count = run()
     if threshold == "none":
-        G = tr.list_queries
         assert survivor_sets(ids, count) == [set(visible[i * G:(i + 1) * G].any(0).nonzero().flatten().tolist())
                                              for i in range(count.shape[1])]
-    everything_masked = lambda m, B, S_, T_: torch.tensor([0, T_], dtype=torch.int32).expand(B, S_, 2).contiguous()  # noqa: E731
-    monkeypatch.setattr(screen_mod, "mask_bounds", everything_masked)
+    if G == 1:
+        monkeypatch.setattr(defaults, "SCREEN_SPLIT_LIST_QUERIES", 2)
+    else:
+        everything_masked = lambda m, B, S_, T_: torch.tensor([0, T_], dtype=torch.int32).expand(B, S_, 2).contiguous()  # noqa: E731
+        monkeypatch.setattr(screen_mod, "mask_bounds", everything_masked)
     ids_all, count_all = run()
     assert torch.equal(count, count_all)
     assert survivor_sets(ids, count) == survivor_sets(ids_all, count_all)
