@@ -243,8 +243,8 @@ def plan_screen(q, w, k_dtype, p, r, r_max, nk_max, chunk=None) -> ScreenPlan:
     RP = triton.next_power_of_2(r_max + 1)
     chunk = max(1, defaults.PLAN_CHUNK_BYTES // (8 * B * H * D)) if chunk is None else chunk
     margin = screen_margin(D, H, RP, fp8=k_dtype == torch.float8_e4m3fn)
-    plan = (plan_certificate_triton if q.is_cuda else plan_certificate)
-    parts = [screen_operands(plan(q[:, s0:s0 + chunk], w[:, s0:s0 + chunk], p[:, s0:s0 + chunk],
+    planner = plan_certificate_triton if q.is_cuda else plan_certificate
+    parts = [screen_operands(planner(q[:, s0:s0 + chunk], w[:, s0:s0 + chunk], p[:, s0:s0 + chunk],
                                   r[:, s0:s0 + chunk], r_max),
                              w[:, s0:s0 + chunk], screen_dtype(k_dtype), RP, margin, nk_max)
              for s0 in range(0, S, chunk)]
@@ -283,12 +283,12 @@ def _no_mark(stage: str) -> None:
     """The default stage marker: nothing."""
 
 
-def _screen_stage(q, w, k, mask, kk, config, nk, screen_config=None, shared_bound=None, k_scale=None, mark=_no_mark,
-                  bounds=None):
+def _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config=None, shared_bound=None, k_scale=None,
+                  mark=_no_mark):
     """Seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, G, plan, b), ids [B,L,cap] the
     survivors of each group of G = ``refine_queries(H, config)`` queries (a key survives for any of
     them), b the shared bound [B,S] (None without ``shared_bound``). ``bounds``: the mask's
-    ``mask_bounds`` (the seeds' scorer and the screen read them).
+    ``mask_bounds`` (None without a mask), which the seeds' scorer and the screen read.
     ``screen_config``: the screen's LaunchConfig, None to let ``screen`` choose it. ``k_scale``: the
     FP8 scorer's key scales. ``mark(stage)`` is called once each stage's work is queued."""
     B, S, H, D = q.shape
@@ -379,8 +379,8 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
     bounds = mask_bounds(mask, B, S, k.shape[1])
-    tau, ids, list_count, cap, G, plan, shared = _screen_stage(q, w, k, mask, kk, config, nk, screen_config,
-                                                            shared_bound, k_scale, mark, bounds)
+    tau, ids, list_count, cap, G, plan, shared = _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config,
+                                                            shared_bound, k_scale, mark)
     cand_cap = min(cap, defaults.CERTIFIED_BUFFER_K * kk)
     cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)

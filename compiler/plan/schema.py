@@ -254,22 +254,13 @@ def _opt(check, where: str, value: Any, *bounds):
     return None if value is None else check(where, value, *bounds)
 
 
-def _list_queries(where: str, obj: dict) -> int | None:
-    """The optional ``list_queries`` of a layer or a candidate (absent: None)."""
-    value = obj.get("list_queries")
+def _setting(where: str, obj: dict, name: str, check) -> Any:
+    """The optional setting ``name`` of a layer or a candidate (absent: None), checked by ``check``
+    (``check_list_queries``, ``check_witnesses``), whose error becomes a PlanError naming it."""
+    value = obj.get(name)
     try:
-        check_list_queries(value, f"{where}.list_queries")
-    except ValueError as exc:
-        raise PlanError(str(exc)) from exc
-    return value
-
-
-def _witnesses(where: str, obj: dict) -> bool | None:
-    """The optional ``witnesses`` of a layer or a candidate (absent: None)."""
-    value = obj.get("witnesses")
-    try:
-        check_witnesses(value, f"{where}.witnesses")
-    except TypeError as exc:
+        check(value, f"{where}.{name}")
+    except (TypeError, ValueError) as exc:
         raise PlanError(str(exc)) from exc
     return value
 
@@ -289,7 +280,8 @@ def _layer(where: str, e: Any) -> LayerPlan:
     min_keys = _opt(_int, f"{where}.min_keys", e["min_keys"], 1, MAX_KEYS)
     if e["path"] == "auto" and (r is None or min_keys is None):
         raise PlanError(f"{where}: an 'auto' layer needs r and min_keys, got r={r!r}, min_keys={min_keys!r}")
-    list_queries, witnesses = _list_queries(where, e), _witnesses(where, e)
+    list_queries = _setting(where, e, "list_queries", check_list_queries)
+    witnesses = _setting(where, e, "witnesses", check_witnesses)
     if e["path"] == "dense" and (r, min_keys, list_queries, witnesses) != (None, None, None, None):
         raise PlanError(f"{where}: a dense layer has r, min_keys, list_queries and witnesses null, got r={r!r}, "
                         f"min_keys={min_keys!r}, list_queries={list_queries!r}, witnesses={witnesses!r}")
@@ -334,7 +326,8 @@ def _candidate(where: str, c: Any) -> CandidateMeasurement:
         keys_screened=_int(f"{where}.keys_screened", c["keys_screened"], 0),
         survivors=_int(f"{where}.survivors", c["survivors"], 0),
         fallbacks={str(k): _int(f"{where}.fallbacks[{k}]", v, 0) for k, v in fallbacks.items()},
-        list_queries=_list_queries(where, c), witnesses=_witnesses(where, c),
+        list_queries=_setting(where, c, "list_queries", check_list_queries),
+        witnesses=_setting(where, c, "witnesses", check_witnesses),
     )
 
 
