@@ -6,7 +6,8 @@ keys of per-tile lists (an overflowed list is rescanned densely) and, in compact
 visible keys with ``not (score < tau)``. q [B,S,H,D], k [B,T,D] (bf16/fp16/fp32), w [B,S,H] fp32,
 mask None, bool or additive [B,S,T] (``mask_operand``). A key's code is bitwise the same whichever
 kernel scored it: one tile function, one launch config per operand dtype
-(``defaults.SCORER_CONFIG``, ``defaults.FP32_SCORER_CONFIG``), never tuned. Under
+(``defaults.SCORER_CONFIG``, ``defaults.FP32_SCORER_CONFIG``), never tuned, and for the refine one
+of the same head-sum order (``scorer_config``). Under
 ``TRITON_INTERPRET=1`` the dot and the head sum use ``tile_arith``'s sequential form: exactly
 ``runtime.dense_scorer``'s scorer. fp32 operands are multiplied as tf32 (``tf32_scores``). The FP8
 scorer (``k_scale`` given, q and k float8_e4m3fn, ``check_fp8``; SPEC A.10): E4M3 products on the
@@ -394,19 +395,28 @@ def tf32_scores(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and not SEQUENTIAL
 
 
-def scorer_config(dtype: torch.dtype) -> LaunchConfig:
-    """The one launch config of the scorer for operands of ``dtype``."""
+def scorer_config(dtype: torch.dtype, refine: bool = False, device=None) -> LaunchConfig:
+    """The launch config of the scorer for operands of ``dtype``: one per dtype, and for the refine
+    (``refine``: key lists with a threshold) of bf16/fp16 operands on a Hopper ``device`` or under
+    the interpreter ``defaults.REFINE_CONFIG``. That one differs from ``defaults.SCORER_CONFIG`` in
+    its key rows alone, and both keep their 4 warps along the key rows (one warpgroup, 64 or 128
+    rows): the columns a thread holds, and so each score's head-sum order, are the same (SPEC C.1)."""
     if dtype == torch.float8_e4m3fn:
         return defaults.FP8_SCORER_CONFIG
-    return defaults.FP32_SCORER_CONFIG if dtype == torch.float32 else defaults.SCORER_CONFIG
+    if dtype == torch.float32:
+        return defaults.FP32_SCORER_CONFIG
+    if refine and (INTERPRET or (device is not None and device.type == "cuda"
+                                 and torch.cuda.get_device_capability(device)[0] == 9)):
+        return defaults.REFINE_CONFIG
+    return defaults.SCORER_CONFIG
 
 
-def scorer_launch(dtype: torch.dtype) -> dict:
-    """Launch keywords of both scorer kernels: ``scorer_config(dtype)``, compiled without fusing
-    multiplies into adds (``enable_fp_fusion=False``): which head's product a fused multiply-add
-    keeps exact depends on how the compiler schedules a kernel's code, so with fusion a key scored
-    by the dense and by the key-list kernel could differ in its last bit."""
-    return {**scorer_config(dtype).kwargs(), "enable_fp_fusion": False}
+def scorer_launch(dtype: torch.dtype, refine: bool = False, device=None) -> dict:
+    """Launch keywords of both scorer kernels: ``scorer_config(dtype, refine, device)``, compiled
+    without fusing multiplies into adds (``enable_fp_fusion=False``): which head's product a fused
+    multiply-add keeps exact depends on how the compiler schedules a kernel's code, so with fusion
+    a key scored by the dense and by the key-list kernel could differ in its last bit."""
+    return {**scorer_config(dtype, refine, device).kwargs(), "enable_fp_fusion": False}
 
 
 def score_tile_shape(H: int) -> tuple[int, int]:
@@ -467,7 +477,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     ``block_s``: query rows per program, a power of two (None: ``score_tile_shape``'s); every head of
     a row lies in one program whatever it is, and a row's columns of the tile are laid out alike, so a
     key's code is the same.
-    Always launched with ``scorer_launch(q.dtype)``.
+    Launched with ``scorer_launch(q.dtype, refine=tau is not None, device=q.device)``.
     """
     B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows, block_s)
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
@@ -495,7 +505,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET and not fp8,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
         TF32=tf32_scores(q.dtype), FP8=fp8,
-        **scorer_launch(q.dtype),
+        **scorer_launch(q.dtype, refine=compact, device=q.device),
     )
     return out
 

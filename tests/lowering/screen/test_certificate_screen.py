@@ -1,6 +1,7 @@
 """Launch configs of the DSA indexer kernels (interpreter, tiny sizes): the screen may use any of its
 candidates without changing the survivor sets or the pipeline's output; the scorer always runs with
-its one fixed config; a candidate that cannot launch is skipped; survivor words compact to their
+its one fixed config (the refine its own, of the same head-sum order); a candidate that cannot
+launch is skipped; survivor words compact to their
 keys in ascending order."""
 import contextlib
 
@@ -38,14 +39,14 @@ def inputs():
 
 @contextlib.contextmanager
 def scorer_launch_configs(seen):
-    """Inside: the key-list scorer (seeds, refine, redo) is a spy that adds the (BLOCK_T, warps,
-    stages) of every launch to ``seen``."""
+    """Inside: the key-list scorer (seeds, refine, redo) is a spy that adds the (COMPACT, BLOCK_T,
+    warps, stages) of every launch to ``seen`` (COMPACT: the refine)."""
     kernel = score_mod._indexer_score_kernel
 
     class Spy:
         def __getitem__(self, grid):
             def run(*args, **kwargs):
-                seen.add((kwargs["BLOCK_T"], kwargs["num_warps"], kwargs["num_stages"]))
+                seen.add((kwargs["COMPACT"], kwargs["BLOCK_T"], kwargs["num_warps"], kwargs["num_stages"]))
                 return kernel[grid](*args, **kwargs)
             return run
 
@@ -152,8 +153,9 @@ def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs, traced):
 
 def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, traced, per_tile):
     """The certified calls with the first screen candidate (``traced``) and with the first of each
-    other key tile (``per_tile``, defaults.SCREEN_CONFIGS[1] among them) launch the key-list scorer with its
-    one config and give the dense answer."""
+    other key tile (``per_tile``, defaults.SCREEN_CONFIGS[1] among them) launch the key-list scorer
+    with its one config for the seeds and the redo, the refine's for the refine, and give the dense
+    answer."""
     q = inputs[0]
     dense, out, _, seen = traced
     seen = set(seen)
@@ -163,7 +165,11 @@ def test_the_scorer_launches_with_its_one_config_on_every_path(inputs, traced, p
         assert_same(got, dense)
         seen |= launched
     fixed = score_mod.scorer_config(q.dtype).kwargs()
-    assert seen == {(fixed["BLOCK_T"], fixed["num_warps"], fixed["num_stages"])}
+    refine = score_mod.scorer_config(q.dtype, refine=True, device=q.device).kwargs()
+    assert refine == defaults.REFINE_CONFIG.kwargs() != fixed  # the interpreter takes the refine's own
+    assert refine["num_warps"] == fixed["num_warps"] == 4 and refine["BLOCK_T"] % 64 == fixed["BLOCK_T"] % 64 == 0
+    assert seen == {(False, fixed["BLOCK_T"], fixed["num_warps"], fixed["num_stages"]),
+                    (True, refine["BLOCK_T"], refine["num_warps"], refine["num_stages"])}
 
 
 @pytest.mark.parametrize("density", [0.0, 0.05, 0.5, 1.0])
