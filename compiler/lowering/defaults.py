@@ -25,7 +25,8 @@ SCREEN_CONFIGS = (  # screen launch candidates tuned per shape, the first off CU
     LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64),
 )  # not offered: BLOCK_T=256 over 4 warps, the slowest in every tuning measured (2.0-2.6x the best), the slowest to compile (9 s at 64 rows)
 SCREEN_SPLIT_LIST_QUERIES = 2  # lists of at least this many queries split key tiles by the mask bounds; single-query lists read the mask on every tile (H100, trained layers: the split form 0.1-0.6 ms slower at lists of 1, 0.5-1.3 ms faster at 4; 2 not measured)
-SURVIVOR_WORDS = 16 if _INTERPRET else 256  # survivor words per step of a list's compaction (32 keys a word); not tuned (1024 lists of 65536 keys: 0.17-0.36 ms on the H100)
+SURVIVOR_WORDS = 16 if _INTERPRET else 64  # survivor words per step of a list's compaction (32 keys a word): with hardware popc and one scan of word counts, 64 words over 8 warps took 0.21-0.56 ms where the two-scan form at 256 took 0.49-0.99 (H100; 2048-4096 lists of 65536-131072 keys)
+SURVIVOR_WARPS = 8  # warps per compaction program (4 slower at 64 words)
 ACTIVATION_ROWS = 64  # query-head rows per head-activation program
 ACTIVATION_KEYS = 64  # witness keys per step of a head-activation program
 ACTIVATION_SAMPLES = 256  # witness keys behind each head's activation frequency (it steers choices only)

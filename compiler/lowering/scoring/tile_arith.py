@@ -43,14 +43,14 @@ def group_bound(at, alpha, beta, a_ptr, a_off, a_ok, k_ptr, k_off, k_ok, D: tl.c
                 R: tl.constexpr, N: tl.constexpr, SEQUENTIAL: tl.constexpr, IEEE: tl.constexpr):
     """[G, N] fp32: for each group of R consecutive rows of ``at`` [G * R, D] (loaded from ``a_ptr +
     a_off``, masked by ``a_ok``) and each key row ``k_ptr + k_off`` (masked by ``k_ok`` [N]), the sum
-    over the group's rows of ``alpha * relu(x) + beta * min(x, 0)``, x the row's product with the key
-    (NaN propagates). On the GPU the keys are the product's rows (``[N, D] x [D, G * R]``, as the
+    over the group's rows of ``alpha * relu(x) + beta * min(x, 0)``, x the row's product with the key,
+    computed as ``x * (alpha if x > 0 else beta)`` (the same rounded product; NaN propagates; on the
+    GPU the compiler may fuse a product into the group sum, one rounding fewer). On the GPU the keys are the product's rows (``[N, D] x [D, G * R]``, as the
     scorer's tile) so that each group sums along the columns a thread holds; under SEQUENTIAL the
     ``sequential_dot`` and ``sequential_group_sum`` forms (``at`` unused)."""
     if SEQUENTIAL:
         x = sequential_dot(a_ptr, a_off, a_ok, k_ptr, k_off, k_ok, D, G * R, N)
-        x = (tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * alpha[:, None]
-             + tl.minimum(x, 0.0, propagate_nan=tl.PropagateNan.ALL) * beta[:, None])
+        x = x * tl.where(x > 0, alpha[:, None], beta[:, None])
         s = sequential_group_sum(x, R, G, R, N)
     else:
         kt = tl.load(k_ptr + k_off[:, None] + tl.arange(0, D)[None, :], mask=k_ok[:, None], other=0.0)
@@ -59,7 +59,6 @@ def group_bound(at, alpha, beta, a_ptr, a_off, a_ok, k_ptr, k_off, k_ok, D: tl.c
             xt = tl.dot(kt, tl.trans(at), input_precision="ieee")
         else:
             xt = tl.dot(kt, tl.trans(at))
-        xt = (tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * alpha[None, :]
-              + tl.minimum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * beta[None, :])
+        xt = xt * tl.where(xt > 0, alpha[None, :], beta[None, :])
         s = tl.trans(tl.sum(tl.reshape(xt, (N, G, R)), axis=2))
     return s

@@ -142,10 +142,25 @@ def _screen_kernel(
 
 
 @triton.jit
+def _popcount(x, HW: tl.constexpr):
+    """The set bits of each int32 of ``x``: the hardware's ``popc`` (HW), else by integer arithmetic
+    on any target (arithmetic shifts: every bit a shift brings in is masked off or, in the last
+    step, zero)."""
+    if HW:
+        return tl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        return (x * 0x01010101) >> 24
+
+
+@triton.jit
 def _compact_words_kernel(words_ptr, ids_ptr, count_ptr, n_words, cap, n_lists, swb, swl, sib, sil, scb,
-                          BLOCK_W: tl.constexpr):
+                          BLOCK_W: tl.constexpr, HW: tl.constexpr):
     """Program (b, list): the keys of the list's set bits, ascending, into ids[:cap]; the bit count
-    into count (past cap when the list overflows)."""
+    into count (past cap when the list overflows). A key's slot: the set bits of the words before its
+    own (one scan of word counts) plus those below it in its word."""
     pid = tl.program_id(0)
     b = (pid // n_lists).to(tl.int64)
     lst = (pid % n_lists).to(tl.int64)
@@ -154,9 +169,10 @@ def _compact_words_kernel(words_ptr, ids_ptr, count_ptr, n_words, cap, n_lists, 
     for w0 in range(0, n_words, BLOCK_W):
         col = w0 + tl.arange(0, BLOCK_W)
         word = tl.load(words_ptr + b * swb + lst * swl + col, mask=col < n_words, other=0)
+        per_word = _popcount(word, HW)
         on = (word[:, None] >> bit[None, :]) & 1
-        per_word = tl.sum(on, axis=1)
-        slot = base + (tl.cumsum(per_word, 0) - per_word)[:, None] + (tl.cumsum(on, 1) - on)
+        below = _popcount(word[:, None] & ((1 << bit[None, :]) - 1), HW)
+        slot = base + (tl.cumsum(per_word, 0) - per_word)[:, None] + below
         tl.store(ids_ptr + b * sib + lst * sil + slot, col[:, None] * 32 + bit[None, :],
                  mask=(on != 0) & (slot < cap))
         base += tl.sum(per_word, axis=0)
@@ -208,7 +224,8 @@ def compact_words(words: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Te
     if B * L:
         _compact_words_kernel[(B * L,)](words, ids, count, W, cap, L, words.stride(0), words.stride(1),
                                         ids.stride(0), ids.stride(1), count.stride(0),
-                                        BLOCK_W=defaults.SURVIVOR_WORDS)
+                                        BLOCK_W=defaults.SURVIVOR_WORDS, HW=not INTERPRET,
+                                        num_warps=defaults.SURVIVOR_WARPS)
     return ids, count
 
 
