@@ -397,8 +397,9 @@ def tf32_scores(dtype: torch.dtype) -> bool:
 
 def scorer_config(dtype: torch.dtype, refine: bool = False, device=None) -> LaunchConfig:
     """The launch config of the scorer for operands of ``dtype``: one per dtype, and for the refine
-    (``refine``: key lists with a threshold) of bf16/fp16 operands on a Hopper ``device`` or under
-    the interpreter ``defaults.REFINE_CONFIG``. That one differs from ``defaults.SCORER_CONFIG`` in
+    (``refine``: key lists with a threshold, programs of at most defaults.REFINE_COLUMNS product
+    columns) of bf16/fp16 operands on a Hopper ``device`` or under the interpreter
+    ``defaults.REFINE_CONFIG``. That one differs from ``defaults.SCORER_CONFIG`` in
     its key rows alone, and both keep their 4 warps along the key rows (one warpgroup, 64 or 128
     rows): the columns a thread holds, and so each score's head-sum order, are the same (SPEC C.1)."""
     if dtype == torch.float8_e4m3fn:
@@ -477,7 +478,8 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     ``block_s``: query rows per program, a power of two (None: ``score_tile_shape``'s); every head of
     a row lies in one program whatever it is, and a row's columns of the tile are laid out alike, so a
     key's code is the same.
-    Launched with ``scorer_launch(q.dtype, refine=tau is not None, device=q.device)``.
+    Launched with ``scorer_launch(q.dtype, refine, q.device)``, refine: with ``tau``, programs of at
+    most defaults.REFINE_COLUMNS product columns.
     """
     B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows, block_s)
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
@@ -505,7 +507,7 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
         BLOCK_S=block_s, HP=hp, D=D, MASK_KIND=kind, COMPACT=compact, TO_FP32=INTERPRET and not fp8,
         ATOMIC=compact and splits > 1, ROWS=rows is not None, SEQUENTIAL=SEQUENTIAL,
         TF32=tf32_scores(q.dtype), FP8=fp8,
-        **scorer_launch(q.dtype, refine=compact, device=q.device),
+        **scorer_launch(q.dtype, refine=compact and block_s * hp <= defaults.REFINE_COLUMNS, device=q.device),
     )
     return out
 

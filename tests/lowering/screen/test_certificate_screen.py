@@ -242,3 +242,18 @@ def test_clear_and_hidden_key_tiles_give_the_survivors_of_reading_the_whole_mask
     assert torch.equal(count, count_all)
     assert survivor_sets(ids, count) == survivor_sets(ids_all, count_all)
     assert 0 < int(count.min()) and int(count.max()) < T  # some keys survive, some do not
+
+
+def test_a_refine_of_more_product_columns_than_refine_columns_takes_the_scorer_config(inputs, traced, monkeypatch):
+    """Past defaults.REFINE_COLUMNS product columns a program (queries x heads) the refine launches
+    with the scorer's own config, and the answer stays the dense one."""
+    q, k, w, mask = inputs
+    dense, _, tr, _ = traced
+    columns = tr.list_queries * q.shape[2]
+    monkeypatch.setattr(defaults, "REFINE_COLUMNS", columns - 1)
+    seen = set()
+    with scorer_launch_configs(seen):
+        out = certified_topk_cuda(q, k, w, KK, mask, config=CERTIFIED, screen_config=defaults.SCREEN_CONFIGS[0])
+    assert_same(out, dense)
+    fixed = score_mod.scorer_config(q.dtype).kwargs()
+    assert seen == {(c, fixed["BLOCK_T"], fixed["num_warps"], fixed["num_stages"]) for c in (False, True)}
