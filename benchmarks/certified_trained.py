@@ -13,9 +13,9 @@ the pruned share of the screened keys, the mean survival per query m, the thresh
 the queries redone densely, and the time split from CUDA events between the pipeline's stages (seeds,
 plan, screen, refine, select, redo); at the budget ``profile_r`` without witnesses, the costliest kernels
 of one call (torch profiler) and the device time of a call replayed from a CUDA graph (``graph_ms``: no
-host time; the dense row has it too), and the same budget without and with witnesses and survivor
-lists of each other count of queries in ``refine_queries`` (``CertifiedTopkConfig.list_queries``: the
-union of the list's queries' survivors; 1: a query's own), as the op would run them. Then the plan's
+host time; the dense row has it too), and every budget without and with witnesses at survivor lists
+of each other count of queries in ``refine_queries`` (``CertifiedTopkConfig.list_queries``: the union
+of the list's queries' survivors; 1: a query's own), as the op would run them. Then the plan's
 choice (``compiler.plan.choice.choose_layer`` on every certified row, each with the r, list size and
 witnesses it ran, designed for the same call) and the op with those settings through the runtime
 guard, timed after its warm-up calls; the layers' choices form a plan (written beside ``--out``). With
@@ -25,6 +25,7 @@ every indexer dense and with the defaults. JSON after every layer.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from pathlib import Path
 
@@ -159,11 +160,9 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3),
              "graph_ms": harness.graph_ms(dense_call, device)}]
     candidates = budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows)
-    r, default = sizes["profile_r"], refine_queries(q.shape[2], CertifiedTopkConfig())
-    for witnesses in (False, True):
-        for G in sizes["refine_queries"]:  # survivor lists of G queries (their union) other than the default's
-            if G == default:
-                continue
+    default = refine_queries(q.shape[2], CertifiedTopkConfig())
+    for witnesses, r, G in itertools.product((False, True), sizes["rs"], sizes["refine_queries"]):
+        if G != default:  # survivor lists of G queries (their union) other than the default's
             config = CertifiedTopkConfig(r=r, witnesses=witnesses, path="certified", list_queries=G)
             row = certified_row(q, k, w, mask, kk, config, dense.out, sizes, device)
             row.pop("tau")
