@@ -21,6 +21,7 @@ __all__ = [
     "round_up_to_float32",
     "key_norm_up",
     "scaled_bound_up",
+    "margin_constants",
     "margin_coefficients",
     "range_is_safe",
 ]
@@ -81,15 +82,19 @@ def margin_coefficients(
 
     mass_scores = M_s, weight_sum = W, mass_bound = M_U, mass_plan = M_s + B_P + E (float64).
     """
-    n_plan = H * D + H * H + D + 8
-    slope = (
-        gamma(D + H + 3, U32) * mass_scores
-        + 2.0 * gamma(D + r + 4, U64) * mass_bound
-        + 4.0 * gamma(n_plan, U64) * mass_plan
-        + _UNDERFLOW64
-    )
-    offset = 2.0 * (D + H + 4) * _SUBNORMAL32 * (1.0 + weight_sum)
+    c_s, c_u, c_plan, floor, c_w = margin_constants(D, H, r)
+    slope = c_s * mass_scores + c_u * mass_bound + c_plan * mass_plan + floor
+    offset = c_w * (1.0 + weight_sum)
     return slope, offset
+
+
+def margin_constants(D: int, H: int, r: int) -> tuple[float, float, float, float, float]:
+    """The float64 constants (c_s, c_u, c_plan, floor, c_w) of ``margin_coefficients``: slope =
+    ((c_s M_s + c_u M_U) + c_plan M_plan) + floor and offset = c_w (1 + W), in that order of
+    operations (a kernel that evaluates them so gets the same values bitwise)."""
+    n_plan = H * D + H * H + D + 8
+    return (gamma(D + H + 3, U32), 2.0 * gamma(D + r + 4, U64), 4.0 * gamma(n_plan, U64), _UNDERFLOW64,
+            2.0 * (D + H + 4) * _SUBNORMAL32)
 
 
 def range_is_safe(

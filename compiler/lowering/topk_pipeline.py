@@ -40,6 +40,7 @@ from compiler.lowering.screen.certificate_plan import plan_certificate_triton
 from compiler.lowering.screen.key_norms import key_norms
 from compiler.lowering.screen.screen_operands import screen_operands
 from compiler.lowering.selection.radix_select import select_top_codes
+from compiler.lowering.selection.redo_rows import redo_row_lists, row_flags
 from compiler.lowering.selection.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
@@ -395,10 +396,8 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     # Every key with s >= tau was written (pruned keys have s < tau); with at least kk of them
     # the row's top-kk is among them. Fewer: fewer than kk visible keys, or theta > the kk-th score,
     # or (short rows) a shared bound above this call's kk-th score.
-    short = torch.zeros_like(cand_count, dtype=torch.bool)
-    if shared is not None:  # tau is the finite shared bound: kk keys held elsewhere reach it
-        short = (cand_count < kk) & (tau == shared) & torch.isfinite(tau)
-    redo = (cand_count > cand_cap) | ((cand_count < kk) & ~short)
+    # Short (shared bound only): tau is the finite shared bound, and kk keys held elsewhere reach it.
+    redo, short = row_flags(cand_count, kk, cand_cap, tau, shared)
     return codes, CertifiedTrace(tau, list_count, cand_count, redo, short, kk, cap, G, plan)
 
 
@@ -418,36 +417,18 @@ def redo_dense(codes, redo, q, w, k, mask, kk, k_scale=None):
     their top kk with ``select_top_codes``; unflagged slots cost a launch and no key reads. When
     every row fits one round, a row keeps its own slot; otherwise the flagged rows are ranked on
     the device and a fixed number of rounds, ceil(S / slots), takes them in rank order (the row
-    lists of every round are built at once: two launches per round). The scorer splits each row's
-    keys as for defaults.REDO_LIVE_TILES query tiles: few rows are redone, and a tile of empty slots
+    lists of every round are built at once, ``redo_row_lists``: one launch). The scorer splits each
+    row's keys as for defaults.REDO_LIVE_TILES query tiles: few rows are redone, and a tile of empty slots
     costs nothing. codes [B,S,kk] int64 (returned). ``k_scale``: the FP8 scorer's key scales.
     """
     B, S = redo.shape
     T = k.shape[1]
     flat = codes.view(B * S, kk)
-    lists = _redo_row_lists(redo, redo_slots(B, S, T, q.shape[2]))
-    valid = lists >= 0
-    out_rows = (torch.arange(B, device=q.device) * S)[:, None, None] + lists.clamp(min=0)
-    for i in range(lists.shape[1]):
-        buf = dense_codes(q, w, k, mask, rows=lists[:, i], k_scale=k_scale, live_tiles=defaults.REDO_LIVE_TILES)
-        select_top_codes(buf.view(-1, T), valid[:, i].reshape(-1), kk, out=flat, scratch=True,
-                         out_rows=out_rows[:, i].reshape(-1))
+    lists, valid, out_rows = redo_row_lists(redo, redo_slots(B, S, T, q.shape[2]))
+    for i in range(lists.shape[0]):
+        buf = dense_codes(q, w, k, mask, rows=lists[i], k_scale=k_scale, live_tiles=defaults.REDO_LIVE_TILES)
+        select_top_codes(buf.view(-1, T), valid[i].view(-1), kk, out=flat, scratch=True, out_rows=out_rows[i].view(-1))
     return codes
-
-
-def _redo_row_lists(redo, slots):
-    """[B, rounds, R] int64 row lists (-1 = empty slot) holding every flagged row once: one round
-    with each row in its own slot when S <= slots, else the flagged rows in rank order,
-    ceil(S / slots) rounds of ``slots``."""
-    B, S = redo.shape
-    query = torch.arange(S, device=redo.device).expand(B, S)
-    if slots >= S:
-        return torch.where(redo, query, -1)[:, None]
-    rounds = triton.cdiv(S, slots)
-    rank = torch.where(redo, torch.cumsum(redo.to(torch.int64), dim=1) - 1, rounds * slots)
-    lists = torch.full((B, rounds * slots + 1), -1, dtype=torch.int64, device=redo.device)
-    lists = lists.scatter(1, rank, torch.where(redo, query, -1))
-    return lists[:, :-1].reshape(B, rounds, slots)
 
 
 def certified_topk_cuda(q, k, weights, topk, mask=None, *, k_scale=None, config=None, stats=None, trace=None,

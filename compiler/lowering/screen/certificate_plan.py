@@ -3,21 +3,23 @@
 
 ``plan_certificate_triton(q, w, p, r, r_max)`` takes what ``plan_certificate`` takes with an int
 ``r_max`` (q [..., H, D] float32 or narrower, finite; w [..., H]; p [..., H] in [0, 1]; r [...]
-int64) and returns a ``CertificatePlan`` with the same fields and meanings, float64, by the same
-formulas summed in other orders; the margin of ``runtime.rounding.margin_coefficients`` covers
-any order (SPEC C.8 item 3). Ties among heads of equal rank go to the lower index. The loops over
-the R_MAX retained rows stay loops (not unrolled), so compiling does not grow with R_MAX."""
+int64) and returns a ``KernelPlan``: the plan's rows, weights, aux row, paths and retained heads
+as in ``CertificatePlan`` and, instead of its residual and margin, the per-query scalars they
+follow from (``screen_operands`` evaluates them in its kernel). Float64, by the same formulas
+summed in other orders; the margin of ``runtime.rounding.margin_coefficients`` covers any order
+(SPEC C.8 item 3). Ties among heads of equal rank go to the lower index. The loops over the R_MAX
+retained rows stay loops (not unrolled), so compiling does not grow with R_MAX."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from runtime.certificate import CertificatePlan
-from runtime.rounding import margin_coefficients
 from compiler.lowering import defaults
 
-__all__ = ["plan_certificate_triton"]
+__all__ = ["KernelPlan", "plan_certificate_triton"]
 
 _INF = tl.constexpr(float("inf"))
 
@@ -166,11 +168,32 @@ def plan_columns(hp: int, rp: int) -> int:
     return max(1, min(defaults.PLAN_COLUMNS, defaults.PLAN_STEP_ELEMENTS // (hp * rp)))
 
 
+@dataclass
+class KernelPlan:
+    """The plan kernel's outputs for queries ``...`` (N of them), float64 unless said.
+
+    rows [..., R, D], row_weights [..., R], aux [..., D], abs_path [...] bool, retained [..., H] bool:
+    as in ``runtime.certificate.CertificatePlan``. scalars [N, 5] per query: (||sum_h u_h||^2, M_s,
+    W, M_rows, B_P) with M_rows = sum_j |w~_j| ||q_j|| + ||aux|| (the norm mass of U before E);
+    gram [N]: sum_{h,l} |u_h . u_l|. The plan's E is 0 on the abs path, else
+    0.5 (sqrt(scalars[0]) + sqrt(gram)); its margin is ``margin_coefficients(M_s, W, M_rows + E,
+    (M_s + B_P) + E)`` (``screen_operands`` evaluates both)."""
+
+    rows: torch.Tensor
+    row_weights: torch.Tensor
+    aux: torch.Tensor
+    abs_path: torch.Tensor
+    retained: torch.Tensor
+    scalars: torch.Tensor
+    gram: torch.Tensor
+
+
 def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r: torch.Tensor,
-                            r_max: int) -> CertificatePlan:
-    """``plan_certificate(q, w, p, r, r_max)`` by ``_plan_kernel`` (module docstring): q [..., H, D],
-    w and p [..., H], r [...] int64 (clipped to [1, r_max]), r_max an int in [1, H]; no host
-    synchronisation."""
+                            r_max: int) -> KernelPlan:
+    """The plan of ``plan_certificate(q, w, p, r, r_max)`` by ``_plan_kernel`` and the Gram matrix's
+    batched product (module docstring): q [..., H, D], w and p [..., H] (any float dtype: the kernel
+    converts them to float64 exactly), r [...] int64 (clipped to [1, r_max]), r_max an int in [1, H];
+    no host synchronisation."""
     *lead, H, D = q.shape
     if isinstance(r_max, bool) or not isinstance(r_max, int) or not 1 <= r_max <= H:
         raise ValueError(f"r_max: expected an int in [1, H={H}], got {r_max!r}")
@@ -182,8 +205,8 @@ def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r
     qf = q.reshape(N, H, D)
     if qf.stride(-1) != 1:
         qf = qf.contiguous()
-    wf = w.reshape(N, H).to(torch.float64).contiguous()
-    pf = p.reshape(N, H).to(torch.float64).contiguous()
+    wf = w.reshape(N, H).contiguous()
+    pf = p.reshape(N, H).contiguous()
     rf = r.reshape(N).to(torch.int64).contiguous()
     rows = torch.empty((N, r_max, D), dtype=torch.float64, device=dev)
     row_weights = torch.empty((N, r_max), dtype=torch.float64, device=dev)
@@ -197,20 +220,13 @@ def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r
         _plan_kernel[(N,)](qf, wf, pf, rf, rows, row_weights, aux, ut, scalars, flags, retained, H, D,
                            qf.stride(0), qf.stride(1), R_MAX=r_max,
                            RP=rp, HP=hp, CD=plan_columns(hp, rp), num_warps=defaults.PLAN_WARPS)
-    u_square, mass_scores, weight_sum, bound_rows, projected_mass = scalars.unbind(-1)
     gram = torch.linalg.vector_norm(torch.bmm(ut.transpose(1, 2), ut), ord=1, dim=(-1, -2))  # sum |u_h . u_l|
-    abs_path = flags.bool()
-    residual = torch.where(abs_path, 0.0, 0.5 * (u_square.sqrt() + gram.sqrt()))
-    slope, offset = margin_coefficients(mass_scores, weight_sum, bound_rows + residual,
-                                        mass_scores + projected_mass + residual, D=D, H=H, r=r_max)
-    return CertificatePlan(
+    return KernelPlan(
         rows=rows.view(*lead, r_max, D),
         row_weights=row_weights.view(*lead, r_max),
         aux=aux.view(*lead, D),
-        residual=residual.reshape(lead),
-        abs_path=abs_path.view(lead),
-        retained=retained.view(*lead, H).bool(),
-        slope=slope.reshape(lead),
-        offset=offset.reshape(lead),
-        mass=mass_scores.reshape(lead),
+        abs_path=flags.view(torch.bool).view(lead),  # 0 or 1: a view, no conversion
+        retained=retained.view(torch.bool).view(*lead, H),
+        scalars=scalars,
+        gram=gram,
     )

@@ -18,7 +18,7 @@ __all__ = ["key_norms"]
 
 
 @triton.jit
-def _key_norms_kernel(k_ptr, out_ptr, T, D, skb, skt, skd, factor, BLOCK: tl.constexpr, DP: tl.constexpr):
+def _key_norms_kernel(k_ptr, out_ptr, T, D, skb, skt, skd, factor: tl.float64, BLOCK: tl.constexpr, DP: tl.constexpr):
     b = tl.program_id(1).to(tl.int64)
     t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     d = tl.arange(0, DP)

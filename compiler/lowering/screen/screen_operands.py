@@ -1,16 +1,21 @@
 """The screen's operands from a certificate plan, one Triton program per query (SPEC C.2).
 
-``screen_operands(plan, w, g_dtype, RP, margin, nk_max)`` turns a ``runtime.certificate``
-``CertificatePlan`` (float64, rows [N, R, D]) into what ``certificate_screen.screen`` reads: rows
-g [N, RP, D] in ``g_dtype`` (the R retained rows, the aux row, zero rows), alpha and beta [N, RP]
-fp32 rounded outward, e and c [N] fp32 rounded up, and ok [N] bool. With m_rho = max(|alpha|,
-|beta|), G = sum_rho m_rho ||g_rho|| and the rows' rounding error X = sum_rho m_rho ||g_rho -
-g64_rho||, ``margin = (a, b, g_eval, f)`` (``topk_pipeline.screen_margin``) gives
+``screen_operands(plan, w, g_dtype, RP, margin, nk_max)`` turns a plan, float64 with rows [N, R, D]
+(a ``runtime.certificate`` ``CertificatePlan``, or the ``KernelPlan`` of
+``certificate_plan.plan_certificate_triton``, whose residual E, slope and offset this kernel
+evaluates from the plan kernel's scalars by ``runtime.rounding.margin_coefficients``' float64
+operations in their order, so bitwise as the torch form would), into what
+``certificate_screen.screen`` reads: rows g [N, RP, D] in ``g_dtype`` (the R retained rows, the aux
+row, zero rows), alpha and beta [N, RP] fp32 rounded outward, e and c [N] fp32 rounded up, and ok [N]
+bool. With m_rho = max(|alpha|, |beta|), G = sum_rho m_rho ||g_rho|| and the rows' rounding error X
+= sum_rho m_rho ||g_rho - g64_rho||, ``margin = (a, b, g_eval, f)`` (``topk_pipeline.screen_margin``)
+gives
     e = (E + slope + X + a M_s + b G) / (1 - g_eval),   c = (offset + f (1 + W + sum_rho m_rho)) / (1 - g_eval)
 (E, slope, offset and M_s the plan's, W = sum_h |w_h|), each float64 term multiplied by 1 + 2^-40
 (any summation order is inside it). ok: every operand finite and (e + sum_rho |alpha| + |beta|)
 max_k ||k||_up < 2^100 (``nk_max`` [B], the batch row of query n being n // (N / B)). One launch
-instead of the float64 tensor algebra it replaces."""
+instead of the float64 tensor algebra it replaces; float scalars are passed as float64 and the
+kernel is compiled without fused multiply-adds, so that its float64 operations round as written."""
 from __future__ import annotations
 
 import torch
@@ -19,7 +24,9 @@ import triton.language as tl
 
 from compiler.lowering import defaults
 from compiler.lowering.outward_rounding import round_up_f32
+from compiler.lowering.screen.certificate_plan import KernelPlan
 from runtime.certificate import CertificatePlan
+from runtime.rounding import margin_constants
 
 __all__ = ["screen_operands", "REACH_LIMIT"]
 
@@ -36,10 +43,36 @@ def _finite(x):
 
 
 @triton.jit
-def _operands_kernel(rows_ptr, rw_ptr, aux_ptr, resid_ptr, abs_ptr, slope_ptr, offset_ptr, mass_ptr, w_ptr,
-                     nkmax_ptr, g_ptr, alpha_ptr, beta_ptr, e_ptr, c_ptr, ok_ptr, N, H, D, per_batch,
-                     coef_mass, coef_rows, g_eval, ftz,
-                     R: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, HP: tl.constexpr, QB: tl.constexpr):
+def _plan_terms(terms_ptr, gram_ptr, abs_path, n, nok, c_s, c_u, c_plan, floor, c_w, KERNEL_PLAN: tl.constexpr):
+    """(E, slope, offset, M_s) float64 [QB] of queries n: read from terms [N, 4] (a CertificatePlan's
+    residual, slope, offset, mass), or with KERNEL_PLAN evaluated from a KernelPlan's scalars
+    terms [N, 5] and gram [N] by the torch form's operations in its order (tl.sqrt on float64 is
+    sqrt.rn.f64, correctly rounded as torch's)."""
+    if KERNEL_PLAN:
+        u_square = tl.load(terms_ptr + n * 5, mask=nok, other=0.0)
+        mass = tl.load(terms_ptr + n * 5 + 1, mask=nok, other=0.0)
+        weight_sum = tl.load(terms_ptr + n * 5 + 2, mask=nok, other=0.0)
+        bound_rows = tl.load(terms_ptr + n * 5 + 3, mask=nok, other=0.0)
+        projected = tl.load(terms_ptr + n * 5 + 4, mask=nok, other=0.0)
+        gram = tl.load(gram_ptr + n, mask=nok, other=0.0)
+        residual = tl.where(abs_path, 0.0, 0.5 * (tl.sqrt(u_square) + tl.sqrt(gram)))
+        slope = c_s * mass + c_u * (bound_rows + residual) + c_plan * (mass + projected + residual) + floor
+        offset = c_w * (1.0 + weight_sum)
+    else:
+        residual = tl.load(terms_ptr + n * 4, mask=nok, other=0.0)
+        slope = tl.load(terms_ptr + n * 4 + 1, mask=nok, other=0.0)
+        offset = tl.load(terms_ptr + n * 4 + 2, mask=nok, other=0.0)
+        mass = tl.load(terms_ptr + n * 4 + 3, mask=nok, other=0.0)
+    return residual, slope, offset, mass
+
+
+@triton.jit
+def _operands_kernel(rows_ptr, rw_ptr, aux_ptr, abs_ptr, terms_ptr, gram_ptr, w_ptr, nkmax_ptr, g_ptr, alpha_ptr,
+                     beta_ptr, e_ptr, c_ptr, ok_ptr, N, H, D, per_batch, coef_mass: tl.float64,
+                     coef_rows: tl.float64, g_eval: tl.float64, ftz: tl.float64, c_s: tl.float64,
+                     c_u: tl.float64, c_plan: tl.float64, floor: tl.float64, c_w: tl.float64,
+                     R: tl.constexpr, RP: tl.constexpr, DP: tl.constexpr, HP: tl.constexpr, QB: tl.constexpr,
+                     KERNEL_PLAN: tl.constexpr):
     """Queries pid * QB ..: tiles [QB, RP, DP] of rows, [QB, RP] of coefficients."""
     n = tl.program_id(0).to(tl.int64) * QB + tl.arange(0, QB)
     nok = n < N
@@ -67,10 +100,11 @@ def _operands_kernel(rows_ptr, rw_ptr, aux_ptr, resid_ptr, abs_ptr, slope_ptr, o
     h = tl.arange(0, HP)
     w = tl.load(w_ptr + n[:, None] * H + h[None, :], mask=nok[:, None] & (h < H)[None, :], other=0.0)
     W = tl.sum(tl.abs(w.to(tl.float64)), axis=1)
-    slope = coef_mass * tl.load(mass_ptr + n, mask=nok, other=0.0) + coef_rows * row_mass
-    e64 = (tl.load(resid_ptr + n, mask=nok, other=0.0) + tl.load(slope_ptr + n, mask=nok, other=0.0) + rows_err
-           + slope) / (1.0 - g_eval) * _SLACK
-    c64 = (tl.load(offset_ptr + n, mask=nok, other=0.0) + ftz * (1.0 + W + tl.sum(m, axis=1))) / (1.0 - g_eval) * _SLACK
+    residual, plan_slope, offset, mass = _plan_terms(terms_ptr, gram_ptr, abs_path, n, nok, c_s, c_u, c_plan, floor,
+                                                     c_w, KERNEL_PLAN)
+    slope = coef_mass * mass + coef_rows * row_mass
+    e64 = (residual + plan_slope + rows_err + slope) / (1.0 - g_eval) * _SLACK
+    c64 = (offset + ftz * (1.0 + W + tl.sum(m, axis=1))) / (1.0 - g_eval) * _SLACK
     e = round_up_f32(e64)
     c = round_up_f32(c64)
     finite = (tl.min(tl.min(_finite(g.to(tl.float32)).to(tl.int32), axis=2), axis=1) > 0) \
@@ -86,11 +120,12 @@ def _operands_kernel(rows_ptr, rw_ptr, aux_ptr, resid_ptr, abs_ptr, slope_ptr, o
     tl.store(ok_ptr + n, ok.to(tl.int8), mask=nok)
 
 
-def screen_operands(plan: CertificatePlan, w: torch.Tensor, g_dtype: torch.dtype, RP: int,
+def screen_operands(plan: CertificatePlan | KernelPlan, w: torch.Tensor, g_dtype: torch.dtype, RP: int,
                     margin: tuple[float, float, float, float], nk_max: torch.Tensor):
     """(g [..., RP, D] g_dtype, alpha [..., RP] fp32, beta [..., RP] fp32, e [...] fp32, c [...] fp32,
     ok [...] bool) for the plan's queries ``...`` = [B, S] (module docstring). w [B, S, H] any float
-    dtype; RP > the plan's row count R; nk_max [B] fp32."""
+    dtype; RP > the plan's row count R; nk_max [B] fp32. A KernelPlan costs this one launch; a
+    CertificatePlan (the torch planner's) one more, its four per-query terms stacked."""
     *lead, R, D = plan.rows.shape
     H = w.shape[-1]
     if RP <= R:
@@ -105,11 +140,18 @@ def screen_operands(plan: CertificatePlan, w: torch.Tensor, g_dtype: torch.dtype
     c = torch.empty_like(e)
     ok = torch.empty(lead, dtype=torch.int8, device=dev)
     if N:
-        flat = [x.contiguous() for x in (plan.rows, plan.row_weights, plan.aux, plan.residual,
-                                         plan.abs_path.to(torch.int8), plan.slope, plan.offset, plan.mass)]
+        kernel_plan = isinstance(plan, KernelPlan)
+        if kernel_plan:
+            terms, gram = plan.scalars, plan.gram
+        else:
+            terms = torch.stack([x.reshape(N) for x in (plan.residual, plan.slope, plan.offset, plan.mass)], dim=-1)
+            gram = terms
+        flat = [x.contiguous() for x in (plan.rows, plan.row_weights, plan.aux, plan.abs_path.view(torch.int8),
+                                         terms, gram)]
         qb = defaults.SCREEN_OPERANDS_QUERIES
         _operands_kernel[(triton.cdiv(N, qb),)](*flat, w.contiguous(), nk_max.float().contiguous(), g, alpha, beta, e,
-                                                c, ok, N, H, D, N // B, *margin, R=R, RP=RP,
-                                                DP=triton.next_power_of_2(D), HP=triton.next_power_of_2(H), QB=qb,
+                                                c, ok, N, H, D, N // B, *margin, *margin_constants(D, H, R), R=R,
+                                                RP=RP, DP=triton.next_power_of_2(D), HP=triton.next_power_of_2(H),
+                                                QB=qb, KERNEL_PLAN=kernel_plan, enable_fp_fusion=False,
                                                 num_warps=defaults.SCREEN_OPERANDS_WARPS)
-    return g, alpha, beta, e, c, ok.bool()
+    return g, alpha, beta, e, c, ok.view(torch.bool)

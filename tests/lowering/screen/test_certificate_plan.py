@@ -5,16 +5,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
 from compiler.lowering import topk_pipeline as ct
 from compiler.lowering.screen.certificate_plan import plan_certificate_triton
-from runtime.certificate import default_r, evaluate_bound, plan_certificate
+from compiler.lowering.screen import screen_operands as screen_operands_module
+from compiler.lowering.screen.screen_operands import _plan_terms, screen_operands
+from runtime.certificate import CertificatePlan, default_r, evaluate_bound, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.dense_scorer import exact_scores, head_dots
-from runtime.rounding import key_norm_up, range_is_safe
+from runtime import rounding
+from runtime.rounding import key_norm_up, margin_coefficients, margin_constants, range_is_safe
 from runtime.structured_indexer import structured_indexer_inputs
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -53,6 +59,26 @@ def plan_cases(draw):
     return q, k, w, p, r, r_max
 
 
+def _sqrt(x):
+    """The correctly rounded float64 square root, as CUDA's (torch's CPU sqrt, SLEEF's, is at times
+    one unit in the last place off)."""
+    return torch.from_numpy(np.sqrt(x.numpy()))
+
+
+def certificate_form(plan, r_max):
+    """The KernelPlan ``plan`` as a CertificatePlan, its residual and margin by the torch formulas
+    (those ``screen_operands`` evaluates in its kernel)."""
+    *lead, H = plan.retained.shape
+    D = plan.aux.shape[-1]
+    u_square, mass, weight_sum, bound_rows, projected = (x.reshape(lead) for x in plan.scalars.unbind(-1))
+    gram = plan.gram.reshape(lead)
+    residual = torch.where(plan.abs_path, 0.0, 0.5 * (_sqrt(u_square) + _sqrt(gram)))
+    slope, offset = margin_coefficients(mass, weight_sum, bound_rows + residual, mass + projected + residual,
+                                        D=D, H=H, r=r_max)
+    return CertificatePlan(rows=plan.rows, row_weights=plan.row_weights, aux=plan.aux, residual=residual,
+                           abs_path=plan.abs_path, retained=plan.retained, slope=slope, offset=offset, mass=mass)
+
+
 def _close(a, b, scale):
     return bool(((a - b).abs() <= 1e-12 * scale).all())
 
@@ -61,7 +87,7 @@ def _close(a, b, scale):
 @given(case=plan_cases())
 def test_triton_plan_bounds_the_scorer_and_matches_the_torch_plan(case):
     q, k, w, p, r, r_max = case
-    plan = plan_certificate_triton(q, w, p, r, r_max)
+    plan = certificate_form(plan_certificate_triton(q, w, p, r, r_max), r_max)
     ref = plan_certificate(q, w, p, r, r_max)
     head_norm = q.double().norm(dim=-1)
     safe = range_is_safe((w.double().abs() * head_norm).sum(-1), head_norm.amax(-1), key_norm_up(k).amax(-1))
@@ -85,7 +111,7 @@ def test_triton_plan_equals_the_torch_plan_at_model_size(r_max):
     w[0] = w[0].abs().clamp_min(1e-3) * (torch.arange(64) < r_max)  # abs path: few positive heads
     p = torch.rand(3, 64, generator=g)
     r = default_r(w).clamp(max=r_max)
-    plan, ref = plan_certificate_triton(q, w, p, r, r_max), plan_certificate(q, w, p, r, r_max)
+    plan, ref = certificate_form(plan_certificate_triton(q, w, p, r, r_max), r_max), plan_certificate(q, w, p, r, r_max)
     assert plan.abs_path.tolist() == ref.abs_path.tolist()
     assert plan.abs_path.tolist() == ([True, False, False] if r_max < 32 else [True, True, True])
     assert torch.equal(plan.retained, ref.retained)
@@ -96,6 +122,47 @@ def test_triton_plan_equals_the_torch_plan_at_model_size(r_max):
     torch.testing.assert_close(plan.row_weights[joint], ref.row_weights[joint], rtol=1e-12, atol=0)
     torch.testing.assert_close(plan.row_weights[~joint].sort(-1).values, ref.row_weights[~joint].sort(-1).values,
                                rtol=1e-12, atol=0)
+
+
+@triton.jit
+def _plan_terms_probe(terms_ptr, gram_ptr, abs_ptr, out_ptr, N, c_s: tl.float64, c_u: tl.float64,
+                      c_plan: tl.float64, floor: tl.float64, c_w: tl.float64, QB: tl.constexpr):
+    """out [N, 4]: ``_plan_terms`` of a KernelPlan's scalars (E, slope, offset, M_s)."""
+    n = tl.arange(0, QB)
+    nok = n < N
+    abs_path = tl.load(abs_ptr + n, mask=nok, other=0) != 0
+    terms = _plan_terms(terms_ptr, gram_ptr, abs_path, n, nok, c_s, c_u, c_plan, floor, c_w, True)
+    for i in tl.static_range(4):
+        tl.store(out_ptr + n * 4 + i, terms[i], mask=nok)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(case=plan_cases(), g_dtype=st.sampled_from((torch.bfloat16, torch.float16, torch.float32)))
+def test_operands_of_the_kernel_plan_are_those_of_its_torch_form_bitwise(case, g_dtype):
+    # screen_operands evaluates a KernelPlan's residual E, slope and offset in its kernel: those
+    # float64 terms equal the torch formulas' bitwise, and every operand equals the one from the
+    # same plan in its torch form, also with large margin constants (so that each constant's term
+    # shows in the fp32 operands)
+    q, k, w, p, r, r_max = case
+    plan = plan_certificate_triton(q, w, p, r, r_max)
+    ref = certificate_form(plan, r_max)
+    N, H, D = q.shape
+    out = torch.empty(N, 4, dtype=torch.float64)
+    _plan_terms_probe[(1,)](plan.scalars, plan.gram, plan.abs_path.view(torch.int8), out, N,
+                            *margin_constants(D, H, r_max), QB=4)
+    for got, want in zip(out.unbind(-1), (ref.residual, ref.slope, ref.offset, ref.mass)):
+        assert torch.equal(got.view(torch.int64), want.view(torch.int64))
+    RP = triton.next_power_of_2(r_max + 1)
+    margin = ct.screen_margin(D, H, RP)
+    nk_max = key_norm_up(k).amax(-1).amax(-1, keepdim=True).float()
+    for constants in (margin_constants, lambda *_: (0.25, 0.75, 1.5, 2.0**-30, 3.0)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(rounding, "margin_constants", constants)
+            mp.setattr(screen_operands_module, "margin_constants", constants)
+            got = screen_operands(plan, w[None], g_dtype, RP, margin, nk_max)
+            want = screen_operands(certificate_form(plan, r_max), w[None], g_dtype, RP, margin, nk_max)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def test_the_certified_op_with_the_triton_plan_equals_dense(monkeypatch):

@@ -2,6 +2,11 @@
 implement: coefficients rounded outward to the nearest float32, e and c never below their exact
 values, rows converted as the screen reads them, ok false exactly where an operand is not finite or
 the reach passes REACH_LIMIT."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -97,3 +102,38 @@ def test_too_few_screen_rows_are_refused():
     plan, w = _plan("normal")
     with pytest.raises(ValueError, match="RP"):
         screen_operands(plan, w, torch.bfloat16, 3, screen_margin(16, 8, 4), torch.ones(2))
+
+
+SIGNATURE_LINES = """
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.runtime.jit import create_function_from_signature
+from compiler.lowering.screen.key_norms import _key_norms_kernel
+from compiler.lowering.screen.screen_operands import _operands_kernel
+
+backend = make_backend(GPUTarget("cuda", 90, 32))
+t = lambda dtype: torch.empty(8, dtype=dtype)
+f64, f32 = t(torch.float64), t(torch.float32)
+launches = [
+    (_key_norms_kernel, [t(torch.bfloat16), f32, 8, 8, 64, 8, 1, 1.5], dict(BLOCK=32, DP=8)),
+    (_operands_kernel, [f64, f64, f64, t(torch.int8), f64, f64, f32, f32, t(torch.bfloat16), f32, f32, f32, f32,
+                        t(torch.int8), 8, 8, 8, 8] + [0.1] * 9, dict(R=3, RP=4, DP=8, HP=8, QB=1, KERNEL_PLAN=True)),
+]
+for kernel, args, meta in launches:
+    meta = dict(meta, num_warps=4, debug=False)
+    bound, spec, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(*args, **meta)
+    signature = kernel._pack_args(backend, meta, bound, spec, opts)[1]
+    print(" ".join(ty for ty in signature.values() if ty in ("fp32", "fp64")))
+"""
+
+
+def test_float_scalars_reach_the_compiled_kernels_as_float64():
+    # Triton passes an unannotated Python float to a compiled kernel as fp32: the margin
+    # constants and the key norms' factor 1 + 2 gamma_{D+2}(u64) (which rounds to 1.0) would lose
+    # their low bits on the GPU while the interpreter keeps them. Built for sm_90 without a GPU.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", SIGNATURE_LINES], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).resolve().parents[3], timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["fp64", " ".join(["fp64"] * 9)], out.stdout

@@ -1,0 +1,100 @@
+"""The certified pipeline's row bookkeeping after the refine, one launch each (SPEC C.5): which rows
+are short or redone (``row_flags``), and the dense redo's row lists (``redo_row_lists``). Integer
+and bool work only, no host synchronisation: the values of the torch forms they replace (a
+comparison, a rank by prefix sum, a scatter), in fewer launches."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from compiler.lowering import defaults
+
+__all__ = ["row_flags", "redo_row_lists"]
+
+
+@triton.jit
+def _row_flags_kernel(count_ptr, tau_ptr, shared_ptr, redo_ptr, short_ptr, n, kk, cand_cap,
+                      SHARED: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows pid * BLOCK ..: short = written < kk and tau the finite shared bound (SHARED), redo =
+    written > cand_cap or (written < kk and not short)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    count = tl.load(count_ptr + i, mask=ok, other=0)
+    short = count < 0
+    if SHARED:
+        tau = tl.load(tau_ptr + i, mask=ok, other=0.0)
+        bound = tl.load(shared_ptr + i, mask=ok, other=0.0)
+        short = (count < kk) & (tau == bound) & (tl.abs(tau) < float("inf"))  # equal: neither is NaN
+    redo = (count > cand_cap) | ((count < kk) & ~short)
+    tl.store(redo_ptr + i, redo.to(tl.int8), mask=ok)
+    tl.store(short_ptr + i, short.to(tl.int8), mask=ok)
+
+
+def row_flags(cand_count: torch.Tensor, kk: int, cand_cap: int, tau: torch.Tensor,
+              shared: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(redo, short) bool [B, S] of certified rows that wrote ``cand_count`` [B, S] int32 candidates
+    into buffers of ``cand_cap``: short where a finite shared bound ``shared`` [B, S] is the row's tau
+    [B, S] and fewer than kk were written (all false without ``shared``); redo where the buffer
+    overflowed or fewer than kk were written by a row that is not short."""
+    redo = torch.empty(cand_count.shape, dtype=torch.int8, device=cand_count.device)
+    short = torch.empty_like(redo)
+    n = cand_count.numel()
+    if n:
+        tau_c = tau.contiguous()
+        shared_c = tau_c if shared is None else shared.contiguous()
+        block = defaults.REDO_ROWS_BLOCK
+        _row_flags_kernel[(triton.cdiv(n, block),)](cand_count.contiguous(), tau_c, shared_c, redo, short, n, kk,
+                                                    cand_cap, SHARED=shared is not None, BLOCK=block)
+    return redo.view(torch.bool), short.view(torch.bool)
+
+
+@triton.jit
+def _redo_lists_kernel(redo_ptr, lists_ptr, valid_ptr, out_ptr, B, S, width, slots,
+                       RANKED: tl.constexpr, BLOCK: tl.constexpr):
+    """Batch row b = pid: its flagged rows into [rounds, B, width] (position j of the row's list at
+    round j // width, slot j % width); RANKED: in rank order then -1, else each row at its own slot."""
+    b = tl.program_id(0).to(tl.int64)
+    carry = tl.sum(tl.zeros([1], dtype=tl.int64), axis=0)
+    for s0 in range(0, S, BLOCK):
+        s = s0 + tl.arange(0, BLOCK).to(tl.int64)
+        ok = s < S
+        flag = tl.load(redo_ptr + b * S + s, mask=ok, other=0) != 0
+        if RANKED:
+            j = carry + tl.cumsum(flag.to(tl.int64), axis=0) - 1
+            keep = ok & flag
+            carry += tl.sum(flag.to(tl.int64), axis=0)
+        else:
+            j = s
+            keep = ok
+        at = (j // width) * B * width + b * width + j % width
+        tl.store(lists_ptr + at, tl.where(flag, s, -1), mask=keep)
+        tl.store(valid_ptr + at, flag.to(tl.int8), mask=keep)
+        tl.store(out_ptr + at, b * S + tl.where(flag, s, 0), mask=keep)
+    if RANKED:  # the empty slots after the last flagged row
+        for j0 in range(0, slots, BLOCK):
+            j = j0 + tl.arange(0, BLOCK).to(tl.int64)
+            empty = (j >= carry) & (j < slots)
+            at = (j // width) * B * width + b * width + j % width
+            tl.store(lists_ptr + at, tl.full([BLOCK], -1, tl.int64), mask=empty)
+            tl.store(valid_ptr + at, tl.zeros([BLOCK], dtype=tl.int8), mask=empty)
+            tl.store(out_ptr + at, tl.zeros([BLOCK], dtype=tl.int64) + b * S, mask=empty)
+
+
+def redo_row_lists(redo: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(lists, valid, out_rows), each [rounds, B, R], of the flagged rows of ``redo`` [B, S] bool:
+    lists int64 row ids holding every flagged row once (-1 = empty slot), valid bool (lists >= 0),
+    out_rows int64 (b * S + the row, b * S for an empty slot). One round with each row in its own
+    slot (R = S) when S <= slots, else the flagged rows in rank order, ceil(S / slots) rounds of
+    R = ``slots``. Each round's [B, R] slice is contiguous."""
+    B, S = redo.shape
+    ranked = slots < S
+    rounds, width = (triton.cdiv(S, slots), slots) if ranked else (1, S)
+    dev = redo.device
+    lists = torch.empty((rounds, B, width), dtype=torch.int64, device=dev)
+    valid = torch.empty((rounds, B, width), dtype=torch.int8, device=dev)
+    out_rows = torch.empty_like(lists)
+    if B * S:
+        _redo_lists_kernel[(B,)](redo.contiguous().view(torch.int8), lists, valid, out_rows, B, S, width,
+                                 rounds * width, RANKED=ranked, BLOCK=defaults.REDO_ROWS_BLOCK)
+    return lists, valid.view(torch.bool), out_rows

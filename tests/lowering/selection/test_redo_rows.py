@@ -1,0 +1,58 @@
+"""The pipeline's row bookkeeping kernels (compiler.lowering.selection.redo_rows) against the torch
+forms they replace: the short and redo flags, and the redo's ranked or per-row row lists."""
+import pytest
+import torch
+import triton
+
+from compiler.lowering.selection.redo_rows import redo_row_lists, row_flags
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+
+def _flags_reference(cand_count, kk, cand_cap, tau, shared):
+    short = torch.zeros_like(cand_count, dtype=torch.bool)
+    if shared is not None:
+        short = (cand_count < kk) & (tau == shared) & torch.isfinite(tau)
+    return (cand_count > cand_cap) | ((cand_count < kk) & ~short), short
+
+
+def _lists_reference(redo, slots):
+    """[B, rounds, R] row lists (-1 = empty), as the pipeline built them with torch."""
+    B, S = redo.shape
+    query = torch.arange(S).expand(B, S)
+    if slots >= S:
+        return torch.where(redo, query, -1)[:, None]
+    rounds = triton.cdiv(S, slots)
+    rank = torch.where(redo, torch.cumsum(redo.to(torch.int64), dim=1) - 1, rounds * slots)
+    lists = torch.full((B, rounds * slots + 1), -1, dtype=torch.int64).scatter(1, rank, torch.where(redo, query, -1))
+    return lists[:, :-1].reshape(B, rounds, slots)
+
+
+@pytest.mark.parametrize("with_shared", [False, True])
+def test_row_flags_are_the_torch_flags(with_shared):
+    g = torch.Generator().manual_seed(1)
+    B, S, kk, cand_cap = 3, 1500, 8, 20  # more rows than one kernel step
+    cand_count = torch.randint(0, 25, (B, S), generator=g, dtype=torch.int32)
+    tau = torch.randn(B, S, generator=g)
+    tau[0, :300] = float("inf")
+    tau[1, :300] = float("nan")
+    tau[2, :300] = float("-inf")
+    shared = torch.where(torch.rand(B, S, generator=g) < 0.5, tau, tau + 1) if with_shared else None
+    redo, short = row_flags(cand_count, kk, cand_cap, tau, shared)
+    want_redo, want_short = _flags_reference(cand_count, kk, cand_cap, tau, shared)
+    assert redo.dtype == short.dtype == torch.bool
+    assert torch.equal(redo, want_redo) and torch.equal(short, want_short)
+    assert short.any() == with_shared and redo.any() and not redo.all()
+
+
+@pytest.mark.parametrize("B, S, slots, density", [(2, 12, 8, 0.4), (3, 2100, 512, 0.3), (2, 2100, 4096, 0.3),
+                                                  (2, 700, 128, 1.0), (1, 50, 16, 0.0)])
+def test_redo_row_lists_are_the_torch_lists(B, S, slots, density):
+    g = torch.Generator().manual_seed(S)
+    redo = torch.rand(B, S, generator=g) < density
+    lists, valid, out_rows = redo_row_lists(redo, slots)
+    want = _lists_reference(redo, slots).transpose(0, 1)  # [rounds, B, R]
+    assert torch.equal(lists, want)
+    assert torch.equal(valid, want >= 0)
+    assert torch.equal(out_rows, (torch.arange(B) * S)[None, :, None] + want.clamp(min=0))
+    assert all(lists[i].is_contiguous() for i in range(lists.shape[0]))
