@@ -63,6 +63,8 @@ FEW_ROWS_WARPS = 8  # warps of a few-rows program
 # The certified pipeline (topk_pipeline.py)
 CERTIFIED_WINDOW_FACTOR = 4  # a certified row of at most this many kk candidates is selected in registers (at 2, rows of the trained layers at 131072 keys went to the radix selector: 1.9-2.6 ms of a 16-17 ms call on the H100)
 CERTIFIED_BUFFER_K = 8  # candidates per certified query, in kk: at most 3.53 kk seen, certified_buffer_h200.json
+CERTIFIED_CHUNK_BYTES = 2 << 30  # per-query buffers of one round of a certified call (certified_chunk_rows): a 131072-query prefill call held 17 GiB of candidates in one round on the H100
+CERTIFIED_CHUNK_QUERIES = 1024  # a round's queries come in multiples of this (every list size and anchor stride in use divides it)
 DEFAULT_R_CAP = 7  # cap of the per-query budget without config.r, so that the screen's row count is static
 DENSE_CHUNK_BYTES = 4 << 30  # largest scorer output [rows, T] the dense path allocates at once
 PLAN_CHUNK_BYTES = 1 << 30  # queries planned at once (a float64 [queries, H, D]): certified_profile_h200.json

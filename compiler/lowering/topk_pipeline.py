@@ -449,20 +449,38 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, k_scale=None, config=
                                        screen_config=screen_config, shared_bound=shared_bound)
 
 
+def certified_query_bytes(B: int, T: int, H: int, kk: int, config: CertifiedTopkConfig) -> int:
+    """Bytes the certified pipeline holds per query of a call: its candidate buffer (min(cap,
+    CERTIFIED_BUFFER_K kk) int64 codes), its share of the survivor lists and words, its seed codes
+    and screen rows."""
+    cap = survivor_cap(T, kk, config.workspace_frac)
+    seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
+    lists = triton.cdiv(4 * (cap + triton.cdiv(T, 32)), refine_queries(H, config))
+    return B * (8 * min(cap, defaults.CERTIFIED_BUFFER_K * kk) + lists + 8 * seeds)
+
+
+def certified_chunk_rows(B: int, S: int, T: int, H: int, kk: int, config: CertifiedTopkConfig) -> int:
+    """Queries per round of the certified pipeline: as many as keep ``certified_query_bytes`` within
+    defaults.CERTIFIED_CHUNK_BYTES, in whole multiples of defaults.CERTIFIED_CHUNK_QUERIES (so that a
+    round's survivor lists and anchor groups are those of one call), at least one multiple, at most
+    S. Queries are independent: the rounds give the one call's answer."""
+    step = defaults.CERTIFIED_CHUNK_QUERIES
+    fit = defaults.CERTIFIED_CHUNK_BYTES // max(1, certified_query_bytes(B, T, H, kk, config)) // step * step
+    return min(S, max(step, fit))
+
+
 def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: CertifiedTopkConfig) -> int:
     """An upper bound of the bytes a call allocates at once: the dense scorer's chunk (at most
-    DENSE_CHUNK_BYTES) and its selection, the outputs; on the certified path also the anchors, the
-    seed codes, the plan (PLAN_CHUNK_BYTES twice, the screen rows), the survivor words and lists, the
-    candidate buffer and the redo round (REDO_BUFFER_BYTES). Operands are contiguous copies at most."""
+    DENSE_CHUNK_BYTES) and its selection, the outputs; on the certified path also, for one round of
+    ``certified_chunk_rows`` queries, the anchors, the seed codes, the plan (PLAN_CHUNK_BYTES twice,
+    the screen rows), the survivor words and lists, the candidate buffer and the redo round
+    (REDO_BUFFER_BYTES). Operands are contiguous copies at most."""
     dense_chunk = min(defaults.DENSE_CHUNK_BYTES, 8 * B * S * T)
     total = 2 * dense_chunk + 4 * B * (S * H * (D + 1) + T * D) + 24 * B * S * kk
     if config.path == "certified":
-        cap = survivor_cap(T, kk, config.workspace_frac)
-        seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
-        total += (dense_chunk + 8 * B * S * seeds + 2 * defaults.PLAN_CHUNK_BYTES + B * S * 16 * (2 * D + 12)
-                  + 4 * B * triton.cdiv(S, refine_queries(H, config)) * (cap + triton.cdiv(T, 32))
-                  + 8 * B * S * min(cap, defaults.CERTIFIED_BUFFER_K * kk)
-                  + 2 * defaults.REDO_BUFFER_BYTES)
+        rows = certified_chunk_rows(B, S, T, H, kk, config)
+        total += (dense_chunk + 2 * defaults.PLAN_CHUNK_BYTES + B * rows * 16 * (2 * D + 12)
+                  + rows * certified_query_bytes(B, T, H, kk, config) + 2 * defaults.REDO_BUFFER_BYTES)
     return total
 
 
@@ -472,7 +490,9 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, c
     op's kernel, which checked the call itself. A call whose ``workspace_bytes`` exceed the
     device's memory is refused here, naming q and k, before anything is allocated. ``ordered``
     False: each row's (value, index) pairs in an unspecified order (the final sorts skipped).
-    ``mark``: ``certified_codes``'s stage marker, also called with "redo" after the dense redo."""
+    ``mark``: ``certified_codes``'s stage marker, also called with "redo" after the dense redo.
+    Queries run in rounds of ``certified_chunk_rows`` (one round with ``shared_bound``, whose hook
+    is called once a call); ``trace`` receives one CertifiedTrace per round."""
     config = CertifiedTopkConfig() if config is None else config
     B, S, H, D = q.shape
     T = k.shape[1]
@@ -481,8 +501,25 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, c
     if config.path == "dense" or tf32_scores(q.dtype):
         _record(stats, q, T, None)
         return dense_values_topk(q, w, k, mask, kk, k_scale, ordered)
-    codes, tr = certified_codes(q, w, k, mask, kk, config, key_norms(k), screen_config, shared_bound, k_scale,
-                                ordered, mark)
+    nk = key_norms(k)
+    rows = S if shared_bound is not None else certified_chunk_rows(B, S, T, H, kk, config)
+    parts = []
+    for s0 in range(0, S, rows):
+        sl = slice(s0, min(S, s0 + rows))
+        qc, wc = (q, w) if rows == S else (q[:, sl].contiguous(), w[:, sl].contiguous())
+        mc = mask if mask is None or rows == S else mask[:, sl]
+        parts.append(_certified_round(qc, wc, k, mc, kk, config, nk, screen_config, shared_bound, k_scale, ordered,
+                                      mark, stats, trace))
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([v for v, _ in parts], dim=1), torch.cat([i for _, i in parts], dim=1)
+
+
+def _certified_round(q, w, k, mask, kk, config, nk, screen_config, shared_bound, k_scale, ordered, mark, stats, trace):
+    """(values, indices) of one round of queries by the certified pipeline, the dense redo, the
+    counters and the trace."""
+    T = k.shape[1]
+    codes, tr = certified_codes(q, w, k, mask, kk, config, nk, screen_config, shared_bound, k_scale, ordered, mark)
     codes = redo_dense(codes, tr.redo, q, w, k, mask, kk, k_scale)
     mark("redo")
     _record(stats, q, T, tr)
