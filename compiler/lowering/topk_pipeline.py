@@ -351,10 +351,8 @@ def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_p
     theta, the own threshold of ``runtime.seeds`` over the group's strided sample ``sample_ids``
     [B,groups,M] (-inf without it or when not finite). One scorer call scores both key lists."""
     T = k.shape[1]
-    if witness_ids is None:
-        lists = sample_ids
-    else:
-        lists = torch.cat([x for x in (witness_ids, sample_ids) if x is not None], dim=-1)
+    parts = [x for x in (witness_ids, sample_ids) if x is not None]
+    lists = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     B, groups, n = lists.shape
     n_wit = 0 if witness_ids is None else witness_ids.shape[-1]
     counts = _list_counts(B, groups, n, q.device)
@@ -451,8 +449,8 @@ def certified_topk_cuda(q, k, weights, topk, mask=None, *, k_scale=None, config=
 
 def certified_query_bytes(B: int, T: int, H: int, kk: int, config: CertifiedTopkConfig) -> int:
     """Bytes the certified pipeline holds per query of a call: its candidate buffer (min(cap,
-    CERTIFIED_BUFFER_K kk) int64 codes), its share of the survivor lists and words, its seed codes
-    and screen rows."""
+    CERTIFIED_BUFFER_K kk) int64 codes), its share of the survivor lists and words, and its seed
+    codes (``workspace_bytes`` adds the screen rows)."""
     cap = survivor_cap(T, kk, config.workspace_frac)
     seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
     lists = triton.cdiv(4 * (cap + triton.cdiv(T, 32)), refine_queries(H, config))
@@ -505,11 +503,10 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, c
     rows = S if shared_bound is not None else certified_chunk_rows(B, S, T, H, kk, config)
     parts = []
     for s0 in range(0, S, rows):
-        sl = slice(s0, min(S, s0 + rows))
-        qc, wc = (q, w) if rows == S else (q[:, sl].contiguous(), w[:, sl].contiguous())
-        mc = mask if mask is None or rows == S else mask[:, sl]
-        parts.append(_certified_round(qc, wc, k, mc, kk, config, nk, screen_config, shared_bound, k_scale, ordered,
-                                      mark, stats, trace))
+        sl = slice(s0, min(S, s0 + rows))  # a round of every query is q itself: contiguous() copies nothing
+        parts.append(_certified_round(q[:, sl].contiguous(), w[:, sl].contiguous(), k,
+                                      None if mask is None else mask[:, sl], kk, config, nk, screen_config,
+                                      shared_bound, k_scale, ordered, mark, stats, trace))
     if len(parts) == 1:
         return parts[0]
     return torch.cat([v for v, _ in parts], dim=1), torch.cat([i for _, i in parts], dim=1)

@@ -196,17 +196,20 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
     ``list_queries`` (G) consecutive queries share one list; L = lists_per_batch = ceil(S / G).
     ``config``: a launch config (e.g. one of defaults.SCREEN_CONFIGS); None chooses one by measurement on
     CUDA (cached per device and bucketed T), defaults.SCREEN_CONFIGS[0] elsewhere. Every config gives the
-    same survivor guarantee (SPEC C.2). ``bounds``: the mask's ``mask_bounds`` when the caller has them.
+    same survivor guarantee (SPEC C.2). ``bounds``: the mask's ``mask_bounds`` when the caller has them
+    (read by lists of at least defaults.SCREEN_SPLIT_LIST_QUERIES queries, the split form).
     """
     B, S, RP, D = g.shape
     T = k.shape[1]
     words = torch.empty(B, lists_per_batch, triton.cdiv(T, 32), dtype=torch.int32, device=k.device)
     kind, m, mask_strides = mask_operand(mask, B, S, T)
-    bounds = mask_bounds(mask, B, S, T) if bounds is None else bounds
+    split = list_queries >= defaults.SCREEN_SPLIT_LIST_QUERIES
+    if split and bounds is None:
+        bounds = mask_bounds(mask, B, S, T)
 
     def launch(cfg: LaunchConfig) -> None:
         _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, bounds, words,
-                       lists_per_batch, list_queries, cfg, k_scale)
+                       lists_per_batch, list_queries, cfg, k_scale, split)
 
     if config is None:
         config = choose_screen_config(launch, k, kind, RP, list_queries, work=B * S * T * RP * D)
@@ -245,9 +248,10 @@ def choose_screen_config(launch: Callable[[LaunchConfig], None], k, mask_kind: i
 
 
 def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, bounds, words,
-                   lists_per_batch, list_queries, config: LaunchConfig, k_scale=None) -> None:
+                   lists_per_batch, list_queries, config: LaunchConfig, k_scale=None, split=False) -> None:
     """One launch of the screen kernel with ``config`` (BLOCK_T, num_warps, num_stages): every
-    survivor word of ``words`` [B, L, ceil(T / 32)] written."""
+    survivor word of ``words`` [B, L, ceil(T / 32)] written; ``split``: the kernel's SPLIT form (it
+    reads ``bounds``)."""
     B, S, RP, D = g.shape
     T = k.shape[1]
     msb, mss, mst = mask_strides
@@ -265,5 +269,5 @@ def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, boun
         words.stride(0), words.stride(1), msb, mss, mst,
         BLOCK_SS=block_ss, RP=RP, D=D, G=list_queries, MASK_KIND=kind, IEEE=ieee,
         TO_FP32=INTERPRET or ieee, SEQUENTIAL=INTERPRET, FP8=k_scale is not None,
-        SPLIT=list_queries >= defaults.SCREEN_SPLIT_LIST_QUERIES, **launch,
+        SPLIT=split, **launch,
     )
