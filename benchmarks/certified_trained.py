@@ -198,19 +198,21 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
 
 def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
     """The trained model's prefill of T held-out tokens as ``generate`` runs it (``use_cache=True``,
-    the last position's logits), compiled with the backend: with the plan, with every indexer dense
-    (option ``path="dense"``) and with the defaults; one warm-up call and the guard's trials first,
-    then the median of ``reps`` calls; the last position's logits compared with the dense run's."""
+    the last position's logits), compiled with the backend with every indexer dense (option
+    ``path="dense"``), by stock ``torch.compile(model)``, and with the backend with the plan and with
+    its defaults; one warm-up call and the guard's trials first, then the median of ``reps`` calls;
+    the last position's logits compared with the backend's dense run's (stock rounds otherwise)."""
     from transformers import AutoModelForCausalLM
 
     tokens = np.load(HELD_OUT_TOKENS)
     ids = torch.from_numpy(tokens[:T].astype(np.int64))[None].to(device)
-    rows, reference = [], None
-    for name, options in (("dense", {"path": "dense"}), ("plan", {"plan": plan_path}), ("default", {})):
+    rows, reference, dense_ms = [], None, None
+    for name, options in (("dense", {"path": "dense"}), ("stock", None), ("plan", {"plan": plan_path}),
+                          ("default", {})):
         torch._dynamo.reset()
         GUARD.reset()
         net = AutoModelForCausalLM.from_pretrained(TRAINED_MODEL, dtype=torch.bfloat16).to(device).eval()
-        compiled = torch.compile(net, backend="pulsar_dosa", options=options)
+        compiled = torch.compile(net) if options is None else torch.compile(net, backend="pulsar_dosa", options=options)
 
         def call():
             with torch.no_grad():
@@ -220,11 +222,14 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
             for _ in range(4):  # compile, then the guard's warm-ups and trials
                 call()
             timing = harness.measure(call, device, reps)
-        except torch.OutOfMemoryError as exc:
-            rows.append({"T": T, "variant": f"prefill {name}", "error": str(exc).splitlines()[0]})
+        except RuntimeError as exc:  # out of memory, or stock's compiler failing for it
+            rows.append({"T": T, "variant": f"prefill {name}", "error": str(exc).splitlines()[0][:300]})
+            print(rows[-1], flush=True)
+            del compiled, net
             continue
-        reference = timing.out if reference is None else reference
+        reference, dense_ms = (timing.out, timing.ms) if reference is None else (reference, dense_ms)
         rows.append({"T": T, "variant": f"prefill {name}", "ms": round(timing.ms, 3), "peak_gib": timing.peak_gib,
+                     "x_dense": round(timing.ms / dense_ms, 3),
                      "argmax_as_dense": int(timing.out.argmax()) == int(reference.argmax()),
                      "max_abs_diff": float((timing.out - reference).abs().max())})
         print(rows[-1], flush=True)
@@ -289,7 +294,10 @@ def render(doc) -> str:
     lines = []
     for r in doc["rows"]:
         split = r.get("split_ms")
-        lines.append([r["T"], r.get("layer", "-"), r["variant"] + (_choice(r) if r["variant"] == "plan" else ""),
+        variant = r["variant"] + (_choice(r) if r["variant"] == "plan" else "")
+        if "peak_gib" in r or "error" in r:  # a prefill row
+            variant += f" ({r['error']})" if "error" in r else "" if r["peak_gib"] is None else f" (peak {r['peak_gib']:.1f} GiB)"
+        lines.append([r["T"], r.get("layer", "-"), variant,
                       r.get("ms"), r.get("x_dense", 1.0), r.get("graph_ms"), r.get("identical", "-"), r.get("pruned", "-"),
                       r.get("m", "-"),
                       "-" if r.get("b") is None else round(r["b"], 3), r.get("redo", "-"),

@@ -41,6 +41,9 @@ def test_the_table_renders_prefill_rows_beside_layer_rows():
     from benchmarks.certified_trained import render
 
     doc = {"rows": [{"T": 128, "layer": 0, "variant": "dense", "ms": 1.0},
-                    {"T": 128, "variant": "prefill plan", "ms": 2.5, "argmax_as_dense": True}]}
+                    {"T": 128, "variant": "prefill plan", "ms": 2.5, "argmax_as_dense": True},
+                    {"T": 128, "variant": "prefill dense", "ms": 2.0, "peak_gib": 28.81, "x_dense": 1.0},
+                    {"T": 128, "variant": "prefill stock", "error": "CUDA out of memory"}]}
     table = render(doc)
     assert "prefill plan" in table and "2.5" in table
+    assert "prefill dense (peak 28.8 GiB)" in table and "prefill stock (CUDA out of memory)" in table

@@ -25,17 +25,18 @@ _INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
-def _column(x, slot, i):
-    """Column ``i`` of the [HP, RP] tile ``x`` (a sum with exact zeros: bitwise the column)."""
-    return tl.sum(tl.where((slot == i)[None, :], x, 0.0), axis=1)
-
-
-@triton.jit
 def _q_chunk(q_ptr, base, heads, d, sqh, D, ok):
     """q[heads, d] as float64 ([len(heads), len(d)]; zero where not ``ok`` or d >= D), by way of
     float32 (exact for every q dtype; E4M3 has no direct float64 conversion on every target)."""
     m = ok[:, None] & (d < D)[None, :]
     x = tl.load(q_ptr + base + heads[:, None] * sqh + d[None, :], mask=m, other=0.0)
+    return x.to(tl.float32).to(tl.float64)
+
+
+@triton.jit
+def _q_column(q_ptr, base, heads, d, sqh, D, ok):
+    """q[heads, d] as float64 ([len(heads)]; zero where not ``ok`` or d >= D), as ``_q_chunk``."""
+    x = tl.load(q_ptr + base + heads * sqh + d, mask=ok & (d < D), other=0.0)
     return x.to(tl.float32).to(tl.float64)
 
 
@@ -91,9 +92,9 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     active = negative & ~retained & (p >= 0.5)
     a_weight = tl.where(active, -w, 0.0)
 
-    # Rows (stored), their norms, the dots q_h . row_i, and aux = a_A (joint) or V (abs, stored).
+    # Rows (stored), their norms, and aux = a_A (joint) or V (abs, stored); then the dots q_h . row_i,
+    # one column at a time as outer products (no [heads, rows, columns] tile).
     row_square = tl.zeros([RP], dtype=tl.float64)
-    dots = tl.zeros([HP, RP], dtype=tl.float64)
     aux_square = zero
     sok = slot < R_MAX
     for d0 in range(0, D, CD):
@@ -102,40 +103,36 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
         rc = _q_chunk(q_ptr, base, heads, dc, sqh, D, valid)
         tl.store(rows_ptr + n * R_MAX * D + slot[:, None] * D + dc[None, :], rc, mask=sok[:, None] & (dc < D)[None, :])
         row_square += tl.sum(rc * rc, axis=1)
-        dots += tl.sum(qc[:, None, :] * rc[None, :, :], axis=2)
         a_c = tl.sum(a_weight[:, None] * qc, axis=0)
         aux_c = tl.where(abs_path, a_c - tl.sum(half_rows[:, None] * rc, axis=0), a_c)
         tl.store(aux_ptr + n * D + dc, aux_c, mask=dc < D)
         aux_square += tl.sum(aux_c * aux_c, axis=0)
+    dots = tl.zeros([HP, RP], dtype=tl.float64)
+    for d0 in range(0, D, CD):
+        for j in tl.static_range(CD):
+            qd = _q_column(q_ptr, base, h, d0 + j, sqh, D, hok)
+            rd = _q_column(q_ptr, base, heads, d0 + j, sqh, D, valid)
+            dots += qd[:, None] * rd[None, :]
     row_norm = tl.sqrt(row_square)
 
-    # Joint path: each omitted positive head's best retained anchor (first slot on ties).
+    # Joint path: each omitted positive head's best retained anchor, the first slot of the largest
+    # max(dot, 0) / norm (an invalid slot counts -1).
     omitted_positive = positive & ~retained
-    best = tl.full([HP], -2.0, dtype=tl.float64)
-    anchor_head = tl.zeros([HP], dtype=tl.int32)
-    anchor_valid = h < 0
-    anchor_slot = tl.zeros([HP], dtype=tl.int32)
-    anchor_norm = tl.zeros([HP], dtype=tl.float64)
-    anchor_dot = tl.zeros([HP], dtype=tl.float64)
-    for i in range(0, R_MAX):
-        norm_i = tl.sum(tl.where(slot == i, row_norm, 0.0), axis=0)
-        valid_i = tl.sum(((slot == i) & valid).to(tl.int32), axis=0) > 0
-        dot_i = _column(dots, slot, i)
-        ratio = tl.where(norm_i > 0, tl.maximum(dot_i, 0.0) / tl.where(norm_i > 0, norm_i, 1.0), 0.0)
-        ratio = tl.where(valid_i, ratio, -1.0)
-        better = ratio > best
-        best = tl.where(better, ratio, best)
-        anchor_slot = tl.where(better, i, anchor_slot)
-        anchor_head = tl.where(better, tl.sum(tl.where(slot == i, heads, 0), axis=0), anchor_head)
-        anchor_valid = tl.where(better, valid_i, anchor_valid)
-        anchor_norm = tl.where(better, norm_i, anchor_norm)
-        anchor_dot = tl.where(better, dot_i, anchor_dot)
+    ratio = tl.where((row_norm > 0)[None, :], tl.maximum(dots, 0.0) / tl.where(row_norm > 0, row_norm, 1.0)[None, :],
+                     0.0)
+    ratio = tl.where(valid[None, :], ratio, -1.0)
+    ratio = tl.where(sok[None, :], ratio, -_INF)
+    best = tl.max(ratio, axis=1)
+    anchor_slot = tl.min(tl.where(ratio == best[:, None], slot[None, :], RP), axis=1)
+    pick = slot[None, :] == anchor_slot[:, None]
+    anchor_head = tl.sum(tl.where(pick, heads[None, :], 0), axis=1)
+    anchor_valid = tl.sum(tl.where(pick & valid[None, :], 1, 0), axis=1) > 0
+    anchor_norm = tl.sum(tl.where(pick, row_norm[None, :], 0.0), axis=1)
+    anchor_dot = tl.sum(tl.where(pick, dots, 0.0), axis=1)
     beta = tl.where(omitted_positive & (anchor_norm > 0),
                     tl.maximum(anchor_dot, 0.0) / tl.where(anchor_norm > 0, anchor_norm * anchor_norm, 1.0),
                     0.0)
-    folded = tl.zeros([RP], dtype=tl.float64)
-    for i in range(0, R_MAX):
-        folded = tl.where(slot == i, tl.sum(tl.where(anchor_slot == i, w * beta, 0.0), axis=0), folded)
+    folded = tl.sum(tl.where(pick, (w * beta)[:, None], 0.0), axis=0)
 
     # u_h = w_h (q_h - beta_h q_anchor) on omitted positive heads, stored as u^T [D, H] for the
     # Gram matrix (a float64 batched product, outside); the squared norm of sum_h u_h.
