@@ -47,8 +47,8 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     """Query n: rows [n, R_MAX, D], row_weights [n, R_MAX], aux [n, D], u^T [n, D, H], scalars
     [n, 5] = (||sum_h u_h||^2, mass_scores, weight_sum, sum_j |w~_j| ||q_j|| + ||aux||,
     projected mass), flags [n] = abs path, retained [n, H] (runtime.certificate for the formulas).
-    Three passes over q's columns, CD at a time, so that no [H, D] float64 tile is ever held:
-    norms; retained rows, dots and aux; u."""
+    Four passes over q's columns, CD at a time, so that no [H, D] float64 tile is ever held:
+    norms; retained rows and aux; the dots [H, R_MAX] as outer products of single columns; u."""
     n = tl.program_id(0).to(tl.int64)
     base = n * sqn
     h = tl.arange(0, HP)
