@@ -43,11 +43,12 @@ def _q_column(q_ptr, base, heads, d, sqh, D, ok):
 @triton.jit
 def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, scalars_ptr, flags_ptr,
                  ret_ptr, H, D, sqn, sqh, R_MAX: tl.constexpr, RP: tl.constexpr,
-                 HP: tl.constexpr, CD: tl.constexpr):
+                 HP: tl.constexpr, CD: tl.constexpr, STAGES: tl.constexpr):
     """Query n: rows [n, R_MAX, D], row_weights [n, R_MAX], aux [n, D], u^T [n, D, H], scalars
     [n, 5] = (||sum_h u_h||^2, mass_scores, weight_sum, sum_j |w~_j| ||q_j|| + ||aux||,
     projected mass), flags [n] = abs path, retained [n, H] (runtime.certificate for the formulas).
-    Four passes over q's columns, CD at a time, so that no [H, D] float64 tile is ever held:
+    Four passes over q's columns, CD at a time (their loads pipelined over STAGES), so that no [H, D]
+    float64 tile is ever held:
     norms; retained rows and aux; the dots [H, R_MAX] as outer products of single columns; u."""
     n = tl.program_id(0).to(tl.int64)
     base = n * sqn
@@ -63,7 +64,7 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     zero = tl.sum(tl.zeros([1], dtype=tl.float64), axis=0)
 
     square = tl.zeros([HP], dtype=tl.float64)
-    for d0 in range(0, D, CD):
+    for d0 in tl.range(0, D, CD, num_stages=STAGES):
         qc = _q_chunk(q_ptr, base, h, d0 + c, sqh, D, hok)
         square += tl.sum(qc * qc, axis=1)
     head_mass = tl.abs(w) * tl.sqrt(square)
@@ -97,7 +98,7 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     row_square = tl.zeros([RP], dtype=tl.float64)
     aux_square = zero
     sok = slot < R_MAX
-    for d0 in range(0, D, CD):
+    for d0 in tl.range(0, D, CD, num_stages=STAGES):
         dc = d0 + c
         qc = _q_chunk(q_ptr, base, h, dc, sqh, D, hok)
         rc = _q_chunk(q_ptr, base, heads, dc, sqh, D, valid)
@@ -108,7 +109,7 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
         tl.store(aux_ptr + n * D + dc, aux_c, mask=dc < D)
         aux_square += tl.sum(aux_c * aux_c, axis=0)
     dots = tl.zeros([HP, RP], dtype=tl.float64)
-    for d0 in range(0, D, CD):
+    for d0 in tl.range(0, D, CD, num_stages=STAGES):
         for j in tl.static_range(CD):
             qd = _q_column(q_ptr, base, h, d0 + j, sqh, D, hok)
             rd = _q_column(q_ptr, base, heads, d0 + j, sqh, D, valid)
@@ -137,7 +138,7 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     # u_h = w_h (q_h - beta_h q_anchor) on omitted positive heads, stored as u^T [D, H] for the
     # Gram matrix (a float64 batched product, outside); the squared norm of sum_h u_h.
     u_square = zero
-    for d0 in range(0, D, CD):
+    for d0 in tl.range(0, D, CD, num_stages=STAGES):
         dc = d0 + c
         qc = _q_chunk(q_ptr, base, h, dc, sqh, D, hok)
         ac = _q_chunk(q_ptr, base, anchor_head, dc, sqh, D, anchor_valid)
@@ -157,12 +158,6 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     tl.store(scalars_ptr + n * 5 + field, scalars, mask=field < 5)
     tl.store(flags_ptr + n + tl.arange(0, 1), tl.zeros([1], dtype=tl.int8) + abs_path.to(tl.int8))
     tl.store(ret_ptr + n * H + h, retained.to(tl.int8), mask=hok)
-
-
-def plan_columns(hp: int, rp: int) -> int:
-    """q columns per step of the plan's passes: defaults.PLAN_COLUMNS, fewer where the step's [heads,
-    rows, columns] float64 product would pass defaults.PLAN_STEP_ELEMENTS (a power of two, at least 1)."""
-    return max(1, min(defaults.PLAN_COLUMNS, defaults.PLAN_STEP_ELEMENTS // (hp * rp)))
 
 
 @dataclass
@@ -216,7 +211,8 @@ def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r
     if N:
         _plan_kernel[(N,)](qf, wf, pf, rf, rows, row_weights, aux, ut, scalars, flags, retained, H, D,
                            qf.stride(0), qf.stride(1), R_MAX=r_max,
-                           RP=rp, HP=hp, CD=plan_columns(hp, rp), num_warps=defaults.PLAN_WARPS)
+                           RP=rp, HP=hp, CD=defaults.PLAN_COLUMNS, STAGES=defaults.PLAN_STAGES,
+                           num_warps=defaults.PLAN_WARPS)
     gram = torch.linalg.vector_norm(torch.bmm(ut.transpose(1, 2), ut), ord=1, dim=(-1, -2))  # sum |u_h . u_l|
     return KernelPlan(
         rows=rows.view(*lead, r_max, D),

@@ -193,7 +193,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 import compiler.lowering.screen.certificate_plan as pt
-from compiler.lowering.defaults import PLAN_COLUMNS
+from compiler.lowering.defaults import PLAN_COLUMNS, PLAN_STAGES
 
 backend = make_backend(GPUTarget("cuda", 90, 32))
 kernel = pt._plan_kernel
@@ -201,7 +201,7 @@ f64 = lambda: torch.empty(8, dtype=torch.float64)
 args = [torch.empty(8, dtype=torch.bfloat16), f64(), f64(), torch.empty(8, dtype=torch.int64), f64(), f64(), f64(),
         f64(), f64(), torch.empty(8, dtype=torch.int8), torch.empty(8, dtype=torch.int8), 64, 128, 8192, 128]
 for r_max in map(int, sys.argv[1:]):
-    meta = dict(R_MAX=r_max, RP=triton.next_power_of_2(r_max), HP=64, CD=PLAN_COLUMNS, num_warps=1, debug=False)
+    meta = dict(R_MAX=r_max, RP=triton.next_power_of_2(r_max), HP=64, CD=PLAN_COLUMNS, STAGES=PLAN_STAGES, num_warps=1, debug=False)
     bound, spec, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(*args, **meta)
     options, signature, constexprs, attrs = kernel._pack_args(backend, meta, bound, spec, opts)
     context = ir.context()
