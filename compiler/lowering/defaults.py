@@ -26,14 +26,15 @@ SCREEN_CONFIGS = (  # screen launch candidates tuned per shape, the first off CU
     LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64),
 )  # not offered: BLOCK_T=256 over 4 warps, the slowest in every tuning measured (2.0-2.6x the best), the slowest to compile (9 s at 64 rows)
 SCREEN_SPLIT_LIST_QUERIES = 2  # lists of at least this many queries split key tiles by the mask bounds; single-query lists read the mask on every tile (H100, trained layers: the split form 0.1-0.6 ms slower at lists of 1, 0.5-1.3 ms faster at 4; 2 not measured)
+SCREEN_SPLIT_PREFILL_FACTOR = 2  # single-query lists split too when a masked call has at least T / this many queries: at 131072 x 131072 under the causal mask (H100, trained layer 4) certified lists of 1 unsplit took 419 ms against 314 dense, lists of 2 split 299 (split lists of 1 not measured)
 SURVIVOR_WORDS = 16 if _INTERPRET else 64  # survivor words per step of a list's compaction (32 keys a word): with hardware popc and one scan of word counts, 64 words over 8 warps took 0.21-0.56 ms where the two-scan form at 256 took 0.49-0.99 (H100; 2048-4096 lists of 65536-131072 keys)
 SURVIVOR_WARPS = 8  # warps per compaction program (4 slower at 64 words)
 ACTIVATION_ROWS = 64  # query-head rows per head-activation program
 ACTIVATION_KEYS = 64  # witness keys per step of a head-activation program
 ACTIVATION_SAMPLES = 256  # witness keys behind each head's activation frequency (it steers choices only)
-PLAN_WARPS = 2  # warps per plan program: at 4096 queries of 64 heads (H100), 0.75 / 1.10 ms at r = 15 / 31 against 0.72 / 1.33 over 1 warp
+PLAN_WARPS = 2  # warps per plan program: at 4096 queries of 64 heads (H100), 0.64 / 1.01 ms at r = 15 / 31 with 8 columns, against 0.72 / 1.42 over 1 warp and 1.00 / 1.50 over 4
 PLAN_STAGES = 3  # pipeline stages of the plan's passes over q's columns; not tuned
-PLAN_COLUMNS = 4  # q columns per step of the plan's passes (their loads pipelined): 1-2 slower, the step's latency paid more often
+PLAN_COLUMNS = 8  # q columns per step of the plan's passes: at 2 warps 0.64 / 1.01 ms (r = 15 / 31) against 0.78 / 1.13 at 4 columns; the kernel before outer-product dots 1.01 / 1.46 (H100)
 KEY_NORM_BLOCK = 1024 if _INTERPRET else 32  # keys per key-norm program (a [keys, D] float64 tile; the interpreter pays per program); not tuned
 SCREEN_OPERANDS_WARPS = 4  # warps per screen-operands program (its queries' RP x D float64 rows); not tuned
 SCREEN_OPERANDS_QUERIES = 32 if _INTERPRET else 1  # queries per screen-operands program (the interpreter pays per program)

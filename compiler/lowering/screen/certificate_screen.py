@@ -197,13 +197,13 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
     ``config``: a launch config (e.g. one of defaults.SCREEN_CONFIGS); None chooses one by measurement on
     CUDA (cached per device and bucketed T), defaults.SCREEN_CONFIGS[0] elsewhere. Every config gives the
     same survivor guarantee (SPEC C.2). ``bounds``: the mask's ``mask_bounds`` when the caller has them
-    (read by lists of at least defaults.SCREEN_SPLIT_LIST_QUERIES queries, the split form).
+    (read by the split form, ``split_form``).
     """
     B, S, RP, D = g.shape
     T = k.shape[1]
     words = torch.empty(B, lists_per_batch, triton.cdiv(T, 32), dtype=torch.int32, device=k.device)
     kind, m, mask_strides = mask_operand(mask, B, S, T)
-    split = list_queries >= defaults.SCREEN_SPLIT_LIST_QUERIES
+    split = split_form(list_queries, S, T, mask is not None)
     if split and bounds is None:
         bounds = mask_bounds(mask, B, S, T)
 
@@ -215,6 +215,15 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
         config = choose_screen_config(launch, k, kind, RP, list_queries, work=B * S * T * RP * D)
     launch(config)
     return compact_words(words, cap)
+
+
+def split_form(list_queries: int, S: int, T: int, masked: bool) -> bool:
+    """Whether a screen call takes the kernel's SPLIT form (key tiles split by the rows' mask
+    bounds, hidden ones skipped): for lists of at least defaults.SCREEN_SPLIT_LIST_QUERIES queries,
+    and for a masked call of at least T / defaults.SCREEN_SPLIT_PREFILL_FACTOR queries, a prefill
+    whose causal rows hide about half the tiles."""
+    return list_queries >= defaults.SCREEN_SPLIT_LIST_QUERIES or (
+        masked and S * defaults.SCREEN_SPLIT_PREFILL_FACTOR >= T)
 
 
 def compact_words(words: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ from compiler.lowering.screen.certificate_screen import (
     choose_screen_config,
     compact_words,
     screen,
+    split_form,
 )
 from runtime.certified_topk import CertifiedTopkConfig
 from runtime.rounding import key_norm_up, round_up_to_float32
@@ -242,6 +243,17 @@ def test_clear_and_hidden_key_tiles_give_the_survivors_of_reading_the_whole_mask
     assert torch.equal(count, count_all)
     assert survivor_sets(ids, count) == survivor_sets(ids_all, count_all)
     assert 0 < int(count.min()) and int(count.max()) < T  # some keys survive, some do not
+
+
+def test_the_split_form_serves_lists_of_several_queries_and_masked_prefills():
+    """Lists of 2+ queries split key tiles by the mask bounds; a single-query list only in a masked
+    call of at least T / SCREEN_SPLIT_PREFILL_FACTOR queries (a causal prefill hides about half its
+    tiles), never without a mask or for a few queries at the end of many keys."""
+    T = 131072
+    assert split_form(2, 4096, T, True) and split_form(4, 1, T, False)
+    assert split_form(1, T, T, True) and split_form(1, T // defaults.SCREEN_SPLIT_PREFILL_FACTOR, T, True)
+    assert not split_form(1, T // defaults.SCREEN_SPLIT_PREFILL_FACTOR - 1, T, True)
+    assert not split_form(1, 4096, T, True) and not split_form(1, T, T, False)
 
 
 def test_a_refine_of_more_product_columns_than_refine_columns_takes_the_scorer_config(inputs, traced, monkeypatch):
