@@ -285,13 +285,14 @@ def _no_mark(stage: str) -> None:
 
 
 def _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config=None, shared_bound=None, k_scale=None,
-                  mark=_no_mark):
+                  mark=_no_mark, call_queries=None):
     """Seeds, plan and screen (steps 1-4): (tau, ids, list_count, cap, G, plan, b), ids [B,L,cap] the
     survivors of each group of G = ``refine_queries(H, config)`` queries (a key survives for any of
     them), b the shared bound [B,S] (None without ``shared_bound``). ``bounds``: the mask's
     ``mask_bounds`` (None without a mask), which the seeds' scorer and the screen read.
     ``screen_config``: the screen's LaunchConfig, None to let ``screen`` choose it. ``k_scale``: the
-    FP8 scorer's key scales. ``mark(stage)`` is called once each stage's work is queued."""
+    FP8 scorer's key scales. ``mark(stage)`` is called once each stage's work is queued.
+    ``call_queries``: as for ``screen``."""
     B, S, H, D = q.shape
     T = k.shape[1]
     dev = q.device
@@ -327,7 +328,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config=None, sha
     G = refine_queries(H, config)
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
                              lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap, config=screen_config,
-                             k_scale=k_scale, bounds=bounds)
+                             k_scale=k_scale, bounds=bounds, call_queries=call_queries)
     mark("screen")
     return tau, ids, list_count, cap, G, plan, shared
 
@@ -368,18 +369,20 @@ def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_p
 
 
 def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None, k_scale=None,
-                    ordered=True, mark=_no_mark):
+                    ordered=True, mark=_no_mark, call_queries=None):
     """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (SPEC C.5); ``ordered``
     False: a certified row's codes in an unspecified order.
     ``screen_config``: the screen's LaunchConfig (None: autotuned, certificate_screen.screen).
     ``shared_bound``: the hook of the module docstring (short rows are not redone). ``k_scale``:
     the FP8 scorer's key scales (E4M3 q and k). ``mark(stage)``: called once each of the stages
-    "seeds", "plan", "screen", "refine" and "select" is queued (a benchmark records events there)."""
+    "seeds", "plan", "screen", "refine" and "select" is queued (a benchmark records events there).
+    ``call_queries``: the queries of the whole call whose round these are (None: S; the screen's
+    ``split_form`` reads it)."""
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
     bounds = mask_bounds(mask, B, S, k.shape[1])
     tau, ids, list_count, cap, G, plan, shared = _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config,
-                                                            shared_bound, k_scale, mark)
+                                                            shared_bound, k_scale, mark, call_queries)
     cand_cap = min(cap, defaults.CERTIFIED_BUFFER_K * kk)
     cand = torch.empty((B, S, cand_cap), dtype=torch.int64, device=q.device)  # read up to each count
     cand_count = torch.zeros((B, S), dtype=torch.int32, device=q.device)
@@ -506,17 +509,19 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, c
         sl = slice(s0, min(S, s0 + rows))  # a round of every query is q itself: contiguous() copies nothing
         parts.append(_certified_round(q[:, sl].contiguous(), w[:, sl].contiguous(), k,
                                       None if mask is None else mask[:, sl], kk, config, nk, screen_config,
-                                      shared_bound, k_scale, ordered, mark, stats, trace))
+                                      shared_bound, k_scale, ordered, mark, stats, trace, S))
     if len(parts) == 1:
         return parts[0]
     return torch.cat([v for v, _ in parts], dim=1), torch.cat([i for _, i in parts], dim=1)
 
 
-def _certified_round(q, w, k, mask, kk, config, nk, screen_config, shared_bound, k_scale, ordered, mark, stats, trace):
+def _certified_round(q, w, k, mask, kk, config, nk, screen_config, shared_bound, k_scale, ordered, mark, stats, trace,
+                     call_queries):
     """(values, indices) of one round of queries by the certified pipeline, the dense redo, the
-    counters and the trace."""
+    counters and the trace; ``call_queries`` the whole call's."""
     T = k.shape[1]
-    codes, tr = certified_codes(q, w, k, mask, kk, config, nk, screen_config, shared_bound, k_scale, ordered, mark)
+    codes, tr = certified_codes(q, w, k, mask, kk, config, nk, screen_config, shared_bound, k_scale, ordered, mark,
+                                call_queries)
     codes = redo_dense(codes, tr.redo, q, w, k, mask, kk, k_scale)
     mark("redo")
     _record(stats, q, T, tr)

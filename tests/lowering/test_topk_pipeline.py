@@ -200,7 +200,9 @@ def test_the_list_size_comes_from_the_config_and_the_workspace_bound_holds_its_l
 def test_a_call_past_the_chunk_bytes_runs_in_rounds_of_queries_with_the_one_call_answer(monkeypatch):
     """Two batch rows of 24 causal queries; rounds of 8 queries (certified_chunk_rows under a small
     CERTIFIED_CHUNK_BYTES): three traces, the counters of every query, the dense answer bitwise; the
-    workspace bound shrinks with the rounds."""
+    workspace bound shrinks with the rounds; each round's screen decides its form on the whole
+    call's queries."""
+    import compiler.lowering.screen.certificate_screen as screen_mod
     S, T, kk = 24, 256, 16
     q, k, w, _ = zoo_inputs("misaligned_runs", 2, S, T, 8, 32, seed=1, dtype=torch.bfloat16)
     mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None].expand(2, S, T)
@@ -209,9 +211,11 @@ def test_a_call_past_the_chunk_bytes_runs_in_rounds_of_queries_with_the_one_call
     monkeypatch.setattr(defaults, "CERTIFIED_CHUNK_QUERIES", 8)
     monkeypatch.setattr(defaults, "CERTIFIED_CHUNK_BYTES", 8 * certified_query_bytes(2, T, 8, kk, config) + 1)
     assert certified_chunk_rows(2, S, T, 8, kk, config) == 8 and workspace_bytes(2, S, T, 8, 32, kk, config) < whole
+    seen, split_form = [], screen_mod.split_form
+    monkeypatch.setattr(screen_mod, "split_form", lambda g, s, t, m: seen.append(s) or split_form(g, s, t, m))
     trace, stats = [], TopkStats()
     out = checked_certified_topk_cuda(q, k, w, kk, mask, config=config, trace=trace, stats=stats)
-    assert len(trace) == 3 and stats.summary()["queries"] == 2 * S
+    assert len(trace) == 3 and stats.summary()["queries"] == 2 * S and seen == [S, S, S]
     assert stats.pruned_frac > 0  # the rounds screened
     assert_same(out, dense_topk_cuda(q, k, w, kk, mask))
 

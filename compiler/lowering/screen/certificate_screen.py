@@ -185,7 +185,7 @@ def screen_tile_queries(rp: int, g: int) -> int:
 
 
 def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_queries, cap,
-           config: LaunchConfig | None = None, k_scale=None, bounds=None):
+           config: LaunchConfig | None = None, k_scale=None, bounds=None, call_queries=None):
     """Screen every key for every query; returns (ids [B,L,cap] int32, count [B,L] int32) as
     ``compact_words`` gives them (each list's survivors in ascending key order).
 
@@ -197,13 +197,14 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
     ``config``: a launch config (e.g. one of defaults.SCREEN_CONFIGS); None chooses one by measurement on
     CUDA (cached per device and bucketed T), defaults.SCREEN_CONFIGS[0] elsewhere. Every config gives the
     same survivor guarantee (SPEC C.2). ``bounds``: the mask's ``mask_bounds`` when the caller has them
-    (read by the split form, ``split_form``).
+    (read by the split form, ``split_form``). ``call_queries``: the queries of the whole call whose
+    round of queries this screen is (None: S), which ``split_form`` reads.
     """
     B, S, RP, D = g.shape
     T = k.shape[1]
     words = torch.empty(B, lists_per_batch, triton.cdiv(T, 32), dtype=torch.int32, device=k.device)
     kind, m, mask_strides = mask_operand(mask, B, S, T)
-    split = split_form(list_queries, S, T, mask is not None)
+    split = split_form(list_queries, S if call_queries is None else call_queries, T, mask is not None)
     if split and bounds is None:
         bounds = mask_bounds(mask, B, S, T)
 
@@ -220,8 +221,8 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
 def split_form(list_queries: int, S: int, T: int, masked: bool) -> bool:
     """Whether a screen call takes the kernel's SPLIT form (key tiles split by the rows' mask
     bounds, hidden ones skipped): for lists of at least defaults.SCREEN_SPLIT_LIST_QUERIES queries,
-    and for a masked call of at least T / defaults.SCREEN_SPLIT_PREFILL_FACTOR queries, a prefill
-    whose causal rows hide about half the tiles."""
+    and for a masked call of at least T / defaults.SCREEN_SPLIT_PREFILL_FACTOR queries S (of the
+    whole call, all its rounds), a prefill whose causal rows hide about half the tiles."""
     return list_queries >= defaults.SCREEN_SPLIT_LIST_QUERIES or (
         masked and S * defaults.SCREEN_SPLIT_PREFILL_FACTOR >= T)
 
