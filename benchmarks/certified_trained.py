@@ -227,7 +227,8 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
             print(rows[-1], flush=True)
             del compiled, net
             continue
-        reference, dense_ms = (timing.out, timing.ms) if reference is None else (reference, dense_ms)
+        if reference is None:  # the first variant that ran, the dense path unless it failed
+            reference, dense_ms = timing.out, timing.ms
         rows.append({"T": T, "variant": f"prefill {name}", "ms": round(timing.ms, 3), "peak_gib": timing.peak_gib,
                      "x_dense": round(timing.ms / dense_ms, 3),
                      "argmax_as_dense": int(timing.out.argmax()) == int(reference.argmax()),

@@ -7,8 +7,8 @@ int64) and returns a ``KernelPlan``: the plan's rows, weights, aux row, paths an
 as in ``CertificatePlan`` and, instead of its residual and margin, the per-query scalars they
 follow from (``screen_operands`` evaluates them in its kernel). Float64, by the same formulas
 summed in other orders; the margin of ``runtime.rounding.margin_coefficients`` covers any order
-(SPEC C.8 item 3). Ties among heads of equal rank go to the lower index. The loops over the R_MAX
-retained rows stay loops (not unrolled), so compiling does not grow with R_MAX."""
+(SPEC C.8 item 3). Ties among heads of equal rank go to the lower index. The loop that picks the R_MAX
+retained rows stays a loop (not unrolled), so compiling does not grow with R_MAX."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,19 +25,18 @@ _INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
-def _q_chunk(q_ptr, base, heads, d, sqh, D, ok):
-    """q[heads, d] as float64 ([len(heads), len(d)]; zero where not ``ok`` or d >= D), by way of
-    float32 (exact for every q dtype; E4M3 has no direct float64 conversion on every target)."""
-    m = ok[:, None] & (d < D)[None, :]
-    x = tl.load(q_ptr + base + heads[:, None] * sqh + d[None, :], mask=m, other=0.0)
+def _q_column(q_ptr, base, heads, d, sqh, D, ok):
+    """q[heads, d] as float64 (heads, d and ``ok`` broadcast together; zero where not ``ok`` or
+    d >= D), by way of float32 (exact for every q dtype; E4M3 has no direct float64 conversion on
+    every target)."""
+    x = tl.load(q_ptr + base + heads * sqh + d, mask=ok & (d < D), other=0.0)
     return x.to(tl.float32).to(tl.float64)
 
 
 @triton.jit
-def _q_column(q_ptr, base, heads, d, sqh, D, ok):
-    """q[heads, d] as float64 ([len(heads)]; zero where not ``ok`` or d >= D), as ``_q_chunk``."""
-    x = tl.load(q_ptr + base + heads * sqh + d, mask=ok & (d < D), other=0.0)
-    return x.to(tl.float32).to(tl.float64)
+def _q_chunk(q_ptr, base, heads, d, sqh, D, ok):
+    """q[heads, d] as float64 [len(heads), len(d)]: ``_q_column`` over the outer product."""
+    return _q_column(q_ptr, base, heads[:, None], d[None, :], sqh, D, ok[:, None])
 
 
 @triton.jit
