@@ -75,6 +75,11 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def graph_capturing(device: torch.device) -> bool:
+    """True while a CUDA graph is captured on ``device``'s current stream (no host read may wait)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 @functools.lru_cache(maxsize=None)
 def multiprocessor_count(device: torch.device | str | int | None = None) -> int:
     """Streaming multiprocessors of a CUDA device (the current one when None), looked up once."""

@@ -7,8 +7,9 @@ mask None, bool or additive float; or the FP8 scorer (``k_scale`` [B,T] fp32: q 
 fp32; SPEC A.10, its GPU margin ``fp8_dot_error``). Both return (values [B,S,kk] fp32, indices
 [B,S,kk] int64), the certified one the same indices and bitwise the same values as the dense one
 for every input. Rows the certificate cannot answer are flagged on the device and redone densely
-(``redo_dense``): nothing is dropped. No host synchronisation: a call can be captured in a CUDA
-graph after one call outside the capture. fp32 operands are scored densely (tf32 products are
+(``redo_dense``): nothing is dropped. No host synchronisation, except where a call of several
+rounds reads which of them to certify (``min_keys``): a call can be captured in a CUDA graph after
+one call outside the capture. fp32 operands are scored densely (tf32 products are
 outside the margins). Config fields used: r, witnesses, anchor_stride, workspace_frac, sample_keys,
 sample_sigmas, path, list_queries (the survivor lists' size, ``refine_queries``). ``shared_bound``
 (keys sharded over ranks, as in runtime.certified_topk) replaces the witness threshold by its bound
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from compiler.autotune import graph_capturing
 from compiler.lowering.order_codes import decode_codes
 from compiler.lowering.scoring.indexer_scores import (
     fp8_interval,
@@ -369,7 +371,7 @@ def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_p
 
 
 def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None, k_scale=None,
-                    ordered=True, mark=_no_mark, call_queries=None):
+                    ordered=True, mark=_no_mark, call_queries=None, bounds=None):
     """(top-kk order codes [B,S,kk], CertifiedTrace) by the certified pipeline (SPEC C.5); ``ordered``
     False: a certified row's codes in an unspecified order.
     ``screen_config``: the screen's LaunchConfig (None: autotuned, certificate_screen.screen).
@@ -377,10 +379,10 @@ def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shar
     the FP8 scorer's key scales (E4M3 q and k). ``mark(stage)``: called once each of the stages
     "seeds", "plan", "screen", "refine" and "select" is queued (a benchmark records events there).
     ``call_queries``: the queries of the whole call whose round these are (None: S; the screen's
-    ``split_form`` reads it)."""
+    ``split_form`` reads it). ``bounds``: the mask's ``mask_bounds`` when the caller has them."""
     B, S = q.shape[:2]
     nk = key_norms(k) if nk is None else nk
-    bounds = mask_bounds(mask, B, S, k.shape[1])
+    bounds = mask_bounds(mask, B, S, k.shape[1]) if bounds is None else bounds
     tau, ids, list_count, cap, G, plan, shared = _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config,
                                                             shared_bound, k_scale, mark, call_queries)
     cand_cap = min(cap, defaults.CERTIFIED_BUFFER_K * kk)
@@ -486,14 +488,17 @@ def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: Cer
 
 
 def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, config=None, stats=None, trace=None,
-                                screen_config=None, shared_bound=None, ordered=True, mark=_no_mark):
+                                screen_config=None, shared_bound=None, ordered=True, mark=_no_mark, min_keys=None):
     """``certified_topk_cuda`` of a call already checked (``checked_kk``), given its ``kk``: the
     op's kernel, which checked the call itself. A call whose ``workspace_bytes`` exceed the
     device's memory is refused here, naming q and k, before anything is allocated. ``ordered``
     False: each row's (value, index) pairs in an unspecified order (the final sorts skipped).
     ``mark``: ``certified_codes``'s stage marker, also called with "redo" after the dense redo.
     Queries run in rounds of ``certified_chunk_rows`` (one round with ``shared_bound``, whose hook
-    is called once a call); ``trace`` receives one CertifiedTrace per round."""
+    is called once a call); ``trace`` receives one CertifiedTrace per certified round.
+    ``min_keys``: with a mask and several rounds, a round none of whose rows sees that many keys
+    (``round_spans``) runs the dense path, as consecutive such rounds at once: the early rows of a
+    causal prefill (None, or while a CUDA graph is captured: every round certified)."""
     config = CertifiedTopkConfig() if config is None else config
     B, S, H, D = q.shape
     T = k.shape[1]
@@ -504,24 +509,53 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, c
         return dense_values_topk(q, w, k, mask, kk, k_scale, ordered)
     nk = key_norms(k)
     rows = S if shared_bound is not None else certified_chunk_rows(B, S, T, H, kk, config)
+    bounds = mask_bounds(mask, B, S, T)
+    certify = [True] * triton.cdiv(S, rows)
+    if min_keys is not None and bounds is not None and len(certify) > 1 and not graph_capturing(q.device):
+        certify = [span >= min_keys for span in round_spans(bounds, rows)]
     parts = []
-    for s0 in range(0, S, rows):
-        sl = slice(s0, min(S, s0 + rows))  # a round of every query is q itself: contiguous() copies nothing
-        parts.append(_certified_round(q[:, sl].contiguous(), w[:, sl].contiguous(), k,
-                                      None if mask is None else mask[:, sl], kk, config, nk, screen_config,
-                                      shared_bound, k_scale, ordered, mark, stats, trace, S))
+    for s0, s1, certified in _segments(certify, rows, S):
+        sl = slice(s0, s1)  # a round of every query is q itself: contiguous() copies nothing
+        qs, ws, ms = q[:, sl].contiguous(), w[:, sl].contiguous(), None if mask is None else mask[:, sl]
+        if not certified:
+            _record(stats, qs, T, None)
+            parts.append(dense_values_topk(qs, ws, k, ms, kk, k_scale, ordered))
+            continue
+        parts.append(_certified_round(qs, ws, k, ms, kk, config, nk, screen_config, shared_bound, k_scale, ordered,
+                                      mark, stats, trace, S, None if bounds is None else bounds[:, sl].contiguous()))
     if len(parts) == 1:
         return parts[0]
     return torch.cat([v for v, _ in parts], dim=1), torch.cat([i for _, i in parts], dim=1)
 
 
+def round_spans(bounds: torch.Tensor, rows: int) -> list[int]:
+    """Per round of ``rows`` queries, the most keys one of its rows may see: the largest end (one
+    past the last visible key, 0 for none) of ``mask_bounds`` [B,S,2] over the batch and the round's
+    rows. Read to the host: one synchronisation."""
+    span = bounds[..., 1].amax(0)
+    span = torch.nn.functional.pad(span, (0, (-span.shape[0]) % rows))
+    return span.view(-1, rows).amax(1).tolist()
+
+
+def _segments(certify: list[bool], rows: int, S: int) -> list[tuple[int, int, bool]]:
+    """(start, stop, certified) of each round, consecutive dense rounds merged into one."""
+    out = []
+    for i, certified in enumerate(certify):
+        s0, s1 = i * rows, min(S, (i + 1) * rows)
+        if out and not certified and not out[-1][2]:
+            out[-1] = (out[-1][0], s1, False)
+        else:
+            out.append((s0, s1, certified))
+    return out
+
+
 def _certified_round(q, w, k, mask, kk, config, nk, screen_config, shared_bound, k_scale, ordered, mark, stats, trace,
-                     call_queries):
+                     call_queries, bounds):
     """(values, indices) of one round of queries by the certified pipeline, the dense redo, the
-    counters and the trace; ``call_queries`` the whole call's."""
+    counters and the trace; ``call_queries`` the whole call's, ``bounds`` the round's mask bounds."""
     T = k.shape[1]
     codes, tr = certified_codes(q, w, k, mask, kk, config, nk, screen_config, shared_bound, k_scale, ordered, mark,
-                                call_queries)
+                                call_queries, bounds)
     codes = redo_dense(codes, tr.redo, q, w, k, mask, kk, k_scale)
     mark("redo")
     _record(stats, q, T, tr)

@@ -99,13 +99,13 @@ def check_call(a: dict[str, Any]) -> tuple[int, TopkSettings]:
     return checked_kk(meta[0], keys, meta[1], a["topk"], meta[2]), settings
 
 
-Kernel = Callable[[dict[str, Any], int, CertifiedTopkConfig, Any], tuple[torch.Tensor, torch.Tensor]]
+Kernel = Callable[[dict[str, Any], int, CertifiedTopkConfig, Any, "int | None"], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Check the call, answer empty inputs with empty outputs, decide its path
-    (``compiler.ops.guard.call_path``), then run ``kernel(a, kk, config, stats)`` inside the
-    decision's timed block (the runtime guard measures guarded calls)."""
+    (``compiler.ops.guard.call_path``), then run ``kernel(a, kk, config, stats, min_keys)`` inside the
+    decision's timed block (the runtime guard measures guarded calls); ``min_keys`` the ticket's."""
     a = op_arguments(args, kwargs)
     kk, settings = check_call(a)
     q = a["q"]
@@ -117,7 +117,7 @@ def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch
     config = settings.runtime_config(ticket.path)
     stats = TOPK_STATS.for_layer(a["layer"], q.device) if a["record_stats"] else None
     with ticket.timed(stats) as call_stats:
-        return kernel(a, kk, config, call_stats)
+        return kernel(a, kk, config, call_stats, ticket.min_keys)
 
 
 def scored_operands(a: dict[str, Any], quantizer: Quantizer = quantize
@@ -134,12 +134,13 @@ def scored_operands(a: dict[str, Any], quantizer: Quantizer = quantize
     return q8, k8, w8, k_scale
 
 
-def _reference_kernel(a, kk, config, stats):
+def _reference_kernel(a, kk, config, stats, min_keys):
+    """The plain-torch reference: every row of a certified call certified (``min_keys`` unused)."""
     q, k, w, k_scale = scored_operands(a)
     return reference_certified_topk(q, k, w, a["topk"], a["mask"], key_scale=k_scale, config=config, stats=stats)
 
 
-def _cuda_kernel(a, kk, config, stats):
+def _cuda_kernel(a, kk, config, stats, min_keys):
     from compiler.lowering.scoring.fp8_quant import quantize_rows
     from compiler.lowering.scoring.indexer_scores import check_fp8_head_dim
     from compiler.lowering.topk_pipeline import checked_certified_topk_cuda
@@ -148,7 +149,7 @@ def _cuda_kernel(a, kk, config, stats):
         check_fp8_head_dim(a["q"].shape[3])
     q, k, w, k_scale = scored_operands(a, quantize_rows)
     return checked_certified_topk_cuda(q, k, w, kk, a["mask"], k_scale=k_scale, config=config, stats=stats,
-                                       ordered=a["sorted"])
+                                       ordered=a["sorted"], min_keys=min_keys)
 
 
 def _default(*args, **kwargs):

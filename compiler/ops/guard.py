@@ -3,7 +3,7 @@
 ``call_path(settings, layer=, device=, B, S, T, H, D, kk)`` obeys "dense" and "certified"; "auto"
 is dense when kk >= T, when a batch row has fewer than ``defaults.MIN_CERTIFIED_ROWS`` queries or
 below ``min_keys`` (None: ``cost_model.default_min_keys`` for the call), and otherwise the path of
-``GUARD``, the process-wide ``Guard``. It reads no tensor. The returned ``CallTicket``'s ``timed``
+``GUARD``, the process-wide ``Guard``, whose ticket carries min_keys to the kernel. It reads no tensor. The returned ``CallTicket``'s ``timed``
 block measures a guarded call with CUDA events (the host clock off CUDA) and reads its counters
 once the device has run it, on a later call: the host never waits. ``GuardBucket`` is the state
 machine of one (layer, device, bucket of B*S, bucket of T); ``Guard.summaries()`` is readable state."""
@@ -18,7 +18,7 @@ from typing import Iterator
 import torch
 
 from compiler import defaults
-from compiler.autotune import length_bucket
+from compiler.autotune import graph_capturing, length_bucket
 from compiler.cost_model import default_min_keys
 from compiler.topk_settings import TopkSettings
 from runtime.certified_topk import TopkStats
@@ -38,7 +38,7 @@ def call_path(settings: TopkSettings, *, layer: str, device: torch.device, B: in
         min_keys = default_min_keys(H, D, kk, queries, torch.device(device).type)
     if kk >= T or S < defaults.MIN_CERTIFIED_ROWS or min_keys is None or T < min_keys:
         return CallTicket("dense")
-    return GUARD.ticket(layer, torch.device(device), B * S, T)
+    return GUARD.ticket(layer, torch.device(device), B * S, T, min_keys)
 
 
 @dataclass
@@ -181,13 +181,16 @@ class _Measurement:
 @dataclass
 class CallTicket:
     """The path of one call. Run the call inside ``timed(stats)`` and give the kernel the statistics
-    object it yields, so that the guard measures the call and reads its counters."""
+    object it yields, so that the guard measures the call and reads its counters. ``min_keys``: the
+    crossover an "auto" call was checked against, for the kernel's rows (a certified call's rounds
+    whose rows see fewer keys run dense); None when the call's path was not chosen by length."""
 
     path: str
     _guard: "Guard | None" = None
     _key: tuple | None = None
     _pairs: int = 0
     _timed: bool = False
+    min_keys: int | None = None
 
     @contextlib.contextmanager
     def timed(self, stats: TopkStats | None) -> Iterator[TopkStats | None]:
@@ -205,10 +208,6 @@ class CallTicket:
         self._guard.finished(self._key, measurement)
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 class Guard:
     """The guard's buckets and their measurements in flight (SPEC C.7)."""
 
@@ -216,16 +215,16 @@ class Guard:
         self._buckets: dict[tuple, GuardBucket] = {}
         self._in_flight: dict[tuple, list[_Measurement]] = {}
 
-    def ticket(self, layer: str, device: torch.device, rows: int, T: int) -> CallTicket:
-        """The guarded path of a call of ``rows`` = B*S queries over T keys."""
+    def ticket(self, layer: str, device: torch.device, rows: int, T: int, min_keys: int | None = None) -> CallTicket:
+        """The guarded path of a call of ``rows`` = B*S queries over T keys, checked against ``min_keys``."""
         key = (layer, device, length_bucket(rows, 1), length_bucket(T, 1))
         bucket = self._buckets.setdefault(key, GuardBucket())
-        if _capturing(device):
-            return CallTicket(bucket.capture_path())
+        if graph_capturing(device):
+            return CallTicket(bucket.capture_path(), min_keys=min_keys)
         self._collect(key)
         path, timed = bucket.next_path()
         bucket.issued(path, timed)
-        return CallTicket(path, self, key, rows * T, timed)
+        return CallTicket(path, self, key, rows * T, timed, min_keys)
 
     def finished(self, key: tuple, measurement: _Measurement) -> None:
         """A guarded call was enqueued: its time and counters are read once the device has run it."""

@@ -24,7 +24,7 @@ from typing import Callable, Hashable, Optional
 import torch
 
 from compiler import defaults
-from compiler.autotune import length_bucket
+from compiler.autotune import graph_capturing, length_bucket
 from compiler.cost_model import shape_form, union_ratio_crossover
 from compiler.lowering.attention.latent_attention import union_bytes, warp_specialised
 from compiler.lowering.attention.selection_overlap import union_ratio
@@ -132,7 +132,7 @@ def choose_form(q, latent, rope_key, kv_b_weight, indices, mask, site: str = "")
     dims = absorbed_dims(q, rope_key, kv_b_weight)
     t_len, width = latent.shape[1], indices.shape[2]
     tile = tile_rows(s)
-    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    capturing = graph_capturing(q.device)
     return call_sparse_form(
         batch=b, queries=s, topk=max(width, 1), heads=heads, tile=tile,
         warp_specialised=warp_specialised(q, latent, rope_key),

@@ -3,6 +3,7 @@ given times, and the real op on the CPU)."""
 import torch
 
 from compiler import defaults
+from compiler.cost_model import default_min_keys
 from compiler.ops.guard import GUARD, GuardBucket, call_path
 from compiler.ops.stats import TOPK_STATS
 from compiler.topk_settings import TopkSettings
@@ -18,8 +19,12 @@ def test_call_time_path_obeys_a_forced_choice_and_dispatches_auto_on_static_size
     assert call_path(auto, B=1, S=4096, T=40000, **common).path == "dense"          # below min_keys
     assert call_path(auto, B=1, S=16, T=2**20, **common).path == "dense"            # too few queries
     assert call_path(TopkSettings("auto", min_keys=0), B=1, S=4096, T=2048, **common).path == "dense"  # kk >= T
-    assert call_path(auto, B=1, S=4096, T=2**20, **common).path == "certified"      # the guard's warm-up
+    ticket = call_path(auto, B=1, S=4096, T=2**20, **common)
+    assert ticket.path == "certified" and ticket.min_keys == 50000  # the guard's warm-up; the rounds' crossover
     assert GUARD.summaries()["call"][0]["certified_calls"] == 1
+    unplanned = call_path(TopkSettings("auto"), B=1, S=2**20, T=2**20, **common)
+    assert unplanned.min_keys == default_min_keys(64, 128, 2048, None, "cpu")  # a prefill's modelled crossover
+    assert call_path(TopkSettings("certified"), B=1, S=4096, T=2**20, **common).min_keys is None
     GUARD.reset()
 
 
