@@ -201,7 +201,8 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
     the last position's logits), compiled with the backend with every indexer dense (option
     ``path="dense"``), by stock ``torch.compile(model)``, and with the backend with the plan and with
     its defaults; one warm-up call and the guard's trials first, then the median of ``reps`` calls;
-    the last position's logits compared with the backend's dense run's (stock rounds otherwise)."""
+    the last position's logits compared with the backend's dense run's (stock rounds otherwise), and
+    the path the runtime guard keeps per guarded layer."""
     from transformers import AutoModelForCausalLM
 
     tokens = np.load(HELD_OUT_TOKENS)
@@ -232,7 +233,8 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
         rows.append({"T": T, "variant": f"prefill {name}", "ms": round(timing.ms, 3), "peak_gib": timing.peak_gib,
                      "x_dense": round(timing.ms / dense_ms, 3),
                      "argmax_as_dense": int(timing.out.argmax()) == int(reference.argmax()),
-                     "max_abs_diff": float((timing.out - reference).abs().max())})
+                     "max_abs_diff": float((timing.out - reference).abs().max()),
+                     "guard": {layer: [b["path"] for b in buckets] for layer, buckets in GUARD.summaries().items()}})
         print(rows[-1], flush=True)
         del compiled, net
     return rows
@@ -298,6 +300,8 @@ def render(doc) -> str:
         variant = r["variant"] + (_choice(r) if r["variant"] == "plan" else "")
         if "peak_gib" in r or "error" in r:  # a prefill row
             variant += f" ({r['error']})" if "error" in r else "" if r["peak_gib"] is None else f" (peak {r['peak_gib']:.1f} GiB)"
+            certified = [layer.split(".")[2] for layer, paths in r.get("guard", {}).items() if "certified" in paths]
+            variant += f", guard certified layers {' '.join(certified) or 'none'}" if r.get("guard") else ""
         lines.append([r["T"], r.get("layer", "-"), variant,
                       r.get("ms"), r.get("x_dense", 1.0), r.get("graph_ms"), r.get("identical", "-"), r.get("pruned", "-"),
                       r.get("m", "-"),
