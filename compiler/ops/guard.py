@@ -3,9 +3,10 @@
 ``call_path(settings, layer=, device=, B, S, T, H, D, kk)`` obeys "dense" and "certified"; "auto"
 is dense when kk >= T, when a batch row has fewer than ``defaults.MIN_CERTIFIED_ROWS`` queries or
 below ``min_keys`` (None: ``cost_model.default_min_keys`` for the call), and otherwise the path of
-``GUARD``, the process-wide ``Guard``, whose ticket carries min_keys to the kernel. It reads no tensor. The returned ``CallTicket``'s ``timed``
-block measures a guarded call with CUDA events (the host clock off CUDA) and reads its counters
-once the device has run it, on a later call: the host never waits. ``GuardBucket`` is the state
+``GUARD``, the process-wide ``Guard``. It reads no tensor. The returned ``CallTicket`` carries
+min_keys to the kernel; its ``timed`` block measures a guarded call with CUDA events (the host
+clock off CUDA) and reads its counters once the device has run it, on a later call: the host never
+waits. ``GuardBucket`` is the state
 machine of one (layer, device, bucket of B*S, bucket of T); ``Guard.summaries()`` is readable state."""
 from __future__ import annotations
 
