@@ -125,6 +125,35 @@ def test_the_op_on_an_input_that_does_not_prune_goes_dense_after_its_first_call(
     TOPK_STATS.reset()
 
 
+def test_an_auto_calls_crossover_reaches_the_cuda_kernel_whose_short_rounds_run_dense(monkeypatch):
+    """The op's CUDA kernel (on CPU tensors under TRITON_INTERPRET=1) in rounds of 32 of 64 causal
+    queries over 288 keys (rows see 225..288 keys): min_keys 260 reaches the kernel through the
+    guard's ticket, which runs the first round dense (its 2 x 32 queries counted dense cheaper) and
+    certifies the second; the answer is the dense one."""
+    from compiler.lowering import defaults as kernel_defaults
+    from compiler.lowering.topk_pipeline import certified_query_bytes, dense_topk_cuda
+    from compiler.ops.certified_topk import _cuda_kernel, _run
+    from runtime.certified_topk import CertifiedTopkConfig
+    from runtime.indexer_zoo import zoo_inputs
+
+    GUARD.reset()
+    TOPK_STATS.reset()
+    S, T, kk = 64, 288, 16
+    q, k, w, _ = zoo_inputs("misaligned_runs", 2, S, T, 8, 32, seed=2, dtype=torch.bfloat16)
+    mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None].expand(2, S, T)
+    config = CertifiedTopkConfig(list_queries=2)
+    monkeypatch.setattr(kernel_defaults, "CERTIFIED_CHUNK_QUERIES", 32)
+    monkeypatch.setattr(kernel_defaults, "CERTIFIED_CHUNK_BYTES", 32 * certified_query_bytes(2, T, 8, kk, config) + 1)
+    got = _run(_cuda_kernel, (q, k, w, kk, mask), {"layer": "rounds", "min_keys": 260, "list_queries": 2})
+    assert GUARD.summaries()["rounds"][0]["certified_calls"] == 1  # the guard's warm-up: a certified call
+    summary = TOPK_STATS.summaries()["rounds"]
+    assert summary["queries"] == 2 * S and summary["fallbacks"]["dense_cheaper"] == 2 * 32
+    want = dense_topk_cuda(q, k, w, kk, mask)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    GUARD.reset()
+    TOPK_STATS.reset()
+
+
 class _Indexer(torch.nn.Module):
     def forward(self, q, k, w):
         x = torch.relu(torch.einsum("bshd,btd->bsht", q, k))
