@@ -126,9 +126,9 @@ def test_the_op_on_an_input_that_does_not_prune_goes_dense_after_its_first_call(
 
 
 def test_an_auto_calls_crossover_reaches_the_cuda_kernel_whose_short_rounds_run_dense(monkeypatch):
-    """The op's CUDA kernel (on CPU tensors under TRITON_INTERPRET=1) in rounds of 32 of 64 causal
-    queries over 288 keys (rows see 225..288 keys): min_keys 260 reaches the kernel through the
-    guard's ticket, which runs the first round dense (its 2 x 32 queries counted dense cheaper) and
+    """The op's CUDA kernel (on CPU tensors under TRITON_INTERPRET=1) in rounds of 16 of 32 causal
+    queries over 272 keys (rows see 241..272 keys): min_keys 260 reaches the kernel through the
+    guard's ticket, which runs the first round dense (its 16 queries counted dense cheaper) and
     certifies the second; the answer is the dense one."""
     from compiler.lowering import defaults as kernel_defaults
     from compiler.lowering.topk_pipeline import certified_query_bytes, dense_topk_cuda
@@ -138,16 +138,16 @@ def test_an_auto_calls_crossover_reaches_the_cuda_kernel_whose_short_rounds_run_
 
     GUARD.reset()
     TOPK_STATS.reset()
-    S, T, kk = 64, 288, 16
-    q, k, w, _ = zoo_inputs("misaligned_runs", 2, S, T, 8, 32, seed=2, dtype=torch.bfloat16)
-    mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None].expand(2, S, T)
+    S, T, kk = 32, 272, 16
+    q, k, w, _ = zoo_inputs("misaligned_runs", 1, S, T, 8, 32, seed=2, dtype=torch.bfloat16)
+    mask = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None]
     config = CertifiedTopkConfig(list_queries=2)
-    monkeypatch.setattr(kernel_defaults, "CERTIFIED_CHUNK_QUERIES", 32)
-    monkeypatch.setattr(kernel_defaults, "CERTIFIED_CHUNK_BYTES", 32 * certified_query_bytes(2, T, 8, kk, config) + 1)
+    monkeypatch.setattr(kernel_defaults, "CERTIFIED_CHUNK_QUERIES", 16)
+    monkeypatch.setattr(kernel_defaults, "CERTIFIED_CHUNK_BYTES", 16 * certified_query_bytes(1, T, 8, kk, config) + 1)
     got = _run(_cuda_kernel, (q, k, w, kk, mask), {"layer": "rounds", "min_keys": 260, "list_queries": 2})
     assert GUARD.summaries()["rounds"][0]["certified_calls"] == 1  # the guard's warm-up: a certified call
     summary = TOPK_STATS.summaries()["rounds"]
-    assert summary["queries"] == 2 * S and summary["fallbacks"]["dense_cheaper"] == 2 * 32
+    assert summary["queries"] == S and summary["fallbacks"]["dense_cheaper"] == 16
     want = dense_topk_cuda(q, k, w, kk, mask)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     GUARD.reset()
