@@ -128,13 +128,14 @@ def dense_chunk_rows(B: int, S: int, H: int, T: int, kk: int, dtype: torch.dtype
     return max(block_s, (defaults.DENSE_CHUNK_BYTES // (width * T * B)) // block_s * block_s)
 
 
-def dense_codes_topk(q, w, k, mask, kk, k_scale=None, ordered=True):
+def dense_codes_topk(q, w, k, mask, kk, k_scale=None, ordered=True, bounds=None):
     """Top-kk order codes [B,S,kk] of every query by dense scoring, queries chunked for memory
     (``dense_chunk_rows``). Chunks that take threshold_select's threshold path get their chunk
     maxima from the scorer, which writes them int32 words instead of codes (half the bytes to
-    write and to read). With a mask, the rows' visible extents (``mask_bounds``) serve the scorer
-    and let the compaction stop where a row's keys turn hidden. ``k_scale``: the FP8 scorer's key
-    scales (E4M3 q and k). ``ordered`` False: each row's codes in an unspecified order."""
+    write and to read). With a mask, the rows' visible extents (``mask_bounds``; ``bounds``: the
+    caller's [B,S,2], else computed per chunk) serve the scorer and let the compaction stop where a
+    row's keys turn hidden. ``k_scale``: the FP8 scorer's key scales (E4M3 q and k). ``ordered``
+    False: each row's codes in an unspecified order."""
     B, S = q.shape[:2]
     T = k.shape[1]
     rows = dense_chunk_rows(B, S, q.shape[2], T, kk, q.dtype, q.device)
@@ -144,28 +145,28 @@ def dense_codes_topk(q, w, k, mask, kk, k_scale=None, ordered=True):
         m = None if mask is None else mask[:, sl]
         n = scorer_chunks(B * (sl.stop - s0), T, kk, q.dtype, q.device)
         maxima = None if n is None else torch.empty((B, sl.stop - s0, n), dtype=torch.int64, device=q.device)
-        bounds = None if m is None else mask_bounds(m, B, sl.stop - s0, T)
-        codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima, words=n is not None, k_scale=k_scale,
-                            bounds=bounds)
-        out.append(top_codes(codes, kk, maxima, ordered, ends=None if bounds is None else bounds[..., 1]))
+        b = None if m is None else mask_bounds(m, B, sl.stop - s0, T) if bounds is None else bounds[:, sl].contiguous()
+        codes = dense_codes(q[:, sl], w[:, sl], k, m, maxima=maxima, words=n is not None, k_scale=k_scale, bounds=b)
+        out.append(top_codes(codes, kk, maxima, ordered, ends=None if b is None else b[..., 1]))
     return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 
-def dense_values_topk(q, w, k, mask, kk, k_scale=None, ordered=True):
+def dense_values_topk(q, w, k, mask, kk, k_scale=None, ordered=True, bounds=None):
     """(values [B,S,kk] fp32, indices [B,S,kk] int64) of dense scoring, in THE ORDER (``ordered``
     False: the same pairs per row in an unspecified order). A call of few rows on CUDA (decode)
     selects and decodes in one launch after the scorer (few_rows_select); any other:
-    ``dense_codes_topk``, then ``decode_codes``."""
+    ``dense_codes_topk``, then ``decode_codes``. ``bounds``: the mask's ``mask_bounds`` when the
+    caller has them."""
     B, S = q.shape[:2]
     T = k.shape[1]
     multiple = chunk_multiple(q.dtype)
     n = chunk_count(T, kk, multiple)
     if n % multiple == 0 and takes_few_rows(B * S, T, kk, n, q.device):
         maxima = torch.empty((B, S, n), dtype=torch.int64, device=q.device)
-        codes = dense_codes(q, w, k, mask, maxima=maxima, k_scale=k_scale)
+        codes = dense_codes(q, w, k, mask, maxima=maxima, k_scale=k_scale, bounds=bounds)
         values, idx = few_rows_topk(codes.view(B * S, T), maxima.view(B * S, n), kk, T)
         return values.view(B, S, kk), idx.view(B, S, kk)
-    return decode_codes(dense_codes_topk(q, w, k, mask, kk, k_scale, ordered), T)
+    return decode_codes(dense_codes_topk(q, w, k, mask, kk, k_scale, ordered, bounds), T)
 
 
 def dense_topk_cuda(q, k, weights, topk, mask=None, k_scale=None):
@@ -517,12 +518,13 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, c
     for s0, s1, certified in _segments(certify, rows, S):
         sl = slice(s0, s1)  # a round of every query is q itself: contiguous() copies nothing
         qs, ws, ms = q[:, sl].contiguous(), w[:, sl].contiguous(), None if mask is None else mask[:, sl]
+        bs = None if bounds is None else bounds[:, sl].contiguous()
         if not certified:
             _record(stats, qs, T, None)
-            parts.append(dense_values_topk(qs, ws, k, ms, kk, k_scale, ordered))
+            parts.append(dense_values_topk(qs, ws, k, ms, kk, k_scale, ordered, bs))
             continue
         parts.append(_certified_round(qs, ws, k, ms, kk, config, nk, screen_config, shared_bound, k_scale, ordered,
-                                      mark, stats, trace, S, None if bounds is None else bounds[:, sl].contiguous()))
+                                      mark, stats, trace, S, bs))
     if len(parts) == 1:
         return parts[0]
     return torch.cat([v for v, _ in parts], dim=1), torch.cat([i for _, i in parts], dim=1)
