@@ -51,6 +51,9 @@ rows lists of each other count of queries (1: each query's own survivors)."""
 SMOKE = {"S": 4, "T": [128], "topk": 16, "rs": [7], "reps": 1, "warmup": 0, "gap_queries": 4, "profile_r": 7,
          "refine_queries": [1, 2]}
 STAGES = ("seeds", "plan", "screen", "refine", "select", "redo")
+PREFILL_WARMUP_MAX = 16
+"""Most untimed prefill calls per variant: the guard's warm-ups, trials and rungs (it stops earlier
+once every guarded layer is decided)."""
 
 
 def capture_layers(T: int, S: int, device, seed: int = 0):
@@ -200,7 +203,8 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
     """The trained model's prefill of T held-out tokens as ``generate`` runs it (``use_cache=True``,
     the last position's logits), compiled with the backend with every indexer dense (option
     ``path="dense"``), by stock ``torch.compile(model)``, and with the backend with the plan and with
-    its defaults; one warm-up call and the guard's trials first, then the median of ``reps`` calls;
+    its defaults; warm-up calls until the runtime guard has decided every layer (its trials and, for
+    the defaults, its rungs; at least 4, at most ``PREFILL_WARMUP_MAX``), then the median of ``reps`` calls;
     the last position's logits compared with the backend's dense run's (stock rounds otherwise), and
     the path the runtime guard keeps per guarded layer."""
     from transformers import AutoModelForCausalLM
@@ -220,8 +224,13 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
                 return compiled(ids, logits_to_keep=1).logits[0, -1].float()
 
         try:
-            for _ in range(4):  # compile, then the guard's warm-ups and trials
+            for calls in range(1, PREFILL_WARMUP_MAX + 1):  # compile, then the guard's warm-ups, trials and rungs
                 call()
+                if torch.device(device).type == "cuda":
+                    torch.cuda.synchronize(device)  # so that the guard reads this call's verdict on the next
+                if calls >= 4 and all(b["path"] != "undecided" for buckets in GUARD.summaries().values()
+                                      for b in buckets):
+                    break
             timing = harness.measure(call, device, reps)
         except RuntimeError as exc:  # out of memory, or stock's compiler failing for it
             rows.append({"T": T, "variant": f"prefill {name}", "error": str(exc).splitlines()[0][:300]})
@@ -234,10 +243,18 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
                      "x_dense": round(timing.ms / dense_ms, 3),
                      "argmax_as_dense": int(timing.out.argmax()) == int(reference.argmax()),
                      "max_abs_diff": float((timing.out - reference).abs().max()),
-                     "guard": {layer: [b["path"] for b in buckets] for layer, buckets in GUARD.summaries().items()}})
+                     "warmup_calls": calls,
+                     "guard": {layer: [_guard_state(b) for b in buckets] for layer, buckets in GUARD.summaries().items()}})
         print(rows[-1], flush=True)
         del compiled, net
     return rows
+
+
+def _guard_state(bucket: dict) -> str:
+    """A guard bucket's kept path, with the rung's settings where it climbed past the layer's own."""
+    if not bucket["rung"]:
+        return bucket["path"]
+    return f"{bucket['path']} (r={bucket['r']} lists of {bucket['list_queries']})"
 
 
 def main(argv=None):
@@ -300,8 +317,9 @@ def render(doc) -> str:
         variant = r["variant"] + (_choice(r) if r["variant"] == "plan" else "")
         if "peak_gib" in r or "error" in r:  # a prefill row
             variant += f" ({r['error']})" if "error" in r else "" if r["peak_gib"] is None else f" (peak {r['peak_gib']:.1f} GiB)"
-            certified = [layer.split(".")[2] for layer, paths in r.get("guard", {}).items() if "certified" in paths]
-            variant += f", guard certified layers {' '.join(certified) or 'none'}" if r.get("guard") else ""
+            certified = [layer.split(".")[2] + path[len("certified"):] for layer, paths in r.get("guard", {}).items()
+                         for path in paths if path.startswith("certified")]
+            variant += f", guard certified layers {', '.join(certified) or 'none'}" if r.get("guard") else ""
         lines.append([r["T"], r.get("layer", "-"), variant,
                       r.get("ms"), r.get("x_dense", 1.0), r.get("graph_ms"), r.get("identical", "-"), r.get("pruned", "-"),
                       r.get("m", "-"),

@@ -31,3 +31,4 @@ RETRY_FIRST = 8  # dense calls before a losing certified path is retried ...
 RETRY_MAX = 512  # ... doubling the wait after every lost retry, up to this
 SURE_LOSS_SURVIVAL = 0.9  # a certified call that refined more of its screened pairs did the dense work and more
 SURE_LOSS_REDO = 0.5  # ... or that redid more of its queries densely
+GUARD_LADDER = ((15, 2, False), (31, 2, False))  # (r, list_queries, witnesses) a layer left to the defaults tries in turn after its certified calls lose: the trained indexers' best settings at 65536-131072 keys, where the runtime's r <= 7 prunes nothing (certified_trained_h100.md)

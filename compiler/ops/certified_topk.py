@@ -103,8 +103,8 @@ Kernel = Callable[[dict[str, Any], int, CertifiedTopkConfig, Any, "int | None"],
 
 
 def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Check the call, answer empty inputs with empty outputs, decide its path
-    (``compiler.ops.guard.call_path``), then run ``kernel(a, kk, config, stats, min_keys)`` inside the
+    """Check the call, answer empty inputs with empty outputs, decide its path and
+    settings (``compiler.ops.guard.call_path``), then run ``kernel(a, kk, config, stats, min_keys)`` inside the
     decision's timed block (the runtime guard measures guarded calls); ``min_keys`` the ticket's."""
     a = op_arguments(args, kwargs)
     kk, settings = check_call(a)
@@ -114,7 +114,7 @@ def _run(kernel: Kernel, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch
         return (torch.empty((B, S, kk), dtype=torch.float32, device=q.device),
                 torch.empty((B, S, kk), dtype=torch.int64, device=q.device))
     ticket = call_path(settings, layer=a["layer"], device=q.device, B=B, S=S, T=a["k"].shape[1], H=H, D=D, kk=kk)
-    config = settings.runtime_config(ticket.path)
+    config = ticket.settings.runtime_config(ticket.path)
     stats = TOPK_STATS.for_layer(a["layer"], q.device) if a["record_stats"] else None
     with ticket.timed(stats) as call_stats:
         return kernel(a, kk, config, call_stats, ticket.min_keys)

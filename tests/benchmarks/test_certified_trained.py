@@ -43,7 +43,12 @@ def test_the_table_renders_prefill_rows_beside_layer_rows():
     doc = {"rows": [{"T": 128, "layer": 0, "variant": "dense", "ms": 1.0},
                     {"T": 128, "variant": "prefill plan", "ms": 2.5, "argmax_as_dense": True},
                     {"T": 128, "variant": "prefill dense", "ms": 2.0, "peak_gib": 28.81, "x_dense": 1.0},
-                    {"T": 128, "variant": "prefill stock", "error": "CUDA out of memory"}]}
+                    {"T": 128, "variant": "prefill stock", "error": "CUDA out of memory"},
+                    {"T": 128, "variant": "prefill default", "ms": 1.5, "peak_gib": 20.0,
+                     "guard": {"model.layers.0.self_attn.indexer": ["dense"],
+                               "model.layers.1.self_attn.indexer": ["certified (r=15 lists of 2)"],
+                               "model.layers.2.self_attn.indexer": ["certified"]}}]}
     table = render(doc)
+    assert "guard certified layers 1 (r=15 lists of 2), 2 |" in table
     assert "prefill plan" in table and "2.5" in table
     assert "prefill dense (peak 28.8 GiB)" in table and "prefill stock (CUDA out of memory)" in table

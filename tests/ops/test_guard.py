@@ -4,9 +4,10 @@ import torch
 
 from compiler import defaults
 from compiler.cost_model import default_min_keys
-from compiler.ops.guard import GUARD, GuardBucket, call_path
+from compiler.ops.guard import GUARD, GuardBucket, call_path, guard_ladder
 from compiler.ops.stats import TOPK_STATS
 from compiler.topk_settings import TopkSettings
+from runtime.certified_topk import CertifiedTopkConfig
 from runtime.dense_scorer import dense_topk
 
 
@@ -99,6 +100,95 @@ def test_guard_goes_dense_on_the_counters_of_a_certified_call_that_cannot_have_w
     bucket.issued("certified", True)
     bucket.record("certified", 4.0, (0.1, 0.8))  # fast, but most queries redone densely: lost, once
     assert bucket.favoured == "dense" and bucket.backoff == 2 * defaults.RETRY_FIRST and bucket.sure_losses == 2
+
+
+def test_guard_climbs_its_rungs_while_certified_loses_and_keeps_the_first_that_wins():
+    bucket = GuardBucket(rungs=3)
+    run(bucket, "certified")
+    run(bucket, "dense")
+    run(bucket, "dense", 10.0)
+    run(bucket, "certified", 30.0)  # rung 0 lost: the next rung, undecided
+    assert (bucket.rung, bucket.favoured) == (1, None)
+    assert run(bucket, "certified", 1.0) is False  # rung 1's warm-up: compiles, its time means nothing
+    run(bucket, "certified", 20.0)
+    assert (bucket.rung, bucket.favoured) == (2, None)
+    run(bucket, "certified")
+    run(bucket, "certified", 6.0)
+    assert (bucket.rung, bucket.favoured) == (2, "certified") and bucket.summary()["rung"] == 2
+    assert bucket.dense_calls == 2  # the dense path was measured once, for every rung
+
+
+def test_guard_goes_dense_once_every_rung_lost_and_retries_the_fastest():
+    bucket = GuardBucket(rungs=3)
+    run(bucket, "certified")
+    run(bucket, "dense")
+    run(bucket, "dense", 10.0)
+    for rung, ms in enumerate((30.0, 15.0, 20.0)):
+        assert bucket.rung == rung
+        if rung:
+            run(bucket, "certified")  # the rung's warm-up
+        run(bucket, "certified", ms)
+    assert (bucket.favoured, bucket.rung, bucket.backoff) == ("dense", 1, defaults.RETRY_FIRST)
+    for _ in range(defaults.RETRY_FIRST):
+        run(bucket, "dense", 10.0)
+    run(bucket, "certified", 12.0)  # the retry, on rung 1: lost again, no rung left to climb
+    assert (bucket.favoured, bucket.rung, bucket.backoff) == ("dense", 1, 2 * defaults.RETRY_FIRST)
+
+
+def test_guard_ignores_a_rung_it_has_left_and_climbs_on_a_warm_up_that_cannot_have_won():
+    bucket = GuardBucket(rungs=2)
+    run(bucket, "certified")
+    run(bucket, "dense")
+    bucket.issued("certified", True)  # rung 0 timed, still in flight
+    bucket.record("certified", None, (0.97, 0.0), rung=0)  # the warm-up's counters: a sure loss
+    assert (bucket.rung, bucket.favoured, bucket.sure_losses) == (1, None, 1)
+    bucket.record("certified", 1.0, (0.1, 0.0), rung=0)  # rung 0's timed call lands late: ignored
+    assert bucket.certified_ms is None and bucket.pending["certified"] == 0
+    assert bucket.next_path() == ("certified", False)  # rung 1's warm-up
+
+
+def test_the_guard_ladder_is_for_layers_that_leave_the_budget_to_the_defaults():
+    auto = TopkSettings("auto", min_keys=100)
+    ladder = guard_ladder(auto)
+    assert ladder[0] == auto and len(ladder) == 1 + len(defaults.GUARD_LADDER)
+    assert [(s.r, s.list_queries, s.witnesses, s.min_keys) for s in ladder[1:]] == [
+        (r, g, wit, 100) for r, g, wit in defaults.GUARD_LADDER]
+    for planned in (TopkSettings("auto", r=15), TopkSettings("auto", list_queries=1), TopkSettings("auto", witnesses=True)):
+        assert guard_ladder(planned) == (planned,)
+
+
+def test_the_op_runs_each_rung_s_settings_and_climbs_on_sure_losses(monkeypatch):
+    """A layer left to the defaults (CPU reference, SURE_LOSS_SURVIVAL lowered so that the
+    defaults' 5% survival on this input is a sure loss): its warm-up loses on its counters, and so
+    do the ladder's rungs (no witnesses: most queries redone), so the certified calls run r = None,
+    15 and 31 with the rungs' list sizes and witnesses, one each, then every call is dense; every
+    answer is the dense one."""
+    from compiler.ops.certified_topk import _reference_kernel, _run
+
+    GUARD.reset()
+    TOPK_STATS.reset()
+    monkeypatch.setattr(defaults, "GUARD_LADDER", ((15, 2, False), (31, 2, False)))
+    monkeypatch.setattr(defaults, "SURE_LOSS_SURVIVAL", 0.01)
+    certified = []
+
+    def reference(a, kk, config, stats, min_keys):
+        if config.path == "certified":
+            certified.append((config.r, config.list_queries, config.witnesses))
+        return _reference_kernel(a, kk, config, stats, min_keys)
+
+    g = torch.Generator().manual_seed(1)
+    q, k, w = torch.randn(1, 64, 64, 16, generator=g), torch.randn(1, 2048, 16, generator=g), torch.rand(1, 64, 64, generator=g)
+    want = dense_topk(q, k, w, 32)
+    for _ in range(6):
+        got = _run(reference, (q, k, w, 32), {"layer": "ladder", "min_keys": 0})
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    default_witnesses = CertifiedTopkConfig().witnesses
+    assert certified == [(None, None, default_witnesses), (15, 2, False), (31, 2, False)]
+    (state,) = GUARD.summaries()["ladder"]
+    assert (state["path"], state["sure_losses"], state["dense_calls"]) == ("dense", 3, 3)
+    assert (state["rung"], state["r"], state["list_queries"], state["witnesses"]) == (2, 31, 2, False)
+    GUARD.reset()
+    TOPK_STATS.reset()
 
 
 def test_the_op_on_an_input_that_does_not_prune_goes_dense_after_its_first_call():
