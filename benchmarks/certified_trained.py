@@ -51,9 +51,6 @@ rows lists of each other count of queries (1: each query's own survivors)."""
 SMOKE = {"S": 4, "T": [128], "topk": 16, "rs": [7], "reps": 1, "warmup": 0, "gap_queries": 4, "profile_r": 7,
          "refine_queries": [1, 2]}
 STAGES = ("seeds", "plan", "screen", "refine", "select", "redo")
-PREFILL_WARMUP_MAX = 16
-"""Most untimed prefill calls per variant: the guard's warm-ups, trials and rungs (it stops earlier
-once every guarded layer is decided)."""
 
 
 def capture_layers(T: int, S: int, device, seed: int = 0):
@@ -189,8 +186,7 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
         return torch.ops.pulsar_dosa.certified_topk(q, k, w, kk, mask, **s.op_arguments(),
                                                     layer=f"trained/L{layer}")
 
-    for _ in range(4):  # the guard's warm-ups and its dense and certified trials
-        plan_op()
+    harness.settle_guard(plan_op, device, at_least=4)  # the guard's warm-ups and its dense and certified trials
     op = harness.measure(plan_op, device, sizes["reps"])
     rows.append({"layer": layer, "T": T, "S": S, "variant": "plan", **s.op_arguments(),
                  "reason": choice.reason, "ms": round(op.ms, 3), "x_dense": round(op.ms / dense.ms, 3),
@@ -204,7 +200,7 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
     the last position's logits), compiled with the backend with every indexer dense (option
     ``path="dense"``), by stock ``torch.compile(model)``, and with the backend with the plan and with
     its defaults; warm-up calls until the runtime guard has decided every layer (its trials and, for
-    the defaults, its rungs; at least 4, at most ``PREFILL_WARMUP_MAX``), then the median of ``reps`` calls;
+    the defaults, its rungs; at least 4, ``harness.settle_guard``), then the median of ``reps`` calls;
     the last position's logits compared with the backend's dense run's (stock rounds otherwise), and
     the path the runtime guard keeps per guarded layer."""
     from transformers import AutoModelForCausalLM
@@ -224,13 +220,7 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
                 return compiled(ids, logits_to_keep=1).logits[0, -1].float()
 
         try:
-            for calls in range(1, PREFILL_WARMUP_MAX + 1):  # compile, then the guard's warm-ups, trials and rungs
-                call()
-                if torch.device(device).type == "cuda":
-                    torch.cuda.synchronize(device)  # so that the guard reads this call's verdict on the next
-                if calls >= 4 and all(b["path"] != "undecided" for buckets in GUARD.summaries().values()
-                                      for b in buckets):
-                    break
+            calls = harness.settle_guard(call, device, at_least=4)  # compile, the guard's warm-ups, trials, rungs
             timing = harness.measure(call, device, reps)
         except RuntimeError as exc:  # out of memory, or stock's compiler failing for it
             rows.append({"T": T, "variant": f"prefill {name}", "error": str(exc).splitlines()[0][:300]})

@@ -41,6 +41,28 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
+GUARD_SETTLE_CALLS = 16
+"""Most untimed calls ``settle_guard`` makes before giving up on a verdict."""
+
+
+def settle_guard(fn: Callable[[], Any], device: torch.device | str, at_least: int = 1,
+                 layer: str | None = None) -> int:
+    """Call ``fn`` (synchronising after each call, so that the runtime guard reads every verdict on
+    the next) at least ``at_least`` times and until every bucket of ``compiler.ops.guard.GUARD``
+    (of ``layer`` only, when given) has decided its path (its warm-ups, trials and rungs), at most
+    GUARD_SETTLE_CALLS times; returns the calls made."""
+    from compiler.ops.guard import GUARD
+
+    for calls in range(1, GUARD_SETTLE_CALLS + 1):
+        fn()
+        synchronize(device)
+        states = GUARD.summaries()
+        buckets = [b for name, bs in states.items() if layer is None or name == layer for b in bs]
+        if calls >= at_least and all(b["path"] != "undecided" for b in buckets):
+            return calls
+    return GUARD_SETTLE_CALLS
+
+
 def measure(fn: Callable[[], Any], device: torch.device | str = "cuda", reps: int = 5, *, warmup: int = 1,
             host_paced: bool = False, budget_s: float | None = None, min_reps: int = 2,
             before: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.perf_counter) -> Timing:

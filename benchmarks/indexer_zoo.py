@@ -7,7 +7,8 @@ Every family of ``runtime.indexer_zoo`` and the ``structured`` control, S in {40
 at the end of T in {131072, 524288} keys (causal), H=64, D=128, topk=2048, bf16 (``--S``, ``--T``,
 ``--families``). Rows: ``dense``; ``plan_op`` (the op with the settings of the family's plan, made
 on calibration inputs of another seed); ``noplan_op`` (default settings); ``best_fixed`` (the
-fastest fixed budget). Op rows: a fresh guard, one untimed first call, then ``--reps`` host-paced
+fastest fixed budget). Op rows: a fresh guard, untimed calls until it has decided (its warm-ups,
+trials and, without a plan, its rungs), then ``--reps`` host-paced
 calls (``calls_ms``); ``identical`` to the dense row; ``pruned``. At each family's smallest cell
 the pipeline and the plan op also run with host synchronisation forbidden and from a CUDA graph
 (``graph_checks``). ``--budget-s`` stops starting new cells; JSON after every row."""
@@ -93,20 +94,22 @@ def make_plan(family, sizes, device):
 
 
 def op_row(name, layer, settings, q, k, w, mask, sizes, device, want):
-    """Time the op with ``settings`` (fresh guard of ``layer``): one untimed first call, then
-    sizes['reps'] timed."""
+    """Time the op with ``settings`` (fresh guard of ``layer``): untimed calls until the runtime
+    guard has decided (``harness.settle_guard``: its warm-ups, trials and, without a plan, its
+    rungs), then sizes['reps'] timed."""
     topk = sizes["topk"]
 
     def call():
         return torch.ops.pulsar_dosa.certified_topk(q, k, w, topk, mask, layer, **settings.op_arguments())
 
     first = call()
+    settle = harness.settle_guard(call, device, layer=layer)
     ms, calls_ms, out = timed_calls(call, sizes["reps"], device)
     states = GUARD.summaries().get(layer, [])
     return {"method": name, "r": settings.r, "ms": ms, "calls_ms": calls_ms,
             "identical": harness.identical(out, want) and harness.identical(first, want),
             "pruned": pruned(TOPK_STATS.summaries().get(layer, {})), "op_arguments": settings.op_arguments(),
-            "guard": states[0] if states else None}
+            "guard": states[0] if states else None, "untimed_calls": 1 + settle}
 
 
 def best_fixed_row(q, k, w, mask, sizes, device, dense_out):
@@ -212,7 +215,8 @@ def render_markdown(doc) -> str:
     lines = [f"# Indexer zoo on {doc['device']}: never slower than dense", "",
              f"torch {v['torch']}, triton {v['triton']}; H={s['H']}, D={s['D']}, topk={s['topk']}, bf16, "
              f"S queries at the end of T keys (causal chunk). Produced by `benchmarks/indexer_zoo.py` "
-             f"({doc.get('total_s', 0):.0f} s). Op rows: one untimed first call, then {s['reps']} timed calls, "
+             f"({doc.get('total_s', 0):.0f} s). Op rows: untimed calls until the runtime guard has decided, then "
+             f"{s['reps']} timed calls, "
              f"median; x = ms / dense ms. Targets: plan_op <= 1.05x and noplan_op <= 1.10x dense; identical; "
              f"plan_op within 10% of best_fixed where best_fixed prunes >= 90%.", "",
              "| family | S | T | dense ms | plan_op x (path) | noplan_op x (path) | best_fixed x (r, pruned) | "

@@ -42,3 +42,22 @@ def test_results_carry_the_device_and_versions_and_a_table_beside_them(tmp_path,
     assert table in capsys.readouterr().out
     assert harness.ceilings("cpu") == {} and harness.graph_ms(lambda: None, "cpu") is None
     assert harness.loop_ms(lambda: None, "cpu", calls=3) >= 0
+
+
+def test_settle_guard_calls_until_the_layer_s_guard_has_decided():
+    """The op with default settings on the CPU: the guard's warm-ups, trials and rungs take more
+    than one call, and settle_guard stops at the first call after which the layer is decided."""
+    from compiler.ops.guard import GUARD
+
+    GUARD.reset()
+    g = torch.Generator().manual_seed(0)
+    q, k, w = torch.randn(1, 64, 8, 16, generator=g), torch.randn(1, 1024, 16, generator=g), torch.rand(1, 64, 8, generator=g)
+    decided = []
+
+    def call():
+        torch.ops.pulsar_dosa.certified_topk(q, k, w, 16, layer="settle", min_keys=0)
+        decided.append(GUARD.summaries()["settle"][0]["path"] != "undecided")
+
+    calls = harness.settle_guard(call, "cpu", layer="settle")
+    assert calls == len(decided) and calls >= 4 and decided[-1] and not any(decided[:-1])
+    GUARD.reset()
