@@ -78,3 +78,18 @@ def test_explain_names_a_model_that_is_not_callable_and_a_dynamic_that_is_not_a_
         compiler.explain("model", torch.zeros(2))
     with pytest.raises(TypeError, match="dynamic: expected None, True or False .*got 'yes'"):
         compiler.explain(torch.nn.Linear(2, 2), torch.zeros(2), dynamic="yes")
+
+
+def test_the_guard_table_names_the_rung_a_layer_climbed_to():
+    """A guard bucket on the layer's own settings prints "-" as its rung; one that climbed prints
+    the rung's r and list size."""
+    from compiler.ops.guard import GuardBucket
+
+    climbed = GuardBucket(rungs=3, rung=1, favoured="certified").summary()
+    own = GuardBucket(rungs=3).summary()
+    where = {"device": "cuda:0", "queries_bucket": 4096, "keys_bucket": 131072}
+    report = Report(guard={"layers.1": [{**where, **climbed, "r": 15, "list_queries": 2, "witnesses": False}],
+                           "layers.0": [{**where, **own, "r": None, "list_queries": None, "witnesses": None}]})
+    lines = {line.split()[0]: line for line in str(report).splitlines() if line.startswith("layers.")}
+    assert "r=15 lists of 2" in lines["layers.1"] and "certified" in lines["layers.1"]
+    assert "r=" not in lines["layers.0"] and " - " in lines["layers.0"]
