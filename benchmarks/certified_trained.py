@@ -40,6 +40,7 @@ from compiler.lowering.topk_pipeline import checked_certified_topk_cuda, dense_t
 from compiler.ops.guard import GUARD
 from compiler.plan.choice import choose_layer
 from compiler.plan.schema import CandidateMeasurement, LayerPlan, Plan, save_plan
+from compiler.report import rung_label
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.dsa_forward import dsa_forward, indexer_qkw
 from runtime.indexer_zoo import HELD_OUT_TOKENS, TRAINED_MODEL
@@ -242,9 +243,7 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
 
 def _guard_state(bucket: dict) -> str:
     """A guard bucket's kept path, with the rung's settings where it climbed past the layer's own."""
-    if not bucket["rung"]:
-        return bucket["path"]
-    return f"{bucket['path']} (r={bucket['r']} lists of {bucket['list_queries']})"
+    return bucket["path"] + (f" ({rung_label(bucket)})" if bucket["rung"] else "")
 
 
 def main(argv=None):

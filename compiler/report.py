@@ -135,14 +135,15 @@ class Report:
             parts.append("runtime guard (measured ms per 1e9 query-key pairs; the faster path is kept):\n" + format_table(
                 ["layer", "device", "queries<=", "keys<=", "path", "rung", "certified calls", "dense calls", "retries",
                  "certified ms", "dense ms"],
-                [[layer, g["device"], g["queries_bucket"], g["keys_bucket"], g["path"], _rung(g), g["certified_calls"],
+                [[layer, g["device"], g["queries_bucket"], g["keys_bucket"], g["path"], rung_label(g), g["certified_calls"],
                   g["dense_calls"], g["retries"], _fmt(g["certified_ms_per_Gpair"]), _fmt(g["dense_ms_per_Gpair"])]
                  for layer, states in self.guard.items() for g in states]))
         return "\n\n".join(parts)
 
 
-def _rung(state: dict[str, Any]) -> str:
-    """A guard bucket's rung: "-" on the layer's own settings, else the rung's r and list size."""
+def rung_label(state: dict[str, Any]) -> str:
+    """A guard bucket's rung (``Guard.summaries()``): "-" on the layer's own settings, else the
+    rung's r and list size."""
     return f"r={state['r']} lists of {state['list_queries']}" if state.get("rung") else "-"
 
 

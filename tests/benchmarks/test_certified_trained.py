@@ -52,3 +52,12 @@ def test_the_table_renders_prefill_rows_beside_layer_rows():
     assert "guard certified layers 1 (r=15 lists of 2), 2 |" in table
     assert "prefill plan" in table and "2.5" in table
     assert "prefill dense (peak 28.8 GiB)" in table and "prefill stock (CUDA out of memory)" in table
+
+
+def test_a_prefill_row_names_the_rung_each_guarded_layer_kept():
+    from benchmarks.certified_trained import _guard_state
+    from compiler.ops.guard import GuardBucket
+
+    climbed = {**GuardBucket(rungs=3, rung=2, favoured="certified").summary(), "r": 31, "list_queries": 2}
+    own = {**GuardBucket(rungs=3, favoured="dense").summary(), "r": None, "list_queries": None}
+    assert _guard_state(climbed) == "certified (r=31 lists of 2)" and _guard_state(own) == "dense"
