@@ -83,13 +83,13 @@ def test_explain_names_a_model_that_is_not_callable_and_a_dynamic_that_is_not_a_
 def test_the_guard_table_names_the_rung_a_layer_climbed_to():
     """A guard bucket on the layer's own settings prints "-" as its rung; one that climbed prints
     the rung's r and list size."""
-    from compiler.ops.guard import GuardBucket
+    from compiler.ops.guard import GuardBucket, guard_ladder
+    from compiler.topk_settings import TopkSettings
 
-    climbed = GuardBucket(rungs=3, rung=1, favoured="certified").summary()
-    own = GuardBucket(rungs=3).summary()
+    climbed = GuardBucket(ladder=guard_ladder(TopkSettings()), rung=1, favoured="certified").summary()
+    own = GuardBucket(ladder=guard_ladder(TopkSettings())).summary()
     where = {"device": "cuda:0", "queries_bucket": 4096, "keys_bucket": 131072}
-    report = Report(guard={"layers.1": [{**where, **climbed, "r": 15, "list_queries": 2, "witnesses": False}],
-                           "layers.0": [{**where, **own, "r": None, "list_queries": None, "witnesses": None}]})
+    report = Report(guard={"layers.1": [{**where, **climbed}], "layers.0": [{**where, **own}]})
     lines = {line.split()[0]: line for line in str(report).splitlines() if line.startswith("layers.")}
     assert "r=15 lists of 2" in lines["layers.1"] and "certified" in lines["layers.1"]
     assert "r=" not in lines["layers.0"] and " - " in lines["layers.0"]

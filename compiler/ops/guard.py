@@ -59,11 +59,12 @@ def guard_ladder(settings: TopkSettings) -> tuple[TopkSettings, ...]:
 class GuardBucket:
     """The guard's decision for one (layer, device, rows bucket, keys bucket): a pure state machine
     fed with measured times per (query, key) pair and the certified calls' counters (SPEC C.7).
-    ``rungs``: the settings it may certify with (``guard_ladder``), ``rung`` the current one: while
-    the certified path loses and a rung not yet tried remains, the next one is warmed up and timed
-    instead of going dense; once every rung has lost, retries run the fastest one measured."""
+    ``ladder``: the settings it may certify with (``guard_ladder``), ``rung`` the current one's
+    index: while the certified path loses and a rung not yet tried remains, the next one is warmed
+    up and timed instead of going dense; once every rung has lost, retries run the fastest one
+    measured."""
 
-    rungs: int = 1
+    ladder: tuple[TopkSettings, ...] = (TopkSettings(),)
     rung: int = 0
     reached: int = 0
     rung_calls: int = 0
@@ -78,6 +79,15 @@ class GuardBucket:
     retries: int = 0
     sure_losses: int = 0
     pending: dict = field(default_factory=lambda: {"dense": 0, "certified": 0})
+
+    @property
+    def rungs(self) -> int:
+        return len(self.ladder)
+
+    @property
+    def settings(self) -> TopkSettings:
+        """The settings the bucket's certified calls run now (its rung's)."""
+        return self.ladder[self.rung]
 
     @property
     def certified_ms(self) -> float | None:
@@ -166,9 +176,12 @@ class GuardBucket:
             self.recent_certified.clear()
 
     def summary(self) -> dict:
-        """Readable state: favoured path, calls per path, retries, ms per 1e9 (query, key) pairs."""
+        """Readable state: favoured path, the rung and its r, list size and witnesses, calls per
+        path, retries, ms per 1e9 (query, key) pairs."""
         per_g = (lambda x: None if x is None else x * 1e9)
-        return {"path": self.favoured or "undecided", "rung": self.rung, "certified_calls": self.certified_calls,
+        return {"path": self.favoured or "undecided", "rung": self.rung, "r": self.settings.r,
+                "list_queries": self.settings.list_queries, "witnesses": self.settings.witnesses,
+                "certified_calls": self.certified_calls,
                 "dense_calls": self.dense_calls, "retries": self.retries, "sure_losses": self.sure_losses,
                 "certified_ms_per_Gpair": per_g(self.certified_ms), "dense_ms_per_Gpair": per_g(self.dense_ms),
                 "next_retry_after": self.backoff if self.favoured == "dense" else None}
@@ -253,7 +266,6 @@ class Guard:
 
     def __init__(self) -> None:
         self._buckets: dict[tuple, GuardBucket] = {}
-        self._ladders: dict[tuple, tuple[TopkSettings, ...]] = {}
         self._in_flight: dict[tuple, list[_Measurement]] = {}
 
     def ticket(self, layer: str, device: torch.device, rows: int, T: int, settings: TopkSettings,
@@ -261,14 +273,15 @@ class Guard:
         """The guarded path of a call of ``rows`` = B*S queries over T keys under the layer's
         ``settings``, checked against ``min_keys``; the ticket's settings are the bucket's rung."""
         key = (layer, device, length_bucket(rows, 1), length_bucket(T, 1))
-        ladder = self._ladders.setdefault(key, guard_ladder(settings))
-        bucket = self._buckets.setdefault(key, GuardBucket(rungs=len(ladder)))
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = GuardBucket(ladder=guard_ladder(settings))
         if graph_capturing(device):
-            return CallTicket(bucket.capture_path(), ladder[bucket.rung], min_keys=min_keys)
+            return CallTicket(bucket.capture_path(), bucket.settings, min_keys=min_keys)
         self._collect(key)
         path, timed = bucket.next_path()
         bucket.issued(path, timed)
-        return CallTicket(path, ladder[bucket.rung], self, key, rows * T, timed, min_keys, bucket.rung)
+        return CallTicket(path, bucket.settings, self, key, rows * T, timed, min_keys, bucket.rung)
 
     def finished(self, key: tuple, measurement: _Measurement) -> None:
         """A guarded call was enqueued: its time and counters are read once the device has run it."""
@@ -286,21 +299,16 @@ class Guard:
         self._in_flight[key] = waiting
 
     def summaries(self) -> dict[str, list[dict]]:
-        """layer -> one readable state per bucket (device, queries and keys buckets, the current
-        rung's r, list size and witnesses)."""
+        """layer -> one readable state per bucket (device, queries and keys buckets)."""
         out: dict[str, list[dict]] = {}
-        for key, bucket in sorted(self._buckets.items(), key=lambda kv: str(kv[0])):
-            layer, device, rows, keys = key
-            rung = self._ladders[key][bucket.rung]
+        for (layer, device, rows, keys), bucket in sorted(self._buckets.items(), key=lambda kv: str(kv[0])):
             out.setdefault(layer, []).append({"device": str(device), "queries_bucket": rows, "keys_bucket": keys,
-                                              **bucket.summary(), "r": rung.r, "list_queries": rung.list_queries,
-                                              "witnesses": rung.witnesses})
+                                              **bucket.summary()})
         return out
 
     def reset(self) -> None:
         """Forget every bucket (a fresh start for every layer)."""
         self._buckets.clear()
-        self._ladders.clear()
         self._in_flight.clear()
 
 

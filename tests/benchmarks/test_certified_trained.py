@@ -56,8 +56,9 @@ def test_the_table_renders_prefill_rows_beside_layer_rows():
 
 def test_a_prefill_row_names_the_rung_each_guarded_layer_kept():
     from benchmarks.certified_trained import _guard_state
-    from compiler.ops.guard import GuardBucket
+    from compiler.ops.guard import GuardBucket, guard_ladder
+    from compiler.topk_settings import TopkSettings
 
-    climbed = {**GuardBucket(rungs=3, rung=2, favoured="certified").summary(), "r": 31, "list_queries": 2}
-    own = {**GuardBucket(rungs=3, favoured="dense").summary(), "r": None, "list_queries": None}
+    climbed = GuardBucket(ladder=guard_ladder(TopkSettings()), rung=2, favoured="certified").summary()
+    own = GuardBucket(ladder=guard_ladder(TopkSettings()), favoured="dense").summary()
     assert _guard_state(climbed) == "certified (r=31 lists of 2)" and _guard_state(own) == "dense"

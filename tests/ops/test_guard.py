@@ -103,7 +103,7 @@ def test_guard_goes_dense_on_the_counters_of_a_certified_call_that_cannot_have_w
 
 
 def test_guard_climbs_its_rungs_while_certified_loses_and_keeps_the_first_that_wins():
-    bucket = GuardBucket(rungs=3)
+    bucket = GuardBucket(ladder=guard_ladder(TopkSettings()))
     run(bucket, "certified")
     run(bucket, "dense")
     run(bucket, "dense", 10.0)
@@ -119,7 +119,7 @@ def test_guard_climbs_its_rungs_while_certified_loses_and_keeps_the_first_that_w
 
 
 def test_guard_goes_dense_once_every_rung_lost_and_retries_the_fastest():
-    bucket = GuardBucket(rungs=3)
+    bucket = GuardBucket(ladder=guard_ladder(TopkSettings()))
     run(bucket, "certified")
     run(bucket, "dense")
     run(bucket, "dense", 10.0)
@@ -136,7 +136,7 @@ def test_guard_goes_dense_once_every_rung_lost_and_retries_the_fastest():
 
 
 def test_guard_ignores_a_rung_it_has_left_and_climbs_on_a_warm_up_that_cannot_have_won():
-    bucket = GuardBucket(rungs=2)
+    bucket = GuardBucket(ladder=guard_ladder(TopkSettings())[:2])
     run(bucket, "certified")
     run(bucket, "dense")
     bucket.issued("certified", True)  # rung 0 timed, still in flight
