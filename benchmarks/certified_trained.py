@@ -36,7 +36,7 @@ from benchmarks import harness
 
 import compiler  # noqa: F401  (registers torch.ops.pulsar_dosa.certified_topk)
 from compiler.cost_model import constants_for
-from compiler.lowering.topk_pipeline import checked_certified_topk_cuda, dense_topk_cuda, refine_queries
+from compiler.lowering.topk_pipeline import checked_certified_topk_cuda, dense_topk_cuda, refine_queries, screen_rows
 from compiler.ops.guard import GUARD
 from compiler.plan.choice import choose_layer
 from compiler.plan.schema import CandidateMeasurement, LayerPlan, Plan, save_plan
@@ -158,7 +158,7 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     dense_call = lambda: dense_topk_cuda(q, k, w, kk, mask)  # noqa: E731
     dense = harness.measure(dense_call, device, sizes["reps"], warmup=sizes["warmup"])
     tau_star = dense.out[0][..., -1]
-    rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3),
+    rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3), "heads": q.shape[2],
              "graph_ms": harness.graph_ms(dense_call, device)}]
     candidates = budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows)
     default = refine_queries(q.shape[2], CertifiedTopkConfig())
@@ -296,8 +296,37 @@ def _choice(row) -> str:
     return f" -> {row['path']} r={row['r']}{lists}{witnesses}"
 
 
+def shortfall(doc) -> list[dict]:
+    """Per (T, layer), the fastest certified row against what its dot products allow: its speed (dense
+    ms / ms); the speed of the dot products alone, 1 / (RP / H + m + M / T) with RP the screen's rows
+    (``screen_rows``), m the survival and M the sampled seed keys per query; the screen's and the
+    refine's rates against the dense op's (the dense op's ms per dot product over theirs: RP / H of
+    dense ms over the screen's, m of dense ms over the refine's); the fixed stages (seeds, plan,
+    select, redo) in ms and as a share of dense; the gap b of its seeds (the same at every budget and
+    list size: the rows with and without witnesses measure it)."""
+    from runtime.seeds import sample_size
+
+    out = []
+    for dense in (r for r in doc["rows"] if r["variant"] == "dense" and "heads" in r):
+        T, layer, H = dense["T"], dense["layer"], dense["heads"]
+        certified = [r for r in doc["rows"] if r.get("layer") == layer and r["T"] == T and r.get("split_ms")]
+        if not certified:
+            continue
+        best = min(certified, key=lambda r: r["ms"])
+        gap = [r["b"] for r in certified if r["witnesses"] == best["witnesses"] and r.get("b") is not None]
+        split, rp = best["split_ms"], screen_rows(best["r"])
+        fixed = sum(split.get(s, 0.0) for s in ("seeds", "plan", "select", "redo"))
+        dots = rp / H + best["m"] + sample_size(T) / T
+        out.append({"T": T, "layer": layer, "variant": best["variant"], "speed": round(dense["ms"] / best["ms"], 3),
+                    "dots allow": round(1 / dots, 3), "b": gap[0] if gap else None,
+                    "m": best["m"], "screen rate": round(dense["ms"] * rp / H / split["screen"], 3),
+                    "refine rate": round(dense["ms"] * best["m"] / split["refine"], 3),
+                    "fixed ms": round(fixed, 3), "fixed / dense": round(fixed / dense["ms"], 3)})
+    return out
+
+
 def render(doc) -> str:
-    """The readable table: one line per (T, layer, variant)."""
+    """The readable tables: one line per (T, layer, variant), then ``shortfall``'s per (T, layer)."""
     head = ["T", "layer", "variant", "ms", "x dense", "graph ms", "identical", "pruned", "m", "b", "redo",
             "split ms (seeds/plan/screen/refine/select/redo)"]
     lines = []
@@ -314,7 +343,13 @@ def render(doc) -> str:
                       r.get("m", "-"),
                       "-" if r.get("b") is None else round(r["b"], 3), r.get("redo", "-"),
                       "-" if not split else " / ".join(str(split.get(s, "-")) for s in STAGES)])
-    return harness.markdown_table(head, lines)
+    table = harness.markdown_table(head, lines)
+    gaps = shortfall(doc)
+    if gaps:
+        table += ("\n\nWhere the time goes: the fastest certified row per (T, layer) against what its dot products"
+                  " allow (speeds are dense ms over ms; rates are against the dense op's ms per dot product)\n\n"
+                  + harness.rows_table(gaps))
+    return table
 
 
 if __name__ == "__main__":

@@ -232,19 +232,25 @@ def screen_dtype(k_dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if k_dtype == torch.float8_e4m3fn else k_dtype
 
 
+def screen_rows(r_max: int) -> int:
+    """RP, the rows the screen multiplies per query under budgets up to ``r_max``: the retained rows
+    and the aux row, in a power of two."""
+    return triton.next_power_of_2(r_max + 1)
+
+
 def plan_screen(q, w, k_dtype, p, r, r_max, nk_max, chunk=None) -> ScreenPlan:
     """Screen rows and coefficients for every query (runtime planning, GPU margin added).
 
     q [B,S,H,D] (bf16/fp16/fp32, or E4M3 with E4M3 keys), w [B,S,H] fp32, p [B,S,H] activation
     frequencies, r [B,S] int64 budgets, r_max an int >= every r (the screen gets
-    next_power_of_2(r_max + 1) rows; no host synchronisation), nk_max [B] fp32 the largest key
+    ``screen_rows(r_max)`` rows; no host synchronisation), nk_max [B] fp32 the largest key
     norm bound. U(k) = sum_rho alpha relu(g . k) + beta min(g . k, 0) + e ||k||_up + c >= the GPU
     score (the unscaled sum for E4M3 keys), for every query with ok; queries without ok must not be
     pruned. ``chunk``: queries planned at once (None: as many as fit defaults.PLAN_CHUNK_BYTES;
     speed and memory only).
     """
     B, S, H, D = q.shape
-    RP = triton.next_power_of_2(r_max + 1)
+    RP = screen_rows(r_max)
     chunk = max(1, defaults.PLAN_CHUNK_BYTES // (8 * B * H * D)) if chunk is None else chunk
     margin = screen_margin(D, H, RP, fp8=k_dtype == torch.float8_e4m3fn)
     planner = plan_certificate_triton if q.is_cuda else plan_certificate

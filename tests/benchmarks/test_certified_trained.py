@@ -62,3 +62,26 @@ def test_a_prefill_row_names_the_rung_each_guarded_layer_kept():
     climbed = GuardBucket(ladder=guard_ladder(TopkSettings()), rung=2, favoured="certified").summary()
     own = GuardBucket(ladder=guard_ladder(TopkSettings()), favoured="dense").summary()
     assert _guard_state(climbed) == "certified (r=31 lists of 2)" and _guard_state(own) == "dense"
+
+
+def test_the_shortfall_table_splits_the_fastest_certified_row_against_its_dot_products():
+    """Per (T, layer): the fastest certified row, its screen and refine rates against the dense op's
+    per dot product, its fixed stages, and its seeds' gap b (taken from the row that measured it)."""
+    from benchmarks.certified_trained import render, shortfall
+
+    split = {"seeds": 1.0, "plan": 1.0, "screen": 2.0, "refine": 1.0, "select": 0.5, "redo": 0.5}
+    doc = {"rows": [
+        {"T": 65536, "layer": 1, "variant": "dense", "ms": 8.0, "heads": 64},
+        {"T": 65536, "layer": 1, "variant": "r=15", "r": 15, "witnesses": False, "ms": 9.0, "m": 0.5, "b": 0.25,
+         "split_ms": split},
+        {"T": 65536, "layer": 1, "variant": "r=15 lists of 2", "r": 15, "witnesses": False, "ms": 6.4, "m": 0.25,
+         "split_ms": split},
+        {"T": 65536, "layer": 1, "variant": "plan", "path": "certified", "r": 15, "ms": 1.0},  # not a certified row
+    ]}
+    (row,) = shortfall(doc)
+    assert row["variant"] == "r=15 lists of 2" and row["speed"] == 1.25 and row["b"] == 0.25
+    assert row["screen rate"] == 1.0  # 16 of 64 rows: 2 ms of the dense op's 8, in 2 ms
+    assert row["refine rate"] == 2.0  # a quarter of the keys: 2 ms of dense, in 1 ms
+    assert row["fixed ms"] == 3.0 and row["fixed / dense"] == 0.375
+    assert row["dots allow"] == round(1 / (16 / 64 + 0.25 + 1024 / 65536), 3)
+    assert "Where the time goes" in render(doc)
