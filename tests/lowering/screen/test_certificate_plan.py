@@ -224,3 +224,22 @@ def test_the_plan_kernel_does_not_unroll_its_budget():
     assert out.returncode == 0, out.stderr[-2000:]
     small, large = map(int, out.stdout.split())
     assert large < 1.2 * small, (small, large)
+
+
+def test_an_infinite_weight_on_a_zero_head_leaves_its_query_unscreened():
+    """|w| = inf on a zero head has rank NaN (inf * 0): the plan still places every other head,
+    and the query's operands are not ok (its keys are never pruned); the other query is planned as
+    without it."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 16, 32, generator=g).bfloat16()
+    w = torch.randn(1, 2, 16, generator=g)
+    q[0, 0, 3], w[0, 0, 3] = 0, -float("inf")
+    q[0, 0, 5], w[0, 0, 5] = 0, float("inf")
+    p = torch.rand(1, 2, 16, generator=g)
+    r = torch.full((1, 2), 4)
+    plan = plan_certificate_triton(q, w, p, r, 4)
+    ok = screen_operands(plan, w, torch.bfloat16, ct.screen_rows(4), ct.screen_margin(32, 16, 8), torch.ones(1))[5]
+    assert ok.tolist() == [[False, True]]
+    assert not plan.retained[0, 0, 3] and plan.retained[0, 0].sum() <= 4
+    ref = plan_certificate_triton(q[:, 1:], w[:, 1:], p[:, 1:], r[:, 1:], 4)
+    assert torch.equal(plan.retained[:, 1:], ref.retained) and torch.equal(plan.rows[:, 1:], ref.rows)
