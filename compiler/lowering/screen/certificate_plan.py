@@ -7,9 +7,9 @@ int64) and returns a ``KernelPlan``: the plan's rows, weights, aux row, paths an
 as in ``CertificatePlan`` and, instead of its residual and margin, the per-query scalars they
 follow from (``screen_operands`` evaluates them in its kernel). Float64, by the same formulas
 summed in other orders; the margin of ``runtime.rounding.margin_coefficients`` covers any order
-(SPEC C.8 item 3). Ties among heads of equal rank go to the lower index. The retained rows are
-picked by each head's place in the order of rank (comparisons of every pair of heads), not by a
-loop over R_MAX, so neither the run nor the compile grows with R_MAX."""
+(SPEC C.8 item 3). Ties among heads of equal rank go to the lower index; a rank NaN (|w| = inf on
+a zero head, a query the screen never prunes) counts as -inf. The loop that picks the R_MAX
+retained rows, one argmax each, stays a loop (not unrolled), so compiling does not grow with R_MAX."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,19 +72,22 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     abs_rank = tl.where(positive, _INF, tl.where(negative, head_mass * tl.minimum(p, 1.0 - p), -_INF))
     rank = tl.where(abs_path, abs_rank, tl.where(positive, head_mass, -_INF))
 
-    # The retained heads: the first r in the order of rank, largest first, lower index first on ties,
-    # whose rank is above -inf. A head's place in that order counts the heads before it ([HP, HP]
-    # comparisons, one reduction: no loop over the budget); slot i holds the head in place i.
-    rank_h = rank[:, None]
-    rank_l = rank[None, :]
-    before = hok[None, :] & ((rank_l > rank_h) | ((rank_l == rank_h) & (h[None, :] < h[:, None])))
-    place = tl.sum(before.to(tl.int32), axis=1)
+    # The retained heads: R_MAX picks of the largest rank (lower index first on ties), one argmax
+    # each; the first min(r, ranked heads) are retained (a rank NaN counts as -inf: never retained).
+    rank = tl.where(rank == rank, rank, -_INF)
     ranked = hok & (rank > -_INF)
-    retained = ranked & (place < r)
-    match = ranked[:, None] & (place[:, None] == slot[None, :])
-    heads = tl.min(tl.where(match, h[:, None], HP), axis=0)  # HP: no head (its slot is not valid)
-    valid = (heads < HP) & (slot < r)
-    w_rows = tl.where(valid, tl.sum(tl.where(match, w[:, None], 0.0), axis=0), 0.0)
+    picks = tl.minimum(r, tl.sum(ranked.to(tl.int32), axis=0))
+    taken = h < 0
+    retained = h < 0
+    heads = tl.zeros([RP], dtype=tl.int32)
+    for i in range(0, R_MAX):
+        j = tl.argmax(tl.where(taken | ~hok, -_INF, rank), axis=0, tie_break_left=True)
+        pick = h == j
+        taken = taken | pick
+        retained = retained | (pick & (i < picks))
+        heads = tl.where(slot == i, j, heads)
+    valid = slot < picks
+    w_rows = tl.load(w_ptr + n * H + heads, mask=valid, other=0.0).to(tl.float64)
     half_rows = 0.5 * w_rows
     active = negative & ~retained & (p >= 0.5)
     a_weight = tl.where(active, -w, 0.0)
