@@ -44,6 +44,7 @@ from compiler.report import rung_label
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.dsa_forward import dsa_forward, indexer_qkw
 from runtime.indexer_zoo import HELD_OUT_TOKENS, TRAINED_MODEL
+from runtime.seeds import sample_size
 
 FULL = {"S": 4096, "T": [32768, 65536, 131072], "topk": 2048, "rs": [7, 15, 31], "reps": 5, "warmup": 1,
         "gap_queries": 64, "profile_r": 15, "refine_queries": [1, 2, 4]}
@@ -52,6 +53,8 @@ rows lists of each other count of queries (1: each query's own survivors)."""
 SMOKE = {"S": 4, "T": [128], "topk": 16, "rs": [7], "reps": 1, "warmup": 0, "gap_queries": 4, "profile_r": 7,
          "refine_queries": [1, 2]}
 STAGES = ("seeds", "plan", "screen", "refine", "select", "redo")
+FIXED_STAGES = tuple(s for s in STAGES if s not in ("screen", "refine"))
+"""The stages whose cost does not scale with the keys screened or refined (``shortfall``)."""
 
 
 def capture_layers(T: int, S: int, device, seed: int = 0):
@@ -304,8 +307,6 @@ def shortfall(doc) -> list[dict]:
     dense ms over the screen's, m of dense ms over the refine's); the fixed stages (seeds, plan,
     select, redo) in ms and as a share of dense; the gap b of its seeds (the same at every budget and
     list size: the rows with and without witnesses measure it)."""
-    from runtime.seeds import sample_size
-
     out = []
     for dense in (r for r in doc["rows"] if r["variant"] == "dense" and "heads" in r):
         T, layer, H = dense["T"], dense["layer"], dense["heads"]
@@ -313,12 +314,12 @@ def shortfall(doc) -> list[dict]:
         if not certified:
             continue
         best = min(certified, key=lambda r: r["ms"])
-        gap = [r["b"] for r in certified if r["witnesses"] == best["witnesses"] and r.get("b") is not None]
+        gap = next((r["b"] for r in certified if r["witnesses"] == best["witnesses"] and r.get("b") is not None), None)
         split, rp = best["split_ms"], screen_rows(best["r"])
-        fixed = sum(split.get(s, 0.0) for s in ("seeds", "plan", "select", "redo"))
+        fixed = sum(split.get(s, 0.0) for s in FIXED_STAGES)
         dots = rp / H + best["m"] + sample_size(T) / T
         out.append({"T": T, "layer": layer, "variant": best["variant"], "speed": round(dense["ms"] / best["ms"], 3),
-                    "dots allow": round(1 / dots, 3), "b": gap[0] if gap else None,
+                    "dots allow": round(1 / dots, 3), "b": gap,
                     "m": best["m"], "screen rate": round(dense["ms"] * rp / H / split["screen"], 3),
                     "refine rate": round(dense["ms"] * best["m"] / split["refine"], 3),
                     "fixed ms": round(fixed, 3), "fixed / dense": round(fixed / dense["ms"], 3)})
