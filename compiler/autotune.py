@@ -26,7 +26,7 @@ MIN_TUNED_WORK = 1 << 32
 """Calls with less work than this (multiply-adds, as the kernel family counts them) are not tuned.
 Tuning a new key compiles every candidate on the call that meets it first: about 0.3-8 s per
 candidate for the screen and sparse-attention kernels (sm_90, Triton 3.6, compiled on a 2-core
-x86 CPU), so 6 screen candidates alone add several seconds to a first call, while a call below
+x86 CPU), so the screen's candidates alone add several seconds to a first call, while a call below
 2^32 multiply-adds runs for tens of microseconds on the GPU, where a config changes little."""
 CACHE_ENV = "PULSAR_DOSA_AUTOTUNE_CACHE"
 CACHE_FORMAT = "pulsar-dosa-autotune-1"

@@ -71,7 +71,7 @@ def traced(inputs):
 @pytest.fixture(scope="module")
 def per_tile(inputs, traced):
     """The whole certified op once with the first screen candidate of each other key tile
-    (BLOCK_T 64: defaults.SCREEN_CONFIGS[1], 256: defaults.SCREEN_CONFIGS[3]), under the scorer spy: BLOCK_T ->
+    (BLOCK_T 64: defaults.SCREEN_CONFIGS[1], 256: defaults.SCREEN_CONFIGS[2]), under the scorer spy: BLOCK_T ->
     (screen config, output, the scorer launch configs seen). Shared by the every-config test (the
     answers) and the scorer config test (the launches)."""
     q, k, w, mask = inputs
