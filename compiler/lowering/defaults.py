@@ -23,7 +23,7 @@ SCREEN_CONFIGS = (  # screen launch candidates tuned per shape, the first off CU
     LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64),
     LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_T=256),
     LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64),
-)  # not offered: BLOCK_T=256 over 4 warps, the slowest in every tuning measured (2.0-2.6x the best), the slowest to compile (9 s at 64 rows); BLOCK_T=128 over 4 warps, 1.5-1.7x the best in every tuning measured and spilling at 16 and 32 rows (ptxas, sm_90)
+)  # not offered: BLOCK_T=256 over 4 warps, the slowest in every tuning measured (2.0-2.6x the best), the slowest to compile (9 s at 64 rows); BLOCK_T=128 over 4 warps, 1.65x the best in every tuning measured and spilling at 16 and 32 rows (ptxas, sm_90)
 SCREEN_SPLIT_LIST_QUERIES = 2  # lists of at least this many queries split key tiles by the mask bounds; single-query lists read the mask on every tile (H100, trained layers: the split form 0.1-0.6 ms slower at lists of 1, 0.5-1.3 ms faster at 4; 2 not measured)
 SCREEN_SPLIT_PREFILL_FACTOR = 2  # single-query lists split too when a masked call has at least T / this many queries: at 131072 x 131072 under the causal mask (H100, trained layer 4) certified lists of 1 unsplit took 419 ms against 314 dense, lists of 2 split 299 (split lists of 1 not measured)
 SURVIVOR_WORDS = 16 if _INTERPRET else 64  # survivor words per step of a list's compaction (32 keys a word): with hardware popc and one scan of word counts, 64 words over 8 warps took 0.21-0.56 ms where the two-scan form at 256 took 0.49-0.99 (H100; 2048-4096 lists of 65536-131072 keys)
