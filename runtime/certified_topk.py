@@ -120,63 +120,84 @@ class CertifiedTopkConfig:
 
 
 class TopkStats:
-    """Counters of ``certified_topk`` calls: device tensors (no host sync when adding) and host ints.
+    """Counters of ``certified_topk`` calls: device counts (no host sync when adding) and host ints.
 
     Counters: queries, anchors, keys_visible, keys_seeded (seed keys of certified queries),
     keys_screened (keys bounded by the certificate), survivors (screened keys with bound >= tau; the
     GPU pipeline counts each key of a survivor list once per query of the list: ``list_queries``),
-    written (survivors with score >= tau), and one count of queries per fallback reason.
-    ``summary()`` and ``pruned_frac`` synchronise.
+    written (survivors with score >= tau), and one count of queries per fallback reason. The device
+    counts are one int64 vector in the order of NAMES. ``summary()`` and ``pruned_frac`` synchronise.
     """
 
     COUNTERS = ("queries", "anchors", "keys_visible", "keys_seeded", "keys_screened",
                 "survivors", "written")
+    NAMES = COUNTERS + FALLBACK_REASONS
+    """Every counter, in the order of a counts vector (``add_counts``, ``totals``)."""
 
     def __init__(self) -> None:
-        self._counts: dict[str, torch.Tensor] = {}
+        self._device: torch.Tensor | None = None
         self._host: dict[str, int] = {}
 
     def add(self, name: str, count: torch.Tensor | int) -> None:
         """Add an integer count to counter ``name``: a 0-d tensor, kept on its device, or a Python
         int the caller knows on the host (no launch: a dense call's counts; a CUDA graph replay does
         not add it again)."""
-        if name not in self.COUNTERS and name not in FALLBACK_REASONS:
-            raise ValueError(f"name: expected a counter of {self.COUNTERS + FALLBACK_REASONS}, got {name!r}")
+        if name not in self.NAMES:
+            raise ValueError(f"name: expected a counter of {self.NAMES}, got {name!r}")
         if isinstance(count, int) and not isinstance(count, bool):
             self._host[name] = self._host.get(name, 0) + count
             return
-        count = count.to(torch.int64)
-        self._counts[name] = self._counts[name] + count if name in self._counts else count
+        counts = torch.zeros(len(self.NAMES), dtype=torch.int64, device=count.device)
+        counts[self.NAMES.index(name)] = count.to(torch.int64)
+        self.add_counts(counts)
+
+    def add_counts(self, counts: torch.Tensor) -> None:
+        """Add int64 ``counts`` [len(NAMES)], one per counter of NAMES in order, kept on their device
+        (moved to this accumulator's): no launch for the first device counts, one after."""
+        if counts.dtype != torch.int64 or tuple(counts.shape) != (len(self.NAMES),):
+            raise ValueError(f"counts: expected int64 [{len(self.NAMES)}], got {counts.dtype} {tuple(counts.shape)}")
+        self._device = counts if self._device is None else self._device + counts.to(self._device.device)
 
     def merge(self, other: "TopkStats") -> None:
         """Add every counter of ``other`` (moved to this accumulator's device if it has one)."""
-        for name, count in other._counts.items():
-            device = next(iter(self._counts.values())).device if self._counts else count.device
-            self.add(name, count.to(device))
+        if other._device is not None:
+            self.add_counts(other._device)
         for name, count in other._host.items():
             self.add(name, count)
 
-    def stacked(self, names) -> torch.Tensor:
-        """The counters ``names`` as one int64 device tensor (0 for a counter never added), without
-        a host synchronisation; accumulators without device counters give a CPU tensor."""
-        device = next(iter(self._counts.values())).device if self._counts else torch.device("cpu")
-        zero = torch.zeros((), dtype=torch.int64, device=device)
-        return torch.stack([self._counts.get(name, zero) + self._host.get(name, 0) for name in names])
+    def totals(self) -> torch.Tensor:
+        """Every counter of NAMES as one int64 tensor, without a host synchronisation: on the device
+        counts' device (the accumulator itself when there are no host counts: no launch), else CPU."""
+        host = [self._host.get(name, 0) for name in self.NAMES]
+        if self._device is None:
+            return torch.tensor(host, dtype=torch.int64)
+        if not any(host):
+            return self._device
+        return self._device + torch.tensor(host, dtype=torch.int64).to(self._device.device)
 
-    def _value(self, name: str) -> int:
-        return (int(self._counts[name]) if name in self._counts else 0) + self._host.get(name, 0)
+    def stacked(self, names) -> torch.Tensor:
+        """The counters ``names`` of ``totals()``, in that order."""
+        return self.totals()[[self.NAMES.index(name) for name in names]]
+
+    def _values(self) -> dict[str, int]:
+        return dict(zip(self.NAMES, self.totals().tolist()))
+
+    @staticmethod
+    def _pruned(values: dict[str, int]) -> float:
+        screened = values["keys_screened"]
+        return 0.0 if screened == 0 else 1.0 - values["survivors"] / screened
 
     @property
     def pruned_frac(self) -> float:
         """Fraction of screened keys the certificate pruned (0.0 before any screening)."""
-        screened = self._value("keys_screened")
-        return 0.0 if screened == 0 else 1.0 - self._value("survivors") / screened
+        return self._pruned(self._values())
 
     def summary(self) -> dict:
-        """All counters as ints, {"fallbacks": {reason: queries}} and "pruned_frac"."""
-        out: dict = {name: self._value(name) for name in self.COUNTERS}
-        out["fallbacks"] = {reason: self._value(reason) for reason in FALLBACK_REASONS}
-        out["pruned_frac"] = self.pruned_frac
+        """All counters as ints, {"fallbacks": {reason: queries}} and "pruned_frac" (one host sync)."""
+        values = self._values()
+        out: dict = {name: values[name] for name in self.COUNTERS}
+        out["fallbacks"] = {reason: values[reason] for reason in FALLBACK_REASONS}
+        out["pruned_frac"] = self._pruned(values)
         return out
 
 

@@ -42,7 +42,7 @@ from compiler.lowering.screen.certificate_plan import plan_certificate_triton
 from compiler.lowering.screen.key_norms import key_norms
 from compiler.lowering.screen.screen_operands import screen_operands
 from compiler.lowering.selection.radix_select import select_top_codes
-from compiler.lowering.selection.redo_rows import redo_row_lists, row_flags
+from compiler.lowering.selection.redo_rows import call_counts, redo_row_lists, row_flags
 from compiler.lowering.selection.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
 from runtime.certificate import default_r, plan_certificate
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
@@ -578,8 +578,8 @@ def _certified_round(q, w, k, mask, kk, config, nk, screen_config, shared_bound,
 
 def _record(stats: TopkStats | None, q, T, tr):
     """Add the call's counters to ``stats``: a dense call's as host ints (no launch), a certified
-    call's as device tensors (no synchronisation; inside a CUDA graph the counters hold the
-    capture-time totals plus the last replay's counts).
+    call's as one device vector (``call_counts``: one launch, no synchronisation; inside a CUDA graph
+    the counters hold the capture-time totals plus the last replay's counts).
 
     survivors counts refined (query, key) pairs: a list's survivors (all T keys when it overflowed)
     times its list_queries queries."""
@@ -590,16 +590,6 @@ def _record(stats: TopkStats | None, q, T, tr):
         stats.add("queries", B * S)
         stats.add("dense_cheaper", B * S)
         return
-
-    def count(n):  # a device fill, not a host-to-device copy: capturable
-        return torch.full((), n, dtype=torch.int64, device=q.device)
-
-    stats.add("queries", count(B * S))
-    survivors = torch.where(tr.list_count > tr.cap, T, tr.list_count).sum() * tr.list_queries
-    stats.add("keys_screened", count(B * S * T))
-    stats.add("survivors", survivors)
-    stats.add("written", tr.cand_count.sum())
     cand_cap = min(tr.cap, defaults.CERTIFIED_BUFFER_K * tr.kk)
-    stats.add("overflow", (tr.cand_count > cand_cap).sum())
-    stats.add("threshold_miss", ((tr.cand_count < tr.kk) & ~tr.short).sum())
-
+    stats.add_counts(call_counts(TopkStats.NAMES, tr.list_count, tr.cand_count, tr.short, T, tr.cap,
+                                 tr.list_queries, tr.kk, cand_cap))

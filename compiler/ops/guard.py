@@ -206,7 +206,7 @@ class _Measurement:
 
     def stop(self, stats: TopkStats | None) -> None:
         if stats is not None and self.path == "certified":
-            counts = stats.stacked(COUNTERS)
+            counts = stats.totals()
             self.counts = counts.to("cpu", non_blocking=True) if self.cuda else counts
         if self.cuda:
             self.end.record()
@@ -224,7 +224,8 @@ class _Measurement:
         if self.counts is None:
             return None
         # A host copy that the device has finished writing (the end event is recorded after it).
-        survivors, screened, overflow, miss, queries = (int(x) for x in self.counts.numpy())
+        counts = dict(zip(TopkStats.NAMES, (int(x) for x in self.counts.numpy())))
+        survivors, screened, overflow, miss, queries = (counts[name] for name in COUNTERS)
         return (survivors / screened if screened else 0.0), ((overflow + miss) / queries if queries else 0.0)
 
 

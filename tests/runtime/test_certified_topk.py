@@ -517,3 +517,21 @@ def test_stats_add_host_counts_and_device_counts_into_one_summary():
     assert only_host.stacked(("queries", "anchors")).tolist() == [2, 0]
     with pytest.raises(ValueError, match="name"):
         stats.add("nonsense", 1)
+
+
+def test_stats_add_counts_takes_one_vector_of_every_counter():
+    """A certified GPU call adds its counters as one int64 vector in NAMES' order; totals() hands the
+    device counts back as they are (no launch) until host counts join them."""
+    stats = TopkStats()
+    counts = torch.arange(len(TopkStats.NAMES), dtype=torch.int64)
+    stats.add_counts(counts)
+    assert stats.totals() is counts
+    stats.add_counts(counts)
+    stats.add("overflow", 2)
+    totals = dict(zip(TopkStats.NAMES, stats.totals().tolist()))
+    assert totals["queries"] == 0 and totals["survivors"] == 2 * TopkStats.NAMES.index("survivors")
+    assert totals["overflow"] == 2 * TopkStats.NAMES.index("overflow") + 2
+    assert stats.summary()["fallbacks"]["overflow"] == totals["overflow"]
+    for bad in (counts[:-1], counts.to(torch.int32)):
+        with pytest.raises(ValueError, match="counts: expected int64"):
+            stats.add_counts(bad)

@@ -1,7 +1,8 @@
 """The certified pipeline's row bookkeeping after the refine, one launch each (SPEC C.5): which rows
-are short or redone (``row_flags``), and the dense redo's row lists (``redo_row_lists``). Integer
-and bool work only, no host synchronisation: the values of the torch forms they replace (a
-comparison, a rank by prefix sum, a scatter), in fewer launches."""
+are short or redone (``row_flags``), the dense redo's row lists (``redo_row_lists``) and the call's
+statistics counters (``call_counts``). Integer and bool work only, no host synchronisation: the
+values of the torch forms they replace (a comparison, a rank by prefix sum, a scatter, sums), in
+fewer launches."""
 from __future__ import annotations
 
 import torch
@@ -10,7 +11,7 @@ import triton.language as tl
 
 from compiler.lowering import defaults
 
-__all__ = ["row_flags", "redo_row_lists"]
+__all__ = ["call_counts", "row_flags", "redo_row_lists"]
 
 
 @triton.jit
@@ -98,3 +99,53 @@ def redo_row_lists(redo: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.
         _redo_lists_kernel[(B,)](redo.contiguous().view(torch.int8), lists, valid, out_rows, B, S, width,
                                  rounds * width, RANKED=ranked, BLOCK=defaults.REDO_ROWS_BLOCK)
     return lists, valid.view(torch.bool), out_rows
+
+
+@triton.jit
+def _call_counts_kernel(list_ptr, count_ptr, short_ptr, out_ptr, names, L, N, T, cap, list_queries, kk, cand_cap,
+                        QUERIES: tl.constexpr, SCREENED: tl.constexpr, SURVIVORS: tl.constexpr,
+                        WRITTEN: tl.constexpr, OVERFLOW: tl.constexpr, MISS: tl.constexpr, NP: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """One program: out[names] int64, zero but for the counters at the given slots (``call_counts``)."""
+    offs = tl.arange(0, BLOCK)
+    zero = tl.sum(tl.zeros([BLOCK], dtype=tl.int64), axis=0)
+    survivors = zero
+    for s0 in range(0, L, BLOCK):
+        i = s0 + offs
+        listed = tl.load(list_ptr + i, mask=i < L, other=0).to(tl.int64)
+        survivors += tl.sum(tl.where(listed > cap, T, listed), axis=0)
+    written = zero
+    overflow = zero
+    miss = zero
+    for s0 in range(0, N, BLOCK):
+        i = s0 + offs
+        ok = i < N
+        count = tl.load(count_ptr + i, mask=ok, other=0).to(tl.int64)
+        short = tl.load(short_ptr + i, mask=ok, other=0) != 0
+        written += tl.sum(count, axis=0)
+        overflow += tl.sum((ok & (count > cand_cap)).to(tl.int64), axis=0)
+        miss += tl.sum((ok & (count < kk) & ~short).to(tl.int64), axis=0)
+    n = tl.arange(0, NP)
+    queries = N.to(tl.int64)
+    out = tl.where(n == QUERIES, queries, 0) + tl.where(n == SCREENED, queries * T, 0) \
+        + tl.where(n == SURVIVORS, survivors * list_queries, 0) + tl.where(n == WRITTEN, written, 0) \
+        + tl.where(n == OVERFLOW, overflow, 0) + tl.where(n == MISS, miss, 0)
+    tl.store(out_ptr + n, out, mask=n < names)
+
+
+def call_counts(names: tuple[str, ...], list_count: torch.Tensor, cand_count: torch.Tensor, short: torch.Tensor,
+                T: int, cap: int, list_queries: int, kk: int, cand_cap: int) -> torch.Tensor:
+    """int64 [len(names)] on the device, one count per name of ``names`` (``TopkStats.NAMES``), zero but
+    for a certified call's: queries (the B*S rows of ``cand_count`` [B,S] int32), keys_screened
+    (queries * T), survivors (each list of ``list_count`` [B,L] int32 counted list_queries times, T
+    keys for a list past ``cap``), written (the sum of cand_count), overflow (rows past ``cand_cap``)
+    and threshold_miss (rows under kk that are not ``short`` [B,S] bool)."""
+    out = torch.empty(len(names), dtype=torch.int64, device=cand_count.device)
+    lists, counts = list_count.contiguous(), cand_count.contiguous()
+    _call_counts_kernel[(1,)](lists, counts, short.contiguous().view(torch.int8), out, len(names), lists.numel(),
+                              counts.numel(), T, cap, list_queries, kk, cand_cap, QUERIES=names.index("queries"),
+                              SCREENED=names.index("keys_screened"), SURVIVORS=names.index("survivors"),
+                              WRITTEN=names.index("written"), OVERFLOW=names.index("overflow"),
+                              MISS=names.index("threshold_miss"), NP=triton.next_power_of_2(len(names)),
+                              BLOCK=defaults.REDO_ROWS_BLOCK)
+    return out

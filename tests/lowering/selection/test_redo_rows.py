@@ -1,10 +1,12 @@
 """The pipeline's row bookkeeping kernels (compiler.lowering.selection.redo_rows) against the torch
-forms they replace: the short and redo flags, and the redo's ranked or per-row row lists."""
+forms they replace: the short and redo flags, the redo's ranked or per-row row lists, and the call's
+statistics counters."""
 import pytest
 import torch
 import triton
 
-from compiler.lowering.selection.redo_rows import redo_row_lists, row_flags
+from compiler.lowering.selection.redo_rows import call_counts, redo_row_lists, row_flags
+from runtime.certified_topk import TopkStats
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -56,3 +58,21 @@ def test_redo_row_lists_are_the_torch_lists(B, S, slots, density):
     assert torch.equal(valid, want >= 0)
     assert torch.equal(out_rows, (torch.arange(B) * S)[None, :, None] + want.clamp(min=0))
     assert all(lists[i].is_contiguous() for i in range(lists.shape[0]))
+
+
+@pytest.mark.parametrize("B, S, G", [(1, 1, 1), (2, 1500, 2), (3, 2049, 4)])
+def test_call_counts_are_the_torch_sums(B, S, G):
+    """Several kernel steps of rows and lists, lists past the cap and rows past the buffer, short rows;
+    T * queries past 2^31."""
+    g = torch.Generator().manual_seed(B * S + G)
+    T, cap, kk = 3 << 20, 5000, 2048
+    cand_cap = 4096
+    lists = torch.randint(0, 2 * cap, (B, triton.cdiv(S, G)), generator=g, dtype=torch.int32)
+    counts = torch.randint(0, 2 * cand_cap, (B, S), generator=g, dtype=torch.int32)
+    short = torch.rand(B, S, generator=g) < 0.3
+    got = dict(zip(TopkStats.NAMES, call_counts(TopkStats.NAMES, lists, counts, short, T, cap, G, kk,
+                                                 cand_cap).tolist()))
+    want = {"queries": B * S, "keys_screened": B * S * T, "written": int(counts.sum()),
+            "survivors": int(torch.where(lists > cap, T, lists).to(torch.int64).sum()) * G,
+            "overflow": int((counts > cand_cap).sum()), "threshold_miss": int(((counts < kk) & ~short).sum())}
+    assert got == {name: want.get(name, 0) for name in TopkStats.NAMES}
