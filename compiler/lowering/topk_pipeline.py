@@ -40,7 +40,7 @@ from compiler.lowering.screen.certificate_screen import screen
 from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
 from compiler.lowering.screen.certificate_plan import plan_certificate_triton
 from compiler.lowering.screen.key_norms import key_norms
-from compiler.lowering.screen.screen_operands import screen_operands
+from compiler.lowering.screen.screen_operands import screen_operands, screen_threshold
 from compiler.lowering.selection.radix_select import select_top_codes
 from compiler.lowering.selection.redo_rows import call_counts, redo_row_lists, row_flags
 from compiler.lowering.selection.threshold_select import chunk_count, kth_largest, takes_threshold, top_candidates, top_codes
@@ -328,10 +328,9 @@ def _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config=None, sha
     r_max = min(H, defaults.DEFAULT_R_CAP if config.r is None else config.r)
     r = default_r(w) if config.r is None else torch.full((B, S), config.r, device=dev)
     plan = plan_screen(q, w, k.dtype, p, r.long(), r_max, nk.amax(-1))
-    ok = plan.ok & torch.isfinite(tau_val)
-    if k_scale is not None:  # the last step is monotone in U only for finite positive scales
-        ok &= (torch.isfinite(k_scale) & (k_scale > 0)).all(-1, keepdim=True)
-    tau = torch.where(ok, tau_val, torch.full_like(tau_val, float("-inf"))).contiguous()
+    # The last step is monotone in U only for finite positive scales.
+    scales_ok = None if k_scale is None else (torch.isfinite(k_scale) & (k_scale > 0)).all(-1)
+    tau = screen_threshold(plan.ok, tau_val, scales_ok)
     mark("plan")
     cap = survivor_cap(T, kk, config.workspace_frac)
     G = refine_queries(H, config)

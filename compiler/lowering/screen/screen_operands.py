@@ -15,7 +15,11 @@ gives
 (any summation order is inside it). ok: every operand finite and (e + sum_rho |alpha| + |beta|)
 max_k ||k||_up < 2^100 (``nk_max`` [B], the batch row of query n being n // (N / B)). One launch
 instead of the float64 tensor algebra it replaces; float scalars are passed as float64 and the
-kernel is compiled without fused multiply-adds, so that its float64 operations round as written."""
+kernel is compiled without fused multiply-adds, so that its float64 operations round as written.
+
+``screen_threshold(ok, tau, scales_ok)`` gives the screen's tau [B, S]: the threshold where the query's
+operands are ok, the threshold finite and its batch row's FP8 key scales usable, else -inf (no key
+pruned), in one launch."""
 from __future__ import annotations
 
 import torch
@@ -28,7 +32,7 @@ from compiler.lowering.screen.certificate_plan import KernelPlan
 from runtime.certificate import CertificatePlan
 from runtime.rounding import margin_constants
 
-__all__ = ["screen_operands", "REACH_LIMIT"]
+__all__ = ["screen_operands", "screen_threshold", "REACH_LIMIT"]
 
 REACH_LIMIT = 2.0**100
 """Largest value of (e + sum_rho |alpha| + |beta|) max_k ||k||_up for which a query is screened: the
@@ -155,3 +159,29 @@ def screen_operands(plan: CertificatePlan | KernelPlan, w: torch.Tensor, g_dtype
                                                 QB=qb, KERNEL_PLAN=kernel_plan, enable_fp_fusion=False,
                                                 num_warps=defaults.SCREEN_OPERANDS_WARPS)
     return g, alpha, beta, e, c, ok.view(torch.bool)
+
+
+@triton.jit
+def _threshold_kernel(ok_ptr, tau_ptr, scales_ptr, out_ptr, N, per_batch, SCALES: tl.constexpr, BLOCK: tl.constexpr):
+    """Queries pid * BLOCK ..: out = tau where ok, tau finite and (SCALES) the batch row's scales ok."""
+    n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = n < N
+    tau = tl.load(tau_ptr + n, mask=inside, other=0.0)
+    keep = (tl.load(ok_ptr + n, mask=inside, other=0) != 0) & (tl.abs(tau) < float("inf"))
+    if SCALES:
+        keep &= tl.load(scales_ptr + n // per_batch, mask=inside, other=0) != 0
+    tl.store(out_ptr + n, tl.where(keep, tau, float("-inf")), mask=inside)
+
+
+def screen_threshold(ok: torch.Tensor, tau: torch.Tensor, scales_ok: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 [B, S], contiguous: ``tau`` [B, S] fp32 where ``ok`` [B, S] bool, tau is finite and (when
+    given) ``scales_ok`` [B] bool of the query's batch row, else -inf."""
+    B, S = tau.shape
+    out = torch.empty((B, S), dtype=torch.float32, device=tau.device)
+    if out.numel():
+        ok8, tau32 = ok.contiguous().view(torch.int8), tau.float().contiguous()
+        scales = ok8 if scales_ok is None else scales_ok.contiguous().view(torch.int8)
+        block = defaults.REDO_ROWS_BLOCK
+        _threshold_kernel[(triton.cdiv(B * S, block),)](ok8, tau32, scales, out, B * S, S,
+                                                        SCALES=scales_ok is not None, BLOCK=block)
+    return out

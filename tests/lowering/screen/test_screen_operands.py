@@ -1,7 +1,7 @@
 """The screen's operands (compiler.lowering.screen.screen_operands) against the float64 formulas they
 implement: coefficients rounded outward to the nearest float32, e and c never below their exact
 values, rows converted as the screen reads them, ok false exactly where an operand is not finite or
-the reach passes REACH_LIMIT."""
+the reach passes REACH_LIMIT; and the screen's threshold, -inf exactly where a query may not prune."""
 import os
 import subprocess
 import sys
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler.lowering.screen.screen_operands import REACH_LIMIT, screen_operands
+from compiler.lowering.screen.screen_operands import REACH_LIMIT, screen_operands, screen_threshold
 from compiler.lowering.topk_pipeline import screen_margin
 from runtime.certificate import default_r, plan_certificate
 from runtime.rounding import round_up_to_float32
@@ -137,3 +137,24 @@ def test_float_scalars_reach_the_compiled_kernels_as_float64():
                          cwd=Path(__file__).resolve().parents[3], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[:2] == ["fp64", " ".join(["fp64"] * 9)], out.stdout
+
+
+@pytest.mark.parametrize("with_scales", [False, True])
+def test_screen_threshold_is_the_torch_where(with_scales):
+    """tau kept where ok, finite and the batch row's scales usable, else -inf: NaN, both infinities,
+    -0.0 and operands that are not ok, over several kernel steps of queries."""
+    g = torch.Generator().manual_seed(5)
+    B, S = 3, 1500
+    tau = torch.randn(B, S, generator=g) * 10
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0])
+    pick = torch.rand(B, S, generator=g) < 0.2
+    tau[pick] = special[torch.randint(0, 5, (int(pick.sum()),), generator=g)]
+    ok = torch.rand(B, S, generator=g) < 0.8
+    scales_ok = torch.tensor([True, False, True]) if with_scales else None
+    want = ok & torch.isfinite(tau)
+    if with_scales:
+        want &= scales_ok[:, None]
+    want = torch.where(want, tau, float("-inf"))
+    got = screen_threshold(ok, tau, scales_ok)
+    assert got.dtype == torch.float32 and got.is_contiguous()
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bitwise: -0.0 kept
