@@ -322,7 +322,6 @@ def _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config=None, sha
     if shared_bound is not None:
         shared = shared_bound(torch.where(torch.isfinite(witness_tau), witness_tau, float("-inf")))
         witness_tau = shared
-    tau_val = torch.maximum(witness_tau, theta)
     p = activation_frequency(q, k, witness_ids if sample_ids is None else sample_ids, A, defaults.ACTIVATION_SAMPLES)
     mark("seeds")
     r_max = min(H, defaults.DEFAULT_R_CAP if config.r is None else config.r)
@@ -330,7 +329,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config=None, sha
     plan = plan_screen(q, w, k.dtype, p, r.long(), r_max, nk.amax(-1))
     # The last step is monotone in U only for finite positive scales.
     scales_ok = None if k_scale is None else (torch.isfinite(k_scale) & (k_scale > 0)).all(-1)
-    tau = screen_threshold(plan.ok, tau_val, scales_ok)
+    tau = screen_threshold(plan.ok, witness_tau, theta, scales_ok)
     mark("plan")
     cap = survivor_cap(T, kk, config.workspace_frac)
     G = refine_queries(H, config)
@@ -355,10 +354,11 @@ def _list_counts(B: int, groups: int, n: int, device: torch.device) -> torch.Ten
 
 
 def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_per_group, k_scale=None, bounds=None):
-    """(witness_tau, theta) [B,S] fp32, whose max is tau before the validity checks: the kk-th
-    best score over the anchor's witnesses ``witness_ids`` [B,groups,W] (-inf without them), and
-    theta, the own threshold of ``runtime.seeds`` over the group's strided sample ``sample_ids``
-    [B,groups,M] (-inf without it or when not finite). One scorer call scores both key lists."""
+    """(witness_tau, theta) [B,S] fp32, whose max (theta where finite) is tau before the validity
+    checks (``screen_threshold``): the kk-th best score over the anchor's witnesses ``witness_ids``
+    [B,groups,W] (None without them), and theta, the own threshold of ``runtime.seeds`` over the
+    group's strided sample ``sample_ids`` [B,groups,M] (None without it; any value, -inf and NaN
+    included, otherwise). One scorer call scores both key lists."""
     T = k.shape[1]
     parts = [x for x in (witness_ids, sample_ids) if x is not None]
     lists = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
@@ -366,14 +366,12 @@ def _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, tiles_p
     n_wit = 0 if witness_ids is None else witness_ids.shape[-1]
     counts = _list_counts(B, groups, n, q.device)
     codes = _row_codes(q, w, k, mask, lists, counts, n, tiles_per_group, k_scale, bounds)
-    none = torch.full(codes.shape[:2], float("-inf"), device=q.device)
-    tau = none if witness_ids is None else decode_codes(kth_largest(codes[..., :n_wit], kk), T)[0]
+    tau = None if witness_ids is None else decode_codes(kth_largest(codes[..., :n_wit], kk), T)[0]
     if sample_ids is None:
-        return tau, none
+        return tau, None
     M = sample_ids.shape[-1]
     rank = sample_rank(kk, M, T, config.sample_sigmas)
-    theta, _ = decode_codes(kth_largest(codes[..., n_wit:], rank), T)
-    return tau, torch.where(torch.isfinite(theta), theta, float("-inf"))
+    return tau, decode_codes(kth_largest(codes[..., n_wit:], rank), T)[0]
 
 
 def certified_codes(q, w, k, mask, kk, config, nk=None, screen_config=None, shared_bound=None, k_scale=None,

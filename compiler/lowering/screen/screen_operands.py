@@ -17,9 +17,9 @@ max_k ||k||_up < 2^100 (``nk_max`` [B], the batch row of query n being n // (N /
 instead of the float64 tensor algebra it replaces; float scalars are passed as float64 and the
 kernel is compiled without fused multiply-adds, so that its float64 operations round as written.
 
-``screen_threshold(ok, tau, scales_ok)`` gives the screen's tau [B, S]: the threshold where the query's
-operands are ok, the threshold finite and its batch row's FP8 key scales usable, else -inf (no key
-pruned), in one launch."""
+``screen_threshold(ok, witness, theta, scales_ok)`` gives the screen's tau [B, S]: the larger of the
+seeds' two thresholds where the query's operands are ok, that threshold finite and its batch row's
+FP8 key scales usable, else -inf (no key pruned), in one launch."""
 from __future__ import annotations
 
 import torch
@@ -162,26 +162,40 @@ def screen_operands(plan: CertificatePlan | KernelPlan, w: torch.Tensor, g_dtype
 
 
 @triton.jit
-def _threshold_kernel(ok_ptr, tau_ptr, scales_ptr, out_ptr, N, per_batch, SCALES: tl.constexpr, BLOCK: tl.constexpr):
-    """Queries pid * BLOCK ..: out = tau where ok, tau finite and (SCALES) the batch row's scales ok."""
+def _threshold_kernel(ok_ptr, witness_ptr, theta_ptr, scales_ptr, out_ptr, N, per_batch, WITNESS: tl.constexpr,
+                      THETA: tl.constexpr, SCALES: tl.constexpr, BLOCK: tl.constexpr):
+    """Queries pid * BLOCK ..: out = max(witness, theta) where ok and it is finite (``screen_threshold``)."""
     n = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = n < N
-    tau = tl.load(tau_ptr + n, mask=inside, other=0.0)
-    keep = (tl.load(ok_ptr + n, mask=inside, other=0) != 0) & (tl.abs(tau) < float("inf"))
+    keep = tl.load(ok_ptr + n, mask=inside, other=0) != 0
+    tau = tl.full([BLOCK], float("-inf"), tl.float32)
+    if WITNESS:
+        tau = tl.load(witness_ptr + n, mask=inside, other=0.0)
+        keep &= tau == tau
+    if THETA:
+        theta = tl.load(theta_ptr + n, mask=inside, other=0.0)
+        theta = tl.where(tl.abs(theta) < float("inf"), theta, float("-inf"))
+        tau = tl.where(theta > tau, theta, tau)
+    keep &= tl.abs(tau) < float("inf")
     if SCALES:
         keep &= tl.load(scales_ptr + n // per_batch, mask=inside, other=0) != 0
     tl.store(out_ptr + n, tl.where(keep, tau, float("-inf")), mask=inside)
 
 
-def screen_threshold(ok: torch.Tensor, tau: torch.Tensor, scales_ok: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 [B, S], contiguous: ``tau`` [B, S] fp32 where ``ok`` [B, S] bool, tau is finite and (when
-    given) ``scales_ok`` [B] bool of the query's batch row, else -inf."""
-    B, S = tau.shape
-    out = torch.empty((B, S), dtype=torch.float32, device=tau.device)
+def screen_threshold(ok: torch.Tensor, witness: torch.Tensor | None, theta: torch.Tensor | None,
+                     scales_ok: torch.Tensor | None = None) -> torch.Tensor:
+    """The screen's tau, fp32 [B, S] contiguous: t = max(``witness``, ``theta`` where finite), both fp32
+    [B, S] and -inf where None (a NaN witness makes t NaN), kept where ``ok`` [B, S] bool, t is finite
+    and (when given) ``scales_ok`` [B] bool of the query's batch row; else -inf."""
+    B, S = ok.shape
+    out = torch.empty((B, S), dtype=torch.float32, device=ok.device)
     if out.numel():
-        ok8, tau32 = ok.contiguous().view(torch.int8), tau.float().contiguous()
+        ok8 = ok.contiguous().view(torch.int8)
+        witness32 = ok8 if witness is None else witness.float().contiguous()
+        theta32 = ok8 if theta is None else theta.float().contiguous()
         scales = ok8 if scales_ok is None else scales_ok.contiguous().view(torch.int8)
         block = defaults.REDO_ROWS_BLOCK
-        _threshold_kernel[(triton.cdiv(B * S, block),)](ok8, tau32, scales, out, B * S, S,
+        _threshold_kernel[(triton.cdiv(B * S, block),)](ok8, witness32, theta32, scales, out, B * S, S,
+                                                        WITNESS=witness is not None, THETA=theta is not None,
                                                         SCALES=scales_ok is not None, BLOCK=block)
     return out

@@ -139,22 +139,33 @@ def test_float_scalars_reach_the_compiled_kernels_as_float64():
     assert out.stdout.split("\n")[:2] == ["fp64", " ".join(["fp64"] * 9)], out.stdout
 
 
+@pytest.mark.parametrize("seeds", ["witness", "theta", "both", "neither"])
 @pytest.mark.parametrize("with_scales", [False, True])
-def test_screen_threshold_is_the_torch_where(with_scales):
-    """tau kept where ok, finite and the batch row's scales usable, else -inf: NaN, both infinities,
-    -0.0 and operands that are not ok, over several kernel steps of queries."""
+def test_screen_threshold_is_the_torch_form(seeds, with_scales):
+    """max(witness, theta where finite), kept where ok, finite and the batch row's scales usable, else
+    -inf: NaN, both infinities and signed zeros in either threshold, operands that are not ok, over
+    several kernel steps of queries."""
     g = torch.Generator().manual_seed(5)
     B, S = 3, 1500
-    tau = torch.randn(B, S, generator=g) * 10
     special = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0])
-    pick = torch.rand(B, S, generator=g) < 0.2
-    tau[pick] = special[torch.randint(0, 5, (int(pick.sum()),), generator=g)]
+
+    def threshold():
+        t = torch.randn(B, S, generator=g) * 10
+        pick = torch.rand(B, S, generator=g) < 0.2
+        t[pick] = special[torch.randint(0, 5, (int(pick.sum()),), generator=g)]
+        return t
+
+    witness = threshold() if seeds in ("witness", "both") else None
+    theta = threshold() if seeds in ("theta", "both") else None
     ok = torch.rand(B, S, generator=g) < 0.8
     scales_ok = torch.tensor([True, False, True]) if with_scales else None
-    want = ok & torch.isfinite(tau)
+    none = torch.full((B, S), float("-inf"))
+    clean = none if theta is None else torch.where(torch.isfinite(theta), theta, float("-inf"))
+    tau = torch.maximum(none if witness is None else witness, clean)
+    keep = ok & torch.isfinite(tau)
     if with_scales:
-        want &= scales_ok[:, None]
-    want = torch.where(want, tau, float("-inf"))
-    got = screen_threshold(ok, tau, scales_ok)
+        keep &= scales_ok[:, None]
+    want = torch.where(keep, tau, float("-inf"))
+    got = screen_threshold(ok, witness, theta, scales_ok)
     assert got.dtype == torch.float32 and got.is_contiguous()
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bitwise: -0.0 kept
+    assert torch.equal(got, want)  # by value: a tie of -0.0 and +0.0 may keep either, both prune the same keys
