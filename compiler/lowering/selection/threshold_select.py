@@ -136,11 +136,14 @@ def _top_window_kernel(cand_ptr, count_ptr, out_ptr, N, seg, kk, stride_c, strid
 
 
 @triton.jit
-def _pad_tail_kernel(cand_ptr, count_ptr, NP, N, stride_c, BLOCK: tl.constexpr):
-    """Rows with NP < count[row] <= N: cand[row, count:N] = INT64_MIN; other rows untouched."""
+def _pad_tail_kernel(cand_ptr, count_ptr, gate_ptr, NP, N, stride_c, BLOCK: tl.constexpr):
+    """Rows with NP < count[row] <= N: cand[row, count:N] = INT64_MIN and gate[row] = 1; other rows
+    untouched, gate 0."""
     row = tl.program_id(0).to(tl.int64)
     count = tl.load(count_ptr + row)
-    start = tl.where((count > NP) & (count <= N), count, N)
+    gated = (count > NP) & (count <= N)
+    tl.store(gate_ptr + row + tl.arange(0, 1), tl.zeros([1], dtype=tl.int8) + gated.to(tl.int8))
+    start = tl.where(gated, count, N)
     for t0 in range(start, N, BLOCK):
         t = t0 + tl.arange(0, BLOCK)
         tl.store(cand_ptr + row * stride_c + t, tl.full([BLOCK], INT64_MIN, tl.int64), mask=t < N)
@@ -225,8 +228,9 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
         out = torch.sort(out, dim=-1, descending=True).values
     if np_ < N:
         counts = counts.view(R).contiguous()
-        _pad_tail_kernel[(R,)](cand, counts, np_, N, cand.stride(0), BLOCK=1024)
-        select_top_codes(cand, (counts > np_) & (counts <= N), kk, out=out, scratch=scratch)
+        gate = torch.empty(R, dtype=torch.int8, device=cand.device)
+        _pad_tail_kernel[(R,)](cand, counts, gate, np_, N, cand.stride(0), BLOCK=1024)
+        select_top_codes(cand, gate.view(torch.bool), kk, out=out, scratch=scratch)
     return out
 
 
