@@ -175,10 +175,6 @@ class TopkStats:
             return self._device
         return self._device + torch.tensor(host, dtype=torch.int64).to(self._device.device)
 
-    def stacked(self, names) -> torch.Tensor:
-        """The counters ``names`` of ``totals()``, in that order."""
-        return self.totals()[[self.NAMES.index(name) for name in names]]
-
     def _values(self) -> dict[str, int]:
         return dict(zip(self.NAMES, self.totals().tolist()))
 

@@ -79,4 +79,4 @@ MASK_BLOCK_S = 16  # query rows per conjunctive-mask program
 MASK_BLOCK_T = 512  # keys per conjunctive-mask program: 8 KiB of mask written per program
 
 # Row bookkeeping of the certified pipeline (selection/redo_rows.py)
-REDO_ROWS_BLOCK = 1024  # rows per step of the row-flag and redo-list kernels (bool and int work, a few per call); not tuned
+REDO_ROWS_BLOCK = 1024  # rows per step of the row-flag, redo-list, call-count and screen-threshold kernels (bool and int work, a few per call); not tuned

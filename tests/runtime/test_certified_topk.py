@@ -501,7 +501,7 @@ def test_wrong_config_or_stats_type_raises_type_error():
 
 def test_stats_add_host_counts_and_device_counts_into_one_summary():
     """A dense call's counts are host ints (no launch), a certified call's device tensors; summary,
-    stacked and merge see both."""
+    totals and merge see both."""
     stats = TopkStats()
     stats.add("queries", 3)
     stats.add("queries", torch.tensor(4))
@@ -511,10 +511,11 @@ def test_stats_add_host_counts_and_device_counts_into_one_summary():
     other.add("survivors", torch.tensor(7))
     stats.merge(other)
     assert stats.summary()["queries"] == 12 and stats.summary()["fallbacks"]["dense_cheaper"] == 3
-    assert stats.stacked(("queries", "survivors", "written")).tolist() == [12, 7, 0]
+    totals = dict(zip(TopkStats.NAMES, stats.totals().tolist()))
+    assert (totals["queries"], totals["survivors"], totals["written"]) == (12, 7, 0)
     only_host = TopkStats()
     only_host.add("queries", 2)
-    assert only_host.stacked(("queries", "anchors")).tolist() == [2, 0]
+    assert only_host.totals().tolist() == [2] + [0] * (len(TopkStats.NAMES) - 1)
     with pytest.raises(ValueError, match="name"):
         stats.add("nonsense", 1)
 
