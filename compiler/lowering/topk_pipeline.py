@@ -588,5 +588,4 @@ def _record(stats: TopkStats | None, q, T, tr):
         stats.add("dense_cheaper", B * S)
         return
     cand_cap = min(tr.cap, defaults.CERTIFIED_BUFFER_K * tr.kk)
-    stats.add_counts(call_counts(TopkStats.NAMES, tr.list_count, tr.cand_count, tr.short, T, tr.cap,
-                                 tr.list_queries, tr.kk, cand_cap))
+    stats.add_counts(call_counts(tr.list_count, tr.cand_count, tr.short, T, tr.cap, tr.list_queries, tr.kk, cand_cap))

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from compiler.lowering import defaults
+from runtime.certified_topk import TopkStats
 
 __all__ = ["call_counts", "row_flags", "redo_row_lists"]
 
@@ -133,13 +134,14 @@ def _call_counts_kernel(list_ptr, count_ptr, short_ptr, out_ptr, names, L, N, T,
     tl.store(out_ptr + n, out, mask=n < names)
 
 
-def call_counts(names: tuple[str, ...], list_count: torch.Tensor, cand_count: torch.Tensor, short: torch.Tensor,
-                T: int, cap: int, list_queries: int, kk: int, cand_cap: int) -> torch.Tensor:
-    """int64 [len(names)] on the device, one count per name of ``names`` (``TopkStats.NAMES``), zero but
-    for a certified call's: queries (the B*S rows of ``cand_count`` [B,S] int32), keys_screened
+def call_counts(list_count: torch.Tensor, cand_count: torch.Tensor, short: torch.Tensor, T: int, cap: int,
+                list_queries: int, kk: int, cand_cap: int) -> torch.Tensor:
+    """int64 [len(TopkStats.NAMES)] on the device (``TopkStats.add_counts``), zero but for a certified
+    call's counters: queries (the B*S rows of ``cand_count`` [B,S] int32), keys_screened
     (queries * T), survivors (each list of ``list_count`` [B,L] int32 counted list_queries times, T
     keys for a list past ``cap``), written (the sum of cand_count), overflow (rows past ``cand_cap``)
     and threshold_miss (rows under kk that are not ``short`` [B,S] bool)."""
+    names = TopkStats.NAMES
     out = torch.empty(len(names), dtype=torch.int64, device=cand_count.device)
     lists, counts = list_count.contiguous(), cand_count.contiguous()
     _call_counts_kernel[(1,)](lists, counts, short.contiguous().view(torch.int8), out, len(names), lists.numel(),

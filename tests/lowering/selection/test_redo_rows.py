@@ -70,8 +70,7 @@ def test_call_counts_are_the_torch_sums(B, S, G):
     lists = torch.randint(0, 2 * cap, (B, triton.cdiv(S, G)), generator=g, dtype=torch.int32)
     counts = torch.randint(0, 2 * cand_cap, (B, S), generator=g, dtype=torch.int32)
     short = torch.rand(B, S, generator=g) < 0.3
-    got = dict(zip(TopkStats.NAMES, call_counts(TopkStats.NAMES, lists, counts, short, T, cap, G, kk,
-                                                 cand_cap).tolist()))
+    got = dict(zip(TopkStats.NAMES, call_counts(lists, counts, short, T, cap, G, kk, cand_cap).tolist()))
     want = {"queries": B * S, "keys_screened": B * S * T, "written": int(counts.sum()),
             "survivors": int(torch.where(lists > cap, T, lists).to(torch.int64).sum()) * G,
             "overflow": int((counts > cand_cap).sum()), "threshold_miss": int(((counts < kk) & ~short).sum())}
