@@ -37,7 +37,7 @@ from compiler.lowering.scoring.indexer_scores import (
 )
 from compiler.lowering.screen.head_activation import activation_frequency
 from compiler.lowering.screen.certificate_screen import screen
-from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
+from compiler.lowering.selection.few_rows_select import few_rows_top_codes, few_rows_topk, takes_few_rows
 from compiler.lowering.screen.certificate_plan import plan_certificate_triton
 from compiler.lowering.screen.key_norms import key_norms
 from compiler.lowering.screen.screen_operands import screen_operands, screen_threshold
@@ -416,22 +416,43 @@ def redo_slots(B: int, S: int, T: int, H: int) -> int:
     return max(block_s, min(fit, triton.cdiv(S, block_s) * block_s))
 
 
+def redo_head_rows(B: int, S: int, T: int, kk: int, H: int, dtype: torch.dtype) -> int:
+    """Flagged rows per batch row that ``redo_dense`` takes first by the few-rows selection
+    (defaults.REDO_FEW_ROWS rounded up to whole scorer tiles, at most S), or 0 where that
+    selection does not take rows of T keys (its chunk maxima: kk <= n <= min(T, KTH_REGISTER_ROW))."""
+    multiple = chunk_multiple(dtype)
+    n = chunk_count(T, kk, multiple)
+    if n % multiple or not kk <= n <= min(T, defaults.KTH_REGISTER_ROW):
+        return 0
+    block_s, _ = score_tile_shape(H)
+    return min(triton.cdiv(defaults.REDO_FEW_ROWS, block_s) * block_s, S)
+
+
 def redo_dense(codes, redo, q, w, k, mask, kk, k_scale=None):
     """Overwrite the rows flagged in ``redo`` [B,S] bool with their dense top-kk codes, in place.
 
-    No host synchronisation (capturable in a CUDA graph): each round scores up to ``slots`` rows
-    densely into a [B, slots, T] buffer (the same scorer, so bitwise the dense codes) and selects
-    their top kk with ``select_top_codes``; unflagged slots cost a launch and no key reads. When
-    every row fits one round, a row keeps its own slot; otherwise the flagged rows are ranked on
-    the device and a fixed number of rounds, ceil(S / slots), takes them in rank order (the row
-    lists of every round are built at once, ``redo_row_lists``: one launch). The scorer splits each
-    row's keys as for defaults.REDO_LIVE_TILES query tiles: few rows are redone, and a tile of empty slots
-    costs nothing. codes [B,S,kk] int64 (returned). ``k_scale``: the FP8 scorer's key scales.
+    No host synchronisation (capturable in a CUDA graph). A batch row's first ``redo_head_rows``
+    flagged rows (rank order) are scored densely with their chunk maxima and selected by
+    ``few_rows_top_codes``, each row split over many programs (a few rows are the usual case). The
+    rest, and all of them where the head does not apply, in rounds: each scores up to ``slots`` rows
+    densely into a [B, slots, T] buffer and selects their top kk with ``select_top_codes`` (one
+    program per row); a fixed number of rounds takes them in rank order (``redo_row_lists``, one
+    launch for every list). Unflagged slots cost a program and no key reads; the scorer splits each
+    round's keys as for defaults.REDO_LIVE_TILES query tiles, the head's as for one. The same scorer
+    as the dense path, so bitwise its codes. codes [B,S,kk] int64 (returned). ``k_scale``: the FP8
+    scorer's key scales.
     """
     B, S = redo.shape
     T = k.shape[1]
     flat = codes.view(B * S, kk)
-    lists, valid, out_rows = redo_row_lists(redo, redo_slots(B, S, T, q.shape[2]))
+    head = redo_head_rows(B, S, T, kk, q.shape[2], q.dtype)
+    (h_lists, h_valid, h_rows), (lists, valid, out_rows) = redo_row_lists(redo, redo_slots(B, S, T, q.shape[2]), head)
+    if head:
+        n = chunk_count(T, kk, chunk_multiple(q.dtype))
+        maxima = torch.empty((B, head, n), dtype=torch.int64, device=q.device)
+        buf = dense_codes(q, w, k, mask, rows=h_lists, maxima=maxima, k_scale=k_scale, live_tiles=1)
+        few_rows_top_codes(buf.view(B * head, T), maxima.view(B * head, n), kk, h_valid.view(-1), flat,
+                           h_rows.view(-1))
     for i in range(lists.shape[0]):
         buf = dense_codes(q, w, k, mask, rows=lists[i], k_scale=k_scale, live_tiles=defaults.REDO_LIVE_TILES)
         select_top_codes(buf.view(-1, T), valid[i].view(-1), kk, out=flat, scratch=True, out_rows=out_rows[i].view(-1))

@@ -16,6 +16,7 @@ from compiler.lowering.topk_pipeline import (
     dense_codes_topk,
     dense_topk_cuda,
     redo_dense,
+    redo_head_rows,
     redo_slots,
     refine_queries,
     survivor_cap,
@@ -279,17 +280,22 @@ def test_scorer_row_list_scores_listed_rows_bitwise_and_leaves_empty_slots_alone
             assert (out[0, j] == torch.iinfo(torch.int64).min).all()
 
 
-def test_redo_answers_every_flagged_row_densely_in_several_rounds(monkeypatch):
+@pytest.mark.parametrize("few_rows", [0, 8, 32])
+def test_redo_answers_every_flagged_row_densely_in_several_rounds(monkeypatch, few_rows):
+    """Rounds only (``few_rows`` 0: two of them), a head of one scorer tile then a round, every row in
+    the head."""
     q1, k1, w1, m1 = structured(S=12, T=256, H=4, D=16)
     q2, k2, w2, m2 = structured(S=12, T=256, H=4, D=16)
     q, k, w = torch.cat((q1, q2.flip(1))), torch.cat((k1, k2.flip(1))), torch.cat((w1, w2)).float()
     mask = torch.cat((m1, m2))
     # 8 slots (one scorer tile of queries, the fewest): 12 queries take 2 rounds
     monkeypatch.setattr(defaults, "REDO_BUFFER_BYTES", 8 * 256 * 2 * 8)
+    monkeypatch.setattr(defaults, "REDO_FEW_ROWS", few_rows)
     assert redo_slots(2, 12, 256, 4) == 8
+    assert redo_head_rows(2, 12, 256, 24, 4, q.dtype) == {0: 0, 8: 8, 32: 12}[few_rows]
     redo = torch.zeros(2, 12, dtype=torch.bool)
     redo[0, [0, 5, 6, 9, 11]] = True  # 5 rows, scattered: the first round, ranked
-    redo[1, :] = True  # 12 rows: two rounds
+    redo[1, :] = True  # 12 rows: two rounds, or the head and a round
     sentinel = torch.full((2, 12, 24), 7, dtype=torch.int64)
     codes = redo_dense(sentinel.clone(), redo, q, w, k, mask, 24)
     dense = dense_codes_topk(q, w, k, mask, 24)

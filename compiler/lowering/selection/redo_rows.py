@@ -52,10 +52,11 @@ def row_flags(cand_count: torch.Tensor, kk: int, cand_cap: int, tau: torch.Tenso
 
 
 @triton.jit
-def _redo_lists_kernel(redo_ptr, lists_ptr, valid_ptr, out_ptr, B, S, width, slots,
+def _redo_lists_kernel(redo_ptr, lists_ptr, valid_ptr, out_ptr, B, S, head, width, slots,
                        RANKED: tl.constexpr, BLOCK: tl.constexpr):
-    """Batch row b = pid: its flagged rows into [rounds, B, width] (position j of the row's list at
-    round j // width, slot j % width); RANKED: in rank order then -1, else each row at its own slot."""
+    """Batch row b = pid: its flagged rows into a [B, head] head then [rounds, B, width] rounds (position
+    j of the row's list: head slot j when j < head, else round (j - head) // width, slot (j - head) %
+    width); RANKED: in rank order then -1 up to ``slots`` positions, else each row at its own slot."""
     b = tl.program_id(0).to(tl.int64)
     carry = tl.sum(tl.zeros([1], dtype=tl.int64), axis=0)
     for s0 in range(0, S, BLOCK):
@@ -69,7 +70,8 @@ def _redo_lists_kernel(redo_ptr, lists_ptr, valid_ptr, out_ptr, B, S, width, slo
         else:
             j = s
             keep = ok
-        at = (j // width) * B * width + b * width + j % width
+        r = j - head
+        at = tl.where(j < head, b * head + j, B * head + (r // width) * B * width + b * width + r % width)
         tl.store(lists_ptr + at, tl.where(flag, s, -1), mask=keep)
         tl.store(valid_ptr + at, flag.to(tl.int8), mask=keep)
         tl.store(out_ptr + at, b * S + tl.where(flag, s, 0), mask=keep)
@@ -77,29 +79,45 @@ def _redo_lists_kernel(redo_ptr, lists_ptr, valid_ptr, out_ptr, B, S, width, slo
         for j0 in range(0, slots, BLOCK):
             j = j0 + tl.arange(0, BLOCK).to(tl.int64)
             empty = (j >= carry) & (j < slots)
-            at = (j // width) * B * width + b * width + j % width
+            r = j - head
+            at = tl.where(j < head, b * head + j, B * head + (r // width) * B * width + b * width + r % width)
             tl.store(lists_ptr + at, tl.full([BLOCK], -1, tl.int64), mask=empty)
             tl.store(valid_ptr + at, tl.zeros([BLOCK], dtype=tl.int8), mask=empty)
             tl.store(out_ptr + at, tl.zeros([BLOCK], dtype=tl.int64) + b * S, mask=empty)
 
 
-def redo_row_lists(redo: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(lists, valid, out_rows), each [rounds, B, R], of the flagged rows of ``redo`` [B, S] bool:
-    lists int64 row ids holding every flagged row once (-1 = empty slot), valid bool (lists >= 0),
-    out_rows int64 (b * S + the row, b * S for an empty slot). One round with each row in its own
-    slot (R = S) when S <= slots, else the flagged rows in rank order, ceil(S / slots) rounds of
-    R = ``slots``. Each round's [B, R] slice is contiguous."""
+RowLists = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""(lists, valid, out_rows) of the dense redo's slots: int64 row ids (-1 = empty slot), bool (lists >=
+0), int64 rows of the call's [B * S] output (b * S + the row, b * S for an empty slot)."""
+
+
+def redo_row_lists(redo: torch.Tensor, slots: int, head: int = 0) -> tuple[RowLists, RowLists]:
+    """(head, rounds) ``RowLists`` of the flagged rows of ``redo`` [B, S] bool, holding every flagged
+    row once: head [B, H'] with H' = min(head, S), rounds [rounds, B, R]. Without a head (``head``
+    0): one round with each row in its own slot (R = S) when S <= slots, else the flagged rows in
+    rank order, ceil(S / slots) rounds of R = ``slots``. With one: a row's first min(head, S)
+    flagged rows in rank order in the head, the rest in rank order in ceil((S - H') / R) rounds of
+    R = min(slots, S - H'). Each round's [B, R] slice is contiguous."""
     B, S = redo.shape
-    ranked = slots < S
-    rounds, width = (triton.cdiv(S, slots), slots) if ranked else (1, S)
+    head = min(head, S)
+    ranked = head > 0 or slots < S
+    width = min(slots, S - head) if head else slots if ranked else S
+    rounds = triton.cdiv(S - head, width) if width else 0
     dev = redo.device
-    lists = torch.empty((rounds, B, width), dtype=torch.int64, device=dev)
-    valid = torch.empty((rounds, B, width), dtype=torch.int8, device=dev)
+    n = B * (head + rounds * width)
+    lists = torch.empty(n, dtype=torch.int64, device=dev)
+    valid = torch.empty(n, dtype=torch.int8, device=dev)
     out_rows = torch.empty_like(lists)
     if B * S:
-        _redo_lists_kernel[(B,)](redo.contiguous().view(torch.int8), lists, valid, out_rows, B, S, width,
-                                 rounds * width, RANKED=ranked, BLOCK=defaults.REDO_ROWS_BLOCK)
-    return lists, valid.view(torch.bool), out_rows
+        _redo_lists_kernel[(B,)](redo.contiguous().view(torch.int8), lists, valid, out_rows, B, S, head, max(width, 1),
+                                 head + rounds * width, RANKED=ranked, BLOCK=defaults.REDO_ROWS_BLOCK)
+    valid = valid.view(torch.bool)
+
+    def split(x):
+        return x[:B * head].view(B, head), x[B * head:].view(rounds, B, width)
+
+    (hl, tl_), (hv, tv), (ho, to) = split(lists), split(valid), split(out_rows)
+    return (hl, hv, ho), (tl_, tv, to)
 
 
 @triton.jit

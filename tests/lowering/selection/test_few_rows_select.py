@@ -6,7 +6,7 @@ import torch
 from compiler.lowering import defaults
 from compiler.lowering.selection import few_rows_select
 from compiler.lowering.order_codes import decode_codes
-from compiler.lowering.selection.few_rows_select import few_rows_topk, takes_few_rows
+from compiler.lowering.selection.few_rows_select import few_rows_top_codes, few_rows_topk, takes_few_rows
 from compiler.lowering.selection.threshold_select import chunk_maxima
 
 from tests.lowering.selection.test_threshold_select import rows_of
@@ -86,3 +86,32 @@ def test_short_rows_are_selected_in_registers():
     for N, kk, n in ((64, 64, 64), (96, 40, 64), (128, 40, 128)):
         codes = rows_of("random", 2, N, seed=N)
         assert same(few_rows_topk(codes.clone(), chunk_maxima(codes, n), kk, N), expected(codes, kk, N))
+
+
+@pytest.mark.parametrize("kind", ["random", "duplicates", "extremes"])
+def test_gated_rows_write_their_top_codes_to_their_out_rows(kind, monkeypatch):
+    """``few_rows_top_codes``: valid rows' top kk codes, descending, in their out rows (mapped out of
+    order); invalid rows and a valid row mapped past ``out`` write nothing; a "duplicates" row leaves
+    more candidates than the window."""
+    monkeypatch.setattr(defaults, "FEW_ROWS_INTERPRETER_PROGRAMS", 4)
+    N, kk, n = 3000, 40, 80
+    codes = rows_of(kind, 5, N, seed=3)
+    maxima = chunk_maxima(codes, n)
+    valid = torch.tensor([True, False, True, True, True])
+    out_rows = torch.tensor([6, 0, 1, 3, 9])  # row 4: past out's 8 rows
+    out = torch.full((8, kk), 7, dtype=torch.int64)
+    few_rows_top_codes(codes.clone(), maxima, kk, valid, out, out_rows)
+    want = torch.topk(codes, kk).values
+    for row, dst in ((0, 6), (2, 1), (3, 3)):
+        assert torch.equal(out[dst], want[row])
+    assert (out[[0, 2, 4, 5, 7]] == 7).all()
+
+
+def test_gated_bad_arguments_are_named():
+    codes = rows_of("random", 2, 500, seed=0)
+    maxima = chunk_maxima(codes, 16)
+    out = torch.empty(2, 9, dtype=torch.int64)
+    with pytest.raises(ValueError, match="valid, out_rows"):
+        few_rows_top_codes(codes, maxima, 9, torch.ones(3, dtype=torch.bool), out, torch.arange(2))
+    with pytest.raises(ValueError, match="out"):
+        few_rows_top_codes(codes, maxima, 9, torch.ones(2, dtype=torch.bool), out[:, :8], torch.arange(2))

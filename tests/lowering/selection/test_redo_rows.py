@@ -18,46 +18,37 @@ def _flags_reference(cand_count, kk, cand_cap, tau, shared):
     return (cand_count > cand_cap) | ((cand_count < kk) & ~short), short
 
 
-def _lists_reference(redo, slots):
-    """[B, rounds, R] row lists (-1 = empty), as the pipeline built them with torch."""
+def _lists_reference(redo, slots, head=0):
+    """(head [B, H'], rounds [rounds, B, R]) row lists (-1 = empty), built with torch."""
     B, S = redo.shape
     query = torch.arange(S).expand(B, S)
-    if slots >= S:
-        return torch.where(redo, query, -1)[:, None]
-    rounds = triton.cdiv(S, slots)
-    rank = torch.where(redo, torch.cumsum(redo.to(torch.int64), dim=1) - 1, rounds * slots)
-    lists = torch.full((B, rounds * slots + 1), -1, dtype=torch.int64).scatter(1, rank, torch.where(redo, query, -1))
-    return lists[:, :-1].reshape(B, rounds, slots)
+    if not head and slots >= S:
+        return torch.empty(B, 0, dtype=torch.int64), torch.where(redo, query, -1)[None]
+    head = min(head, S)
+    width = min(slots, S - head) if head else slots
+    rounds = triton.cdiv(S - head, width) if width else 0
+    n = head + rounds * width
+    rank = torch.where(redo, torch.cumsum(redo.to(torch.int64), dim=1) - 1, n)
+    lists = torch.full((B, n + 1), -1, dtype=torch.int64).scatter(1, rank, torch.where(redo, query, -1))[:, :-1]
+    return lists[:, :head], lists[:, head:].reshape(B, rounds, width).transpose(0, 1)
 
 
-@pytest.mark.parametrize("with_shared", [False, True])
-def test_row_flags_are_the_torch_flags(with_shared):
-    g = torch.Generator().manual_seed(1)
-    B, S, kk, cand_cap = 3, 1500, 8, 20  # more rows than one kernel step
-    cand_count = torch.randint(0, 25, (B, S), generator=g, dtype=torch.int32)
-    tau = torch.randn(B, S, generator=g)
-    tau[0, :300] = float("inf")
-    tau[1, :300] = float("nan")
-    tau[2, :300] = float("-inf")
-    shared = torch.where(torch.rand(B, S, generator=g) < 0.5, tau, tau + 1) if with_shared else None
-    redo, short = row_flags(cand_count, kk, cand_cap, tau, shared)
-    want_redo, want_short = _flags_reference(cand_count, kk, cand_cap, tau, shared)
-    assert redo.dtype == short.dtype == torch.bool
-    assert torch.equal(redo, want_redo) and torch.equal(short, want_short)
-    assert short.any() == with_shared and redo.any() and not redo.all()
-
-
-@pytest.mark.parametrize("B, S, slots, density", [(2, 12, 8, 0.4), (3, 2100, 512, 0.3), (2, 2100, 4096, 0.3),
-                                                  (2, 700, 128, 1.0), (1, 50, 16, 0.0)])
-def test_redo_row_lists_are_the_torch_lists(B, S, slots, density):
-    g = torch.Generator().manual_seed(S)
+@pytest.mark.parametrize("B, S, slots, head, density", [
+    (2, 12, 8, 0, 0.4), (3, 2100, 512, 0, 0.3), (2, 2100, 4096, 0, 0.3), (2, 700, 128, 0, 1.0), (1, 50, 16, 0, 0.0),
+    (3, 2100, 512, 32, 0.3), (2, 2100, 4096, 16, 0.01), (2, 12, 8, 32, 0.5), (2, 40, 16, 8, 1.0)])
+def test_redo_row_lists_are_the_torch_lists(B, S, slots, head, density):
+    """Without a head: own slots (one round) or ranked rounds; with one: the head, then ranked rounds of
+    the rest (none when the head holds every row)."""
+    g = torch.Generator().manual_seed(S + head)
     redo = torch.rand(B, S, generator=g) < density
-    lists, valid, out_rows = redo_row_lists(redo, slots)
-    want = _lists_reference(redo, slots).transpose(0, 1)  # [rounds, B, R]
-    assert torch.equal(lists, want)
-    assert torch.equal(valid, want >= 0)
-    assert torch.equal(out_rows, (torch.arange(B) * S)[None, :, None] + want.clamp(min=0))
-    assert all(lists[i].is_contiguous() for i in range(lists.shape[0]))
+    got_head, got_rounds = redo_row_lists(redo, slots, head)
+    want_head, want_rounds = _lists_reference(redo, slots, head)
+    for (lists, valid, out_rows), want in ((got_head, want_head), (got_rounds, want_rounds)):
+        assert torch.equal(lists, want)
+        assert torch.equal(valid, want >= 0)
+        assert torch.equal(out_rows, (torch.arange(B) * S).view(B, 1) + want.clamp(min=0))
+    assert all(got_rounds[0][i].is_contiguous() for i in range(got_rounds[0].shape[0]))
+    assert got_head[0].is_contiguous()
 
 
 @pytest.mark.parametrize("B, S, G", [(1, 1, 1), (2, 1500, 2), (3, 2049, 4)])
