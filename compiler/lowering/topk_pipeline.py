@@ -501,14 +501,16 @@ def workspace_bytes(B: int, S: int, T: int, H: int, D: int, kk: int, config: Cer
     """An upper bound of the bytes a call allocates at once: the dense scorer's chunk (at most
     DENSE_CHUNK_BYTES) and its selection, the outputs; on the certified path also, for one round of
     ``certified_chunk_rows`` queries, the anchors, the seed codes, the plan (PLAN_CHUNK_BYTES twice,
-    the screen rows), the survivor words and lists, the candidate buffer and the redo round
-    (REDO_BUFFER_BYTES). Operands are contiguous copies at most."""
+    the screen rows), the survivor words and lists, the candidate buffer, the redo's head (its codes,
+    candidates and maxima, at most T int64 each per row) and round (REDO_BUFFER_BYTES). Operands are
+    contiguous copies at most."""
     dense_chunk = min(defaults.DENSE_CHUNK_BYTES, 8 * B * S * T)
     total = 2 * dense_chunk + 4 * B * (S * H * (D + 1) + T * D) + 24 * B * S * kk
     if config.path == "certified":
         rows = certified_chunk_rows(B, S, T, H, kk, config)
         total += (dense_chunk + 2 * defaults.PLAN_CHUNK_BYTES + B * rows * 16 * (2 * D + 12)
-                  + rows * certified_query_bytes(B, T, H, kk, config) + 2 * defaults.REDO_BUFFER_BYTES)
+                  + rows * certified_query_bytes(B, T, H, kk, config) + 2 * defaults.REDO_BUFFER_BYTES
+                  + 24 * B * (defaults.REDO_FEW_ROWS + score_tile_shape(H)[0]) * T)
     return total
 
 

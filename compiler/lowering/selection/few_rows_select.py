@@ -1,5 +1,5 @@
 """Exact top-kk of a few long rows of order codes, decoded, in one launch: the decode path's
-selection (SPEC C.3).
+selection (SPEC C.3), and the dense redo's for its first flagged rows.
 
 ``few_rows_topk(codes [R, N] int64, maxima [R, n] int64, kk, T)`` returns (values [R, kk] fp32,
 indices [R, kk] int64) equal to ``decode_codes(torch.topk(codes, kk).values, T)``. Requirements:
@@ -7,7 +7,10 @@ codes distinct within a row; ``maxima[r, j]`` the largest code of row r's interl
 ``score_dense(maxima=...)`` writes them; 1 <= kk <= n <= min(N, ``defaults.KTH_REGISTER_ROW``). The
 codes are scratch. Two launches, no host synchronisation; the order of the atomics does not show.
 ``takes_few_rows`` says when a call takes this path (CUDA, fewer than ``defaults.FEW_ROWS`` rows):
-a decode call is bound by host time, and ``torch.topk`` over codes costs many more launches."""
+a decode call is bound by host time, and ``torch.topk`` over codes costs many more launches.
+``few_rows_top_codes`` is the row-gated form (``valid``, ``out_rows`` as ``select_top_codes`` takes
+them) writing each valid row's top kk codes, descending, where ``top_codes`` would: each row over
+many programs where ``select_top_codes`` gives a long row one."""
 from __future__ import annotations
 
 import torch
