@@ -26,6 +26,7 @@ lse ``[B, H, S]`` fp32 (natural log; -inf for rows without a visible key). Arith
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -100,6 +101,30 @@ def check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale
     stand_in = q.new_empty(())
     check_sparse_attention_inputs(q, stand_in.expand(b, 1, t_len, q_dim), stand_in.expand(b, 1, t_len, dv),
                                   indices, mask, scale, masked_rows)
+
+
+def checked_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows) -> None:
+    """``check_absorbed_inputs``, remembered per signature: the devices compared first, then the check
+    on meta tensors of the same shapes and dtypes, once per distinct (shapes, dtypes, scale,
+    masked_rows). A call repeated at one signature, as a decode loop makes it, costs a dictionary
+    lookup; errors are never remembered. Arguments of other types take the full check."""
+    tensors = (q, latent, rope_key, kv_b_weight, indices)
+    if (not all(isinstance(t, torch.Tensor) for t in tensors) or not (mask is None or isinstance(mask, torch.Tensor))
+            or type(scale) not in (int, float) or type(masked_rows) is not str):
+        check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
+        return
+    check_absorbed_devices(q, latent, rope_key, kv_b_weight, indices, mask)
+    _check_signature(*((t.shape, t.dtype) for t in tensors), None if mask is None else (mask.shape, mask.dtype),
+                     scale, masked_rows)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_signature(q_sig, latent_sig, rope_sig, weight_sig, indices_sig, mask_sig, scale, masked_rows) -> None:
+    def meta(sig):
+        return None if sig is None else torch.empty(sig[0], dtype=sig[1], device="meta")
+
+    check_absorbed_inputs(meta(q_sig), meta(latent_sig), meta(rope_sig), meta(weight_sig), meta(indices_sig),
+                          meta(mask_sig), scale, masked_rows)
 
 
 def reference_workspace_bytes(q, latent, rope_key, kv_b_weight, indices) -> int:

@@ -37,7 +37,7 @@ import torch
 from compiler.ops.union_sparse_attention import _refuse_pulsar_layout
 from runtime.union_attention import check_scale
 from runtime.absorbed_attention import absorbed_sparse_attention as reference_absorbed_sparse_attention
-from runtime.absorbed_attention import check_absorbed_devices, check_absorbed_inputs
+from runtime.absorbed_attention import check_absorbed_devices, checked_absorbed_inputs
 
 
 FORM_ARGUMENTS = ("absorbed", "auto")
@@ -77,7 +77,7 @@ def absorbed_sparse_attention_cuda(q, latent, rope_key, kv_b_weight, indices, ma
     check_form(form)
     _refuse_pulsar_layout()
     if form == "auto":
-        check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
+        checked_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
         if q.numel() and latent.shape[1] and indices.shape[2]:
             form = choose_form(q, latent, rope_key, kv_b_weight, indices, mask, site)[0]
     return latent_sparse_attention(q, latent, rope_key, kv_b_weight, indices, mask, scale=scale,

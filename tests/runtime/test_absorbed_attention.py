@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from runtime.absorbed_attention import absorbed_dims, absorbed_sparse_attention, head_weights
+from runtime.absorbed_attention import absorbed_dims, absorbed_sparse_attention, checked_absorbed_inputs, head_weights
 from runtime.union_attention import sparse_attention
 
 B, H, S, T, DN, DR, DV, DC, K = 2, 3, 10, 20, 6, 4, 5, 7, 6
@@ -73,5 +73,35 @@ def test_bad_arguments_are_named():
         call(q=q.double())
     with pytest.raises(ValueError, match="indices must be"):
         call(indices=indices[:, :-1])
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+        call(mask=causal(S, T).float())
+
+
+def test_remembered_check_names_what_the_full_check_names():
+    """``checked_absorbed_inputs``: a signature once accepted is remembered, yet a call at another
+    signature, a bad scale, masked_rows, device or argument type is still refused by name, and an
+    error is never remembered (the same bad call raises twice)."""
+    q, latent, rope_key, weight, indices = mla_inputs()
+    good = dict(q=q, latent=latent, rope_key=rope_key, kv_b_weight=weight, indices=indices, mask=None, scale=0.3,
+                masked_rows="zero")
+
+    def call(**changed):
+        checked_absorbed_inputs(**{**good, **changed})
+
+    call()
+    call(q=q + 1)  # same signature, other values: remembered
+    for _ in range(2):
+        with pytest.raises(ValueError, match="kv_b_weight must be"):
+            call(kv_b_weight=weight[:-1])
+    with pytest.raises(TypeError, match="scale must be a float"):
+        call(scale=True)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        call(scale=float("nan"))
+    with pytest.raises(ValueError, match="masked_rows must be one of"):
+        call(masked_rows="max")
+    with pytest.raises(ValueError, match="latent must be on q's device"):
+        call(latent=latent.to("meta"))
+    with pytest.raises(TypeError, match="indices must be a torch.Tensor"):
+        call(indices=indices.tolist())
     with pytest.raises(TypeError, match="mask must be a bool tensor"):
         call(mask=causal(S, T).float())

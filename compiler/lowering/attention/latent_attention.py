@@ -22,7 +22,7 @@ from compiler.autotune import interpreter_active
 from compiler.lowering.attention import absorbed_attention
 from compiler.lowering.attention.absorbed_attention import WARP_SPECIALISED_MIN_HEADS, absorbed_sparse_attention_triton
 from compiler.lowering.attention.union_attention import sparse_attention_triton, workspace_bytes
-from runtime.absorbed_attention import absorbed_dims, check_absorbed_inputs, expand_latent
+from runtime.absorbed_attention import absorbed_dims, checked_absorbed_inputs, expand_latent
 
 
 def union_bytes(q, latent, rope_key, kv_b_weight, indices) -> int:
@@ -52,7 +52,7 @@ def latent_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: tor
     """o ``[B, H, S, Dv]`` (module docstring) in the absorbed form, or in the union form when
     ``union``; ``distinct`` as in ``absorbed_sparse_attention_triton``. Raises TypeError/ValueError
     naming the argument before any work."""
-    check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
+    checked_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
     if not union:
         return absorbed_sparse_attention_triton(q, latent, rope_key, kv_b_weight, indices, mask, scale=scale,
                                                 masked_rows=masked_rows, distinct=distinct)
