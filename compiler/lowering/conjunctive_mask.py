@@ -13,6 +13,7 @@ import triton.language as tl
 
 from compiler.lowering import defaults
 from runtime.conjunctive_mask import CODES, leading_size, mask_shape
+from compiler.lowering.host_ints import cdiv
 
 _BITS = 3
 """Bits of one term's code in the kernel's packed CODES (``CODES`` has 8 entries; MAX_TERMS of them
@@ -83,6 +84,6 @@ def conjunctive_mask_triton(rows, cols, terms) -> torch.Tensor:
     c = _factors(cols, terms, 2, shape, -1, device)
     codes = sum(terms[t] << (_BITS * (t // 3)) for t in range(0, len(terms), 3))
     bs, bt = defaults.MASK_BLOCK_S, defaults.MASK_BLOCK_T
-    _conjunctive_mask_kernel[(triton.cdiv(T, bt), triton.cdiv(S, bs), L)](
+    _conjunctive_mask_kernel[(cdiv(T, bt), cdiv(S, bs), L)](
         r, c, out, S, T, L, CODES=codes, BITS=_BITS, TERMS=len(terms) // 3, BLOCK_S=bs, BLOCK_T=bt, num_warps=4)
     return out

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from runtime.order_codes import PADDING
+from compiler.lowering.host_ints import cdiv
 
 INT64_MIN = tl.constexpr(PADDING)
 """The smallest int64: the padding of rows of codes, below every code."""
@@ -78,7 +79,7 @@ def decode_codes(codes: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tenso
     idx = torch.empty(c.shape, dtype=torch.int64, device=c.device)
     if c.numel():
         block = 1024
-        _decode_codes_kernel[(triton.cdiv(c.numel(), block),)](c, values, idx, c.numel(), T,
+        _decode_codes_kernel[(cdiv(c.numel(), block),)](c, values, idx, c.numel(), T,
                                                               BLOCK=block)
     return values, idx
 

@@ -21,7 +21,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from compiler.autotune import graph_capturing
 from compiler.lowering.order_codes import decode_codes
@@ -51,6 +50,7 @@ from runtime.rounding import U32, gamma
 from runtime.seeds import sample_keys, sample_rank, sample_size, takes_witnesses
 from compiler.lowering import defaults
 from runtime.workspace import check_workspace
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 MMA_FACTOR = 4.0
 """Tensor-core fp32 accumulation is not IEEE round-to-nearest inside the MMA: its error on a
@@ -85,7 +85,7 @@ def _operands(q, k, weights, k_scale=None):
 def _row_codes(q, w, k, mask, lists, counts, cap, tiles_per_list, k_scale=None, bounds=None):
     """``score_keys`` in non-compact mode, with key splits for the call's tile count."""
     block_s, _ = score_tile_shape(q.shape[2])
-    splits = key_splits(q.shape[0] * triton.cdiv(q.shape[1], block_s), cap)
+    splits = key_splits(q.shape[0] * cdiv(q.shape[1], block_s), cap)
     return score_keys(q, w, k, lists, counts, cap=cap, tiles_per_list=tiles_per_list, mask=mask,
                       splits=splits, k_scale=k_scale, bounds=bounds)
 
@@ -97,7 +97,7 @@ def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False, k_scale=None
     ``mask_bounds`` when the caller has them."""
     block_s, _ = score_tile_shape(q.shape[2])
     n_slots = q.shape[1] if rows is None else rows.shape[1]
-    tiles = triton.cdiv(n_slots, block_s) if live_tiles is None else live_tiles
+    tiles = cdiv(n_slots, block_s) if live_tiles is None else live_tiles
     splits = key_splits(q.shape[0] * tiles, k.shape[1])
     return score_dense(q, w, k, mask=mask, splits=splits, rows=rows, maxima=maxima, words=words,
                        k_scale=k_scale, bounds=bounds)
@@ -198,9 +198,9 @@ def fp8_dot_error(D: int) -> float:
     absolute sum (P = FP8_MMA_BITS): rho = gamma_n(2^-P); the c = D / K intervals then reach fp32
     (one rounding) and are added in fp32 in any order: phi = rho + gamma_c(u32) (1 + rho)."""
     K = fp8_interval(D)
-    n = K + 2 * triton.cdiv(K, FP8_MMA_STEP) - 1
+    n = K + 2 * cdiv(K, FP8_MMA_STEP) - 1
     rho = gamma(n, 2.0**-FP8_MMA_BITS)
-    return rho + gamma(triton.cdiv(D, K), U32) * (1 + rho)
+    return rho + gamma(cdiv(D, K), U32) * (1 + rho)
 
 
 def screen_margin(D, H, RP, fp8=False):
@@ -235,7 +235,7 @@ def screen_dtype(k_dtype: torch.dtype) -> torch.dtype:
 def screen_rows(r_max: int) -> int:
     """RP, the rows the screen multiplies per query under budgets up to ``r_max``: the retained rows
     and the aux row, in a power of two."""
-    return triton.next_power_of_2(r_max + 1)
+    return next_power_of_2(r_max + 1)
 
 
 def plan_screen(q, w, k_dtype, p, r, r_max, nk_max, chunk=None) -> ScreenPlan:
@@ -286,7 +286,7 @@ def refine_queries(H: int, config: CertifiedTopkConfig) -> int:
 def survivor_cap(T: int, kk: int, workspace_frac: float) -> int:
     """Slots of a query's survivor list: kk + floor(workspace_frac * T) in whole 128s, at most T. A
     query with more survivors has overflowed, and its refine scores every key."""
-    return min(T, triton.cdiv(kk + int(workspace_frac * T), 128) * 128)
+    return min(T, cdiv(kk + int(workspace_frac * T), 128) * 128)
 
 
 def _no_mark(stage: str) -> None:
@@ -306,7 +306,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config=None, sha
     T = k.shape[1]
     dev = q.device
     G, _ = score_tile_shape(H)
-    A = max(G, triton.cdiv(config.anchor_stride, G) * G)
+    A = max(G, cdiv(config.anchor_stride, G) * G)
     M = sample_size(T, config.sample_keys)
     witness_ids = None
     if takes_witnesses(config.witnesses, M, shared_bound is not None):
@@ -315,7 +315,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config=None, sha
         witness_ids = (T - 1 - torch.remainder(anchors, 2**32)).to(torch.int32).contiguous()
     sample_ids = None
     if M:
-        sample_ids = _sample_lists(triton.cdiv(S, A), M, T, dev).expand(B, -1, M)
+        sample_ids = _sample_lists(cdiv(S, A), M, T, dev).expand(B, -1, M)
     witness_tau, theta = _seed_thresholds(q, w, k, mask, kk, config, witness_ids, sample_ids, A // G, k_scale,
                                           bounds)
     shared = None
@@ -334,7 +334,7 @@ def _screen_stage(q, w, k, mask, kk, config, nk, bounds, screen_config=None, sha
     cap = survivor_cap(T, kk, config.workspace_frac)
     G = refine_queries(H, config)
     ids, list_count = screen(plan.g, plan.alpha, plan.beta, plan.e, plan.c, tau, k, nk, mask=mask,
-                             lists_per_batch=triton.cdiv(S, G), list_queries=G, cap=cap, config=screen_config,
+                             lists_per_batch=cdiv(S, G), list_queries=G, cap=cap, config=screen_config,
                              k_scale=k_scale, bounds=bounds, call_queries=call_queries)
     mark("screen")
     return tau, ids, list_count, cap, G, plan, shared
@@ -413,7 +413,7 @@ def redo_slots(B: int, S: int, T: int, H: int) -> int:
     (at least one scorer tile, at most S rounded up to whole tiles)."""
     block_s, _ = score_tile_shape(H)
     fit = (defaults.REDO_BUFFER_BYTES // (8 * T * B)) // block_s * block_s
-    return max(block_s, min(fit, triton.cdiv(S, block_s) * block_s))
+    return max(block_s, min(fit, cdiv(S, block_s) * block_s))
 
 
 def redo_head_rows(B: int, S: int, T: int, kk: int, H: int, dtype: torch.dtype) -> int:
@@ -425,7 +425,7 @@ def redo_head_rows(B: int, S: int, T: int, kk: int, H: int, dtype: torch.dtype) 
     if n % multiple or not kk <= n <= min(T, defaults.KTH_REGISTER_ROW):
         return 0
     block_s, _ = score_tile_shape(H)
-    return min(triton.cdiv(defaults.REDO_FEW_ROWS, block_s) * block_s, S)
+    return min(cdiv(defaults.REDO_FEW_ROWS, block_s) * block_s, S)
 
 
 def redo_dense(codes, redo, q, w, k, mask, kk, k_scale=None):
@@ -483,7 +483,7 @@ def certified_query_bytes(B: int, T: int, H: int, kk: int, config: CertifiedTopk
     codes (``workspace_bytes`` adds the screen rows)."""
     cap = survivor_cap(T, kk, config.workspace_frac)
     seeds = kk + kk // 4 + 1 + sample_size(T, config.sample_keys)
-    lists = triton.cdiv(4 * (cap + triton.cdiv(T, 32)), refine_queries(H, config))
+    lists = cdiv(4 * (cap + cdiv(T, 32)), refine_queries(H, config))
     return B * (8 * min(cap, defaults.CERTIFIED_BUFFER_K * kk) + lists + 8 * seeds)
 
 
@@ -537,7 +537,7 @@ def checked_certified_topk_cuda(q, k, weights, kk, mask=None, *, k_scale=None, c
     nk = key_norms(k)
     rows = S if shared_bound is not None else certified_chunk_rows(B, S, T, H, kk, config)
     bounds = mask_bounds(mask, B, S, T)
-    certify = [True] * triton.cdiv(S, rows)
+    certify = [True] * cdiv(S, rows)
     if min_keys is not None and bounds is not None and len(certify) > 1 and not graph_capturing(q.device):
         certify = [span >= min_keys for span in round_spans(bounds, rows)]
     parts = []

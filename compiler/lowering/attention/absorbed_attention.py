@@ -56,6 +56,7 @@ except (ImportError, AttributeError):
     absorbed_attention_ws = None
 from runtime.absorbed_attention import absorbed_dims, checked_absorbed_inputs, head_weights
 from runtime.workspace import check_workspace
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 _INTERPRETED = interpreter_active()
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -281,8 +282,8 @@ def _visible_indices(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k:
     else:
         expanded = mask.expand(b, 1, n, seq_k)
         mask_arg, mask_strides = expanded, (expanded.stride(0), expanded.stride(2), expanded.stride(3))
-    block_k = max(16, min(1024, triton.next_power_of_2(width)))
-    _visible_indices_kernel[(triton.cdiv(width, block_k), n, b)](
+    block_k = max(16, min(1024, next_power_of_2(width)))
+    _visible_indices_kernel[(cdiv(width, block_k), n, b)](
         indices, mask_arg, out, *indices.stride(), *mask_strides, seq_k, width,
         HAS_MASK=mask is not None, DEDUP=dedup, BLOCK_K=block_k, num_warps=4)
     return out
@@ -326,7 +327,7 @@ def _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat, width: int
             or heads < WARP_SPECIALISED_MIN_HEADS or not absorbed_attention_ws.usable(q_lat, q_rope, latent,
                                                                                      rope_key, o_lat):
         return False
-    programs = triton.cdiv(heads, absorbed_attention_ws.BLOCK_H) * n * b
+    programs = cdiv(heads, absorbed_attention_ws.BLOCK_H) * n * b
     return splits == 1 or attention_splits(programs, width, absorbed_attention_ws.BLOCK_N, q_lat.device)[0] == 1
 
 
@@ -336,10 +337,10 @@ def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: f
     b, heads, n, lat_dim = q_lat.shape
     seq_k, rope_dim, width = latent.shape[1], rope_key.shape[2], indices.shape[2]
     meta = dict(config.meta)
-    block_h = min(meta["BLOCK_H"], max(16, triton.next_power_of_2(heads)))
+    block_h = min(meta["BLOCK_H"], max(16, next_power_of_2(heads)))
     block_n = meta["BLOCK_N"]
-    block_c = max(16, triton.next_power_of_2(lat_dim))
-    head_blocks = triton.cdiv(heads, block_h)
+    block_c = max(16, next_power_of_2(lat_dim))
+    head_blocks = cdiv(heads, block_h)
     n_split, split_len = attention_splits(head_blocks * n * b, width, block_n, q_lat.device, splits)
     part_o, part_lse = split_partials(n_split, (b, heads, n), block_c, q_lat.device, o_lat)
     common = dict(lat_dim=lat_dim, MEAN_ROWS=mean is not None, BLOCK_H=block_h, BLOCK_C=block_c)
@@ -350,7 +351,7 @@ def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: f
         *o_lat.stride(), heads, n, seq_k, width, n_split, split_len, scale * LOG2_E,
         rope_dim=rope_dim, SPLIT=n_split > 1, UPCAST=_INTERPRETED,
         DOT_PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", BLOCK_N=block_n,
-        BLOCK_R=max(16, triton.next_power_of_2(rope_dim)), num_warps=config.num_warps,
+        BLOCK_R=max(16, next_power_of_2(rope_dim)), num_warps=config.num_warps,
         num_stages=config.num_stages, **common)
     if n_split > 1:
         _merge_splits_kernel[(head_blocks, n, b)](

@@ -25,7 +25,6 @@ Takes bf16 or fp16 operands, Dc = 512 and Dr = 64, on sm_90 only (``usable``).
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -33,6 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from compiler.lowering.defaults import ABSORBED_BLOCK_HEADS
+from compiler.lowering.host_ints import cdiv
 
 BLOCK_H = ABSORBED_BLOCK_HEADS
 """Heads a program: the rows of every warpgroup product."""
@@ -331,7 +331,7 @@ def attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scal
     stride, indices ``[B, n, K]`` where -1 or out of range means not counted)."""
     b, heads, n, lat_dim = q_lat.shape
     mean_arg = mean if mean is not None else o_lat
-    _absorbed_attention_ws_kernel[(triton.cdiv(heads, BLOCK_H), n, b)](
+    _absorbed_attention_ws_kernel[(cdiv(heads, BLOCK_H), n, b)](
         q_lat, q_rope, latent, rope_key, indices, mean_arg, o_lat,
         q_lat.stride(0), q_lat.stride(1), q_lat.stride(2), q_rope.stride(0), q_rope.stride(1), q_rope.stride(2),
         latent.stride(0), latent.stride(1), rope_key.stride(0), rope_key.stride(1),

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from compiler.autotune import multiprocessor_count
+from compiler.lowering.host_ints import cdiv
 
 LOG2_E = math.log2(math.e)
 """Scale from natural-log scores to the base-2 units of the kernels."""
@@ -29,9 +30,9 @@ def attention_splits(programs: int, width: int, block_n: int, device: torch.devi
         splits = 1
         if device.type == "cuda":
             target = TARGET_PROGRAMS_PER_SM * multiprocessor_count(device)
-            splits = max(1, min(triton.cdiv(target, programs), triton.cdiv(width, block_n)))
-    split_len = triton.cdiv(triton.cdiv(width, splits), block_n) * block_n
-    return triton.cdiv(width, split_len), split_len
+            splits = max(1, min(cdiv(target, programs), cdiv(width, block_n)))
+    split_len = cdiv(cdiv(width, splits), block_n) * block_n
+    return cdiv(width, split_len), split_len
 
 
 def split_partials(n_split: int, rows: tuple[int, ...], width: int, device: torch.device,

@@ -19,6 +19,7 @@ from compiler.autotune import LaunchConfig, choose_config, interpreter_active, l
 from compiler.lowering.attention.online_softmax import LOG2_E, online_softmax_step
 from runtime.attention_layout import register_attention_kernel
 from runtime.attention_reference import check_attention_inputs, two_interval_attention
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -204,10 +205,10 @@ def _launch(q, k, v, prefix_end, segment_start, scale: float, q_start: int):
     if lse.numel() == 0:
         return o, lse
 
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = max(16, next_power_of_2(d))
 
     def run(config: LaunchConfig) -> None:
-        grid = (triton.cdiv(sq, dict(config.meta)["BLOCK_M"]), b * hq)
+        grid = (cdiv(sq, dict(config.meta)["BLOCK_M"]), b * hq)
         _two_interval_attention_kernel[grid](
             q, k, v, prefix_end, segment_start, o, lse,
             *q.stride(), *k.stride(), *v.stride(), *o.stride(),

@@ -62,6 +62,7 @@ from compiler.autotune import LaunchConfig, choose_config, interpreter_active, l
 from compiler.lowering.attention.online_softmax import LOG2_E, attention_splits, merge_split_partials, split_partials
 from runtime.union_attention import check_sparse_attention_inputs
 from runtime.workspace import check_workspace
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 _INTERPRETED = interpreter_active()
 
@@ -334,7 +335,7 @@ def workspace_bytes(q, k, v, indices) -> int:
     b, hq, s, _ = q.shape
     seq_k, width = k.shape[2], indices.shape[2]
     block_m = tile_rows(s)
-    tiles = b * triton.cdiv(s, block_m)
+    tiles = b * cdiv(s, block_m)
     cap = max(1, min(seq_k, min(s, block_m) * width))
     outputs = b * hq * s * (v.shape[3] * q.element_size() + 4)
     return 8 * (tiles * (seq_k + 1) + 1024) + 4 * tiles * (cap + 1) + outputs
@@ -352,7 +353,7 @@ def _split_head_dim(qk_dim: int) -> tuple[int, int, bool]:
     """(BLOCK_D1, BLOCK_D2, HAS_D2): a power-of-two head of the qk dim and a padded tail, >= 16 each."""
     head = max(16, 1 << (qk_dim.bit_length() - 1))
     tail = qk_dim - head
-    return head, max(16, triton.next_power_of_2(tail)) if tail > 0 else 16, tail > 0
+    return head, max(16, next_power_of_2(tail)) if tail > 0 else 16, tail > 0
 
 
 def build_union(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k: int,
@@ -361,11 +362,11 @@ def build_union(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k: int,
     sizes [B·tiles] int32, cap)``: bit i of ``words[tile, t]`` says that row i of the tile sees
     key t; ``keys[tile, :sizes[tile]]`` lists the keys with a non-zero word, ascending."""
     b, s, width = indices.shape
-    tiles = triton.cdiv(s, block_m)
+    tiles = cdiv(s, block_m)
     cap = max(1, min(seq_k, min(s, block_m) * width))
-    ranges = max(1, min(triton.cdiv(seq_k, MIN_RANGE), triton.cdiv(1024, b * tiles)))
-    range_len = triton.cdiv(triton.cdiv(seq_k, ranges), COMPACT_BLOCK) * COMPACT_BLOCK
-    ranges = triton.cdiv(seq_k, range_len)
+    ranges = max(1, min(cdiv(seq_k, MIN_RANGE), cdiv(1024, b * tiles)))
+    range_len = cdiv(cdiv(seq_k, ranges), COMPACT_BLOCK) * COMPACT_BLOCK
+    ranges = cdiv(seq_k, range_len)
     workspace = torch.zeros(b * tiles * (seq_k + ranges), dtype=torch.int64, device=indices.device)
     words = workspace[:b * tiles * seq_k].view(b * tiles, seq_k)
     counts = workspace[b * tiles * seq_k:].view(torch.int32)[:b * tiles * ranges]
@@ -376,14 +377,14 @@ def build_union(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k: int,
     else:
         expanded = mask.expand(b, 1, s, seq_k)
         mask_arg, mask_strides = expanded, (expanded.stride(0), expanded.stride(2), expanded.stride(3))
-    block_k = max(16, min(triton.next_power_of_2(width), BUILD_LANES // block_m))
-    _build_union_kernel[(triton.cdiv(width, block_k), tiles, b)](
+    block_k = max(16, min(next_power_of_2(width), BUILD_LANES // block_m))
+    _build_union_kernel[(cdiv(width, block_k), tiles, b)](
         indices, mask_arg, words, counts, *indices.stride(), *mask_strides,
         s, seq_k, width, tiles, ranges, range_len,
         HAS_MASK=mask is not None, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
     _compact_union_kernel[(ranges, b * tiles)](
         words, counts, keys, sizes, seq_k, ranges, range_len, cap,
-        BLOCK=COMPACT_BLOCK, RANGES=max(16, triton.next_power_of_2(ranges)), num_warps=4)
+        BLOCK=COMPACT_BLOCK, RANGES=max(16, next_power_of_2(ranges)), num_warps=4)
     return words, keys, sizes, cap
 
 
@@ -396,12 +397,12 @@ def _launch(q, k, v, indices, mask, scale: float, masked_rows: str, splits: Opti
     if lse.numel() == 0 or v_dim == 0 or seq_k == 0:
         return o.zero_(), lse.fill_(float("-inf"))
     block_m = tile_rows(s)
-    tiles = triton.cdiv(s, block_m)
+    tiles = cdiv(s, block_m)
     if indices.shape[2] == 0:
         indices = indices.new_full((b, s, 1), -1)
     words, keys, sizes, cap = build_union(indices, mask, seq_k, block_m)
     block_d1, block_d2, has_d2 = _split_head_dim(qk_dim)
-    block_dv = max(16, triton.next_power_of_2(v_dim))
+    block_dv = max(16, next_power_of_2(v_dim))
     common = dict(BLOCK_D1=block_d1, BLOCK_D2=block_d2, HAS_D2=has_d2, BLOCK_DV=block_dv,
                   MEAN_ROWS=masked_rows == "mean", UPCAST=_INTERPRETED,
                   DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from runtime.fp8_quant import AMAX_FLOOR, E4M3_MAX, hadamard_scale
+from compiler.lowering.host_ints import cdiv
 
 ROWS_PER_PROGRAM = 32
 """Rows of one program: 16 KB of float32 at D = 128."""
@@ -88,7 +89,7 @@ def quantize_rows(x: torch.Tensor, rotate: bool) -> tuple[torch.Tensor, torch.Te
     x8 = torch.empty((*lead, D), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(lead, dtype=torch.float32, device=x.device)
     if n:
-        _quantize_rows_kernel[(triton.cdiv(n, ROWS_PER_PROGRAM),)](
+        _quantize_rows_kernel[(cdiv(n, ROWS_PER_PROGRAM),)](
             rows, x8.view(torch.uint8), scale, n, rows.stride(0), hadamard_scale(D), AMAX_FLOOR, E4M3_MAX,
             D=D, LOG2_D=D.bit_length() - 1, ROTATE=rotate and D > 1, R=ROWS_PER_PROGRAM, num_warps=4)
     return x8, scale

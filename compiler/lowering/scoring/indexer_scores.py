@@ -24,6 +24,7 @@ from compiler.lowering.order_codes import INT64_MIN, order_code, word_of_code
 from compiler.lowering.scoring.tile_arith import sequential_dot, sequential_group_sum
 from compiler.lowering import defaults
 from runtime.order_codes import PADDING
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 INTERPRET = interpreter_active()
 
@@ -423,7 +424,7 @@ def scorer_launch(dtype: torch.dtype, refine: bool = False, device=None) -> dict
 def score_tile_shape(H: int) -> tuple[int, int]:
     """(BLOCK_S, HP): queries per program and heads padded to a power of two; BLOCK_S * HP =
     defaults.PRODUCT_COLUMNS (at least HP)."""
-    hp = triton.next_power_of_2(max(H, 1))
+    hp = next_power_of_2(max(H, 1))
     return max(1, defaults.PRODUCT_COLUMNS // hp), hp
 
 
@@ -433,7 +434,7 @@ def key_splits(programs: int, keys: int, block_t: int = 128) -> int:
     if INTERPRET or not torch.cuda.is_available():
         return 1
     sms = multiprocessor_count()
-    return max(1, min(triton.cdiv(2 * sms, max(programs, 1)), triton.cdiv(keys, 4 * block_t)))
+    return max(1, min(cdiv(2 * sms, max(programs, 1)), cdiv(keys, 4 * block_t)))
 
 
 def mask_operand(mask: torch.Tensor | None, B: int, S: int, T: int):
@@ -457,7 +458,7 @@ def _launch_shape(q, k, rows, block_s=None):
     tile_s, hp = score_tile_shape(H)
     block_s = tile_s if block_s is None else block_s
     n_slots = S if rows is None else rows.shape[1]
-    return B, S, H, D, k.shape[1], block_s, hp, n_slots, triton.cdiv(n_slots, block_s)
+    return B, S, H, D, k.shape[1], block_s, hp, n_slots, cdiv(n_slots, block_s)
 
 
 def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None, out=None,
@@ -522,7 +523,7 @@ def mask_bounds(mask, B: int, S: int, T: int, rows=None) -> torch.Tensor | None:
         return None
     n_slots = S if rows is None else rows.shape[1]
     bounds = torch.empty((B, n_slots, 2), dtype=torch.int32, device=m.device)
-    n_blocks = triton.cdiv(n_slots, defaults.BOUNDS_ROWS)
+    n_blocks = cdiv(n_slots, defaults.BOUNDS_ROWS)
     _mask_bounds_kernel[(B * n_blocks,)](m, bounds if rows is None else rows, bounds, S, T, n_slots,
                                          n_blocks, msb, mss, mst, 0 if rows is None else rows.stride(0),
                                          MASK_KIND=kind, ROWS=rows is not None, R=defaults.BOUNDS_ROWS,

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from compiler.lowering import defaults
+from compiler.lowering.host_ints import next_power_of_2
 
 __all__ = ["KernelPlan", "plan_certificate_triton"]
 
@@ -206,7 +207,7 @@ def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r
     scalars = torch.empty((N, 5), dtype=torch.float64, device=dev)
     flags = torch.empty(N, dtype=torch.int8, device=dev)
     retained = torch.empty((N, H), dtype=torch.int8, device=dev)
-    rp, hp = max(2, triton.next_power_of_2(r_max)), max(2, triton.next_power_of_2(H))
+    rp, hp = max(2, next_power_of_2(r_max)), max(2, next_power_of_2(H))
     if N:
         _plan_kernel[(N,)](qf, wf, pf, rf, rows, row_weights, aux, ut, scalars, flags, retained, H, D,
                            qf.stride(0), qf.stride(1), R_MAX=r_max,

@@ -29,6 +29,7 @@ from compiler.lowering.scoring.indexer_scores import (
 )
 from compiler.lowering.scoring.tile_arith import group_bound
 from compiler.lowering import defaults
+from compiler.lowering.host_ints import cdiv
 
 DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float8_e4m3fn: 3}
 """Key dtypes the screen takes, as ints for the tuning key."""
@@ -202,7 +203,7 @@ def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_quer
     """
     B, S, RP, D = g.shape
     T = k.shape[1]
-    words = torch.empty(B, lists_per_batch, triton.cdiv(T, 32), dtype=torch.int32, device=k.device)
+    words = torch.empty(B, lists_per_batch, cdiv(T, 32), dtype=torch.int32, device=k.device)
     kind, m, mask_strides = mask_operand(mask, B, S, T)
     split = split_form(list_queries, S if call_queries is None else call_queries, T, mask is not None)
     if split and bounds is None:
@@ -266,7 +267,7 @@ def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, boun
     T = k.shape[1]
     msb, mss, mst = mask_strides
     block_ss = screen_tile_queries(RP, list_queries)
-    n_tiles = triton.cdiv(S, block_ss)
+    n_tiles = cdiv(S, block_ss)
     ieee = k.dtype == torch.float32
     launch = config.kwargs()
     splits = key_splits(B * n_tiles, T, launch["BLOCK_T"])

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from compiler.lowering.scoring.indexer_scores import INTERPRET
 from compiler.lowering import defaults
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 __all__ = ["activation_frequency"]
 
@@ -69,9 +70,9 @@ def activation_frequency(q: torch.Tensor, k: torch.Tensor, seed_ids: torch.Tenso
         k = k.contiguous()
     ids = seed_ids if seed_ids.stride(-1) == 1 else seed_ids.contiguous()
     if B * S * H:
-        grid = (B, G, triton.cdiv(A * H, defaults.ACTIVATION_ROWS))
+        grid = (B, G, cdiv(A * H, defaults.ACTIVATION_ROWS))
         _activation_kernel[grid](q, k, ids, out, S, H, A, m, q.stride(0), q.stride(1), q.stride(2),
                                  k.stride(0), k.stride(1), ids.stride(0), ids.stride(1), D=D,
-                                 DP=max(16, triton.next_power_of_2(D)), ROWS=defaults.ACTIVATION_ROWS, KEYS=defaults.ACTIVATION_KEYS,
+                                 DP=max(16, next_power_of_2(D)), ROWS=defaults.ACTIVATION_ROWS, KEYS=defaults.ACTIVATION_KEYS,
                                  TO_FP32=INTERPRET, TO_BF16=q.dtype == torch.float8_e4m3fn)
     return out

@@ -13,6 +13,7 @@ import triton.language as tl
 from compiler.lowering import defaults
 from compiler.lowering.outward_rounding import next_up_f64, round_up_f32
 from runtime.rounding import U64, gamma
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 __all__ = ["key_norms"]
 
@@ -35,7 +36,7 @@ def key_norms(k: torch.Tensor) -> torch.Tensor:
     out = torch.empty((B, T), dtype=torch.float32, device=k.device)
     if B * T:
         block = defaults.KEY_NORM_BLOCK
-        _key_norms_kernel[(triton.cdiv(T, block), B)](k, out, T, D, k.stride(0), k.stride(1), k.stride(2),
+        _key_norms_kernel[(cdiv(T, block), B)](k, out, T, D, k.stride(0), k.stride(1), k.stride(2),
                                                       1.0 + 2.0 * gamma(D + 2, U64), BLOCK=block,
-                                                      DP=triton.next_power_of_2(D), num_warps=4)
+                                                      DP=next_power_of_2(D), num_warps=4)
     return out

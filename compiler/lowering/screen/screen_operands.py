@@ -31,6 +31,7 @@ from compiler.lowering.outward_rounding import round_up_f32
 from compiler.lowering.screen.certificate_plan import KernelPlan
 from runtime.certificate import CertificatePlan
 from runtime.rounding import margin_constants
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 __all__ = ["screen_operands", "screen_threshold", "REACH_LIMIT"]
 
@@ -153,9 +154,9 @@ def screen_operands(plan: CertificatePlan | KernelPlan, w: torch.Tensor, g_dtype
         flat = [x.contiguous() for x in (plan.rows, plan.row_weights, plan.aux, plan.abs_path.view(torch.int8),
                                          terms, gram)]
         qb = defaults.SCREEN_OPERANDS_QUERIES
-        _operands_kernel[(triton.cdiv(N, qb),)](*flat, w.contiguous(), nk_max.float().contiguous(), g, alpha, beta, e,
+        _operands_kernel[(cdiv(N, qb),)](*flat, w.contiguous(), nk_max.float().contiguous(), g, alpha, beta, e,
                                                 c, ok, N, H, D, N // B, *margin, *margin_constants(D, H, R), R=R,
-                                                RP=RP, DP=triton.next_power_of_2(D), HP=triton.next_power_of_2(H),
+                                                RP=RP, DP=next_power_of_2(D), HP=next_power_of_2(H),
                                                 QB=qb, KERNEL_PLAN=kernel_plan, enable_fp_fusion=False,
                                                 num_warps=defaults.SCREEN_OPERANDS_WARPS)
     return g, alpha, beta, e, c, ok.view(torch.bool)
@@ -195,7 +196,7 @@ def screen_threshold(ok: torch.Tensor, witness: torch.Tensor | None, theta: torc
         theta32 = ok8 if theta is None else theta.float().contiguous()
         scales = ok8 if scales_ok is None else scales_ok.contiguous().view(torch.int8)
         block = defaults.REDO_ROWS_BLOCK
-        _threshold_kernel[(triton.cdiv(B * S, block),)](ok8, witness32, theta32, scales, out, B * S, S,
+        _threshold_kernel[(cdiv(B * S, block),)](ok8, witness32, theta32, scales, out, B * S, S,
                                                         WITNESS=witness is not None, THETA=theta is not None,
                                                         SCALES=scales_ok is not None, BLOCK=block)
     return out

@@ -22,6 +22,7 @@ from compiler.lowering.order_codes import INT64_MIN, decode_code
 from compiler.lowering.selection.radix_select import _complete_and_sort, _destination, _select_row
 from compiler.lowering.selection.threshold_select import _kth_of, window
 from compiler.lowering import defaults
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -105,15 +106,15 @@ def _launch(codes, maxima, kk, T, values, idx, gate) -> None:
     n = maxima.shape[1]
     cand = torch.empty((R, N), dtype=torch.int64, device=codes.device)
     counters = torch.zeros((R, 2), dtype=torch.int32, device=codes.device)
-    blocks = triton.cdiv(N, defaults.FEW_ROWS_BLOCK)
+    blocks = cdiv(N, defaults.FEW_ROWS_BLOCK)
     programs = (defaults.FEW_ROWS_PROGRAMS_PER_SM * multiprocessor_count(codes.device) if codes.device.type == "cuda"
                 else defaults.FEW_ROWS_INTERPRETER_PROGRAMS)
-    chunk = triton.cdiv(blocks, max(1, min(blocks, triton.cdiv(programs, R)))) * defaults.FEW_ROWS_BLOCK
+    chunk = cdiv(blocks, max(1, min(blocks, cdiv(programs, R)))) * defaults.FEW_ROWS_BLOCK
     valid, out, out_rows = (codes, values, codes) if gate is None else gate
-    _few_rows_kernel[(R, triton.cdiv(N, chunk))](
+    _few_rows_kernel[(R, cdiv(N, chunk))](
         codes, maxima, cand, counters, values, idx, valid, out, out_rows, N, n, kk, T, chunk, out.shape[0],
         codes.stride(0), maxima.stride(0), cand.stride(0), out.stride(0),
-        NP=triton.next_power_of_2(n), BLOCK=defaults.FEW_ROWS_BLOCK, WINDOW=window(N, kk), KP=triton.next_power_of_2(kk),
+        NP=next_power_of_2(n), BLOCK=defaults.FEW_ROWS_BLOCK, WINDOW=window(N, kk), KP=next_power_of_2(kk),
         GATED=gate is not None, num_warps=defaults.FEW_ROWS_WARPS)
 
 

@@ -17,6 +17,7 @@ import triton.language as tl
 from compiler.autotune import interpreter_active, multiprocessor_count
 from compiler.lowering import defaults
 from compiler.lowering.order_codes import INT32_MIN, INT64_MIN, code_of_word, word_of_code
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -369,7 +370,7 @@ def default_splits(busy_rows: int, n: int, block: int, device: torch.device) -> 
     if torch.device(device).type != "cuda":
         return 1
     sms = multiprocessor_count(torch.device(device))
-    return max(1, min(triton.cdiv(defaults.RADIX_PROGRAMS_PER_SM * sms, max(busy_rows, 1)), triton.cdiv(n, block)))
+    return max(1, min(cdiv(defaults.RADIX_PROGRAMS_PER_SM * sms, max(busy_rows, 1)), cdiv(n, block)))
 
 
 def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
@@ -412,7 +413,7 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
                   else default_splits(rows, n, block, codes.device))
     rows_arg = out_rows if out_rows is not None else valid
     has_out_rows = out_rows is not None
-    kp = triton.next_power_of_2(kk)
+    kp = next_power_of_2(kk)
     if splits == 1:
         kernel = _select_top_codes_compacting_kernel if scratch else _select_top_codes_kernel
         kernel[(rows,)](
@@ -421,7 +422,7 @@ def select_top_codes(codes: torch.Tensor, valid: torch.Tensor, kk: int,
             HAS_OUT_ROWS=has_out_rows, BLOCK=block, KP=kp, num_warps=defaults.RADIX_WARPS,
             **({} if scratch else {"WORDS": words}))
         return out
-    chunk = triton.cdiv(triton.cdiv(n, block), splits) * block
+    chunk = cdiv(cdiv(n, block), splits) * block
     tally = torch.zeros((rows, TALLY_ROW), dtype=torch.int32, device=codes.device)
     state = torch.empty((rows, 16, 2), dtype=torch.int64, device=codes.device)
     for pass_index in range(16):

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from compiler.lowering import defaults
 from runtime.certified_topk import TopkStats
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 __all__ = ["call_counts", "row_flags", "redo_row_lists"]
 
@@ -46,7 +47,7 @@ def row_flags(cand_count: torch.Tensor, kk: int, cand_cap: int, tau: torch.Tenso
         tau_c = tau.contiguous()
         shared_c = tau_c if shared is None else shared.contiguous()
         block = defaults.REDO_ROWS_BLOCK
-        _row_flags_kernel[(triton.cdiv(n, block),)](cand_count.contiguous(), tau_c, shared_c, redo, short, n, kk,
+        _row_flags_kernel[(cdiv(n, block),)](cand_count.contiguous(), tau_c, shared_c, redo, short, n, kk,
                                                     cand_cap, SHARED=shared is not None, BLOCK=block)
     return redo.view(torch.bool), short.view(torch.bool)
 
@@ -102,7 +103,7 @@ def redo_row_lists(redo: torch.Tensor, slots: int, head: int = 0) -> tuple[RowLi
     head = min(head, S)
     ranked = head > 0 or slots < S
     width = min(slots, S - head) if head else slots if ranked else S
-    rounds = triton.cdiv(S - head, width) if width else 0
+    rounds = cdiv(S - head, width) if width else 0
     dev = redo.device
     n = B * (head + rounds * width)
     lists = torch.empty(n, dtype=torch.int64, device=dev)
@@ -166,6 +167,6 @@ def call_counts(list_count: torch.Tensor, cand_count: torch.Tensor, short: torch
                               counts.numel(), T, cap, list_queries, kk, cand_cap, QUERIES=names.index("queries"),
                               SCREENED=names.index("keys_screened"), SURVIVORS=names.index("survivors"),
                               WRITTEN=names.index("written"), OVERFLOW=names.index("overflow"),
-                              MISS=names.index("threshold_miss"), NP=triton.next_power_of_2(len(names)),
+                              MISS=names.index("threshold_miss"), NP=next_power_of_2(len(names)),
                               BLOCK=defaults.REDO_ROWS_BLOCK)
     return out

@@ -17,6 +17,7 @@ import triton.language as tl
 from compiler.lowering import defaults
 from compiler.lowering.order_codes import INT32_MIN, INT64_MIN, codes_of_words, word_of_code
 from compiler.lowering.selection.radix_select import row_codes_at, row_codes_at_least, select_top_codes
+from compiler.lowering.host_ints import cdiv, next_power_of_2
 
 
 @triton.jit
@@ -156,8 +157,8 @@ def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     maxima = torch.empty((R, n), dtype=torch.int64, device=rows.device)
-    block_j = min(1024, triton.next_power_of_2(n))
-    _chunk_max_kernel[(R, triton.cdiv(n, block_j))](rows, maxima, N, n, rows.stride(0), maxima.stride(0),
+    block_j = min(1024, next_power_of_2(n))
+    _chunk_max_kernel[(R, cdiv(n, block_j))](rows, maxima, N, n, rows.stride(0), maxima.stride(0),
                                                    BLOCK_J=block_j, WORDS=rows.dtype == torch.int32)
     return maxima
 
@@ -178,7 +179,7 @@ def kth_largest(x: torch.Tensor, kk: int) -> torch.Tensor:
     out = torch.empty(rows.shape[0], dtype=torch.int64, device=x.device)
     if rows.shape[0]:
         _kth_largest_kernel[(rows.shape[0],)](rows, out, n, kk, rows.stride(0),
-                                              NP=triton.next_power_of_2(n), num_warps=defaults.KTH_WARPS)
+                                              NP=next_power_of_2(n), num_warps=defaults.KTH_WARPS)
     return out.view(x.shape[:-1])
 
 
@@ -186,7 +187,7 @@ def window(N: int, kk: int, factor: int | None = None) -> int:
     """Codes of a candidate row that ``top_candidates`` selects in registers: the power of two
     >= ``factor`` * kk (None: defaults.WINDOW_FACTOR; at least kk), at most that of N."""
     factor = defaults.WINDOW_FACTOR if factor is None else factor
-    return triton.next_power_of_2(max(kk, min(N, factor * kk)))
+    return next_power_of_2(max(kk, min(N, factor * kk)))
 
 
 def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bool = False,
