@@ -37,6 +37,6 @@ def key_norms(k: torch.Tensor) -> torch.Tensor:
     if B * T:
         block = defaults.KEY_NORM_BLOCK
         _key_norms_kernel[(cdiv(T, block), B)](k, out, T, D, k.stride(0), k.stride(1), k.stride(2),
-                                                      1.0 + 2.0 * gamma(D + 2, U64), BLOCK=block,
-                                                      DP=next_power_of_2(D), num_warps=4)
+                                               1.0 + 2.0 * gamma(D + 2, U64), BLOCK=block,
+                                               DP=next_power_of_2(D), num_warps=4)
     return out

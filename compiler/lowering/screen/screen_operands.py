@@ -155,10 +155,10 @@ def screen_operands(plan: CertificatePlan | KernelPlan, w: torch.Tensor, g_dtype
                                          terms, gram)]
         qb = defaults.SCREEN_OPERANDS_QUERIES
         _operands_kernel[(cdiv(N, qb),)](*flat, w.contiguous(), nk_max.float().contiguous(), g, alpha, beta, e,
-                                                c, ok, N, H, D, N // B, *margin, *margin_constants(D, H, R), R=R,
-                                                RP=RP, DP=next_power_of_2(D), HP=next_power_of_2(H),
-                                                QB=qb, KERNEL_PLAN=kernel_plan, enable_fp_fusion=False,
-                                                num_warps=defaults.SCREEN_OPERANDS_WARPS)
+                                         c, ok, N, H, D, N // B, *margin, *margin_constants(D, H, R), R=R,
+                                         RP=RP, DP=next_power_of_2(D), HP=next_power_of_2(H),
+                                         QB=qb, KERNEL_PLAN=kernel_plan, enable_fp_fusion=False,
+                                         num_warps=defaults.SCREEN_OPERANDS_WARPS)
     return g, alpha, beta, e, c, ok.view(torch.bool)
 
 
@@ -197,6 +197,6 @@ def screen_threshold(ok: torch.Tensor, witness: torch.Tensor | None, theta: torc
         scales = ok8 if scales_ok is None else scales_ok.contiguous().view(torch.int8)
         block = defaults.REDO_ROWS_BLOCK
         _threshold_kernel[(cdiv(B * S, block),)](ok8, witness32, theta32, scales, out, B * S, S,
-                                                        WITNESS=witness is not None, THETA=theta is not None,
-                                                        SCALES=scales_ok is not None, BLOCK=block)
+                                                 WITNESS=witness is not None, THETA=theta is not None,
+                                                 SCALES=scales_ok is not None, BLOCK=block)
     return out

@@ -48,7 +48,7 @@ def row_flags(cand_count: torch.Tensor, kk: int, cand_cap: int, tau: torch.Tenso
         shared_c = tau_c if shared is None else shared.contiguous()
         block = defaults.REDO_ROWS_BLOCK
         _row_flags_kernel[(cdiv(n, block),)](cand_count.contiguous(), tau_c, shared_c, redo, short, n, kk,
-                                                    cand_cap, SHARED=shared is not None, BLOCK=block)
+                                             cand_cap, SHARED=shared is not None, BLOCK=block)
     return redo.view(torch.bool), short.view(torch.bool)
 
 
@@ -112,13 +112,9 @@ def redo_row_lists(redo: torch.Tensor, slots: int, head: int = 0) -> tuple[RowLi
     if B * S:
         _redo_lists_kernel[(B,)](redo.contiguous().view(torch.int8), lists, valid, out_rows, B, S, head, max(width, 1),
                                  head + rounds * width, RANKED=ranked, BLOCK=defaults.REDO_ROWS_BLOCK)
-    valid = valid.view(torch.bool)
-
-    def split(x):
-        return x[:B * head].view(B, head), x[B * head:].view(rounds, B, width)
-
-    (hl, tl_), (hv, tv), (ho, to) = split(lists), split(valid), split(out_rows)
-    return (hl, hv, ho), (tl_, tv, to)
+    parts = (lists, valid.view(torch.bool), out_rows)
+    return (tuple(x[:B * head].view(B, head) for x in parts),
+            tuple(x[B * head:].view(rounds, B, width) for x in parts))
 
 
 @triton.jit
