@@ -7,7 +7,7 @@ few-rows head (``defaults.REDO_FEW_ROWS``), each output checked against the dens
 Inputs: random bf16 q [1,S,H,D], k [1,T,D], fp32 weights (H=64, D=128, S=4096 queries, top 2048,
 no mask), as the trained indexers' certified calls have them. Per T and flagged-row count (spread
 over the S rows at random): ``redo_dense`` into a sentinel-filled code buffer with the head (its
-default) and with rounds only (head 0), the median ms of ``--reps`` calls after a warm-up (events
+default) and with rounds only (head 0), the median ms of ``reps`` calls after ``warmup`` ones (events
 around each call), bitwise equal to the dense codes on the flagged rows and the sentinel elsewhere.
 """
 from __future__ import annotations
@@ -22,13 +22,14 @@ import compiler  # noqa: F401
 from compiler.lowering import defaults
 from compiler.lowering.topk_pipeline import dense_codes_topk, redo_dense
 
-FULL = {"S": 4096, "H": 64, "D": 128, "topk": 2048, "T": [65536, 131072], "flagged": [0, 2, 8, 40], "reps": 10}
-SMOKE = {"S": 24, "H": 4, "D": 16, "topk": 24, "T": [256], "flagged": [0, 2, 20], "reps": 1}
+FULL = {"S": 4096, "H": 64, "D": 128, "topk": 2048, "T": [65536, 131072], "flagged": [0, 2, 8, 40], "reps": 10,
+        "warmup": 1}
+SMOKE = {"S": 24, "H": 4, "D": 16, "topk": 24, "T": [256], "flagged": [0, 20], "reps": 1, "warmup": 0}
 SENTINEL = 7
 """What an unflagged row of the code buffer holds before and after the redo."""
 
 
-def redo_row(q, w, k, kk, flagged: int, head: int, dense, reps: int, device) -> dict:
+def redo_row(q, w, k, kk, flagged: int, head: int, dense, reps: int, warmup: int, device) -> dict:
     """One (flagged rows, head) cell: ms and whether the redo wrote exactly the dense codes."""
     S = q.shape[1]
     redo = torch.zeros(1, S, dtype=torch.bool, device=device)
@@ -40,7 +41,8 @@ def redo_row(q, w, k, kk, flagged: int, head: int, dense, reps: int, device) -> 
     try:
         codes = redo_dense(base.clone(), redo, q, w, k, None, kk)
         same = bool(torch.equal(codes[redo], dense[redo])) and bool((codes[~redo] == SENTINEL).all())
-        timing = harness.measure(lambda: redo_dense(base.clone(), redo, q, w, k, None, kk), device, reps)
+        timing = harness.measure(lambda: redo_dense(base.clone(), redo, q, w, k, None, kk), device, reps,
+                                 warmup=warmup)
     finally:
         defaults.REDO_FEW_ROWS = saved
     return {"flagged": flagged, "head": head, "ms": round(timing.ms, 4), "identical": same}
@@ -65,7 +67,8 @@ def main(argv=None) -> int:
         dense = dense_codes_topk(q, w, k, None, kk)
         for flagged in sizes["flagged"]:
             for head in (defaults.REDO_FEW_ROWS, 0):
-                doc["rows"].append({"T": T, **redo_row(q, w, k, kk, flagged, head, dense, sizes["reps"], device)})
+                row = redo_row(q, w, k, kk, flagged, head, dense, sizes["reps"], sizes["warmup"], device)
+                doc["rows"].append({"T": T, **row})
         harness.write_results(args.out, doc, harness.rows_table(doc["rows"]))
     doc["all_identical"] = all(r["identical"] for r in doc["rows"])
     harness.write_results(args.out, doc, harness.rows_table(doc["rows"]))
