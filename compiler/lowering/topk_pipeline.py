@@ -416,7 +416,7 @@ def redo_slots(B: int, S: int, T: int, H: int) -> int:
     return max(block_s, min(fit, cdiv(S, block_s) * block_s))
 
 
-def redo_head_rows(B: int, S: int, T: int, kk: int, H: int, dtype: torch.dtype) -> int:
+def redo_head_rows(S: int, T: int, kk: int, H: int, dtype: torch.dtype) -> int:
     """Flagged rows per batch row that ``redo_dense`` takes first by the few-rows selection
     (defaults.REDO_FEW_ROWS rounded up to whole scorer tiles, at most S), or 0 where that
     selection does not take rows of T keys (its chunk maxima: kk <= n <= min(T, KTH_REGISTER_ROW))."""
@@ -445,7 +445,7 @@ def redo_dense(codes, redo, q, w, k, mask, kk, k_scale=None):
     B, S = redo.shape
     T = k.shape[1]
     flat = codes.view(B * S, kk)
-    head = redo_head_rows(B, S, T, kk, q.shape[2], q.dtype)
+    head = redo_head_rows(S, T, kk, q.shape[2], q.dtype)
     (h_lists, h_valid, h_rows), (lists, valid, out_rows) = redo_row_lists(redo, redo_slots(B, S, T, q.shape[2]), head)
     if head:
         n = chunk_count(T, kk, chunk_multiple(q.dtype))

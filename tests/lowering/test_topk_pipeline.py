@@ -292,7 +292,7 @@ def test_redo_answers_every_flagged_row_densely_in_several_rounds(monkeypatch, f
     monkeypatch.setattr(defaults, "REDO_BUFFER_BYTES", 8 * 256 * 2 * 8)
     monkeypatch.setattr(defaults, "REDO_FEW_ROWS", few_rows)
     assert redo_slots(2, 12, 256, 4) == 8
-    assert redo_head_rows(2, 12, 256, 24, 4, q.dtype) == {0: 0, 8: 8, 32: 12}[few_rows]
+    assert redo_head_rows(12, 256, 24, 4, q.dtype) == {0: 0, 8: 8, 32: 12}[few_rows]
     redo = torch.zeros(2, 12, dtype=torch.bool)
     redo[0, [0, 5, 6, 9, 11]] = True  # 5 rows, scattered: the first round, ranked
     redo[1, :] = True  # 12 rows: two rounds, or the head and a round
