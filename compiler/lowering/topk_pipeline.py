@@ -36,7 +36,7 @@ from compiler.lowering.scoring.indexer_scores import (
 )
 from compiler.lowering.screen.head_activation import activation_frequency
 from compiler.lowering.screen.certificate_screen import screen
-from compiler.lowering.selection.few_rows_select import few_rows_top_codes, few_rows_topk, takes_few_rows
+from compiler.lowering.selection.few_rows_select import few_rows_fit, few_rows_top_codes, few_rows_topk, takes_few_rows
 from compiler.lowering.screen.certificate_plan import plan_certificate_triton
 from compiler.lowering.screen.key_norms import key_norms
 from compiler.lowering.screen.screen_operands import screen_operands, screen_threshold
@@ -159,9 +159,8 @@ def dense_values_topk(q, w, k, mask, kk, k_scale=None, ordered=True, bounds=None
     caller has them."""
     B, S = q.shape[:2]
     T = k.shape[1]
-    multiple = chunk_multiple(q.dtype)
-    n = chunk_count(T, kk, multiple)
-    if n % multiple == 0 and takes_few_rows(B * S, T, kk, n, q.device):
+    n = few_rows_chunks(T, kk, q.dtype)
+    if n is not None and takes_few_rows(B * S, T, kk, n, q.device):
         maxima = torch.empty((B, S, n), dtype=torch.int64, device=q.device)
         codes = dense_codes(q, w, k, mask, maxima=maxima, k_scale=k_scale, bounds=bounds)
         values, idx = few_rows_topk(codes.view(B * S, T), maxima.view(B * S, n), kk, T)
@@ -416,13 +415,19 @@ def redo_slots(B: int, S: int, T: int, H: int) -> int:
     return max(block_s, min(fit, cdiv(S, block_s) * block_s))
 
 
+def few_rows_chunks(T: int, kk: int, dtype: torch.dtype) -> int | None:
+    """The chunk maxima per row the scorer writes for the few-rows selection of rows of T keys (a
+    multiple of its key tile, ``few_rows_fit``), or None where that selection does not take them."""
+    multiple = chunk_multiple(dtype)
+    n = chunk_count(T, kk, multiple)
+    return n if n % multiple == 0 and few_rows_fit(T, kk, n) else None
+
+
 def redo_head_rows(S: int, T: int, kk: int, H: int, dtype: torch.dtype) -> int:
     """Flagged rows per batch row that ``redo_dense`` takes first by the few-rows selection
     (defaults.REDO_FEW_ROWS rounded up to whole scorer tiles, at most S), or 0 where that
-    selection does not take rows of T keys (its chunk maxima: kk <= n <= min(T, KTH_REGISTER_ROW))."""
-    multiple = chunk_multiple(dtype)
-    n = chunk_count(T, kk, multiple)
-    if n % multiple or not kk <= n <= min(T, defaults.KTH_REGISTER_ROW):
+    selection does not take rows of T keys (``few_rows_chunks``)."""
+    if few_rows_chunks(T, kk, dtype) is None:
         return 0
     block_s, _ = score_tile_shape(H)
     return min(cdiv(defaults.REDO_FEW_ROWS, block_s) * block_s, S)
@@ -448,7 +453,7 @@ def redo_dense(codes, redo, q, w, k, mask, kk, k_scale=None):
     head = redo_head_rows(S, T, kk, q.shape[2], q.dtype)
     (h_lists, h_valid, h_rows), (lists, valid, out_rows) = redo_row_lists(redo, redo_slots(B, S, T, q.shape[2]), head)
     if head:
-        n = chunk_count(T, kk, chunk_multiple(q.dtype))
+        n = few_rows_chunks(T, kk, q.dtype)
         maxima = torch.empty((B, head, n), dtype=torch.int64, device=q.device)
         buf = dense_codes(q, w, k, mask, rows=h_lists, maxima=maxima, k_scale=k_scale, live_tiles=1)
         few_rows_top_codes(buf.view(B * head, T), maxima.view(B * head, n), kk, h_valid.view(-1), flat,

@@ -52,9 +52,9 @@ def latent_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: tor
     """o ``[B, H, S, Dv]`` (module docstring) in the absorbed form, or in the union form when
     ``union``; ``distinct`` as in ``absorbed_sparse_attention_triton``. Raises TypeError/ValueError
     naming the argument before any work."""
-    checked_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
-    if not union:
+    if not union:  # which checks its arguments itself
         return absorbed_sparse_attention_triton(q, latent, rope_key, kv_b_weight, indices, mask, scale=scale,
                                                 masked_rows=masked_rows, distinct=distinct)
+    checked_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
     k, v = expand_latent(latent, rope_key, kv_b_weight, q.shape[1], absorbed_dims(q, rope_key, kv_b_weight)[0])
     return sparse_attention_triton(q, k, v, indices, mask, scale=scale, masked_rows=masked_rows)[0]

@@ -78,19 +78,25 @@ def _few_rows_kernel(codes_ptr, maxima_ptr, cand_ptr, counters_ptr, values_ptr, 
                 tl.store(idx_ptr + row * stride_o + s, key, mask=s < kk)
 
 
+def few_rows_fit(N: int, kk: int, n: int) -> bool:
+    """Whether rows of N codes with n chunk maxima each meet the module contract's sizes: 1 <= kk <=
+    n <= min(N, defaults.KTH_REGISTER_ROW)."""
+    return 1 <= kk <= n <= min(N, defaults.KTH_REGISTER_ROW)
+
+
 def takes_few_rows(rows: int, N: int, kk: int, n: int, device: torch.device | str) -> bool:
     """Whether ``rows`` rows of N codes with n chunk maxima each take ``few_rows_topk``: CUDA and
     fewer than threshold_select's defaults.FEW_ROWS rows (more take its many-row path), rows of any length
     with kk <= n <= min(N, defaults.KTH_REGISTER_ROW). A row of at most WINDOW codes is selected in
     registers whatever tau leaves; the alternative, ``torch.topk``, costs ~30 launches."""
-    return torch.device(device).type == "cuda" and rows < defaults.FEW_ROWS and kk <= n <= min(N, defaults.KTH_REGISTER_ROW)
+    return torch.device(device).type == "cuda" and rows < defaults.FEW_ROWS and few_rows_fit(N, kk, n)
 
 
 def _check_rows(codes: torch.Tensor, maxima: torch.Tensor, kk: int) -> None:
     """ValueError naming kk or maxima unless codes [R, N] and maxima [R, n] meet the module contract."""
     R, N = codes.shape
     n = maxima.shape[1]
-    if not 1 <= kk <= n <= min(N, defaults.KTH_REGISTER_ROW):
+    if not few_rows_fit(N, kk, n):
         raise ValueError(f"kk, maxima: expected 1 <= kk <= n <= min(N, {defaults.KTH_REGISTER_ROW}) with n = "
                          f"{n}, N = {N}, got kk = {kk}")
     if maxima.shape[0] != R or codes.stride(1) != 1 or maxima.stride(1) != 1:
