@@ -26,13 +26,13 @@ lse ``[B, H, S]`` fp32 (natural log; -inf for rows without a visible key). Arith
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 
 from runtime.union_attention import (FLOAT_DTYPES, GATHER_ELEMENTS, check_on_q_device, check_sparse_attention_inputs,
                                       selected_keys)
+from runtime.signature_check import checked_on_meta
 from runtime.workspace import check_workspace
 
 
@@ -114,17 +114,7 @@ def checked_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, sca
         check_absorbed_inputs(q, latent, rope_key, kv_b_weight, indices, mask, scale, masked_rows)
         return
     check_absorbed_devices(q, latent, rope_key, kv_b_weight, indices, mask)
-    _check_signature(*((t.shape, t.dtype) for t in tensors), None if mask is None else (mask.shape, mask.dtype),
-                     scale, masked_rows)
-
-
-@functools.lru_cache(maxsize=1024)
-def _check_signature(q_sig, latent_sig, rope_sig, weight_sig, indices_sig, mask_sig, scale, masked_rows) -> None:
-    def meta(sig):
-        return None if sig is None else torch.empty(sig[0], dtype=sig[1], device="meta")
-
-    check_absorbed_inputs(meta(q_sig), meta(latent_sig), meta(rope_sig), meta(weight_sig), meta(indices_sig),
-                          meta(mask_sig), scale, masked_rows)
+    checked_on_meta(check_absorbed_inputs, (*tensors, mask), (scale, masked_rows))
 
 
 def reference_workspace_bytes(q, latent, rope_key, kv_b_weight, indices) -> int:

@@ -13,11 +13,11 @@ in int32); with real tensors a call whose reference workspace (``reference_works
 exceeds the device's memory is refused before any of it is built."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
+from runtime.signature_check import checked_on_meta
 from runtime.workspace import check_index_range, check_workspace
 
 __all__ = ["IndexerInputs", "check_indexer_inputs", "checked_kk", "reference_workspace_bytes"]
@@ -185,13 +185,8 @@ def checked_kk(q: object, k: object, weights: object, topk: object, mask: object
         for name, x in zip(("k", "weights", "mask", "key_scale"), tensors[1:]):
             if x is not None and x.device != device:
                 raise ValueError(f"{name}: expected device {device} (the device of q), got {x.device}")
-    signature = [None if x is None else (x.shape, x.dtype) for x in tensors]
-    return _checked_kk_of(*signature, topk)
+    return checked_on_meta(_kk_of, tensors, (topk,))
 
 
-@functools.lru_cache(maxsize=1024)
-def _checked_kk_of(q_sig, k_sig, w_sig, mask_sig, scale_sig, topk: int) -> int:
-    def meta(sig):
-        return None if sig is None else torch.empty(sig[0], dtype=sig[1], device="meta")
-
-    return check_indexer_inputs(meta(q_sig), meta(k_sig), meta(w_sig), topk, meta(mask_sig), meta(scale_sig)).kk
+def _kk_of(q, k, weights, mask, key_scale, topk: int) -> int:
+    return check_indexer_inputs(q, k, weights, topk, mask, key_scale).kk

@@ -40,7 +40,6 @@ graph.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -55,6 +54,7 @@ try:  # Gluon's API is experimental: a Triton whose Gluon lacks what the kernel 
 except (ImportError, AttributeError):
     absorbed_attention_ws = None
 from runtime.absorbed_attention import absorbed_dims, checked_absorbed_inputs, head_weights
+from runtime.signature_check import checked_on_meta
 from runtime.workspace import check_workspace
 from compiler.lowering.host_ints import cdiv, next_power_of_2
 
@@ -374,25 +374,19 @@ def workspace_bytes(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tenso
 def _check_kernel_inputs(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor,
                          indices: torch.Tensor) -> None:
     """Raise TypeError/ValueError for checked inputs the kernels cannot take (dtype, length, grid,
-    workspace), once per signature (shapes, q's dtype, the device; errors are never remembered)."""
-    _check_kernel_signature(q.shape, q.dtype, latent.shape, rope_key.shape, kv_b_weight.shape, indices.shape,
-                            indices.dtype, q.device)
+    workspace), once per signature and device (``runtime.signature_check``)."""
+    checked_on_meta(_kernel_limits, (q, latent, rope_key, kv_b_weight, indices), (q.device,))
 
 
-@functools.lru_cache(maxsize=1024)
-def _check_kernel_signature(q_shape, dtype, latent_shape, rope_shape, weight_shape, indices_shape, indices_dtype,
-                            device) -> None:
-    if dtype not in _KERNEL_DTYPES:
-        raise TypeError(f"q must be bfloat16, float16 or float32, got {dtype}")
-    if latent_shape[1] >= 2 ** 31 or q_shape[2] >= 2 ** 31:
-        raise ValueError(f"q and latent must have fewer than 2^31 tokens, got {q_shape[2]} and {latent_shape[1]}")
-    if q_shape[0] > 65535:
-        raise ValueError(f"q must have a batch of at most 65535 (a grid axis), got {q_shape[0]}")
-    meta = [torch.empty(shape, dtype=dtype, device="meta") for shape in (q_shape, latent_shape, rope_shape,
-                                                                          weight_shape)]
-    nbytes = workspace_bytes(*meta, torch.empty(indices_shape, dtype=indices_dtype, device="meta"))
-    check_workspace(nbytes, device, "q, latent, indices",
-                    f"B={q_shape[0]}, H={q_shape[1]}, S={q_shape[2]}, K={indices_shape[2]}")
+def _kernel_limits(q, latent, rope_key, kv_b_weight, indices, device: torch.device) -> None:
+    if q.dtype not in _KERNEL_DTYPES:
+        raise TypeError(f"q must be bfloat16, float16 or float32, got {q.dtype}")
+    if latent.shape[1] >= 2 ** 31 or q.shape[2] >= 2 ** 31:
+        raise ValueError(f"q and latent must have fewer than 2^31 tokens, got {q.shape[2]} and {latent.shape[1]}")
+    if q.shape[0] > 65535:
+        raise ValueError(f"q must have a batch of at most 65535 (a grid axis), got {q.shape[0]}")
+    check_workspace(workspace_bytes(q, latent, rope_key, kv_b_weight, indices), device, "q, latent, indices",
+                    f"B={q.shape[0]}, H={q.shape[1]}, S={q.shape[2]}, K={indices.shape[2]}")
 
 
 def absorbed_sparse_attention_triton(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
