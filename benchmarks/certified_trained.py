@@ -12,7 +12,8 @@ the pruned share of the screened keys, the mean survival per query m, the thresh
 (tau* - tau) / (tau* - median visible score), tau* the exact kk-th score, on ``--gap-queries`` queries),
 the queries redone densely, the time split from CUDA events between the pipeline's stages (seeds,
 plan, screen, refine, select, redo) and the device time of a call replayed from a CUDA graph
-(``graph_ms``: no host time; the dense row has it too); at the budget ``profile_r`` without witnesses,
+(``graph_ms``: no host time; the dense row has it too) and the host time to issue one
+(``issue_ms``: the call not waited for); at the budget ``profile_r`` without witnesses,
 the costliest kernels of one call (torch profiler); and every budget without and with witnesses at survivor lists
 of each other count of queries in ``refine_queries`` (``CertifiedTopkConfig.list_queries``: the union
 of the list's queries' survivors; 1: a query's own), as the op would run them. Then the plan's
@@ -94,6 +95,7 @@ def certified_row(q, k, w, mask, kk, config, dense, sizes, device):
     run = lambda: checked_certified_topk_cuda(q, k, w, kk, mask, config=config)  # noqa: E731
     timing = harness.measure(run, device, sizes["reps"], warmup=sizes["warmup"])
     graph = harness.graph_ms(run, device, sizes["reps"])
+    issue = harness.issue_ms(run, device, sizes["reps"])
     stats, trace, marks = TopkStats(), [], []
     cuda = torch.device(device).type == "cuda"
 
@@ -118,6 +120,7 @@ def certified_row(q, k, w, mask, kk, config, dense, sizes, device):
     survived = torch.where(tr.list_count > tr.cap, mask.shape[-1], tr.list_count).repeat_interleave(tr.list_queries, -1)
     survived = survived.view(-1)[:visible.numel()]
     return {"ms": round(timing.ms, 3), "graph_ms": None if graph is None else round(graph, 3),
+            "issue_ms": round(issue, 3),
             "identical": harness.identical(out, dense) and harness.identical(timing.out, dense),
             "pruned": round(summary["pruned_frac"], 4), "m": round(float((survived / visible).mean()), 4),
             "redo": round(float(tr.redo.float().mean()), 4), "overflow": summary["fallbacks"]["overflow"],
@@ -163,7 +166,7 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     dense = harness.measure(dense_call, device, sizes["reps"], warmup=sizes["warmup"])
     tau_star = dense.out[0][..., -1]
     rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3), "heads": q.shape[2],
-             "graph_ms": harness.graph_ms(dense_call, device)}]
+             "graph_ms": harness.graph_ms(dense_call, device), "issue_ms": round(harness.issue_ms(dense_call, device), 3)}]
     candidates = budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows)
     default = refine_queries(q.shape[2], CertifiedTopkConfig())
     for witnesses, r, G in itertools.product((False, True), sizes["rs"], sizes["refine_queries"]):
@@ -306,9 +309,9 @@ def shortfall(doc) -> list[dict]:
     (``screen_rows``), m the survival and M the sampled seed keys per query; the screen's and the
     refine's rates against the dense op's (the dense op's ms per dot product over theirs: RP / H of
     dense ms over the screen's, m of dense ms over the refine's); the fixed stages (seeds, plan,
-    select, redo) in ms and as a share of dense; the host time the call leaves the device waiting (its ms
-less its ``graph_ms``); the gap b of its seeds (the same at every budget and
-    list size: the rows with and without witnesses measure it)."""
+    select, redo) in ms and as a share of dense; the time the device waits on the host (ms less
+    ``graph_ms``) and the host time to issue the call; the gap b of its seeds (the same at every
+    budget and list size: the rows with and without witnesses measure it)."""
     out = []
     for dense in (r for r in doc["rows"] if r["variant"] == "dense" and "heads" in r):
         T, layer, H = dense["T"], dense["layer"], dense["heads"]
@@ -325,7 +328,8 @@ less its ``graph_ms``); the gap b of its seeds (the same at every budget and
                     "m": best["m"], "screen rate": round(dense["ms"] * rp / H / split["screen"], 3),
                     "refine rate": round(dense["ms"] * best["m"] / split["refine"], 3),
                     "fixed ms": round(fixed, 3), "fixed / dense": round(fixed / dense["ms"], 3),
-                    "host ms": None if best.get("graph_ms") is None else round(best["ms"] - best["graph_ms"], 3)})
+                    "host ms": None if best.get("graph_ms") is None else round(best["ms"] - best["graph_ms"], 3),
+                    "issue ms": best.get("issue_ms")})
     return out
 
 

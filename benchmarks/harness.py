@@ -117,6 +117,19 @@ def loop_ms(fn: Callable[[], Any], device: torch.device | str = "cuda", calls: i
     return (time.perf_counter() - start) * 1e3 / calls
 
 
+def issue_ms(fn: Callable[[], Any], device: torch.device | str = "cuda", reps: int = 5) -> float:
+    """Host ms to issue one call of ``fn`` (the median of ``reps``, each started on an idle device
+    and not waited for): above the call's device time, the host sets its pace."""
+    times = []
+    for _ in range(reps):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    synchronize(device)
+    return statistics.median(times)
+
+
 def graph_ms(fn: Callable[[], Any], device: torch.device | str = "cuda", reps: int = 20) -> float | None:
     """Device ms of one call replayed from a CUDA graph (captured after a warm-up call): no host
     time. None off CUDA."""
