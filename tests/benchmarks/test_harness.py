@@ -61,3 +61,8 @@ def test_settle_guard_calls_until_the_layer_s_guard_has_decided():
     calls = harness.settle_guard(call, "cpu", layer="settle")
     assert calls == len(decided) and calls >= 4 and decided[-1] and not any(decided[:-1])
     GUARD.reset()
+
+
+def test_issue_ms_is_the_median_host_time_of_one_call():
+    pauses = iter([0.001, 0.030, 0.002])
+    assert 1 <= harness.issue_ms(lambda: time.sleep(next(pauses)), "cpu", reps=3) < 25
