@@ -11,10 +11,10 @@ the median time of ``--reps`` calls after a warm-up, bitwise identical to dense 
 the pruned share of the screened keys, the mean survival per query m, the threshold gap b (per query
 (tau* - tau) / (tau* - median visible score), tau* the exact kk-th score, on ``--gap-queries`` queries),
 the queries redone densely, the time split from CUDA events between the pipeline's stages (seeds,
-plan, screen, refine, select, redo) and the device time of a call replayed from a CUDA graph
-(``graph_ms``: no host time; the dense row has it too) and the host time to issue one
-(``issue_ms``: the call not waited for); at the budget ``profile_r`` without witnesses,
-the costliest kernels of one call (torch profiler); and every budget without and with witnesses at survivor lists
+plan, screen, refine, select, redo), the device time of a call replayed from a CUDA graph
+(``graph_ms``: no host time) and the host time to issue one (``issue_ms``: the call not waited
+for), both also for the dense row; at the budget ``profile_r`` without witnesses, the costliest
+kernels of one call (torch profiler); and every budget without and with witnesses at survivor lists
 of each other count of queries in ``refine_queries`` (``CertifiedTopkConfig.list_queries``: the union
 of the list's queries' survivors; 1: a query's own), as the op would run them. Then the plan's
 choice (``compiler.plan.choice.choose_layer`` on every certified row, each with the r, list size and
@@ -166,7 +166,8 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     dense = harness.measure(dense_call, device, sizes["reps"], warmup=sizes["warmup"])
     tau_star = dense.out[0][..., -1]
     rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3), "heads": q.shape[2],
-             "graph_ms": harness.graph_ms(dense_call, device), "issue_ms": round(harness.issue_ms(dense_call, device), 3)}]
+             "graph_ms": harness.graph_ms(dense_call, device),
+             "issue_ms": round(harness.issue_ms(dense_call, device), 3)}]
     candidates = budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows)
     default = refine_queries(q.shape[2], CertifiedTopkConfig())
     for witnesses, r, G in itertools.product((False, True), sizes["rs"], sizes["refine_queries"]):

@@ -2,11 +2,12 @@
 not depend on the tile (SPEC C.1).
 
 ``group_bound``: per group of R rows, the sum of alpha relu(x) + beta min(x, 0) over its rows'
-products x with N key rows (the certificate screen's bound). On the GPU (``SEQUENTIAL`` False) it is
-``tl.dot`` and ``tl.sum``; under ``TRITON_INTERPRET=1`` ``sequential_dot`` and ``sequential_group_sum`` accumulate
-from 0 in ascending d (r), every product and sum rounded to fp32 with elementwise operations and
-running sums only, so that an element's value depends on its own operands alone: the same on every CPU, tile shape
-and launch config, and exactly THE SCORER of ``runtime/dense_scorer.py`` (ascending d, then h)."""
+products x with N key rows (the certificate screen's bound). On the GPU (``SEQUENTIAL`` False) it
+is ``tl.dot`` and ``tl.sum``; under ``TRITON_INTERPRET=1`` ``sequential_dot`` and
+``sequential_group_sum`` accumulate from 0 in ascending d (r), every product and sum rounded to
+fp32 with elementwise operations and running sums only, so that an element's value depends on its
+own operands alone: the same on every CPU, tile shape and launch config, and exactly THE SCORER of
+``runtime/dense_scorer.py`` (ascending d, then h)."""
 from __future__ import annotations
 
 import triton
