@@ -79,8 +79,7 @@ def decode_codes(codes: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tenso
     idx = torch.empty(c.shape, dtype=torch.int64, device=c.device)
     if c.numel():
         block = 1024
-        _decode_codes_kernel[(cdiv(c.numel(), block),)](c, values, idx, c.numel(), T,
-                                                              BLOCK=block)
+        _decode_codes_kernel[(cdiv(c.numel(), block),)](c, values, idx, c.numel(), T, BLOCK=block)
     return values, idx
 
 

@@ -159,7 +159,7 @@ def chunk_maxima(rows: torch.Tensor, n: int) -> torch.Tensor:
     maxima = torch.empty((R, n), dtype=torch.int64, device=rows.device)
     block_j = min(1024, next_power_of_2(n))
     _chunk_max_kernel[(R, cdiv(n, block_j))](rows, maxima, N, n, rows.stride(0), maxima.stride(0),
-                                                   BLOCK_J=block_j, WORDS=rows.dtype == torch.int32)
+                                             BLOCK_J=block_j, WORDS=rows.dtype == torch.int32)
     return maxima
 
 
