@@ -6,8 +6,11 @@
 Inputs: the indexer q, k and weights of every layer of ``benchmarks/models/tiny-dsa`` (H=64, D=128), captured
 in one forward over T held-out tokens (``runtime.dsa_forward``), the last S queries under the causal
 chunk mask, bf16, topk 2048. Per (T, layer): the dense op, then the certified pipeline at each budget
-r of ``--rs`` with and without anchor witnesses (``CertifiedTopkConfig.witnesses``). Per certified row:
-the median time of ``--reps`` calls after a warm-up, bitwise identical to dense (values and indices),
+r of ``--rs`` with and without anchor witnesses (``CertifiedTopkConfig.witnesses``). Every op is
+called as the compiled model calls it, its selection unsorted (``--sorted``: in THE ORDER), and the
+certified rows compared with the dense op's as sets of (value, index) pairs per row (``--sorted``: in
+order). Per certified row: the median time of ``--reps`` calls after a warm-up, bitwise identical to
+dense (values and indices),
 the pruned share of the screened keys, the mean survival per query m, the threshold gap b (per query
 (tau* - tau) / (tau* - median visible score), tau* the exact kk-th score, on ``--gap-queries`` queries),
 the queries redone densely, the time split from CUDA events between the pipeline's stages (seeds,
@@ -92,7 +95,7 @@ def threshold_gap(q, k, w, mask, tau, tau_star, n):
 
 def certified_row(q, k, w, mask, kk, config, dense, sizes, device):
     """Time, identity, pruning and the stage split of one certified configuration."""
-    run = lambda: checked_certified_topk_cuda(q, k, w, kk, mask, config=config)  # noqa: E731
+    run = lambda: checked_certified_topk_cuda(q, k, w, kk, mask, config=config, ordered=sizes["sorted"])  # noqa: E731
     timing = harness.measure(run, device, sizes["reps"], warmup=sizes["warmup"])
     graph = harness.graph_ms(run, device, sizes["reps"])
     issue = harness.issue_ms(run, device, sizes["reps"])
@@ -108,7 +111,8 @@ def certified_row(q, k, w, mask, kk, config, dense, sizes, device):
     start = torch.cuda.Event(enable_timing=True) if cuda else None
     if cuda:
         start.record()
-    out = checked_certified_topk_cuda(q, k, w, kk, mask, config=config, stats=stats, trace=trace, mark=mark)
+    out = checked_certified_topk_cuda(q, k, w, kk, mask, config=config, stats=stats, trace=trace, mark=mark,
+                                      ordered=sizes["sorted"])
     harness.synchronize(device)
     split, last = {}, start
     for stage, event in marks:
@@ -121,11 +125,17 @@ def certified_row(q, k, w, mask, kk, config, dense, sizes, device):
     survived = survived.view(-1)[:visible.numel()]
     return {"ms": round(timing.ms, 3), "graph_ms": None if graph is None else round(graph, 3),
             "issue_ms": round(issue, 3),
-            "identical": harness.identical(out, dense) and harness.identical(timing.out, dense),
+            "identical": same(sizes)(out, dense) and same(sizes)(timing.out, dense),
             "pruned": round(summary["pruned_frac"], 4), "m": round(float((survived / visible).mean()), 4),
             "redo": round(float(tr.redo.float().mean()), 4), "overflow": summary["fallbacks"]["overflow"],
             "threshold_miss": summary["fallbacks"]["threshold_miss"], "split_ms": split,
             "keys_screened": summary["keys_screened"], "queries": summary["queries"], "tau": tr.tau}
+
+
+def same(sizes):
+    """How a row's output is compared with the dense op's: bitwise in order for sorted calls, as the
+    same (value, index) pairs per row for unsorted ones."""
+    return harness.identical if sizes["sorted"] else harness.same_pairs
 
 
 def candidate(row, config: CertifiedTopkConfig) -> CandidateMeasurement:
@@ -150,7 +160,8 @@ def budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows) 
             row["b"] = threshold_gap(q, k, w, mask, tau, tau_star, sizes["gap_queries"])
             row["x_dense"] = round(row["ms"] / dense.ms, 3)
             if r == sizes["profile_r"] and not witnesses:
-                call = lambda: checked_certified_topk_cuda(q, k, w, kk, mask, config=config)  # noqa: E731
+                call = lambda: checked_certified_topk_cuda(q, k, w, kk, mask, config=config,  # noqa: E731
+                                                           ordered=sizes["sorted"])
                 row["kernels"] = harness.kernel_breakdown(call, top=14) if torch.device(device).type == "cuda" else None
             rows.append({"layer": layer, "T": T, "S": S, "variant": f"r={r}" + (" +witnesses" if witnesses else ""),
                          "r": r, "witnesses": witnesses, **row})
@@ -162,9 +173,9 @@ def budget_rows(layer, q, k, w, mask, kk, dense, tau_star, sizes, device, rows) 
 def layer_rows(layer, q, k, w, mask, sizes, device):
     """Every row of one layer at one T: dense, certified per (r, witnesses), the plan and its op."""
     S, T, kk = q.shape[1], k.shape[1], min(sizes["topk"], k.shape[1])
-    dense_call = lambda: dense_topk_cuda(q, k, w, kk, mask)  # noqa: E731
+    dense_call = lambda: dense_topk_cuda(q, k, w, kk, mask, ordered=sizes["sorted"])  # noqa: E731
     dense = harness.measure(dense_call, device, sizes["reps"], warmup=sizes["warmup"])
-    tau_star = dense.out[0][..., -1]
+    tau_star = dense.out[0].amin(-1)
     rows = [{"layer": layer, "T": T, "S": S, "variant": "dense", "ms": round(dense.ms, 3), "heads": q.shape[2],
              "graph_ms": harness.graph_ms(dense_call, device),
              "issue_ms": round(harness.issue_ms(dense_call, device), 3)}]
@@ -192,14 +203,14 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     GUARD.reset()
 
     def plan_op():
-        return torch.ops.pulsar_dosa.certified_topk(q, k, w, kk, mask, **s.op_arguments(),
+        return torch.ops.pulsar_dosa.certified_topk(q, k, w, kk, mask, sorted=sizes["sorted"], **s.op_arguments(),
                                                     layer=f"trained/L{layer}")
 
     harness.settle_guard(plan_op, device, at_least=4)  # the guard's warm-ups and its dense and certified trials
     op = harness.measure(plan_op, device, sizes["reps"])
     rows.append({"layer": layer, "T": T, "S": S, "variant": "plan", **s.op_arguments(),
                  "reason": choice.reason, "ms": round(op.ms, 3), "x_dense": round(op.ms / dense.ms, 3),
-                 "identical": harness.identical(op.out, dense.out)})
+                 "identical": same(sizes)(op.out, dense.out)})
     print(rows[-1], flush=True)
     return rows, layer_plan
 
@@ -261,6 +272,7 @@ def main(argv=None):
     ap.add_argument("--T", type=int, nargs="+", help="key counts (default: 32768 65536 131072)")
     ap.add_argument("--layers", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--rs", type=int, nargs="+", help="budgets (default 7 15 31)")
+    ap.add_argument("--sorted", action="store_true", help="time the ops' sorted selections (the model's are unsorted)")
     ap.add_argument("--prefill", type=int, nargs="*", default=[],
                     help="key counts of --T whose plan also drives the model's prefill of that many tokens")
     args = ap.parse_args(argv)
@@ -269,6 +281,7 @@ def main(argv=None):
     if args.prefill and (set(args.prefill) - set(sizes["T"]) or sorted(args.layers) != [0, 1, 2, 3, 4]):
         ap.error("--prefill: each length must be one of --T, and its plan needs every layer (--layers 0 1 2 3 4)")
     sizes["rs"] = args.rs or sizes["rs"]
+    sizes["sorted"] = args.sorted
     device = "cpu" if args.smoke else "cuda"
     doc = harness.header(device, what=__doc__.split("\n\n")[0], sizes=sizes, layers=args.layers)
     doc["rows"] = []

@@ -190,6 +190,17 @@ def identical(got: Any, want: Any) -> bool:
     return got == want
 
 
+def same_pairs(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    """Top-k results (values [...,k], indices [...,k]) holding the same (value, index) pairs per row,
+    in any order, bit for bit (``identical`` after ordering each row by index; indices distinct per row)."""
+    def by_index(pairs):
+        values, indices = pairs
+        indices, order = indices.sort(dim=-1, stable=True)
+        return values.gather(-1, order), indices
+
+    return got[0].shape == want[0].shape and identical(by_index(got), by_index(want))
+
+
 def device_name(device: torch.device | str) -> str:
     """The CUDA device's name, or the CPU's."""
     device = torch.device(device)

@@ -168,12 +168,12 @@ def dense_values_topk(q, w, k, mask, kk, k_scale=None, ordered=True, bounds=None
     return decode_codes(dense_codes_topk(q, w, k, mask, kk, k_scale, ordered, bounds), T)
 
 
-def dense_topk_cuda(q, k, weights, topk, mask=None, k_scale=None):
-    """Dense Triton top-K: (values [B,S,kk] fp32, indices [B,S,kk] int64) in THE ORDER; ``k_scale``:
-    the FP8 scorer (E4M3 q and k)."""
+def dense_topk_cuda(q, k, weights, topk, mask=None, k_scale=None, ordered=True):
+    """Dense Triton top-K: (values [B,S,kk] fp32, indices [B,S,kk] int64) in THE ORDER (``ordered``
+    False: the same pairs per row in an unspecified order); ``k_scale``: the FP8 scorer (E4M3 q and k)."""
     kk = checked_kk(q, k, weights, topk, mask, k_scale)
     q, k, w, k_scale = _operands(q, k, weights, k_scale)
-    return dense_values_topk(q, w, k, mask, kk, k_scale)
+    return dense_values_topk(q, w, k, mask, kk, k_scale, ordered)
 
 
 @dataclass

@@ -30,6 +30,19 @@ def test_identical_compares_the_bits_of_values_and_indices():
     assert not harness.identical(values, values.double())
 
 
+def test_same_pairs_takes_each_row_in_any_order_but_every_pair_to_the_bit():
+    values = torch.tensor([[3.0, 2.0, -0.0], [5.0, 4.0, 1.0]])
+    indices = torch.tensor([[7, 1, 4], [0, 9, 2]])
+    order = torch.tensor([[2, 0, 1], [1, 2, 0]])
+    shuffled = (values.gather(-1, order), indices.gather(-1, order))
+    assert harness.same_pairs(shuffled, (values, indices))
+    assert not harness.same_pairs((values.abs(), indices), (values, indices))  # -0.0 against 0.0
+    swapped = indices.clone()
+    swapped[0, :2] = swapped[0, :2].flip(0)  # the same indices, paired with other values
+    assert not harness.same_pairs((values, swapped), (values, indices))
+    assert not harness.same_pairs((values[:, :2], indices[:, :2]), (values, indices))
+
+
 def test_results_carry_the_device_and_versions_and_a_table_beside_them(tmp_path, capsys):
     doc = harness.header("cpu", rows=[{"S": 4, "ms": 1.23456}, {"S": 8, "error": "x"}])
     assert doc["device"].startswith("cpu") and doc["versions"]["torch"] == torch.__version__
