@@ -215,21 +215,21 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     return rows, layer_plan
 
 
-def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
+def prefill_rows(T: int, plan_path: str, reps: int, device, rows: list[dict], save) -> None:
     """The trained model's prefill of T held-out tokens as ``generate`` runs it (``use_cache=True``,
     the last position's logits), compiled with the backend with every indexer dense (option
-    ``path="dense"``), by stock ``torch.compile(model)``, and with the backend with the plan and with
-    its defaults; warm-up calls until the runtime guard has decided every layer (its trials and, for
+    ``path="dense"``), with the plan and with its defaults, then by stock ``torch.compile(model)``; warm-up calls until the runtime guard has decided every layer (its trials and, for
     the defaults, its rungs; at least 4, ``harness.settle_guard``), then the median of ``reps`` calls;
     the last position's logits compared with the backend's dense run's (stock rounds otherwise), and
-    the path the runtime guard keeps per guarded layer."""
+    the path the runtime guard keeps per guarded layer. Each row is appended to ``rows``, then
+    ``save()`` is called."""
     from transformers import AutoModelForCausalLM
 
     tokens = np.load(HELD_OUT_TOKENS)
     ids = torch.from_numpy(tokens[:T].astype(np.int64))[None].to(device)
-    rows, reference, dense_ms = [], None, None
-    for name, options in (("dense", {"path": "dense"}), ("stock", None), ("plan", {"plan": plan_path}),
-                          ("default", {})):
+    reference, dense_ms = None, None
+    for name, options in (("dense", {"path": "dense"}), ("plan", {"plan": plan_path}), ("default", {}),
+                          ("stock", None)):
         torch._dynamo.reset()
         GUARD.reset()
         net = AutoModelForCausalLM.from_pretrained(TRAINED_MODEL, dtype=torch.bfloat16).to(device).eval()
@@ -245,6 +245,7 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
         except RuntimeError as exc:  # out of memory, or stock's compiler failing for it
             rows.append({"T": T, "variant": f"prefill {name}", "error": str(exc).splitlines()[0][:300]})
             print(rows[-1], flush=True)
+            save()
             del compiled, net
             continue
         if reference is None:  # the first variant that ran, the dense path unless it failed
@@ -256,8 +257,8 @@ def prefill_rows(T: int, plan_path: str, reps: int, device) -> list[dict]:
                      "warmup_calls": calls,
                      "guard": {layer: [_guard_state(b) for b in buckets] for layer, buckets in GUARD.summaries().items()}})
         print(rows[-1], flush=True)
+        save()
         del compiled, net
-    return rows
 
 
 def _guard_state(bucket: dict) -> str:
@@ -304,8 +305,8 @@ def main(argv=None):
         plan_path = Path(args.out).with_name(f"{Path(args.out).stem}_plan_{T}.json")
         save_plan(plan, plan_path)
         if T in args.prefill:
-            doc["rows"] += prefill_rows(T, str(plan_path), sizes["reps"], device)
-            harness.write_results(args.out, doc, render(doc))
+            prefill_rows(T, str(plan_path), sizes["reps"], device, doc["rows"],
+                         lambda: harness.write_results(args.out, doc, render(doc)))
     return doc
 
 
