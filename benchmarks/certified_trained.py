@@ -7,10 +7,9 @@ Inputs: the indexer q, k and weights of every layer of ``benchmarks/models/tiny-
 in one forward over T held-out tokens (``runtime.dsa_forward``), the last S queries under the causal
 chunk mask, bf16, topk 2048. Per (T, layer): the dense op, then the certified pipeline at each budget
 r of ``--rs`` with and without anchor witnesses (``CertifiedTopkConfig.witnesses``). Every op is
-called as the compiled model calls it, its selection unsorted (``--sorted``: in THE ORDER), and the
-certified rows compared with the dense op's as sets of (value, index) pairs per row (``--sorted``: in
-order). Per certified row: the median time of ``--reps`` calls after a warm-up, bitwise identical to
-dense (values and indices),
+called as the compiled model calls it, its selection unsorted (``--sorted``: in THE ORDER). Per
+certified row: the median time of ``--reps`` calls after a warm-up, identical to dense (the same
+(value, index) pairs per row, bit for bit; ``--sorted``: in the same order too),
 the pruned share of the screened keys, the mean survival per query m, the threshold gap b (per query
 (tau* - tau) / (tau* - median visible score), tau* the exact kk-th score, on ``--gap-queries`` queries),
 the queries redone densely, the time split from CUDA events between the pipeline's stages (seeds,
@@ -218,8 +217,9 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
 def prefill_rows(T: int, plan_path: str, reps: int, device, rows: list[dict], save) -> None:
     """The trained model's prefill of T held-out tokens as ``generate`` runs it (``use_cache=True``,
     the last position's logits), compiled with the backend with every indexer dense (option
-    ``path="dense"``), with the plan and with its defaults, then by stock ``torch.compile(model)``; warm-up calls until the runtime guard has decided every layer (its trials and, for
-    the defaults, its rungs; at least 4, ``harness.settle_guard``), then the median of ``reps`` calls;
+    ``path="dense"``), with the plan and with its defaults, then by stock ``torch.compile(model)``;
+    warm-up calls until the runtime guard has decided every layer (its trials and, for the defaults,
+    its rungs; at least 4, ``harness.settle_guard``), then the median of ``reps`` calls;
     the last position's logits compared with the backend's dense run's (stock rounds otherwise), and
     the path the runtime guard keeps per guarded layer. Each row is appended to ``rows``, then
     ``save()`` is called."""
