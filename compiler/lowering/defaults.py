@@ -70,7 +70,7 @@ DENSE_CHUNK_BYTES = 4 << 30  # largest scorer output [rows, T] the dense path al
 PLAN_CHUNK_BYTES = 1 << 30  # queries planned at once (a float64 [queries, H, D]): certified_profile_h200.json
 REDO_LIVE_TILES = 32  # query tiles per batch row the redo's key splits are sized for (a redone row alone was one program's ~2000 key tiles: 1.9 ms at 131072 keys on the H100; at 8, two empty rounds cost 0.34 ms at 65536); not tuned
 REDO_BUFFER_BYTES = 1 << 30  # dense code buffer of one round of the redo ([B, slots, T] int64)
-REDO_FEW_ROWS = 32  # flagged rows per batch row the redo selects first by the few-rows path, each over many programs (a round gives a row one program); not tuned
+REDO_FEW_ROWS = 32  # flagged rows per batch row the redo selects first by the few-rows path, each over many programs (a round gives a row one program): at 2-8 flagged rows half the rounds' time, at 40 about the same, with none 0.14-0.16 ms more issued alone (redo_cost_h100.md)
 
 # Absorbed sparse attention (attention/absorbed_attention.py, absorbed_attention_ws.py)
 ABSORBED_BLOCK_HEADS = 64  # heads of one query per Gluon program, the rows of its warpgroup products (Hopper's wgmma takes 64; the kernel is built for it); the cost model counts the absorbed form's work in blocks of them, and its shape rule takes union below them (compiler.cost_model.shape_form): at 16 heads union wins on trained selections (4.1 vs 4.6 ms), at 128 absorbed wins 2.2x, sparse_attention_configs_h200.md
