@@ -124,17 +124,17 @@ def certified_row(q, k, w, mask, kk, config, dense, sizes, device):
     survived = survived.view(-1)[:visible.numel()]
     return {"ms": round(timing.ms, 3), "graph_ms": None if graph is None else round(graph, 3),
             "issue_ms": round(issue, 3),
-            "identical": same(sizes)(out, dense) and same(sizes)(timing.out, dense),
+            "identical": same_as_dense(out, dense, sizes) and same_as_dense(timing.out, dense, sizes),
             "pruned": round(summary["pruned_frac"], 4), "m": round(float((survived / visible).mean()), 4),
             "redo": round(float(tr.redo.float().mean()), 4), "overflow": summary["fallbacks"]["overflow"],
             "threshold_miss": summary["fallbacks"]["threshold_miss"], "split_ms": split,
             "keys_screened": summary["keys_screened"], "queries": summary["queries"], "tau": tr.tau}
 
 
-def same(sizes):
-    """How a row's output is compared with the dense op's: bitwise in order for sorted calls, as the
-    same (value, index) pairs per row for unsorted ones."""
-    return harness.identical if sizes["sorted"] else harness.same_pairs
+def same_as_dense(got, dense, sizes) -> bool:
+    """A row's output against the dense op's: bitwise in order for sorted calls, the same (value,
+    index) pairs per row, bit for bit, for unsorted ones."""
+    return (harness.identical if sizes["sorted"] else harness.same_pairs)(got, dense)
 
 
 def candidate(row, config: CertifiedTopkConfig) -> CandidateMeasurement:
@@ -209,7 +209,7 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
     op = harness.measure(plan_op, device, sizes["reps"])
     rows.append({"layer": layer, "T": T, "S": S, "variant": "plan", **s.op_arguments(),
                  "reason": choice.reason, "ms": round(op.ms, 3), "x_dense": round(op.ms / dense.ms, 3),
-                 "identical": same(sizes)(op.out, dense.out)})
+                 "identical": same_as_dense(op.out, dense.out, sizes)})
     print(rows[-1], flush=True)
     return rows, layer_plan
 
