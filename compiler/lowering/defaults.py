@@ -18,12 +18,14 @@ BOUNDS_BLOCK = 2048  # mask entries per step of the mask-bounds kernel (1024 and
 BOUNDS_ROWS = 16 if _INTERPRET else 1  # query rows per mask-bounds program (the interpreter pays per program)
 
 # Screen (screen/)
-SCREEN_CONFIGS = (  # screen launch candidates tuned per shape, the first off CUDA: indexer_autotune_h200.md
-    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128),
-    LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64),
-    LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_T=256),
-    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64),
-)  # not offered: BLOCK_T=256 over 4 warps, the slowest in every tuning measured (2.0-2.6x the best), the slowest to compile (9 s at 64 rows); BLOCK_T=128 over 4 warps, 1.65x the best in every tuning measured and spilling at 16 and 32 rows (ptxas, sm_90)
+SCREEN_CONFIGS = (  # screen launch candidates tuned per shape, the first off CUDA: indexer_autotune_h200.md; ROWS: matrix rows (queries x RP) per program
+    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128, ROWS=128),
+    LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64, ROWS=128),
+    LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_T=256, ROWS=128),
+    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64, ROWS=128),
+    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64, ROWS=256),
+    LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_T=128, ROWS=256),
+)  # not offered: BLOCK_T=256 over 4 warps, the slowest in every tuning measured (2.0-2.6x the best), the slowest to compile (9 s at 64 rows); BLOCK_T=128 over 4 warps, 1.65x the best in every tuning measured and spilling at 16 and 32 rows (ptxas, sm_90). 256 rows: each key read serves twice the queries (not yet measured)
 SCREEN_SPLIT_LIST_QUERIES = 2  # lists of at least this many queries split key tiles by the mask bounds; single-query lists read the mask on every tile (H100, trained layers: the split form 0.1-0.6 ms slower at lists of 1, 0.5-1.3 ms faster at 4; 2 not measured)
 SCREEN_SPLIT_PREFILL_FACTOR = 2  # single-query lists split too when a masked call has at least T / this many queries: at 131072 x 131072 under the causal mask (H100, trained layer 4) certified lists of 1 unsplit took 419 ms against 314 dense, lists of 2 split 299 (split lists of 1 not measured)
 SURVIVOR_WORDS = 16 if _INTERPRET else 64  # survivor words per step of a list's compaction (32 keys a word): with hardware popc and one scan of word counts, 64 words over 8 warps took 0.21-0.56 ms where the two-scan form at 256 took 0.49-0.99 (H100; 2048-4096 lists of 65536-131072 keys)
@@ -31,9 +33,9 @@ SURVIVOR_WARPS = 8  # warps per compaction program (4 slower at 64 words)
 ACTIVATION_ROWS = 64  # query-head rows per head-activation program
 ACTIVATION_KEYS = 64  # witness keys per step of a head-activation program
 ACTIVATION_SAMPLES = 256  # witness keys behind each head's activation frequency (it steers choices only)
-PLAN_WARPS = 2  # warps per plan program: at 4096 queries of 64 heads (H100), 0.64 / 1.01 ms at r = 15 / 31 with 8 columns, against 0.72 / 1.42 over 1 warp and 1.00 / 1.50 over 4
+PLAN_WARPS = 4  # warps per plan program: 2 spill at r = 15 with the [H, H] float64 Gram accumulator (ptxas, sm_90); not timed
 PLAN_STAGES = 3  # pipeline stages of the plan's passes over q's columns; not tuned
-PLAN_COLUMNS = 8  # q columns per step of the plan's passes: at 2 warps 0.64 / 1.01 ms (r = 15 / 31) against 0.78 / 1.13 at 4 columns; the kernel before outer-product dots 1.01 / 1.46 (H100)
+PLAN_COLUMNS = 16  # q columns per step of the plan's passes (its float64 tl.dot needs at least 16 on CUDA)
 KEY_NORM_BLOCK = 1024 if _INTERPRET else 32  # keys per key-norm program (a [keys, D] float64 tile; the interpreter pays per program); not tuned
 SCREEN_OPERANDS_WARPS = 4  # warps per screen-operands program (its queries' RP x D float64 rows); not tuned
 SCREEN_OPERANDS_QUERIES = 32 if _INTERPRET else 1  # queries per screen-operands program (the interpreter pays per program)

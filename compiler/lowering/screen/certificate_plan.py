@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from compiler.lowering import defaults
+from compiler.lowering.scoring.indexer_scores import INTERPRET
 from compiler.lowering.host_ints import next_power_of_2
 
 __all__ = ["KernelPlan", "plan_certificate_triton"]
@@ -27,30 +28,28 @@ _INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
-def _q_column(q_ptr, base, heads, d, sqh, D, ok):
-    """q[heads, d] as float64 (heads, d and ``ok`` broadcast together; zero where not ``ok`` or
-    d >= D), by way of float32 (exact for every q dtype; E4M3 has no direct float64 conversion on
-    every target)."""
-    x = tl.load(q_ptr + base + heads * sqh + d, mask=ok & (d < D), other=0.0)
-    return x.to(tl.float32).to(tl.float64)
+def _q_chunk(q_ptr, base, heads, d, sqh, D, ok, HW: tl.constexpr):
+    """q[heads, d] as float64 [len(heads), len(d)], zero where not ``ok`` [len(heads)] or d >= D, by
+    way of float32 (exact for every q dtype). HW (compiled for the GPU): the float32 values pass an
+    opaque move, so that the compiler does not carry the float64 matrix products' operand layout
+    back into a 16-bit load (which Triton's sm_90 lowering rejects)."""
+    x = tl.load(q_ptr + base + heads[:, None] * sqh + d[None, :], mask=ok[:, None] & (d < D)[None, :], other=0.0)
+    x = x.to(tl.float32)
+    if HW:
+        x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=False, pack=1)
+    return x.to(tl.float64)
 
 
 @triton.jit
-def _q_chunk(q_ptr, base, heads, d, sqh, D, ok):
-    """q[heads, d] as float64 [len(heads), len(d)]: ``_q_column`` over the outer product."""
-    return _q_column(q_ptr, base, heads[:, None], d[None, :], sqh, D, ok[:, None])
-
-
-@triton.jit
-def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, scalars_ptr, flags_ptr,
+def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, scalars_ptr, gram_ptr, flags_ptr,
                  ret_ptr, H, D, sqn, sqh, R_MAX: tl.constexpr, RP: tl.constexpr,
-                 HP: tl.constexpr, CD: tl.constexpr, STAGES: tl.constexpr):
-    """Query n: rows [n, R_MAX, D], row_weights [n, R_MAX], aux [n, D], u^T [n, D, H], scalars
-    [n, 5] = (||sum_h u_h||^2, mass_scores, weight_sum, sum_j |w~_j| ||q_j|| + ||aux||,
-    projected mass), flags [n] = abs path, retained [n, H] (runtime.certificate for the formulas).
-    Four passes over q's columns, CD at a time (their loads pipelined over STAGES), so that no [H, D]
-    float64 tile is ever held:
-    norms; retained rows and aux; the dots [H, R_MAX] as outer products of single columns; u."""
+                 HP: tl.constexpr, CD: tl.constexpr, STAGES: tl.constexpr, HW: tl.constexpr):
+    """Query n: rows [n, R_MAX, D], row_weights [n, R_MAX], aux [n, D], scalars [n, 5] =
+    (||sum_h u_h||^2, mass_scores, weight_sum, sum_j |w~_j| ||q_j|| + ||aux||, projected mass),
+    gram [n] = sum_{h,l} |u_h . u_l|, flags [n] = abs path, retained [n, H] (runtime.certificate for
+    the formulas). Three passes over q's columns, CD at a time (their loads pipelined over STAGES),
+    so that no [H, D] float64 tile is ever held: norms; retained rows, aux and the dots [H, R_MAX]
+    (float64 matrix products); u and its Gram matrix (the same)."""
     n = tl.program_id(0).to(tl.int64)
     base = n * sqn
     h = tl.arange(0, HP)
@@ -66,7 +65,7 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
 
     square = tl.zeros([HP], dtype=tl.float64)
     for d0 in tl.range(0, D, CD, num_stages=STAGES):
-        qc = _q_chunk(q_ptr, base, h, d0 + c, sqh, D, hok)
+        qc = _q_chunk(q_ptr, base, h, d0 + c, sqh, D, hok, HW)
         square += tl.sum(qc * qc, axis=1)
     head_mass = tl.abs(w) * tl.sqrt(square)
     abs_path = tl.sum(positive.to(tl.int32), axis=0) <= r
@@ -93,27 +92,23 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     active = negative & ~retained & (p >= 0.5)
     a_weight = tl.where(active, -w, 0.0)
 
-    # Rows (stored), their norms, and aux = a_A (joint) or V (abs, stored); then the dots q_h . row_i,
-    # one column at a time as outer products (no [heads, rows, columns] tile).
+    # Rows (stored), their norms, aux = a_A (joint) or V (abs, stored), and the dots q_h . row_i
+    # [HP, RP] as float64 matrix products of the same columns.
     row_square = tl.zeros([RP], dtype=tl.float64)
     aux_square = zero
+    dots = tl.zeros([HP, RP], dtype=tl.float64)
     sok = slot < R_MAX
     for d0 in tl.range(0, D, CD, num_stages=STAGES):
         dc = d0 + c
-        qc = _q_chunk(q_ptr, base, h, dc, sqh, D, hok)
-        rc = _q_chunk(q_ptr, base, heads, dc, sqh, D, valid)
+        qc = _q_chunk(q_ptr, base, h, dc, sqh, D, hok, HW)
+        rc = _q_chunk(q_ptr, base, heads, dc, sqh, D, valid, HW)
         tl.store(rows_ptr + n * R_MAX * D + slot[:, None] * D + dc[None, :], rc, mask=sok[:, None] & (dc < D)[None, :])
         row_square += tl.sum(rc * rc, axis=1)
         a_c = tl.sum(a_weight[:, None] * qc, axis=0)
         aux_c = tl.where(abs_path, a_c - tl.sum(half_rows[:, None] * rc, axis=0), a_c)
         tl.store(aux_ptr + n * D + dc, aux_c, mask=dc < D)
         aux_square += tl.sum(aux_c * aux_c, axis=0)
-    dots = tl.zeros([HP, RP], dtype=tl.float64)
-    for d0 in tl.range(0, D, CD, num_stages=STAGES):
-        for j in tl.static_range(CD):
-            qd = _q_column(q_ptr, base, h, d0 + j, sqh, D, hok)
-            rd = _q_column(q_ptr, base, heads, d0 + j, sqh, D, valid)
-            dots += qd[:, None] * rd[None, :]
+        dots += tl.dot(qc, tl.trans(rc))
     row_norm = tl.sqrt(row_square)
 
     # Joint path: each omitted positive head's best retained anchor, the first slot of the largest
@@ -135,17 +130,19 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
                     0.0)
     folded = tl.sum(tl.where(pick, (w * beta)[:, None], 0.0), axis=0)
 
-    # u_h = w_h (q_h - beta_h q_anchor) on omitted positive heads, stored as u^T [D, H] for the
-    # Gram matrix (a float64 batched product, outside); the squared norm of sum_h u_h.
+    # u_h = w_h (q_h - beta_h q_anchor) on omitted positive heads: the squared norm of sum_h u_h,
+    # and the Gram matrix [HP, HP] of the u_h as float64 matrix products, then sum_{h,l} |u_h . u_l|.
     u_square = zero
+    gram = tl.zeros([HP, HP], dtype=tl.float64)
     for d0 in tl.range(0, D, CD, num_stages=STAGES):
         dc = d0 + c
-        qc = _q_chunk(q_ptr, base, h, dc, sqh, D, hok)
-        ac = _q_chunk(q_ptr, base, anchor_head, dc, sqh, D, anchor_valid)
+        qc = _q_chunk(q_ptr, base, h, dc, sqh, D, hok, HW)
+        ac = _q_chunk(q_ptr, base, anchor_head, dc, sqh, D, anchor_valid, HW)
         uc = tl.where(omitted_positive[:, None], w[:, None] * (qc - beta[:, None] * ac), 0.0)
-        tl.store(ut_ptr + n * H * D + dc[None, :] * H + h[:, None], uc, mask=hok[:, None] & (dc < D)[None, :])
+        gram += tl.dot(uc, tl.trans(uc))
         col = tl.sum(uc, axis=0)
         u_square += tl.sum(col * col, axis=0)
+    gram_sum = tl.sum(tl.sum(tl.abs(gram), axis=1), axis=0)
     projected_mass = tl.where(abs_path, 0.0, tl.sum(w * beta * anchor_norm, axis=0))
     row_weights = tl.where(abs_path, half_rows, w_rows + folded)
     mass_scores = tl.sum(head_mass, axis=0)
@@ -156,6 +153,7 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, ut_ptr, 
     scalars = tl.where(field == 0, u_square, tl.where(field == 1, mass_scores, tl.where(
         field == 2, tl.sum(tl.abs(w), axis=0), tl.where(field == 3, bound_rows, projected_mass))))
     tl.store(scalars_ptr + n * 5 + field, scalars, mask=field < 5)
+    tl.store(gram_ptr + n + tl.arange(0, 1), tl.zeros([1], dtype=tl.float64) + gram_sum)
     tl.store(flags_ptr + n + tl.arange(0, 1), tl.zeros([1], dtype=tl.int8) + abs_path.to(tl.int8))
     tl.store(ret_ptr + n * H + h, retained.to(tl.int8), mask=hok)
 
@@ -182,8 +180,8 @@ class KernelPlan:
 
 def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r: torch.Tensor,
                             r_max: int) -> KernelPlan:
-    """The plan of ``plan_certificate(q, w, p, r, r_max)`` by ``_plan_kernel`` and the Gram matrix's
-    batched product (module docstring): q [..., H, D], w and p [..., H] (any float dtype: the kernel
+    """The plan of ``plan_certificate(q, w, p, r, r_max)`` by ``_plan_kernel``, one launch (module
+    docstring): q [..., H, D], w and p [..., H] (any float dtype: the kernel
     converts them to float64 exactly), r [...] int64 (clipped to [1, r_max]), r_max an int in [1, H];
     no host synchronisation."""
     *lead, H, D = q.shape
@@ -203,17 +201,16 @@ def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r
     rows = torch.empty((N, r_max, D), dtype=torch.float64, device=dev)
     row_weights = torch.empty((N, r_max), dtype=torch.float64, device=dev)
     aux = torch.empty((N, D), dtype=torch.float64, device=dev)
-    ut = torch.empty((N, D, H), dtype=torch.float64, device=dev)
     scalars = torch.empty((N, 5), dtype=torch.float64, device=dev)
+    gram = torch.empty(N, dtype=torch.float64, device=dev)
     flags = torch.empty(N, dtype=torch.int8, device=dev)
     retained = torch.empty((N, H), dtype=torch.int8, device=dev)
     rp, hp = max(2, next_power_of_2(r_max)), max(2, next_power_of_2(H))
     if N:
-        _plan_kernel[(N,)](qf, wf, pf, rf, rows, row_weights, aux, ut, scalars, flags, retained, H, D,
+        _plan_kernel[(N,)](qf, wf, pf, rf, rows, row_weights, aux, scalars, gram, flags, retained, H, D,
                            qf.stride(0), qf.stride(1), R_MAX=r_max,
-                           RP=rp, HP=hp, CD=defaults.PLAN_COLUMNS, STAGES=defaults.PLAN_STAGES,
+                           RP=rp, HP=hp, CD=defaults.PLAN_COLUMNS, STAGES=defaults.PLAN_STAGES, HW=not INTERPRET,
                            num_warps=defaults.PLAN_WARPS)
-    gram = torch.linalg.vector_norm(torch.bmm(ut.transpose(1, 2), ut), ord=1, dim=(-1, -2))  # sum |u_h . u_l|
     return KernelPlan(
         rows=rows.view(*lead, r_max, D),
         row_weights=row_weights.view(*lead, r_max),

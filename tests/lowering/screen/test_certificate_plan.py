@@ -204,7 +204,7 @@ args = [torch.empty(8, dtype=torch.bfloat16), f64(), f64(), torch.empty(8, dtype
 
 
 def source(r_max, warps):
-    meta = dict(R_MAX=r_max, RP=triton.next_power_of_2(r_max), HP=64, CD=PLAN_COLUMNS, STAGES=PLAN_STAGES,
+    meta = dict(R_MAX=r_max, RP=triton.next_power_of_2(r_max), HP=64, CD=PLAN_COLUMNS, STAGES=PLAN_STAGES, HW=True,
                 num_warps=warps, debug=False)
     bound, spec, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(*args, **meta)
     options, signature, constexprs, attrs = kernel._pack_args(backend, meta, bound, spec, opts)
