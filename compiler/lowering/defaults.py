@@ -18,14 +18,12 @@ BOUNDS_BLOCK = 2048  # mask entries per step of the mask-bounds kernel (1024 and
 BOUNDS_ROWS = 16 if _INTERPRET else 1  # query rows per mask-bounds program (the interpreter pays per program)
 
 # Screen (screen/)
-SCREEN_CONFIGS = (  # screen launch candidates tuned per shape, the first off CUDA: indexer_autotune_h200.md; ROWS: matrix rows (queries x RP) per program
-    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128, ROWS=128),
-    LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64, ROWS=128),
-    LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_T=256, ROWS=128),
-    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64, ROWS=128),
-    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64, ROWS=256),
-    LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_T=128, ROWS=256),
-)  # not offered: BLOCK_T=256 over 4 warps, the slowest in every tuning measured (2.0-2.6x the best), the slowest to compile (9 s at 64 rows); BLOCK_T=128 over 4 warps, 1.65x the best in every tuning measured and spilling at 16 and 32 rows (ptxas, sm_90). 256 rows: each key read serves twice the queries (not yet measured)
+SCREEN_CONFIGS = (  # screen launch candidates tuned per shape, the first off CUDA: indexer_autotune_h200.md
+    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=128),
+    LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64),
+    LaunchConfig.of(num_warps=8, num_stages=2, BLOCK_T=256),
+    LaunchConfig.of(num_warps=8, num_stages=3, BLOCK_T=64),
+)  # not offered: BLOCK_T=256 over 4 warps, the slowest in every tuning measured (2.0-2.6x the best), the slowest to compile (9 s at 64 rows); BLOCK_T=128 over 4 warps, 1.65x the best in every tuning measured and spilling at 16 and 32 rows (ptxas, sm_90); 256 matrix rows per program instead of 128 (each key read serving twice the queries), never the fastest on the trained layers (the whole op 1.04-1.08x the best at 64 key rows, 1.3-1.7x at 128; H100, 65536-131072 keys)
 SCREEN_SPLIT_LIST_QUERIES = 2  # lists of at least this many queries split key tiles by the mask bounds; single-query lists read the mask on every tile (H100, trained layers: the split form 0.1-0.6 ms slower at lists of 1, 0.5-1.3 ms faster at 4; 2 not measured)
 SCREEN_SPLIT_PREFILL_FACTOR = 2  # single-query lists split too when a masked call has at least T / this many queries: at 131072 x 131072 under the causal mask (H100, trained layer 4) certified lists of 1 unsplit took 419 ms against 314 dense, lists of 2 split 299 (split lists of 1 not measured)
 SURVIVOR_WORDS = 16 if _INTERPRET else 64  # survivor words per step of a list's compaction (32 keys a word): with hardware popc and one scan of word counts, 64 words over 8 warps took 0.21-0.56 ms where the two-scan form at 256 took 0.49-0.99 (H100; 2048-4096 lists of 65536-131072 keys)

@@ -180,10 +180,9 @@ def _compact_words_kernel(words_ptr, ids_ptr, count_ptr, n_words, cap, n_lists, 
     tl.store(count_ptr + b * scb + lst, base)
 
 
-def screen_tile_queries(rp: int, g: int, rows: int) -> int:
-    """Queries per screen program: ``rows`` matrix rows (queries x rp), and a whole number of refine
-    lists."""
-    return max(rows // rp, g)
+def screen_tile_queries(rp: int, g: int) -> int:
+    """Queries per screen program: 128 matrix rows, and a whole number of refine lists."""
+    return max(128 // rp, g)
 
 
 def screen(g, alpha, beta, e, c, tau, k, nk, *, mask, lists_per_batch, list_queries, cap,
@@ -261,16 +260,16 @@ def choose_screen_config(launch: Callable[[LaunchConfig], None], k, mask_kind: i
 
 def _launch_screen(g, alpha, beta, e, c, tau, k, nk, kind, m, mask_strides, bounds, words,
                    lists_per_batch, list_queries, config: LaunchConfig, k_scale=None, split=False) -> None:
-    """One launch of the screen kernel with ``config`` (BLOCK_T, ROWS, num_warps, num_stages): every
+    """One launch of the screen kernel with ``config`` (BLOCK_T, num_warps, num_stages): every
     survivor word of ``words`` [B, L, ceil(T / 32)] written; ``split``: the kernel's SPLIT form (it
     reads ``bounds``)."""
     B, S, RP, D = g.shape
     T = k.shape[1]
     msb, mss, mst = mask_strides
-    launch = config.kwargs()
-    block_ss = screen_tile_queries(RP, list_queries, launch.pop("ROWS"))
+    block_ss = screen_tile_queries(RP, list_queries)
     n_tiles = cdiv(S, block_ss)
     ieee = k.dtype == torch.float32
+    launch = config.kwargs()
     splits = key_splits(B * n_tiles, T, launch["BLOCK_T"])
     _screen_kernel[(B * n_tiles, splits)](
         g, alpha, beta, e, c, tau, k, nk if k_scale is None else k_scale, nk,  # nk: unread scale slot

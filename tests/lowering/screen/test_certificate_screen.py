@@ -95,10 +95,10 @@ def assert_same(a, b):
     assert torch.equal(a[1], b[1])
 
 
-def test_screen_candidates_are_distinct_and_vary_only_tiles_warps_and_stages():
+def test_screen_candidates_are_distinct_and_vary_only_tile_warps_and_stages():
     assert 3 <= len(defaults.SCREEN_CONFIGS) <= 6 and len(set(defaults.SCREEN_CONFIGS)) == len(defaults.SCREEN_CONFIGS)
     for config in defaults.SCREEN_CONFIGS:
-        assert set(config.kwargs()) == {"BLOCK_T", "ROWS", "num_warps", "num_stages"}
+        assert set(config.kwargs()) == {"BLOCK_T", "num_warps", "num_stages"}
 
 
 def test_screen_takes_the_first_candidate_under_the_interpreter_without_launching(inputs):
@@ -137,7 +137,7 @@ def test_a_screen_candidate_that_fails_to_launch_is_skipped(inputs, traced):
     tr = traced[2]
     p = tr.plan
     nk = round_up_to_float32(key_norm_up(k.float()))
-    broken = LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=48, ROWS=128)  # not a multiple of 32
+    broken = LaunchConfig.of(num_warps=4, num_stages=2, BLOCK_T=48)  # not a multiple of 32
     launched = []
 
     def launch(config):
