@@ -8,8 +8,8 @@ as in ``CertificatePlan`` and, instead of its residual and margin, the per-query
 follow from (``screen_operands`` evaluates them in its kernel). Float64, by the same formulas
 summed in other orders; the margin of ``runtime.rounding.margin_coefficients`` covers any order
 (SPEC C.8 item 3). Ties among heads of equal rank go to the lower index; a rank NaN (|w| = inf on
-a zero head, a query the screen never prunes) counts as -inf. The loop that picks the R_MAX
-retained rows, one argmax each, stays a loop (not unrolled), so compiling does not grow with R_MAX."""
+a zero head, a query the screen never prunes) counts as -inf. The retained heads come from one
+comparison of every pair of heads (no loop over R_MAX: compiling does not grow with it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,20 +72,16 @@ def _plan_kernel(q_ptr, w_ptr, p_ptr, r_ptr, rows_ptr, rw_ptr, aux_ptr, scalars_
     abs_rank = tl.where(positive, _INF, tl.where(negative, head_mass * tl.minimum(p, 1.0 - p), -_INF))
     rank = tl.where(abs_path, abs_rank, tl.where(positive, head_mass, -_INF))
 
-    # The retained heads: R_MAX picks of the largest rank (lower index first on ties), one argmax
-    # each; the first min(r, ranked heads) are retained (a rank NaN counts as -inf: never retained).
+    # The retained heads: each head's place in the order of rank (larger first, the lower index
+    # first on ties) from one comparison of every pair of heads; the first min(r, ranked heads)
+    # are retained (a rank NaN counts as -inf: never retained), slot i holds the head in place i.
     rank = tl.where(rank == rank, rank, -_INF)
     ranked = hok & (rank > -_INF)
     picks = tl.minimum(r, tl.sum(ranked.to(tl.int32), axis=0))
-    taken = h < 0
-    retained = h < 0
-    heads = tl.zeros([RP], dtype=tl.int32)
-    for i in range(0, R_MAX):
-        j = tl.argmax(tl.where(taken | ~hok, -_INF, rank), axis=0, tie_break_left=True)
-        pick = h == j
-        taken = taken | pick
-        retained = retained | (pick & (i < picks))
-        heads = tl.where(slot == i, j, heads)
+    ahead = (rank[None, :] > rank[:, None]) | ((rank[None, :] == rank[:, None]) & (h[None, :] < h[:, None]))
+    place = tl.sum((ahead & hok[None, :]).to(tl.int32), axis=1)
+    retained = ranked & (place < picks)
+    heads = tl.sum(tl.where(hok[:, None] & (place[:, None] == slot[None, :]), h[:, None], 0), axis=0)
     valid = slot < picks
     w_rows = tl.load(w_ptr + n * H + heads, mask=valid, other=0.0).to(tl.float64)
     half_rows = 0.5 * w_rows

@@ -253,9 +253,10 @@ def test_the_plan_kernel_does_not_unroll_its_budget():
 
 
 def test_the_plan_kernel_keeps_its_registers_at_the_largest_screened_budget():
-    # A form of the retained-head choice that compared every pair of heads ([64, 64] float64 tiles)
-    # compiled to 255 registers a thread with 1.1 KB of spills at R_MAX = 31 over the kernel's warps
-    # (the loop of argmax picks: 190, none). ptxas (sm_90a, Triton's own) must report no spills.
+    # The kernel holds an [H, H] float64 Gram accumulator and compares every pair of heads for
+    # the retained ones; over too few warps that spilled (ptxas, sm_90a, Triton's own, at 2 warps:
+    # 255 registers and 196 bytes of spill stores at R_MAX = 15). It must report no spills at the
+    # largest screened budget.
     report = _plan_ir(PTXAS_SPILLS, "31")
     assert "registers" in report and "0 bytes spill stores, 0 bytes spill loads" in report, report
 
