@@ -4,7 +4,7 @@ so that a test can change one."""
 
 # The certified top-K (runtime.certified_topk.CertifiedTopkConfig's defaults; SPEC A.8)
 ANCHOR_STRIDE = 16  # one dense anchor query per this many: neighbours share most of their top keys
-WITNESSES = True  # anchors' top keys seed their groups: the indexer zoo's families were measured so; on the trained indexers the sample alone sets a threshold nearly as tight (b 0.13-0.18 against 0.09-0.14) for 1.7-2.6 ms less of seeds, so their plans turn witnesses off: certified_trained_h100.md
+WITNESSES = True  # anchors' top keys seed their groups: the indexer zoo's families were measured so; on the trained indexers the sample alone sets a threshold nearly as tight (b 0.13-0.18 against 0.09-0.14) for 1.5-3.3 ms less of seeds, so their plans turn witnesses off: certified_trained_h100.md
 SINK = 64  # first visible keys added to every seed set
 WINDOW = 512  # last visible keys added to every seed set
 WORKSPACE_FRAC = 0.25  # survivors a query may refine, as a fraction of T (plus kk); beyond it: dense
