@@ -21,7 +21,8 @@ of each other count of queries in ``refine_queries`` (``CertifiedTopkConfig.list
 of the list's queries' survivors; 1: a query's own), as the op would run them. Then the plan's
 choice (``compiler.plan.choice.choose_layer`` on every certified row, each with the r, list size and
 witnesses it ran, designed for the same call) and the op with those settings through the runtime
-guard, timed after its warm-up calls; the layers' choices form a plan (written beside ``--out``). With
+guard, timed after its warm-up calls, then the dense op once more beside it (the dense row was timed
+minutes earlier); the layers' choices form a plan (written beside ``--out``). With
 ``--prefill T``: the model's prefill of T tokens as ``generate`` runs it, compiled with that plan, with
 every indexer dense and with the defaults. JSON after every layer.
 """
@@ -207,8 +208,10 @@ def layer_rows(layer, q, k, w, mask, sizes, device):
 
     harness.settle_guard(plan_op, device, at_least=4)  # the guard's warm-ups and its dense and certified trials
     op = harness.measure(plan_op, device, sizes["reps"])
+    again = harness.measure(dense_call, device, sizes["reps"])  # the dense op once more, next to the plan's
     rows.append({"layer": layer, "T": T, "S": S, "variant": "plan", **s.op_arguments(),
                  "reason": choice.reason, "ms": round(op.ms, 3), "x_dense": round(op.ms / dense.ms, 3),
+                 "dense_again_ms": round(again.ms, 3), "x_dense_again": round(op.ms / again.ms, 3),
                  "identical": same_as_dense(op.out, dense.out, sizes)})
     print(rows[-1], flush=True)
     return rows, layer_plan
@@ -356,6 +359,8 @@ def render(doc) -> str:
     for r in doc["rows"]:
         split = r.get("split_ms")
         variant = r["variant"] + (_choice(r) if r["variant"] == "plan" else "")
+        if "dense_again_ms" in r:
+            variant += f" (dense again {r['dense_again_ms']} ms: x {r['x_dense_again']})"
         if "peak_gib" in r or "error" in r:  # a prefill row
             variant += f" ({r['error']})" if "error" in r else "" if r["peak_gib"] is None else f" (peak {r['peak_gib']:.1f} GiB)"
             certified = [layer.split(".")[2] + path[len("certified"):] for layer, paths in r.get("guard", {}).items()

@@ -1,6 +1,8 @@
 """benchmarks/certified_trained.py: a tiny run on one layer of the trained measuring model (CPU sizes)."""
 import json
 
+import pytest
+
 from benchmarks import certified_trained as ct
 from compiler.plan.schema import load_plan
 
@@ -17,6 +19,10 @@ def test_a_tiny_run_writes_exact_rows_the_time_split_and_a_plan(tmp_path):
     for r in certified:
         assert 0 <= r["pruned"] <= 1 and r["m"] >= 0 and r["queries"] == ct.SMOKE["S"]
     assert rows[1]["b"] is not None and rows[1]["b"] >= 0  # the threshold never passes the kk-th score here
+    # the plan's op is also compared with the dense op timed again beside it
+    again = rows[-1]["dense_again_ms"]
+    assert again > 0 and rows[-1]["x_dense_again"] == pytest.approx(rows[-1]["ms"] / again, rel=1e-2)
+    assert "dense again" in out.with_suffix(".md").read_text()
     plan = load_plan(tmp_path / "ct_plan_128.json")
     assert [p.layer for p in plan.layers] == ["model.layers.2.self_attn.indexer"]
     assert plan.layers[0].settings.path == rows[-1]["path"]
