@@ -31,7 +31,7 @@ SURVIVOR_WARPS = 8  # warps per compaction program (at 32 words, 4 warps: 0.40 /
 ACTIVATION_ROWS = 64  # query-head rows per head-activation program
 ACTIVATION_KEYS = 64  # witness keys per step of a head-activation program
 ACTIVATION_SAMPLES = 256  # witness keys behind each head's activation frequency (it steers choices only)
-PLAN_WARPS = 4  # warps per plan program: the plan stage at 4096 queries of 64 heads took 0.65-0.83 ms over 4 against 1.0-1.3 over 8 (H100, r = 15 and 31); over 2 the [H, H] float64 Gram accumulator spills (ptxas, sm_90)
+PLAN_WARPS = 4  # warps per plan program: the plan stage at 4096 queries of 64 heads took 0.65-0.83 ms over 4 against 1.0-1.3 over 8 (H100, r = 15 and 31); over 2 the [H, H] float64 Gram accumulator spills (ptxas, sm_90), and at 128 heads over 4 (1.5 KB; 80-300 B over 8; not timed)
 PLAN_STAGES = 3  # pipeline stages of the plan's passes over q's columns; not tuned
 PLAN_COLUMNS = 16  # q columns per step of the plan's passes (its float64 tl.dot needs at least 16 on CUDA; 32 took 0-5% longer, H100)
 KEY_NORM_BLOCK = 1024 if _INTERPRET else 32  # keys per key-norm program (a [keys, D] float64 tile; the interpreter pays per program); not tuned
