@@ -112,28 +112,30 @@ def _kth_largest_kernel(x_ptr, out_ptr, n, kk, stride_x, NP: tl.constexpr):
 
 
 @triton.jit
-def _top_window_kernel(cand_ptr, count_ptr, out_ptr, N, seg, kk, stride_c, stride_n, stride_o,
+def _top_window_kernel(cand_ptr, count_ptr, out_ptr, N, seg, kk, floor, stride_c, stride_n, stride_o,
                        NP: tl.constexpr):
     """Rows whose every segment (seg slots; its count at count[row, j // seg]) holds its codes, all
-    within the window (count <= min(seg, NP)): out[row, :kk] = the kk largest of those codes
-    (INT64_MIN for missing ones) as a multiset, in no particular order (those greater than the
-    kk-th, then copies of it); other rows: nothing written."""
+    within the window (count <= min(seg, NP)), and whose largest count is above ``floor``:
+    out[row, :kk] = the kk largest of those codes (INT64_MIN for missing ones) as a multiset, in no
+    particular order (those greater than the kk-th, then copies of it); other rows: nothing written,
+    nothing computed."""
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, NP)
     count = tl.load(count_ptr + row * stride_n + j // seg, mask=j < N, other=0)
-    live = tl.max(count, axis=0) <= tl.minimum(seg, NP)
-    x = tl.load(cand_ptr + row * stride_c + j, mask=live & (j % seg < count), other=INT64_MIN)
-    kth = _kth_of(x, kk)
-    greater = x > kth
-    equal = x == kth
-    # One scan for both ranks: the greater ones counted from bit SHIFT, the equal ones below it
-    # (fewer than kk <= NP greater ones: no int32 overflow for NP <= 2^15).
-    SHIFT: tl.constexpr = 16 if NP <= 32768 else 32
-    RANK: tl.constexpr = tl.int32 if NP <= 32768 else tl.int64
-    ranks = tl.cumsum(tl.where(greater, 1 << SHIFT, 0).to(RANK) + equal.to(RANK), axis=0)
-    slot = tl.where(greater, (ranks >> SHIFT) - 1,
-                    tl.sum(greater.to(RANK), axis=0) + (ranks & ((1 << SHIFT) - 1)) - 1)
-    tl.store(out_ptr + row * stride_o + slot, x, mask=live & (greater | equal) & (slot < kk))
+    top = tl.max(count, axis=0)
+    if (top > floor) & (top <= tl.minimum(seg, NP)):
+        x = tl.load(cand_ptr + row * stride_c + j, mask=j % seg < count, other=INT64_MIN)
+        kth = _kth_of(x, kk)
+        greater = x > kth
+        equal = x == kth
+        # One scan for both ranks: the greater ones counted from bit SHIFT, the equal ones below it
+        # (fewer than kk <= NP greater ones: no int32 overflow for NP <= 2^15).
+        SHIFT: tl.constexpr = 16 if NP <= 32768 else 32
+        RANK: tl.constexpr = tl.int32 if NP <= 32768 else tl.int64
+        ranks = tl.cumsum(tl.where(greater, 1 << SHIFT, 0).to(RANK) + equal.to(RANK), axis=0)
+        slot = tl.where(greater, (ranks >> SHIFT) - 1,
+                        tl.sum(greater.to(RANK), axis=0) + (ranks & ((1 << SHIFT) - 1)) - 1)
+        tl.store(out_ptr + row * stride_o + slot, x, mask=(greater | equal) & (slot < kk))
 
 
 @triton.jit
@@ -190,6 +192,21 @@ def window(N: int, kk: int, factor: int | None = None) -> int:
     return next_power_of_2(max(kk, min(N, factor * kk)))
 
 
+def window_tiers(N: int, kk: int, G: int, np_: int) -> tuple[int, ...]:
+    """The register windows ``top_candidates`` launches for rows of N slots in G segments under the
+    window ``np_``, smallest first: an unsegmented buffer's rows of at most half the window take a
+    program of half its size (half the registers and the work) when that still holds kk codes;
+    otherwise the window alone."""
+    return (np_ // 2, np_) if G == 1 and np_ // 2 >= kk else (np_,)
+
+
+def window_warps(np_: int) -> int:
+    """Warps of a window program of ``np_`` codes: defaults.KTH_WARPS, one more warp per 1024 codes
+    past 4096 (at 8192 codes over 4 warps the program spills: ptxas, sm_90a, 340 bytes at 255
+    registers; over 8, 211 registers and none)."""
+    return max(defaults.KTH_WARPS, np_ // 1024)
+
+
 def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bool = False,
                    ordered: bool = True, window_factor: int | None = None) -> torch.Tensor:
     """[R, kk] int64: the kk largest codes of each candidate row ``cand [R, N]`` int64, descending
@@ -203,7 +220,8 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
     segment (an overflowed buffer) leaves that row of the result unspecified, for the caller to
     answer (``overflowed``). Rows whose codes lie within the window (``window(N, kk, window_factor)``) get their
     kk largest, found in registers by one program per row (the kk-th by ``_kth_of``, then the codes
-    above it and copies of it), then ``torch.sort`` of the kk. When an unsegmented buffer is wider
+    above it and copies of it; a launch per ``window_tiers`` size, each row computed by the smallest
+    that holds it), then ``torch.sort`` of the kk. When an unsegmented buffer is wider
     than the window, rows with a larger count get INT64_MIN written past their codes (one gated
     program per row, ``_pad_tail_kernel``) and take the row-gated selector over the whole row
     (``scratch``: the caller gives up ``cand``'s content, which lets that selector read such a row
@@ -223,8 +241,11 @@ def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bo
         return out
     if cand.stride(-1) != 1:
         cand = cand.contiguous()
-    _top_window_kernel[(R,)](cand, counts, out, N, N // G, kk, cand.stride(0), counts.stride(0), out.stride(0),
-                             NP=np_, num_warps=defaults.KTH_WARPS)
+    floor = -1
+    for tier in window_tiers(N, kk, G, np_):
+        _top_window_kernel[(R,)](cand, counts, out, N, N // G, kk, floor, cand.stride(0), counts.stride(0),
+                                 out.stride(0), NP=tier, num_warps=window_warps(tier))
+        floor = tier
     if ordered:
         out = torch.sort(out, dim=-1, descending=True).values
     if np_ < N:

@@ -225,10 +225,11 @@ def with_garbage(cand, counts, seed):
 @pytest.mark.parametrize("N,kk", [(64, 8), (100, 30), (40, 40), (300, 1)])
 @pytest.mark.parametrize("distinct", [True, False])
 def test_top_candidates_equals_torch_topk(N, kk, distinct):
-    """Counts below kk, at kk, inside the register window, past it (the gated selector) and at
-    the buffer's end; distinct codes and many ties (and a real INT64_MIN among them)."""
+    """Counts below kk, at kk, on both sides of the smaller window tier, inside the register
+    window, past it (the gated selector) and at the buffer's end; distinct codes and many ties (and
+    a real INT64_MIN among them)."""
     win = threshold_select.window(N, kk)
-    counts = sorted({0, 1, max(kk - 1, 0), kk, win // 2, win - 1, win, win + 1, N - 1, N})
+    counts = sorted({0, 1, max(kk - 1, 0), kk, win // 2, win // 2 + 1, win - 1, win, win + 1, N - 1, N})
     counts = [c for c in counts if 0 <= c <= N]
     cand = candidate_rows(len(counts), N, counts, seed=N * kk, distinct=distinct)
     if not distinct:
@@ -238,6 +239,13 @@ def test_top_candidates_equals_torch_topk(N, kk, distinct):
     strided = torch.tensor(counts, dtype=torch.int64).repeat_interleave(2)[::2]  # counts at stride 2
     got = threshold_select.top_candidates(with_garbage(cand, counts, N), strided, kk)
     assert torch.equal(got, torch.topk(cand, kk, dim=-1).values)
+
+
+def test_window_tiers_halve_an_unsegmented_window_that_still_holds_kk():
+    assert threshold_select.window_tiers(200, 10, 1, 32) == (16, 32)
+    assert threshold_select.window_tiers(200, 17, 1, 32) == (32,)  # half would not hold kk
+    assert threshold_select.window_tiers(32, 4, 4, 32) == (32,)  # segments: the whole buffer
+    assert threshold_select.window_warps(4096) == 4 and threshold_select.window_warps(8192) == 8
 
 
 def test_top_candidates_of_a_window_past_2_15():
