@@ -29,14 +29,15 @@ writes each row's index list with -1 for every such key, so that the attention l
 through one level of indirection. Rows without a visible key get o_lat = 0 or the mean latent row
 (``masked_rows="mean"``, the mean of v over all keys once multiplied by W_UV).
 
-On sm_90 with bf16/fp16 operands, calls whose grid fills the GPU run the same loop as a
+On sm_90 with bf16/fp16 operands, calls whose grid fills the GPU, and calls of at most
+WARP_SPECIALISED_UNSPLIT_WIDTH indices a row whatever their grid (decode), run the same loop as a
 warp-specialised Gluon kernel instead (``absorbed_attention_ws``, form WARP_SPECIALISED): a
 producer partition gathers the latent rows while the consumers multiply; same numerics.
 
-Decode. When ``B·S·ceil(H/BLOCK_H)`` programs are too few to fill the GPU, each query's indices
-are split over several programs writing fp32 partials (o_lat, lse), merged by log-sum-exp in
-``_merge_splits_kernel``. No host synchronisation anywhere: a call can be captured in a CUDA
-graph.
+Split decode. When ``B·S·ceil(H/BLOCK_H)`` programs are too few to fill the GPU and the Gluon
+kernel does not take the call, each query's indices are split over several programs writing fp32
+partials (o_lat, lse), merged by log-sum-exp in ``_merge_splits_kernel``. No host synchronisation
+anywhere: a call can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -82,12 +83,13 @@ DEFAULT_CONFIG = "h64_n64_w8_s2"
 """The Triton configuration for more than FEW_QUERIES queries where WARP_SPECIALISED does not apply
 (its split decode, fewer heads, fp32, off sm_90): sparse_attention_h200.md."""
 FEW_QUERIES_CONFIG = "h32_n32_w8_s4"
-"""The configuration the op runs on at most FEW_QUERIES queries (decode), whose programs are few and
-short: at B = 1 over 131072 keys 0.40 ms against the default's 1.14 (sparse_attention_configs_h200.md)."""
+"""The Triton configuration tried first on at most FEW_QUERIES queries (decode) where WARP_SPECIALISED
+does not apply, whose programs are few and short: at B = 1 over 131072 keys 0.40 ms against the
+default's 1.14 (sparse_attention_configs_h200.md)."""
 FEW_QUERIES = 8
-"""Most queries (B·S) of a call that runs FEW_QUERIES_CONFIG first: it wins at B = 1 and loses at
-B = 64 (0.89 ms against the default's 0.75, sparse_attention_configs_h200.md); between them the
-crossover has not been measured, and 8 keeps the small batches on the form that won at 1."""
+"""Most queries (B·S) of a call whose Triton chain starts with FEW_QUERIES_CONFIG: it wins at B = 1
+and loses at B = 64 (0.89 ms against the default's 0.75, sparse_attention_configs_h200.md); between
+them the crossover has not been measured, and 8 keeps the small batches on the form that won at 1."""
 FALLBACK_CONFIGS = ("h64_n32_w8_s3", "h32_n32_w8_s4")
 """Tried in turn, for the op only, when the default configuration does not compile or launch on the
 device (e.g. its shared memory exceeds the device's); the first that does is kept per kernel shape."""
@@ -102,6 +104,11 @@ WARP_SPECIALISED_MIN_HEADS = 16
 """Fewest heads the Gluon kernel takes: its 64-row products idle 3/4 of their rows at 16 heads and it
 still wins there (1.10-1.18x DEFAULT_CONFIG's speed, sparse_attention_h200.md); at 8 heads
 the two tie (1.00-1.02x, sparse_attention_auto_h200.md)."""
+WARP_SPECIALISED_UNSPLIT_WIDTH = 2048
+"""Widest index rows the Gluon kernel runs unsplit on a grid too small to fill the GPU (it has no
+split form): on decode-sized calls (1-256 queries of 128 heads, 2048 indices, 65536-131072 keys) it
+took 0.3-0.9x the time of the split Triton form the op ran there (anchors_h100.md, project_ws
+against project_dispatch). Wider rows on such a grid take the split Triton form."""
 CONFIG_NAMES = (*CONFIGS, WARP_SPECIALISED)
 """Every name ``config`` takes: the Triton launch configurations and the Gluon kernel."""
 INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOCK_N=16)
@@ -290,18 +297,19 @@ def _visible_indices(indices: torch.Tensor, mask: Optional[torch.Tensor], seq_k:
 
 
 def default_configs(queries: int) -> tuple[str, ...]:
-    """The forms the op tries in turn for a call of ``queries`` queries (B·S): FEW_QUERIES_CONFIG
-    first for at most FEW_QUERIES queries, else WARP_SPECIALISED (which runs DEFAULT_CONFIG's
-    chain where it does not apply); then DEFAULT_CONFIG and the fallbacks."""
-    first = FEW_QUERIES_CONFIG if queries <= FEW_QUERIES else WARP_SPECIALISED
-    return (first, *(name for name in TRITON_CHAIN if name != first))
+    """The forms the op tries in turn for a call of ``queries`` queries (B·S): WARP_SPECIALISED
+    (which runs the rest where it does not apply), then the Triton chain: FEW_QUERIES_CONFIG first
+    for at most FEW_QUERIES queries, else DEFAULT_CONFIG, then the fallbacks."""
+    first = FEW_QUERIES_CONFIG if queries <= FEW_QUERIES else DEFAULT_CONFIG
+    return (WARP_SPECIALISED, first, *(name for name in TRITON_CHAIN if name != first))
 
 
 def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, names: tuple[str, ...],
                    splits: Optional[int]) -> None:
     """o_lat ``[B, H, n, Dc]`` of n queries: the attention kernel (and the merge when split), in the
     first configuration of ``names`` that runs (``_run_with_fallback``); WARP_SPECIALISED first runs
-    the Gluon kernel where it applies (``_warp_specialised_applies``), else DEFAULT_CONFIG's chain."""
+    the Gluon kernel where it applies (``_warp_specialised_applies``), else the names after it
+    (DEFAULT_CONFIG's chain when it is alone)."""
     if names[0] == WARP_SPECIALISED:
         key = (q_lat.device, q_lat.dtype, q_lat.shape[3], mean is not None)
         if key not in _WS_FAILED and _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat,
@@ -312,7 +320,7 @@ def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale:
                 return
             except _launch_failures():
                 _WS_FAILED.add(key)
-        names = TRITON_CHAIN
+        names = names[1:] or TRITON_CHAIN
     shape = (names, q_lat.device, q_lat.dtype, q_lat.shape[1], q_lat.shape[3], rope_key.shape[2], splits is None)
     _run_with_fallback(shape, names, lambda config: _attend_with(
         q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale, config, splits))
@@ -320,15 +328,16 @@ def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale:
 
 def _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat, width: int, splits: Optional[int]) -> bool:
     """Whether the Gluon kernel takes a call: not interpreted, at least WARP_SPECIALISED_MIN_HEADS
-    heads, its inputs (``absorbed_attention_ws.usable``), and a grid that fills the GPU without
-    splitting the queries' indices."""
+    heads, its inputs (``absorbed_attention_ws.usable``), no split asked for, and rows of at most
+    WARP_SPECIALISED_UNSPLIT_WIDTH indices or a grid that fills the GPU without splitting them."""
     b, heads, n, _ = q_lat.shape
     if _INTERPRETED or absorbed_attention_ws is None or splits not in (None, 1) \
             or heads < WARP_SPECIALISED_MIN_HEADS or not absorbed_attention_ws.usable(q_lat, q_rope, latent,
                                                                                      rope_key, o_lat):
         return False
     programs = cdiv(heads, absorbed_attention_ws.BLOCK_H) * n * b
-    return splits == 1 or attention_splits(programs, width, absorbed_attention_ws.BLOCK_N, q_lat.device)[0] == 1
+    return splits == 1 or width <= WARP_SPECIALISED_UNSPLIT_WIDTH \
+        or attention_splits(programs, width, absorbed_attention_ws.BLOCK_N, q_lat.device)[0] == 1
 
 
 def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, config: LaunchConfig,

@@ -4,6 +4,7 @@ import torch
 
 import compiler.lowering.attention.absorbed_attention as lowering
 from compiler.lowering.attention.absorbed_attention import absorbed_sparse_attention_triton
+from compiler.lowering.host_ints import cdiv
 from runtime.absorbed_attention import absorbed_sparse_attention
 
 pytestmark = pytest.mark.filterwarnings(
@@ -163,17 +164,36 @@ def test_a_configuration_that_does_not_compile_falls_back_for_the_op_only(monkey
                                          config="h32_n32_w8_s4")
 
 
-def test_decode_sized_calls_try_the_few_queries_config_first_prefill_the_warp_specialised_kernel():
+def test_every_call_tries_the_warp_specialised_kernel_first_then_the_triton_chain_for_its_size():
     from compiler.lowering.attention.absorbed_attention import (CONFIGS, DEFAULT_CONFIG, FEW_QUERIES,
                                                                 FEW_QUERIES_CONFIG, CONFIG_NAMES, WARP_SPECIALISED,
                                                                 default_configs)
 
     few, many = default_configs(FEW_QUERIES), default_configs(FEW_QUERIES + 1)
-    assert few[0] == FEW_QUERIES_CONFIG and many[0] == WARP_SPECIALISED
-    assert set(few) <= set(CONFIGS) and set(many[1:]) <= set(CONFIGS)
+    assert few[0] == many[0] == WARP_SPECIALISED
+    assert few[1] == FEW_QUERIES_CONFIG and many[1] == DEFAULT_CONFIG
     for names in (few, many):
+        assert set(names[1:]) <= set(CONFIGS)
         assert len(set(names)) == len(names) and set(names) <= set(CONFIG_NAMES)
         assert DEFAULT_CONFIG in names and FEW_QUERIES_CONFIG in names
+
+
+def test_the_warp_specialised_kernel_takes_small_grids_only_up_to_its_unsplit_width(monkeypatch):
+    """Where the Gluon kernel's inputs fit, a grid too small to fill the GPU is taken unsplit for rows of
+    at most WARP_SPECIALISED_UNSPLIT_WIDTH indices; wider rows go to the split Triton form."""
+    from types import SimpleNamespace
+
+    fake_ws = SimpleNamespace(BLOCK_H=64, BLOCK_N=64, usable=lambda *a: True)
+    monkeypatch.setattr(lowering, "absorbed_attention_ws", fake_ws)
+    monkeypatch.setattr(lowering, "_INTERPRETED", False)
+    monkeypatch.setattr(lowering, "attention_splits", lambda programs, width, block_n, device: (cdiv(528, programs), 0))
+    q_lat = torch.empty(1, 128, 1, 512)  # 2 programs: far from filling the GPU
+    width = lowering.WARP_SPECIALISED_UNSPLIT_WIDTH
+    assert lowering._warp_specialised_applies(q_lat, q_lat, q_lat, q_lat, q_lat, width, None)
+    assert not lowering._warp_specialised_applies(q_lat, q_lat, q_lat, q_lat, q_lat, width + 1, None)
+    assert not lowering._warp_specialised_applies(q_lat, q_lat, q_lat, q_lat, q_lat, width, 2)  # a split asked for
+    filled = torch.empty(1, 128, 528, 512)  # 1056 programs: one split fills it
+    assert lowering._warp_specialised_applies(filled, filled, filled, filled, filled, 4 * width, None)
 
 
 def test_the_warp_specialised_form_runs_the_triton_chain_where_it_does_not_apply():
