@@ -38,6 +38,10 @@ RATIOS = {"ws_speed_vs_flashmla": ("flashmla", "project_ws"),
 """The issue's measures (each a ratio of median ms): FlashMLA's time over the project kernel's and
 the dispatcher's (speed relative to FlashMLA, target >= 1), the op over the dispatcher (its overhead,
 target <= 1.05), the op over FlashMLA (decode target <= 1.25) and over the FlashMLA pipeline."""
+GRAPH_RATIOS = {"op_graph_over_flashmla_graph": ("project_op", "flashmla"),
+                "ws_graph_over_flashmla_graph": ("project_ws", "flashmla")}
+"""Decode rows: the op's and the Gluon kernel's device time (CUDA-graph replay) over FlashMLA's, what
+the op would cost where the host stays ahead (a decode loop replayed from CUDA graphs)."""
 FLASHMLA_ENTRY = ("flash_mla_sparse_fwd (FlashMLA's SM90 sparse prefill, the anchors' build; for B > 1 the B "
                   "caches end to end as one kv of B*T rows, each query's indices offset by b*T)")
 """The FlashMLA entry point every attention row uses (FlashMLA's decode entry, flash_mla_with_kvcache,
@@ -100,8 +104,9 @@ def variant_calls(case: AbsorbedCase, flash_mla, flash_mla_missing: str | None) 
 
 
 def attention_row(case: AbsorbedCase, flash_mla, flash_mla_missing: str | None, reps: int, warmup: int,
-                  check_rows: int, seed: int) -> dict:
-    """Every variant on one case: the row's sizes, ``results`` per variant and the ratios."""
+                  check_rows: int, seed: int, host_and_graph: bool = False) -> dict:
+    """Every variant on one case: the row's sizes, ``results`` per variant and the ratios; with
+    ``host_and_graph`` each variant's host issue time and CUDA-graph replay too, and GRAPH_RATIOS."""
     device = case.kv.device
     rows = sample_rows(case.B * case.S, check_rows, seed)
     rows_d = rows.to(device)
@@ -113,8 +118,10 @@ def attention_row(case: AbsorbedCase, flash_mla, flash_mla_missing: str | None, 
     check = (lambda kind, out: {"err_vs_fp32": max_abs_error(pick[kind](out), refs[kind])})
     # o_buf zeroed ahead of each variant: a latent kernel that wrote nothing is not credited with another's output
     row["results"] = run_variants(variant_calls(case, flash_mla, flash_mla_missing), check, device, reps, warmup,
-                                  row["flops"], "tflops", before=case.o_buf.zero_)
+                                  row["flops"], "tflops", before=case.o_buf.zero_, host_and_graph=host_and_graph)
     row.update(ratios(row["results"], RATIOS))
+    if host_and_graph:
+        row.update(ratios(row["results"], GRAPH_RATIOS, "graph_ms"))
     return row
 
 
@@ -122,7 +129,8 @@ def attention_rows(emit: Callable[[dict], None], part: str, shapes: list[tuple[i
                    heads: int, topk: int, device, flash_mla, flash_mla_missing: str | None, deadline: Deadline,
                    reps: int, warmup: int, check_rows: int, seed: int) -> None:
     """``emit`` one row per (B, S, T) of ``shapes`` and selection kind, in that order; a case past
-    the deadline, or whose inputs would not fit, is emitted with the reason (``skipped``)."""
+    the deadline, or whose inputs would not fit, is emitted with the reason (``skipped``). Decode
+    rows (``part`` "decode") also time each variant's host issue and CUDA-graph replay."""
     for B, S, T in shapes:
         for kind in kinds:
             head = {"part": part, "B": B, "S": S, "T": T, "heads": heads, "topk": topk, "kind": kind}
@@ -135,7 +143,8 @@ def attention_rows(emit: Callable[[dict], None], part: str, shapes: list[tuple[i
                 emit({**head, "skipped": f"inputs: {shortfall}"})
                 continue
             case = absorbed_case(B, S, T, heads, topk, kind, device, seed + S + T + B)
-            emit({"part": part, **attention_row(case, flash_mla, flash_mla_missing, reps, warmup, check_rows, seed)})
+            emit({"part": part, **attention_row(case, flash_mla, flash_mla_missing, reps, warmup, check_rows, seed,
+                                                host_and_graph=part == "decode")})
             del case
             if torch.device(device).type == "cuda":
                 torch.cuda.empty_cache()

@@ -4,8 +4,12 @@ the timed calls, the deadline and the anchors' loading.
 ``run_variant(fn, check, need_bytes, device, reps, warmup)``: skipped with the reason when
 ``need_bytes`` more than the device has free would be needed; else the first call (its wall time,
 which includes compilation), ``check(out)``'s fields (errors against a reference), then
-``harness.measure``'s median of ``reps`` calls after ``warmup``. An exception in any of these is
-recorded in the variant's result (``error``), never raised: one variant's failure leaves the others.
+``harness.measure``'s median of ``reps`` calls after ``warmup``; with ``host_and_graph`` also the
+host's time to issue one call on an idle device (``issue_ms``) and the call's device time replayed
+from a CUDA graph (``graph_ms``; None off CUDA, ``graph_error`` where the call cannot be captured),
+which split a host-bound call's time into what the host and what the device spend. An exception in
+any of these is recorded in the variant's result (``error``), never raised: one variant's failure
+leaves the others.
 ``run_variants`` runs a case's variants in turn, ``ratios`` divides their times; ``load_anchor``
 imports a built anchor from its build folder, or says why it could not.
 """
@@ -53,10 +57,23 @@ def memory_shortfall(need_bytes: int, device: torch.device | str) -> str | None:
     return f"needs about {need_bytes / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
 
 
+def host_and_graph_ms(fn: Callable[[], Any], device: torch.device | str, reps: int) -> dict:
+    """``issue_ms`` (median host ms to issue one call of ``fn`` on an idle device) and ``graph_ms``
+    (median device ms of one call replayed from a CUDA graph, None off CUDA), or ``graph_error`` with
+    the reason where the call cannot be captured."""
+    out: dict[str, Any] = {"issue_ms": harness.issue_ms(fn, device, reps)}
+    try:
+        out["graph_ms"] = harness.graph_ms(fn, device, reps)
+    except Exception as exc:  # recorded: a call that does not capture (an anchor's host synchronisation)
+        out["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    return out
+
+
 def run_variant(fn: Callable[[], Any], check: Callable[[Any], dict], need_bytes: int, device: torch.device | str,
-                reps: int, warmup: int = 1) -> dict:
+                reps: int, warmup: int = 1, host_and_graph: bool = False) -> dict:
     """One variant's result (module docstring): ``skipped``, ``error``, or ``first_call_s``, the
-    check's fields, ``ms`` (median), ``ms_min``, ``ms_max``, ``reps``."""
+    check's fields, ``ms`` (median), ``ms_min``, ``ms_max``, ``reps`` (and with ``host_and_graph``
+    ``host_and_graph_ms``'s fields)."""
     shortfall = memory_shortfall(need_bytes, device)
     if shortfall is not None:
         return {"skipped": shortfall}
@@ -71,6 +88,8 @@ def run_variant(fn: Callable[[], Any], check: Callable[[Any], dict], need_bytes:
         timing = harness.measure(fn, device, reps, warmup=warmup)
         result.update(ms=timing.ms, ms_min=min(timing.times), ms_max=max(timing.times), reps=len(timing.times))
         del timing  # its last output: released before the cache is emptied
+        if host_and_graph:
+            result.update(host_and_graph_ms(fn, device, reps))
         return result
     except Exception as exc:  # recorded: out of memory, a launch or an anchor's own error
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
@@ -85,7 +104,8 @@ Calls = dict[str, tuple[Callable[[], Any] | None, str, int]]
 
 
 def run_variants(calls: Calls, check: Callable[[str, Any], dict], device: torch.device | str, reps: int, warmup: int,
-                 flops: float, rate_key: str, before: Callable[[], None] = lambda: None) -> dict:
+                 flops: float, rate_key: str, before: Callable[[], None] = lambda: None,
+                 host_and_graph: bool = False) -> dict:
     """{variant: ``run_variant``'s result} (``check(kind, out)``), a None call ``skipped`` with its
     reason; ``rate_key``: flops / ms / 1e9. ``before()`` runs ahead of each variant."""
     results = {}
@@ -94,16 +114,17 @@ def run_variants(calls: Calls, check: Callable[[str, Any], dict], device: torch.
             results[name] = {"skipped": kind}
             continue
         before()
-        result = run_variant(fn, lambda out, k=kind: check(k, out), extra, device, reps, warmup)
+        result = run_variant(fn, lambda out, k=kind: check(k, out), extra, device, reps, warmup, host_and_graph)
         if "ms" in result:
             result[rate_key] = flops / result["ms"] / 1e9
         results[name] = result
     return results
 
 
-def ratios(results: dict, pairs: dict[str, tuple[str, str]]) -> dict:
-    """{key: ms of a / ms of b} for each ``key: (a, b)`` of ``pairs`` where both variants were timed."""
-    ms = {name: r["ms"] for name, r in results.items() if "ms" in r}
+def ratios(results: dict, pairs: dict[str, tuple[str, str]], field: str = "ms") -> dict:
+    """{key: ``field`` of a / ``field`` of b} for each ``key: (a, b)`` of ``pairs`` where both variants
+    have it (a time in ms, not None)."""
+    ms = {name: r[field] for name, r in results.items() if r.get(field) is not None}
     return {key: ms[a] / ms[b] for key, (a, b) in pairs.items() if a in ms and b in ms}
 
 

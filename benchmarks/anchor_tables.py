@@ -1,5 +1,6 @@
 """``anchors.py``'s readable tables: one per part, each cell a variant's median ms (or why it has
-none), then the issue's ratios and the largest error of the row's checked variants."""
+none), then the issue's ratios and the largest error of the row's checked variants; for the decode
+part also its calls' device time replayed from CUDA graphs and the host time to issue them."""
 from __future__ import annotations
 
 from benchmarks import harness
@@ -36,6 +37,29 @@ def attention_table(rows: list[dict], part: str) -> str:
     return harness.markdown_table(columns, body)
 
 
+def _ms(result: dict | None, field: str) -> str:
+    value = (result or {}).get(field)
+    return "-" if value is None else f"{value:.3f}"
+
+
+def decode_split_table(rows: list[dict]) -> str:
+    """Decode rows: device ms of FlashMLA, the Gluon kernel and the op replayed from CUDA graphs, the
+    op's and the kernel's over FlashMLA's, and the host ms to issue FlashMLA and the op."""
+    columns = ["B", "S", "T", "kind", "FlashMLA graph", "ws graph", "op graph", "op graph / FlashMLA graph",
+               "ws graph / FlashMLA graph", "FlashMLA issue", "ws issue", "op issue"]
+    body = []
+    for r in rows:
+        if r["part"] != "decode" or "results" not in r:
+            continue
+        res = r["results"]
+        body.append([r["B"], r["S"], r["T"], r["kind"], _ms(res.get("flashmla"), "graph_ms"),
+                     _ms(res.get("project_ws"), "graph_ms"), _ms(res.get("project_op"), "graph_ms"),
+                     _ratio(r, "op_graph_over_flashmla_graph"), _ratio(r, "ws_graph_over_flashmla_graph"),
+                     _ms(res.get("flashmla"), "issue_ms"), _ms(res.get("project_ws"), "issue_ms"),
+                     _ms(res.get("project_op"), "issue_ms")])
+    return harness.markdown_table(columns, body)
+
+
 def indexer_table(rows: list[dict]) -> str:
     columns = ["S", "T", "H", *INDEXER_VARIANTS, "dg+topk / dense fp8", "dg logits / scorer", "bf16 / fp8 op",
                "scorer TFLOP/s", "dg TFLOP/s", "max rel err", "min top-K overlap"]
@@ -68,9 +92,14 @@ def tables(doc: dict) -> str:
     for part in parts:
         lines += [f"### {titles[part]}", "",
                   indexer_table(rows) if part == "indexer" else attention_table(rows, part), ""]
+        if part == "decode":
+            lines += ["### Decode-sized calls: device ms replayed from CUDA graphs, host ms to issue a call", "",
+                      decode_split_table(rows), ""]
     notes = [f"{r['part']} S={r['S']} T={r['T']}{' B=' + str(r['B']) if 'B' in r else ''} {name}: "
              f"{res.get('skipped') or res.get('error')}"
              for r in rows for name, res in r.get("results", {}).items() if "ms" not in res]
+    notes += [f"{r['part']} S={r['S']} T={r['T']} B={r['B']} {name}: no CUDA graph: {res['graph_error']}"
+              for r in rows for name, res in r.get("results", {}).items() if "graph_error" in res]
     notes += [f"{r['part']} S={r['S']} T={r['T']}: {r['skipped']}" for r in rows if "skipped" in r]
     if notes:
         lines += ["Skipped or failed:", *sorted(set(f"- {n}" for n in notes))]

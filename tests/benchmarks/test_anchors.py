@@ -50,6 +50,10 @@ def test_smoke_run_checks_every_project_variant(tmp_path):
         for name in ("project_dispatch", "project_op"):
             err = res[name]["err_vs_fp32"]
             assert res[name]["ms"] > 0 and err["max_abs"] <= 0.01 * err["ref_max_abs"], (part, name, err)
+            # decode calls also split host and device time (no CUDA graph off CUDA)
+            assert (res[name]["issue_ms"] > 0 and res[name]["graph_ms"] is None) if part == "decode" \
+                else "issue_ms" not in res[name], (part, name)
+    assert "### Decode-sized calls: device ms replayed from CUDA graphs" in (tmp_path / "anchors_cpu.md").read_text()
     res = rows["indexer"]["results"]
     assert "not loaded" in res["dg_logits"]["skipped"]
     for name in ("project_scorer", "project_dense_fp8", "project_op_fp8", "project_op_bf16"):
