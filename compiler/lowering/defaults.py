@@ -51,6 +51,7 @@ INTERPRETER_TILE = 64  # most codes per lane of a compaction tile under the inte
 WINDOW_FACTOR = 2  # candidate rows of at most the power of two >= this many kk are selected in registers
 KTH_REGISTER_ROW = 16384  # longest row whose kk-th value one program finds in registers
 KTH_WARPS = 4  # warps of a program that finds a kk-th value in registers (8 and 16 were slower)
+PROGRAM_MAX_WARPS = 32  # most warps one program may have (1024 threads a block)
 RADIX_WARPS = 8  # warps of a radix-select program
 RADIX_BLOCK = 1024  # codes per step of a radix-select pass
 RADIX_PROGRAMS_PER_SM = 2  # radix-select programs per streaming multiprocessor when splits are chosen

@@ -202,9 +202,10 @@ def window_tiers(N: int, kk: int, G: int, np_: int) -> tuple[int, ...]:
 
 def window_warps(np_: int) -> int:
     """Warps of a window program of ``np_`` codes: defaults.KTH_WARPS, one more warp per 1024 codes
-    past 4096 (at 8192 codes over 4 warps the program spills: ptxas, sm_90a, 340 bytes at 255
-    registers; over 8, 211 registers and none)."""
-    return max(defaults.KTH_WARPS, np_ // 1024)
+    past 4096, at most defaults.PROGRAM_MAX_WARPS (at 8192 codes over 4 warps the program spills:
+    ptxas, sm_90a, 340 bytes at 255 registers; over 8, none; 65536 codes spill 66 KB over 4 warps,
+    4.3 KB over 32)."""
+    return min(defaults.PROGRAM_MAX_WARPS, max(defaults.KTH_WARPS, np_ // 1024))
 
 
 def top_candidates(cand: torch.Tensor, count: torch.Tensor, kk: int, scratch: bool = False,

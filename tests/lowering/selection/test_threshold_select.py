@@ -246,6 +246,7 @@ def test_window_tiers_halve_an_unsegmented_window_that_still_holds_kk():
     assert threshold_select.window_tiers(200, 17, 1, 32) == (32,)  # half would not hold kk
     assert threshold_select.window_tiers(32, 4, 4, 32) == (32,)  # segments: the whole buffer
     assert threshold_select.window_warps(4096) == 4 and threshold_select.window_warps(8192) == 8
+    assert threshold_select.window_warps(2**16) == 32  # a block holds at most 1024 threads
 
 
 def test_top_candidates_of_a_window_past_2_15():
