@@ -51,11 +51,30 @@ def _tools() -> dict[str, Path]:
     return {"ptxas": bin_dir / "ptxas", "cuobjdump": bin_dir / "cuobjdump"}
 
 
-def _aligned(kernel, consts: dict) -> dict:
-    """tt.divisibility 16 on every pointer and stride argument that is not a constexpr (the inputs are
-    16-byte aligned tensors with strides in whole 16-element steps)."""
+def _aligned(kernel, consts: dict, stride=lambda name: name.startswith("stride")) -> dict:
+    """tt.divisibility 16 on every pointer and every ``stride`` argument that is not a constexpr (the
+    inputs are 16-byte aligned tensors with strides in whole 16-element steps)."""
     return {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-            if n not in consts and (n.endswith("_ptr") or n.startswith("stride"))}
+            if n not in consts and (n.endswith("_ptr") or stride(n))}
+
+
+def build_absorbed_ws(dtype: str = "bf16", mean_rows: bool = False, index: str = "i64"):
+    """Triton's compiled Gluon attention kernel for sm_90 at DeepSeek-V3.2's latent shape: q, latent,
+    rope and output of ``dtype`` ("bf16" or "fp16"), index lists of ``index`` ("i32" or "i64")."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from compiler.lowering.attention import absorbed_attention_ws as W
+
+    kernel = W._absorbed_attention_ws_kernel
+    consts = dict(LAT_DIM=W.LAT_DIM, ROPE_DIM=W.ROPE_DIM, MEAN_ROWS=mean_rows, BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N,
+                  CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, num_warps=W.PRODUCER_WARPS)
+    tensors = ("qlat_ptr", "qrope_ptr", "lat_ptr", "rope_ptr", "o_ptr")
+    signature = {n: "constexpr" if n in consts else f"*{dtype}" if n in tensors else f"*{index}" if n == "idx_ptr"
+                 else "*fp32" if n.endswith("_ptr") else "fp32" if n == "qk_scale_log2" else "i32"
+                 for n in kernel.arg_names}
+    source = GluonASTSource(kernel, signature, constexprs=consts, attrs=_aligned(kernel, consts))
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": W.PRODUCER_WARPS})
 
 
 def _build(name: str):
@@ -64,20 +83,8 @@ def _build(name: str):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    target = GPUTarget("cuda", 90, 32)
     if name == "absorbed_ws_bf16":
-        from triton.experimental.gluon._runtime import GluonASTSource
-        from compiler.lowering.attention import absorbed_attention_ws as W
-
-        kernel = W._absorbed_attention_ws_kernel
-        consts = dict(LAT_DIM=W.LAT_DIM, ROPE_DIM=W.ROPE_DIM, MEAN_ROWS=False, BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N,
-                      CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, num_warps=W.PRODUCER_WARPS)
-        tensors = ("qlat_ptr", "qrope_ptr", "lat_ptr", "rope_ptr", "o_ptr")
-        signature = {n: "constexpr" if n in consts else "*bf16" if n in tensors else "*i64" if n == "idx_ptr"
-                     else "*fp32" if n.endswith("_ptr") else "fp32" if n == "qk_scale_log2" else "i32"
-                     for n in kernel.arg_names}
-        source = GluonASTSource(kernel, signature, constexprs=consts, attrs=_aligned(kernel, consts))
-        return triton.compile(source, target=target, options={"num_warps": W.PRODUCER_WARPS})
+        return build_absorbed_ws()
     from compiler.lowering.scoring import indexer_scores as I
 
     fp8 = name == "dense_scorer_fp8"
@@ -92,12 +99,11 @@ def _build(name: str):
     types = dict(q_ptr=element, k_ptr=element, w_ptr="*fp32", ks_ptr="*fp32", mask_ptr="*u8", bounds_ptr="*i32",
                  out_ptr="*i32", max_ptr="*i64", rows_ptr="*i64")
     signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-               if n not in consts and (n.endswith("_ptr") or (n.startswith("s") and n != "S"))}
+    aligned = _aligned(kernel, consts, stride=lambda n: n.startswith("s") and n != "S")  # the scorer's s* strides
     launch = I.scorer_launch(dtype)
     options = {k: launch[k] for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in launch}
-    return triton.compile(ASTSource(kernel, signature, constexprs=consts, attrs=aligned), target=target,
-                          options=options)
+    return triton.compile(ASTSource(kernel, signature, constexprs=consts, attrs=aligned),
+                          target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def opcode_groups(sass: str) -> dict[str, int]:
@@ -122,7 +128,11 @@ def ptxas_report(report: str) -> dict[str, int]:
 
 def kernel_row(name: str, work: Path) -> dict:
     """One kernel's resources (module docstring)."""
-    built = _build(name)
+    return resources(_build(name), name, work)
+
+
+def resources(built, name: str, work: Path) -> dict:
+    """The resources of Triton's compiled kernel ``built`` (module docstring), assembled in ``work``."""
     tools = _tools()
     ptx, cubin = work / f"{name}.ptx", work / f"{name}.cubin"
     ptx.write_text(built.asm["ptx"])

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from compiler.lowering import defaults
-from compiler.lowering.scoring.indexer_scores import INTERPRET
+from compiler.autotune import interpreter_active
 from compiler.lowering.host_ints import next_power_of_2
 
 __all__ = ["KernelPlan", "plan_certificate_triton"]
@@ -205,7 +205,7 @@ def plan_certificate_triton(q: torch.Tensor, w: torch.Tensor, p: torch.Tensor, r
     if N:
         _plan_kernel[(N,)](qf, wf, pf, rf, rows, row_weights, aux, scalars, gram, flags, retained, H, D,
                            qf.stride(0), qf.stride(1), R_MAX=r_max,
-                           RP=rp, HP=hp, CD=defaults.PLAN_COLUMNS, STAGES=defaults.PLAN_STAGES, HW=not INTERPRET,
+                           RP=rp, HP=hp, CD=defaults.PLAN_COLUMNS, STAGES=defaults.PLAN_STAGES, HW=not interpreter_active(),
                            num_warps=defaults.PLAN_WARPS)
     return KernelPlan(
         rows=rows.view(*lead, r_max, D),

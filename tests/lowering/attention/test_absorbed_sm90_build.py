@@ -65,30 +65,19 @@ def test_every_absorbed_config_builds_for_sm90_within_a_blocks_shared_memory(tmp
         assert row["cubin"] > 0 and row["shared"] <= HOPPER_SHARED_BYTES, (name, row)
 
 
-_BUILD_WS = _SIGNATURE + r"""
-import json, re, subprocess, sys
+_BUILD_WS = r"""
+import json
 from pathlib import Path
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from compiler.lowering.attention import absorbed_attention_ws as W
+from benchmarks import kernel_resources as K
 
-kernel = W._absorbed_attention_ws_kernel
-ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 for dtype, mean_rows, index in (("bf16", True, "i32"), ("fp16", False, "i64")):
-    consts = dict(LAT_DIM=W.LAT_DIM, ROPE_DIM=W.ROPE_DIM, MEAN_ROWS=mean_rows, BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N,
-                  CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, num_warps=W.PRODUCER_WARPS)
-    signature, aligned = sm90_args(kernel, consts, dtype, index)
-    built = triton.compile(GluonASTSource(kernel, signature, constexprs=consts, attrs=aligned),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": W.PRODUCER_WARPS})
+    built = K.build_absorbed_ws(dtype, mean_rows, index)
+    row = K.resources(built, "ws", Path("."))
     ptx = built.asm["ptx"]
-    Path("k.ptx").write_text(ptx)
-    report = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", "k.ptx", "-o", "k.cubin"], capture_output=True,
-                            text=True, check=True).stderr
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
-    print(json.dumps({"dtype": dtype, "mean_rows": mean_rows, "index": index, "shared": built.metadata.shared,
+    print(json.dumps({"dtype": dtype, "mean_rows": mean_rows, "index": index, "shared": row["shared_bytes"],
                       "wgmma": ptx.count("wgmma.mma_async"), "cp_async": ptx.count("cp.async.cg"),
-                      "setmaxnreg": ptx.count("setmaxnreg"), "spill_bytes": sum(spills)}), flush=True)
+                      "setmaxnreg": ptx.count("setmaxnreg"),
+                      "spill_bytes": row["spill_store_bytes"] + row["spill_load_bytes"]}), flush=True)
 """
 
 
