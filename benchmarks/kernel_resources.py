@@ -5,8 +5,9 @@ compare (``anchors.py``): the absorbed attention's Gluon kernel against FlashMLA
 
 Triton compiles each kernel for sm_90 with no GPU (``GPUTarget("cuda", 90, 32)``); the ptxas and
 cuobjdump Triton's wheel ships assemble it for sm_90a and list its SASS. Every opcode of the whole
-kernel is counted once (a static count, not a trace), grouped as ``OPCODE_GROUPS`` says: a change to
-a kernel shows here as moved registers, spills or instructions before any GPU time is spent.
+kernel is counted once (a static count, not a trace), grouped as ``OPCODE_GROUPS`` says, and the
+local loads and stores are placed in the partitions that issue them (``spills_by_partition``): a
+change to a kernel shows here as moved registers, spills or instructions before any GPU time is spent.
 
     python3 benchmarks/kernel_resources.py --out benchmarks/results/kernel_resources_cpu.json
 
@@ -117,6 +118,26 @@ def opcode_groups(sass: str) -> dict[str, int]:
     return {**{g: groups.get(g, 0) for g in (*OPCODE_GROUPS, "other")}, "total": len(ops)}
 
 
+def spills_by_partition(sass: str) -> list[list[int]]:
+    """[registers, local loads and stores] of each stretch of the listing that a ``setmaxnreg`` opens
+    and that touches local memory, in listing order: which partition of a warp-specialised kernel
+    spills (the consumers' stretches open at their raised count, the producer's at its lowered one).
+    Code before the first ``setmaxnreg`` counts under registers 0."""
+    out: list[list[int]] = []
+    registers, count = 0, 0
+    for line in sass.splitlines():
+        found = re.search(r"USETMAXREG\.\w+(?:\.\w+)*\s+(?:UP\d+,\s*)?(0x[0-9a-f]+)", line)
+        if found:
+            if count:
+                out.append([registers, count])
+            registers, count = int(found.group(1), 16), 0
+        elif re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(?:STL|LDL)\b", line):
+            count += 1
+    if count:
+        out.append([registers, count])
+    return out
+
+
 def ptxas_report(report: str) -> dict[str, int]:
     """Registers, spill store and load bytes and stack bytes from ``ptxas -v``'s output."""
     def first(pattern: str) -> int:
@@ -144,14 +165,15 @@ def resources(built, name: str, work: Path) -> dict:
     return {"kernel": name, "warps": built.metadata.num_warps, "shared_bytes": built.metadata.shared, **ptxas_report(report),
             "mma_shapes": sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.[\w.]+)", text))),
             "setmaxnreg": sorted(set(int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", text))),
-            "sass": opcode_groups(sass)}
+            "sass": opcode_groups(sass), "spills_by_partition": spills_by_partition(sass)}
 
 
 def render(doc: dict) -> str:
-    columns = ["kernel", "warps", "registers", "spills (store / load B)", "shared B", "wgmma shapes", "setmaxnreg",
+    columns = ["kernel", "warps", "registers", "spills (store / load B)", "spilling code (registers: local ops)",
+               "shared B", "wgmma shapes", "setmaxnreg",
                *(f"SASS {g}" for g in (*OPCODE_GROUPS, "other", "total"))]
     body = [[r["kernel"], r["warps"], r["registers"], f"{r['spill_store_bytes']} / {r['spill_load_bytes']}",
-             r["shared_bytes"], ", ".join(r["mma_shapes"]) or "-", ", ".join(map(str, r["setmaxnreg"])) or "-",
+             ", ".join(f"{regs}: {n}" for regs, n in r["spills_by_partition"]) or "-", r["shared_bytes"], ", ".join(r["mma_shapes"]) or "-", ", ".join(map(str, r["setmaxnreg"])) or "-",
              *(r["sass"][g] for g in (*OPCODE_GROUPS, "other", "total"))] for r in doc["rows"]]
     return "\n".join([f"# Kernel resources, sm_90a builds on the CPU ({doc['versions']})", "",
                       "Static counts over each whole kernel (module docstring of benchmarks/kernel_resources.py).", "",

@@ -24,6 +24,16 @@ def test_the_parsers_read_ptxas_and_sass_text():
             "        /*0040*/                   IADD3 R8, R9, 0x1, RZ ;\n")
     assert K.opcode_groups(sass) == {"mma": 1, "fp32": 1, "load": 1, "store": 0, "sync": 0, "shuffle": 1,
                                      "other": 1, "total": 5}
+    assert K.spills_by_partition(sass) == []
+    ws = ("        /*0000*/                   STL [R1], R0 ;\n"
+          "        /*0010*/                   USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8 ;\n"
+          "        /*0020*/                   STL [R1+0x4], R2 ;\n"
+          "        /*0030*/              @!P1 LDL.64 R4, [R1+0x8] ;\n"
+          "        /*0040*/                   USETMAXREG.DEALLOC.CTAPOOL 0x28 ;\n"
+          "        /*0050*/                   LDS R6, [R7] ;\n"
+          "        /*0060*/                   USETMAXREG.DEALLOC.CTAPOOL 0x28 ;\n"
+          "        /*0070*/                   LDL R8, [R1] ;\n")
+    assert K.spills_by_partition(ws) == [[0, 1], [232, 2], [40, 1]]
     assert K.ptxas_report("nothing") == {"registers": 0, "spill_store_bytes": 0, "spill_load_bytes": 0,
                                          "stack_bytes": 0}
 
@@ -46,6 +56,7 @@ def test_a_real_build_reports_the_fp8_scorer(tmp_path):
     assert row["kernel"] == "dense_scorer_fp8" and row["registers"] > 0 and row["shared_bytes"] > 0
     assert any("e4m3" in shape for shape in row["mma_shapes"]) and row["sass"]["mma"] > 0
     assert row["sass"]["total"] == sum(v for k, v in row["sass"].items() if k != "total")
+    assert row["spills_by_partition"] == []  # the scorer spills nowhere (one partition, no setmaxnreg)
     assert "dense_scorer_fp8" in out.with_suffix(".md").read_text()
 
 
