@@ -1,26 +1,28 @@
 """The absorbed sparse attention's latent kernel for Hopper, warp-specialised in Gluon.
 
-Same contract and numerics as ``absorbed_attention._absorbed_attention_kernel`` without splits:
-one program takes BLOCK_H heads of one query; o_lat [B, H, n, Dc] (q's dtype) is the softmax
-over the query's counted indices of the latent rows, rows without a counted key 0 or the mean row.
+Same contract as ``absorbed_attention._absorbed_attention_kernel`` without splits: one program takes
+BLOCK_H heads of one query; o_lat [B, H, n, Dc] (q's dtype) is the softmax over the query's counted
+indices of the latent rows, rows without a counted key 0 or the mean row.
 
-Three partitions share a program:
+Three partitions share a program, and the tiles go in pairs: tile 2i to buffer 0, tile 2i+1 to
+buffer 1. Each buffer is two halves with their own ready and free barriers: the *low* half (the
+latent's first Dc/2 columns) and the *high* half (the other Dc/2 columns and the rope rows).
 
-- the producer (the default partition, PRODUCER_WARPS warps) gathers each tile's BLOCK_N latent rows
-  (two halves of Dc/2 columns) and rope rows with ``cp.async`` into buffer ``t % 2`` and signals it
-  on an mbarrier, reading the next tile's indices meanwhile;
-- two consumer warpgroups take the tiles in turns, the even one the even tiles and the odd one the
-  odd tiles. Each scores its own tile (the heads are the wgmma rows) and folds it into a running row
-  max it shares with the other through shared memory; its probabilities P (bf16, written over the
-  tile's rope rows, which the scores no longer need) and its max serve the other warpgroup too.
-  Each warpgroup owns one half of the Dc output columns and accumulates P·c of both tiles of a pair
-  into it, its own P from registers and the other's from shared memory.
+- The producer (the default partition, PRODUCER_WARPS warps) gathers halves with ``cp.async`` in the
+  order they are freed: buffer 0 low, buffer 1 high, buffer 0 high, buffer 1 low, so the next pair
+  starts loading while the current one is still being multiplied.
+- Two consumer warpgroups each own half of the Dc output columns and score one tile of the pair (the
+  heads are the wgmma rows): the even warpgroup tile 2i into the low columns, the odd one tile 2i+1
+  into the high columns. The even one folds its tile in at its new row max and publishes P (over its
+  tile's rope rows, which the scores no longer need) and that max; the odd one adds that P·c while its
+  own scores are in flight, folds its tile in at the pair's max (the larger of the two) and publishes
+  its P (in a buffer of its own: its high half is freed before the even warpgroup reads that P) and
+  the pair's max. The even warpgroup queues the next pair's scores behind its product with the odd
+  P, so its wgmma stays busy while it waits.
 
-So one warpgroup's softmax runs while the other's products keep the tensor cores busy, and no
-reduction crosses warpgroups inside a tile: a pair of tiles exchanges one row max each way. At the
-end the two row sums (each kept at the shared max) are added through shared memory.
-
-Takes bf16 or fp16 operands, Dc = 512 and Dr = 64, on sm_90 only (``usable``).
+No reduction crosses warpgroups inside a tile; at the end the two row sums (both at the last pair's
+max) are added through shared memory. Takes bf16 or fp16 operands, Dc = 512 and Dr = 64, on sm_90
+only (``usable``).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ BLOCK_N = 64
 LAT_DIM = 512
 ROPE_DIM = 64
 """The latent and rope widths the kernel is built and measured for (DeepSeek-V3.2's MLA; shared
-memory holds q and two tiles at these widths: 3 x 64 x 576 x 2 bytes)."""
+memory holds q, two tiles and the odd P tile at these widths: (3 x 64 x 576 + 64 x 64) x 2 bytes)."""
 CONSUMER_REGISTERS = 232
 """Registers a consumer thread asks for (setmaxnreg): its half of the fp32 accumulator takes 128."""
 PRODUCER_WARPS = 4
@@ -49,54 +51,71 @@ PRODUCER_WARPS = 4
 
 
 @gluon.jit
-def _tile_keys(idx_row, t, width, seq_k, stride_ik, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+def _tile_keys(idx_row, t, width, seq_k, stride_ik, BLOCK_N: gl.constexpr, WIDE_OFFSETS: gl.constexpr,
+               layout: gl.constexpr):
     """Tile t's indices as (row to read, counted): an index outside [0, T), or a position past the
-    query's width, reads row 0 and does not count."""
+    query's width, reads row 0 and does not count. Rows are int64 with WIDE_OFFSETS, else int32 (a
+    row times its stride fits)."""
     pos = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=layout)
-    key = gl.load(idx_row + pos * stride_ik, mask=pos < width, other=-1).to(gl.int64)
+    key = gl.load(idx_row + pos * stride_ik, mask=pos < width, other=-1)
     ok = (key >= 0) & (key < seq_k)
-    return gl.where(ok, key, 0), ok
+    key = gl.where(ok, key, 0)
+    if WIDE_OFFSETS:
+        key = key.to(gl.int64)
+    else:
+        key = key.to(gl.int32)
+    return key, ok
 
 
 @gluon.jit
-def _gather_tiles(lat_rows, rope_rows, idx_row, lo_bufs, hi_bufs, r_bufs, ready, empty, width, seq_k,
-                  stride_lt, stride_kt, stride_ik, HALF: gl.constexpr, ROPE_DIM: gl.constexpr,
-                  BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
-    """Producer: tile t's latent halves and rope rows into buffer t % 2 once both consumers freed it,
-    as asynchronous copies; the tile count is rounded up to pairs (a padding tile counts nothing)."""
+def _gather(buf, rows, offset, ok, offs):
+    """Rows at element ``offset`` of ``rows`` (columns ``offs``) into ``buf`` as asynchronous copies;
+    rows not ``ok`` are not read (their shared rows are zero)."""
+    async_copy.async_copy_global_to_shared(buf, rows + offset[:, None] + offs[None, :], mask=ok[:, None])
+
+
+@gluon.jit
+def _gather_tiles(lat_rows, rope_rows, idx_row, lo_bufs, hi_bufs, r_bufs, lo_ready, hi_ready, lo_free, hi_free,
+                  width, seq_k, stride_lt, stride_kt, stride_ik, HALF: gl.constexpr, ROPE_DIM: gl.constexpr,
+                  BLOCK_N: gl.constexpr, WIDE_OFFSETS: gl.constexpr, WARPS: gl.constexpr):
+    """Producer: each pair's four halves, each once its consumer freed it, in the order they are freed
+    (module docstring); a padding tile past the width counts nothing."""
     # 16-byte pieces, a warp's 32 lanes over 4 rows of 128 bytes: a lane addresses few distinct rows.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
     offs_r = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, layout))
-    n_tiles = 2 * gl.cdiv(width, 2 * BLOCK_N)
-    key, ok = _tile_keys(idx_row, 0, width, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, layout))
-    for t in range(n_tiles):
-        slot = t % 2
-        mbarrier.wait(empty.index(slot), ((t // 2) & 1) ^ 1)
-        lat = lat_rows + key[:, None] * stride_lt + offs_c[None, :]
-        async_copy.async_copy_global_to_shared(lo_bufs.index(slot), lat, mask=ok[:, None])
-        async_copy.async_copy_global_to_shared(hi_bufs.index(slot), lat + HALF, mask=ok[:, None])
-        async_copy.async_copy_global_to_shared(
-            r_bufs.index(slot), rope_rows + key[:, None] * stride_kt + offs_r[None, :], mask=ok[:, None])
-        async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
-        key, ok = _tile_keys(idx_row, t + 1, width, seq_k, stride_ik, BLOCK_N, gl.SliceLayout(1, layout))
+    for i in range(gl.cdiv(width, 2 * BLOCK_N)):
+        phase = (i & 1) ^ 1
+        # each step reads its tile's indices again (they are cached) rather than holding both tiles' rows
+        key, ok = _tile_keys(idx_row, 2 * i, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, gl.SliceLayout(1, layout))
+        mbarrier.wait(lo_free.index(0), phase)
+        _gather(lo_bufs.index(0), lat_rows, key * stride_lt, ok, offs_c)
+        async_copy.mbarrier_arrive(lo_ready.index(0), increment_count=False)
+        key, ok = _tile_keys(idx_row, 2 * i + 1, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, gl.SliceLayout(1, layout))
+        mbarrier.wait(hi_free.index(1), phase)
+        _gather(hi_bufs.index(1), lat_rows + HALF, key * stride_lt, ok, offs_c)
+        _gather(r_bufs.index(1), rope_rows, key * stride_kt, ok, offs_r)
+        async_copy.mbarrier_arrive(hi_ready.index(1), increment_count=False)
+        key, ok = _tile_keys(idx_row, 2 * i, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, gl.SliceLayout(1, layout))
+        mbarrier.wait(hi_free.index(0), phase)
+        _gather(hi_bufs.index(0), lat_rows + HALF, key * stride_lt, ok, offs_c)
+        _gather(r_bufs.index(0), rope_rows, key * stride_kt, ok, offs_r)
+        async_copy.mbarrier_arrive(hi_ready.index(0), increment_count=False)
+        key, ok = _tile_keys(idx_row, 2 * i + 1, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, gl.SliceLayout(1, layout))
+        mbarrier.wait(lo_free.index(1), phase)
+        _gather(lo_bufs.index(1), lat_rows, key * stride_lt, ok, offs_c)
+        async_copy.mbarrier_arrive(lo_ready.index(1), increment_count=False)
 
 
 @gluon.jit
-def _issue_scores(q_lo, q_hi, q_r, lo, hi, r, zero_s):
-    """Issue (asynchronously) a tile's scores q·cᵀ + q_rope·krᵀ, the latent in its two halves."""
-    fence_async_shared()
-    s = warpgroup_mma(q_r, r.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    s = warpgroup_mma(q_lo, lo.permute((1, 0)), s, is_async=True)
-    return warpgroup_mma(q_hi, hi.permute((1, 0)), s, is_async=True)
-
-
-@gluon.jit
-def _scaled_scores(s, t, idx_row, width, seq_k, stride_ik, qk_scale_log2, BLOCK_N: gl.constexpr):
-    """Tile t's scores in base 2; an index outside [0, T) or past the width scores -inf."""
-    pos = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+def _counted_scores(s, t, idx_row, width, seq_k, stride_ik, BLOCK_N: gl.constexpr):
+    """Tile t's raw scores with -inf where the index is outside [0, T) or past the width (the indices
+    read one per thread of the warpgroup, then spread to the scores' columns)."""
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    pos = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=flat)
     key = gl.load(idx_row + pos * stride_ik, mask=pos < width, other=-1)
-    return gl.where(((key >= 0) & (key < seq_k))[None, :], s * qk_scale_log2, float("-inf"))
+    ok = gl.convert_layout(((key >= 0) & (key < seq_k)).to(gl.int8), gl.SliceLayout(0, s.type.layout))
+    return gl.where((ok != 0)[None, :], s, float("-inf"))
 
 
 @gluon.jit
@@ -136,14 +155,9 @@ def _consumer_start(BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.const
 
 
 @gluon.jit
-def _fold(s, m_ref, l_i):
-    """A tile's base-2 scores folded in at the reference row max ``m_ref`` (the row sum ``l_i`` is at
-    it): (P fp32, the new row max, the factor taking quantities at ``m_ref`` to it, the new row sum)."""
-    m_new = gl.maximum(m_ref, gl.max(s, axis=1))
-    m_shift = _shifted(m_new)
-    p = gl.exp2(s - m_shift[:, None])
-    scale = gl.exp2(m_ref - m_shift)
-    return p, m_new, scale, l_i * scale + gl.sum(p, axis=1)
+def _probabilities(s, m_ref, scale_log2):
+    """exp2(s·scale_log2 - m_ref) of raw scores s at the base-2 row max m_ref (one fused multiply-add)."""
+    return gl.exp2(s * scale_log2 - _shifted(m_ref)[:, None])
 
 
 @gluon.jit
@@ -180,66 +194,96 @@ def _store_half(acc, l_i, l_mine, l_other, l_ready, mine: gl.constexpr, mean_row
 
 
 @gluon.jit
-def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even_smem, m_odd_smem, l_even, l_odd, ready, empty,
-                 p_ready, l_ready, idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh,
-                 heads, head_block, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr,
-                 BLOCK_N: gl.constexpr):
-    """Even warpgroup: scores tile 2i, publishes its P and max, adds P·c of tile 2i and then (rescaled
-    to the odd warpgroup's max) of tile 2i+1 into the low half of the columns."""
+def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_odd_smem, l_even, l_odd,
+                 lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
+                 qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, HALF: gl.constexpr,
+                 MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Even warpgroup: folds tile 2i in at its new row max, publishes P and that max (P over buffer
+    0's rope rows), adds its P·c into the low columns and frees buffer 0's low half; then rescales to
+    the pair's max the odd warpgroup published, adds the odd P·c and issues tile 2i+2's scores behind
+    it."""
     dtype: gl.constexpr = lo_bufs.dtype
-    m_prev, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
-    for i in range(gl.cdiv(width, 2 * BLOCK_N)):
-        mbarrier.wait(ready.index(0), i & 1)
-        s = _issue_scores(q_lo, q_hi, q_r, lo_bufs.index(0), hi_bufs.index(0), r_bufs.index(0), zero_s)
+    m_i, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
+    n_pairs = gl.cdiv(width, 2 * BLOCK_N)
+    s = zero_s
+    if n_pairs > 0:
+        mbarrier.wait(lo_ready.index(0), 0)
+        s = warpgroup_mma(q_lo, lo_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        mbarrier.wait(hi_ready.index(0), 0)
+        s = warpgroup_mma(q_hi, hi_bufs.index(0).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(q_r, r_bufs.index(0).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        s = _scaled_scores(s, 2 * i, idx_row, width, seq_k, stride_ik, qk_scale_log2, BLOCK_N)
-        p, m_new, alpha, l_i = _fold(s, m_prev, l_i)
+    for i in range(n_pairs):
+        s = _counted_scores(s, 2 * i, idx_row, width, seq_k, stride_ik, BLOCK_N)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale_log2)
+        alpha = gl.exp2(m_i - _shifted(m_new))
+        p = _probabilities(s, m_new, qk_scale_log2)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
         p = p.to(dtype)
         _publish(p, m_new, r_bufs.index(0), m_even_smem, p_ready.index(0))
         acc = _add_own_pc(p, lo_bufs.index(0), _rescaled(acc, alpha))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(lo_free.index(0))
         mbarrier.wait(p_ready.index(1), i & 1)
-        m_odd = m_odd_smem.load(m_prev.type.layout)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index(0))
-        beta = gl.exp2(m_new - _shifted(m_odd))
+        m_pair = m_odd_smem.load(m_i.type.layout)
+        beta = gl.exp2(m_new - _shifted(m_pair))
         l_i = l_i * beta
-        acc = warpgroup_mma(r_bufs.index(1), lo_bufs.index(1), _rescaled(acc, beta), is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index(1))
-        m_prev = m_odd
+        acc = _rescaled(acc, beta)
+        if i + 1 < n_pairs:
+            acc = warpgroup_mma(p_odd, lo_bufs.index(1), acc, is_async=True)
+            mbarrier.wait(lo_ready.index(0), (i + 1) & 1)
+            s = warpgroup_mma(q_lo, lo_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(lo_free.index(1))
+            mbarrier.wait(hi_ready.index(0), (i + 1) & 1)
+            s = warpgroup_mma(q_hi, hi_bufs.index(0).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma(q_r, r_bufs.index(0).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        else:
+            acc = warpgroup_mma(p_odd, lo_bufs.index(1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(lo_free.index(1))
+        m_i = m_pair
     _store_half(acc, l_i, l_even, l_odd, l_ready, 0, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS,
                 BLOCK_H)
 
 
 @gluon.jit
-def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even_smem, m_odd_smem, l_even, l_odd, ready, empty,
-                p_ready, l_ready, idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh,
-                heads, head_block, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr,
-                BLOCK_N: gl.constexpr):
-    """Odd warpgroup: issues tile 2i+1's scores, adds P·c of tile 2i (the even warpgroup's P, at its
-    max) into the high half of the columns meanwhile, then folds its own tile in at the new max and
-    publishes its P and max."""
+def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_odd_smem, l_even, l_odd,
+                lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
+                qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, HALF: gl.constexpr,
+                MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Odd warpgroup: issues tile 2i+1's scores (high half first, the order it lands in), adds the even
+    P·c at the even max into the high columns meanwhile and frees buffer 0's high half; then folds its
+    tile in at the pair's max, publishes its P (in its own buffer) and that max, adds its own P·c and
+    frees buffer 1's high half."""
     dtype: gl.constexpr = lo_bufs.dtype
-    m_prev, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
+    m_i, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
     for i in range(gl.cdiv(width, 2 * BLOCK_N)):
-        mbarrier.wait(ready.index(1), i & 1)
-        s = _issue_scores(q_lo, q_hi, q_r, lo_bufs.index(1), hi_bufs.index(1), r_bufs.index(1), zero_s)
+        mbarrier.wait(hi_ready.index(1), i & 1)
+        s = warpgroup_mma(q_hi, hi_bufs.index(1).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_r, r_bufs.index(1).permute((1, 0)), s, is_async=True)
+        mbarrier.wait(lo_ready.index(1), i & 1)
+        s = warpgroup_mma(q_lo, lo_bufs.index(1).permute((1, 0)), s, is_async=True)
         mbarrier.wait(p_ready.index(0), i & 1)
-        m_even = m_even_smem.load(m_prev.type.layout)
-        alpha = gl.exp2(m_prev - _shifted(m_even))
+        m_even = m_even_smem.load(m_i.type.layout)
+        alpha = gl.exp2(m_i - _shifted(m_even))
         l_i = l_i * alpha
         acc = warpgroup_mma(r_bufs.index(0), hi_bufs.index(0), _rescaled(acc, alpha), is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-        s = _scaled_scores(s, 2 * i + 1, idx_row, width, seq_k, stride_ik, qk_scale_log2, BLOCK_N)
-        p, m_new, beta, l_i = _fold(s, m_even, l_i)
+        s = _counted_scores(s, 2 * i + 1, idx_row, width, seq_k, stride_ik, BLOCK_N)
+        m_pair = gl.maximum(m_even, gl.max(s, axis=1) * qk_scale_log2)
+        beta = gl.exp2(m_even - _shifted(m_pair))
+        p = _probabilities(s, m_pair, qk_scale_log2)
+        l_i = l_i * beta + gl.sum(p, axis=1)
         p = p.to(dtype)
-        _publish(p, m_new, r_bufs.index(1), m_odd_smem, p_ready.index(1))
+        _publish(p, m_pair, p_odd, m_odd_smem, p_ready.index(1))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index(0))
+        mbarrier.arrive(hi_free.index(0))
         acc = _add_own_pc(p, hi_bufs.index(1), _rescaled(acc, beta))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index(1))
-        m_prev = m_new
+        mbarrier.arrive(hi_free.index(1))
+        m_i = m_pair
     _store_half(acc, l_i, l_odd, l_even, l_ready, 1, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS,
                 BLOCK_H)
 
@@ -250,7 +294,7 @@ def _absorbed_attention_ws_kernel(
         stride_qb, stride_qh, stride_qs, stride_rb, stride_rh, stride_rs, stride_lb, stride_lt,
         stride_kb, stride_kt, stride_ib, stride_is, stride_ik, stride_ob, stride_oh, stride_os,
         heads, seq_k, width, qk_scale_log2,
-        LAT_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, MEAN_ROWS: gl.constexpr,
+        LAT_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, MEAN_ROWS: gl.constexpr, WIDE_OFFSETS: gl.constexpr,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
     """One program: BLOCK_H heads of one query against all of its indices (unit inner strides)."""
     head_block = gl.program_id(0)
@@ -263,6 +307,7 @@ def _absorbed_attention_ws_kernel(
     qr_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF], dtype)
     rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], dtype)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype)
     q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, HALF], dtype)
     q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE_DIM], dtype)
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -283,17 +328,22 @@ def _absorbed_attention_ws_kernel(
     lo_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
     hi_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
     r_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, ROPE_DIM], rope_layout)
+    p_odd = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], p_layout)
     m_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
     m_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
     l_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
     l_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    lo_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    hi_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    lo_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    hi_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
-        mbarrier.init(ready.index(i), count=num_warps * 32)
-        mbarrier.init(empty.index(i), count=2)
+        mbarrier.init(lo_ready.index(i), count=num_warps * 32)
+        mbarrier.init(hi_ready.index(i), count=num_warps * 32)
+        mbarrier.init(lo_free.index(i), count=1)
+        mbarrier.init(hi_free.index(i), count=1)
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(l_ready.index(i), count=1)
     fence_async_shared()
@@ -303,14 +353,14 @@ def _absorbed_attention_ws_kernel(
     o_rows = o_ptr + batch * stride_ob + row * stride_os
     gl.warp_specialize([
         (_gather_tiles, (lat_ptr + batch * stride_lb, rope_ptr + batch * stride_kb, idx_row, lo_bufs, hi_bufs,
-                         r_bufs, ready, empty, width, seq_k, stride_lt, stride_kt, stride_ik, HALF, ROPE_DIM,
-                         BLOCK_N, num_warps)),
-        (_attend_even, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even, m_odd, l_even, l_odd, ready, empty, p_ready, l_ready,
-                        idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh, heads,
-                        head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
-        (_attend_odd, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, m_even, m_odd, l_even, l_odd, ready, empty, p_ready, l_ready,
-                       idx_row, width, seq_k, stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh, heads,
-                       head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
+                         r_bufs, lo_ready, hi_ready, lo_free, hi_free, width, seq_k, stride_lt, stride_kt, stride_ik,
+                         HALF, ROPE_DIM, BLOCK_N, WIDE_OFFSETS, num_warps)),
+        (_attend_even, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd, lo_ready, hi_ready,
+                     lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik, qk_scale_log2,
+                     mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
+        (_attend_odd, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd, lo_ready, hi_ready,
+                     lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik, qk_scale_log2,
+                     mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
     ], [4, 4], [CONSUMER_REGISTERS, CONSUMER_REGISTERS])
 
 
@@ -326,6 +376,11 @@ def usable(q_lat: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, rope
             and rope_key.shape[2] == ROPE_DIM)
 
 
+def wide_offsets(latent: torch.Tensor, rope_key: torch.Tensor) -> bool:
+    """Whether a latent or rope row's element offset (row index times row stride) may reach 2^31."""
+    return latent.shape[1] * max(latent.stride(1), rope_key.stride(1), 1) >= 2 ** 31
+
+
 def attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale_log2: float) -> None:
     """o_lat ``[B, H, n, Dc]`` of n queries (``usable`` inputs; q_rope ``[B, H, n, Dr]`` with unit inner
     stride, indices ``[B, n, K]`` where -1 or out of range means not counted)."""
@@ -337,5 +392,6 @@ def attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scal
         latent.stride(0), latent.stride(1), rope_key.stride(0), rope_key.stride(1),
         indices.stride(0), indices.stride(1), indices.stride(2), o_lat.stride(0), o_lat.stride(1), o_lat.stride(2),
         heads, latent.shape[1], indices.shape[2], scale_log2,
-        LAT_DIM=lat_dim, ROPE_DIM=rope_key.shape[2], MEAN_ROWS=mean is not None, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N,
+        LAT_DIM=lat_dim, ROPE_DIM=rope_key.shape[2], MEAN_ROWS=mean is not None,
+        WIDE_OFFSETS=wide_offsets(latent, rope_key), BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N,
         CONSUMER_REGISTERS=CONSUMER_REGISTERS, num_warps=PRODUCER_WARPS)
