@@ -84,24 +84,25 @@ def _gather_tiles(lat_rows, rope_rows, idx_row, lo_bufs, hi_bufs, r_bufs, lo_rea
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
     offs_r = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, layout))
+    rows: gl.constexpr = gl.SliceLayout(1, layout)
     for i in range(gl.cdiv(width, 2 * BLOCK_N)):
         phase = (i & 1) ^ 1
         # each step reads its tile's indices again (they are cached) rather than holding both tiles' rows
-        key, ok = _tile_keys(idx_row, 2 * i, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, gl.SliceLayout(1, layout))
+        key, ok = _tile_keys(idx_row, 2 * i, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, rows)
         mbarrier.wait(lo_free.index(0), phase)
         _gather(lo_bufs.index(0), lat_rows, key * stride_lt, ok, offs_c)
         async_copy.mbarrier_arrive(lo_ready.index(0), increment_count=False)
-        key, ok = _tile_keys(idx_row, 2 * i + 1, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, gl.SliceLayout(1, layout))
+        key, ok = _tile_keys(idx_row, 2 * i + 1, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, rows)
         mbarrier.wait(hi_free.index(1), phase)
         _gather(hi_bufs.index(1), lat_rows + HALF, key * stride_lt, ok, offs_c)
         _gather(r_bufs.index(1), rope_rows, key * stride_kt, ok, offs_r)
         async_copy.mbarrier_arrive(hi_ready.index(1), increment_count=False)
-        key, ok = _tile_keys(idx_row, 2 * i, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, gl.SliceLayout(1, layout))
+        key, ok = _tile_keys(idx_row, 2 * i, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, rows)
         mbarrier.wait(hi_free.index(0), phase)
         _gather(hi_bufs.index(0), lat_rows + HALF, key * stride_lt, ok, offs_c)
         _gather(r_bufs.index(0), rope_rows, key * stride_kt, ok, offs_r)
         async_copy.mbarrier_arrive(hi_ready.index(0), increment_count=False)
-        key, ok = _tile_keys(idx_row, 2 * i + 1, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, gl.SliceLayout(1, layout))
+        key, ok = _tile_keys(idx_row, 2 * i + 1, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, rows)
         mbarrier.wait(lo_free.index(1), phase)
         _gather(lo_bufs.index(1), lat_rows, key * stride_lt, ok, offs_c)
         async_copy.mbarrier_arrive(lo_ready.index(1), increment_count=False)
@@ -355,12 +356,12 @@ def _absorbed_attention_ws_kernel(
         (_gather_tiles, (lat_ptr + batch * stride_lb, rope_ptr + batch * stride_kb, idx_row, lo_bufs, hi_bufs,
                          r_bufs, lo_ready, hi_ready, lo_free, hi_free, width, seq_k, stride_lt, stride_kt, stride_ik,
                          HALF, ROPE_DIM, BLOCK_N, WIDE_OFFSETS, num_warps)),
-        (_attend_even, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd, lo_ready, hi_ready,
-                     lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik, qk_scale_log2,
-                     mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
-        (_attend_odd, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd, lo_ready, hi_ready,
-                     lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik, qk_scale_log2,
-                     mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
+        (_attend_even, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd,
+                        lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
+                        qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
+        (_attend_odd, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd,
+                       lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
+                       qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
     ], [4, 4], [CONSUMER_REGISTERS, CONSUMER_REGISTERS])
 
 
