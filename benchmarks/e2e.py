@@ -61,7 +61,8 @@ here) and ``alloc_retries`` (the CUDA caching allocator's retries after freeing 
 timed call), ``tokens_match_eager`` / ``first_mismatch`` (the generated tokens against eager's where
 eager ran), ``cache_gib`` (the cache after the call) and ``cache_bytes_per_token`` (its first layer
 per token and sequence), the first call's ``first_compiles``, and of the graphs the backend
-compiled at this size the sparse attention's forms (``attention_forms``) and the near misses.
+compiled at this size the sparse attention's forms, each with its queries per row (``attention_forms``:
+"absorbed at S=1" is a decode graph's), and the near misses.
 ``--profile S ...``: at those prompt lengths one more call runs under ``torch.profiler``
 (``kernels_ms``: the GPU time of the whole call, its largest kernels; a synthetic cache's growth
 included). A method that fails (out of memory) records the error.
@@ -397,7 +398,8 @@ def run_generate(name: str, args, emit) -> None:
                             runs.append(generate_once(model, prompt, args.new_tokens, cache, device))
                         runs[-1]["wall_s"] = time.perf_counter() - start
                         row.setdefault("attention_forms", []).extend(
-                            r.path for r in report.rewrites if r.kind == "sparse_attention")
+                            f"{r.path} at S={r.shapes['q'][2]}" for r in report.rewrites
+                            if r.kind == "sparse_attention")
                         row.setdefault("near_misses", []).extend(
                             f"{m.kind}: {m.reason[:120]}" for m in report.near_misses)
                         per_layer = cache_bytes(cache)

@@ -43,7 +43,7 @@ def test_generate_smoke_times_ttft_decode_steps_and_total_and_compares_tokens_wi
         assert (row["first_compiles"] > 0) == (method != "eager")  # the first call compiles (a new batch too)
     assert rows["stock", 1]["tokens_match_eager"] is True
     assert rows["pulsar_dosa_latent", 1]["tokens_match_eager"] is True
-    assert rows["pulsar_dosa_latent", 1]["attention_forms"] == ["absorbed", "auto"]  # prefill: auto, decode: absorbed
+    assert rows["pulsar_dosa_latent", 1]["attention_forms"] == ["absorbed at S=1", "auto at S=40"]  # decode, prefill
     assert not rows["pulsar_dosa_latent", 1]["near_misses"]
     config = DeepseekV32Config(num_hidden_layers=1, **e2e.SMOKE_SIZES)
     assert rows["pulsar_dosa_latent", 2]["cache_bytes_per_token"] == bytes_per_token(config, torch.float32)
