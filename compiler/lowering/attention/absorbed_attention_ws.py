@@ -20,6 +20,8 @@ latent's first Dc/2 columns) and the *high* half (the other Dc/2 columns and the
   the pair's max. The even warpgroup queues the next pair's scores behind its product with the odd
   P, so its wgmma stays busy while it waits.
 
+A consumer fences the async proxy after each half's ready barrier before its wgmma reads the half
+(``cp.async`` writes through the generic proxy), as the P tiles' writers do after storing them.
 No reduction crosses warpgroups inside a tile; at the end the two row sums (both at the last pair's
 max) are added through shared memory. Takes bf16 or fp16 operands, Dc = 512 and Dr = 64, on sm_90
 only (``usable``).
@@ -209,8 +211,10 @@ def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, 
     s = zero_s
     if n_pairs > 0:
         mbarrier.wait(lo_ready.index(0), 0)
+        fence_async_shared()
         s = warpgroup_mma(q_lo, lo_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         mbarrier.wait(hi_ready.index(0), 0)
+        fence_async_shared()
         s = warpgroup_mma(q_hi, hi_bufs.index(0).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma(q_r, r_bufs.index(0).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
@@ -233,10 +237,12 @@ def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, 
         if i + 1 < n_pairs:
             acc = warpgroup_mma(p_odd, lo_bufs.index(1), acc, is_async=True)
             mbarrier.wait(lo_ready.index(0), (i + 1) & 1)
+            fence_async_shared()
             s = warpgroup_mma(q_lo, lo_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             mbarrier.arrive(lo_free.index(1))
             mbarrier.wait(hi_ready.index(0), (i + 1) & 1)
+            fence_async_shared()
             s = warpgroup_mma(q_hi, hi_bufs.index(0).permute((1, 0)), s, is_async=True)
             s = warpgroup_mma(q_r, r_bufs.index(0).permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
@@ -262,9 +268,11 @@ def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m
     m_i, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
     for i in range(gl.cdiv(width, 2 * BLOCK_N)):
         mbarrier.wait(hi_ready.index(1), i & 1)
+        fence_async_shared()
         s = warpgroup_mma(q_hi, hi_bufs.index(1).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma(q_r, r_bufs.index(1).permute((1, 0)), s, is_async=True)
         mbarrier.wait(lo_ready.index(1), i & 1)
+        fence_async_shared()
         s = warpgroup_mma(q_lo, lo_bufs.index(1).permute((1, 0)), s, is_async=True)
         mbarrier.wait(p_ready.index(0), i & 1)
         m_even = m_even_smem.load(m_i.type.layout)
