@@ -108,7 +108,7 @@ WARP_SPECIALISED_UNSPLIT_WIDTH = 2048
 """Widest index rows the Gluon kernel runs unsplit on a grid too small to fill the GPU (it has no
 split form): on decode-sized calls (1-256 queries of 128 heads, 2048 indices, 65536-131072 keys) it
 took 0.14-0.57 ms where the split Triton form took 0.23-1.00 (benchmarks/README.md, What the
-anchors showed). Wider rows on such a grid take the split Triton form."""
+anchors showed: the decode bullet). Wider rows on such a grid take the split Triton form."""
 CONFIG_NAMES = (*CONFIGS, WARP_SPECIALISED)
 """Every name ``config`` takes: the Triton launch configurations and the Gluon kernel."""
 INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOCK_N=16)

@@ -128,6 +128,25 @@ def _shifted(m):
 
 
 @gluon.jit
+def _low_scores(q_lo, lo, ready, phase, acc, use_acc: gl.constexpr):
+    """Once the low half ``lo`` is ready (``phase``), issue (asynchronously) acc + q_lo·loᵀ, the
+    scores' low-column part (``use_acc`` False: acc's value is not read)."""
+    mbarrier.wait(ready, phase)
+    fence_async_shared()
+    return warpgroup_mma(q_lo, lo.permute((1, 0)), acc, use_acc=use_acc, is_async=True)
+
+
+@gluon.jit
+def _high_scores(q_hi, q_r, hi, r, ready, phase, acc, use_acc: gl.constexpr):
+    """Once the high half (``hi`` and the rope rows ``r``) is ready, issue (asynchronously)
+    acc + q_hi·hiᵀ + q_rope·rᵀ, the scores' high-column and rope part."""
+    mbarrier.wait(ready, phase)
+    fence_async_shared()
+    acc = warpgroup_mma(q_hi, hi.permute((1, 0)), acc, use_acc=use_acc, is_async=True)
+    return warpgroup_mma(q_r, r.permute((1, 0)), acc, is_async=True)
+
+
+@gluon.jit
 def _signal(signal):
     """Arrive on ``signal`` once every thread of this warpgroup has done what came before."""
     gl.thread_barrier()
@@ -210,13 +229,8 @@ def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, 
     n_pairs = gl.cdiv(width, 2 * BLOCK_N)
     s = zero_s
     if n_pairs > 0:
-        mbarrier.wait(lo_ready.index(0), 0)
-        fence_async_shared()
-        s = warpgroup_mma(q_lo, lo_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        mbarrier.wait(hi_ready.index(0), 0)
-        fence_async_shared()
-        s = warpgroup_mma(q_hi, hi_bufs.index(0).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(q_r, r_bufs.index(0).permute((1, 0)), s, is_async=True)
+        s = _low_scores(q_lo, lo_bufs.index(0), lo_ready.index(0), 0, zero_s, False)
+        s = _high_scores(q_hi, q_r, hi_bufs.index(0), r_bufs.index(0), hi_ready.index(0), 0, s, True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     for i in range(n_pairs):
         s = _counted_scores(s, 2 * i, idx_row, width, seq_k, stride_ik, BLOCK_N)
@@ -236,15 +250,10 @@ def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, 
         acc = _rescaled(acc, beta)
         if i + 1 < n_pairs:
             acc = warpgroup_mma(p_odd, lo_bufs.index(1), acc, is_async=True)
-            mbarrier.wait(lo_ready.index(0), (i + 1) & 1)
-            fence_async_shared()
-            s = warpgroup_mma(q_lo, lo_bufs.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s = _low_scores(q_lo, lo_bufs.index(0), lo_ready.index(0), (i + 1) & 1, zero_s, False)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             mbarrier.arrive(lo_free.index(1))
-            mbarrier.wait(hi_ready.index(0), (i + 1) & 1)
-            fence_async_shared()
-            s = warpgroup_mma(q_hi, hi_bufs.index(0).permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma(q_r, r_bufs.index(0).permute((1, 0)), s, is_async=True)
+            s = _high_scores(q_hi, q_r, hi_bufs.index(0), r_bufs.index(0), hi_ready.index(0), (i + 1) & 1, s, True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         else:
             acc = warpgroup_mma(p_odd, lo_bufs.index(1), acc, is_async=True)
@@ -267,13 +276,8 @@ def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m
     dtype: gl.constexpr = lo_bufs.dtype
     m_i, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
     for i in range(gl.cdiv(width, 2 * BLOCK_N)):
-        mbarrier.wait(hi_ready.index(1), i & 1)
-        fence_async_shared()
-        s = warpgroup_mma(q_hi, hi_bufs.index(1).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_r, r_bufs.index(1).permute((1, 0)), s, is_async=True)
-        mbarrier.wait(lo_ready.index(1), i & 1)
-        fence_async_shared()
-        s = warpgroup_mma(q_lo, lo_bufs.index(1).permute((1, 0)), s, is_async=True)
+        s = _high_scores(q_hi, q_r, hi_bufs.index(1), r_bufs.index(1), hi_ready.index(1), i & 1, zero_s, False)
+        s = _low_scores(q_lo, lo_bufs.index(1), lo_ready.index(1), i & 1, s, True)
         mbarrier.wait(p_ready.index(0), i & 1)
         m_even = m_even_smem.load(m_i.type.layout)
         alpha = gl.exp2(m_i - _shifted(m_even))
