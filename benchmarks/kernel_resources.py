@@ -59,17 +59,18 @@ def _aligned(kernel, consts: dict, stride=lambda name: name.startswith("stride")
             if n not in consts and (n.endswith("_ptr") or stride(n))}
 
 
-def build_absorbed_ws(dtype: str = "bf16", mean_rows: bool = False, index: str = "i64"):
+def build_absorbed_ws(dtype: str = "bf16", mean_rows: bool = False, index: str = "i64", split: bool = False):
     """Triton's compiled Gluon attention kernel for sm_90 at DeepSeek-V3.2's latent shape: q, latent,
-    rope and output of ``dtype`` ("bf16" or "fp16"), index lists of ``index`` ("i32" or "i64")."""
+    rope and output of ``dtype`` ("bf16" or "fp16"), index lists of ``index`` ("i32" or "i64"), its
+    split form under ``split``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from compiler.lowering.attention import absorbed_attention_ws as W
 
     kernel = W._absorbed_attention_ws_kernel
-    consts = dict(LAT_DIM=W.LAT_DIM, ROPE_DIM=W.ROPE_DIM, MEAN_ROWS=mean_rows, WIDE_OFFSETS=False, BLOCK_H=W.BLOCK_H,
-                  BLOCK_N=W.BLOCK_N, CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, num_warps=W.PRODUCER_WARPS)
+    consts = dict(LAT_DIM=W.LAT_DIM, ROPE_DIM=W.ROPE_DIM, MEAN_ROWS=mean_rows, SPLIT=split, WIDE_OFFSETS=False,
+                  BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N, CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, num_warps=W.PRODUCER_WARPS)
     tensors = ("qlat_ptr", "qrope_ptr", "lat_ptr", "rope_ptr", "o_ptr")
     signature = {n: "constexpr" if n in consts else f"*{dtype}" if n in tensors else f"*{index}" if n == "idx_ptr"
                  else "*fp32" if n.endswith("_ptr") else "fp32" if n == "qk_scale_log2" else "i32"

@@ -81,6 +81,12 @@ def graph_capturing(device: torch.device) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device, looked up once (a decode loop asks at every call)."""
+    return torch.cuda.get_device_capability(device)
+
+
+@functools.lru_cache(maxsize=None)
 def multiprocessor_count(device: torch.device | str | int | None = None) -> int:
     """Streaming multiprocessors of a CUDA device (the current one when None), looked up once."""
     if device is None:

@@ -29,15 +29,15 @@ writes each row's index list with -1 for every such key, so that the attention l
 through one level of indirection. Rows without a visible key get o_lat = 0 or the mean latent row
 (``masked_rows="mean"``, the mean of v over all keys once multiplied by W_UV).
 
-On sm_90 with bf16/fp16 operands, calls whose grid fills the GPU, and calls of at most
-WARP_SPECIALISED_UNSPLIT_WIDTH indices a row whatever their grid (decode), run the same loop as a
-warp-specialised Gluon kernel instead (``absorbed_attention_ws``, form WARP_SPECIALISED): a
-producer partition gathers the latent rows while the consumers multiply; same numerics.
+On sm_90 with bf16/fp16 operands the same loop runs as a warp-specialised Gluon kernel instead
+(``absorbed_attention_ws``, form WARP_SPECIALISED): a producer partition gathers the latent rows
+while the consumers multiply; same numerics.
 
-Split decode. When ``B·S·ceil(H/BLOCK_H)`` programs are too few to fill the GPU and the Gluon
-kernel does not take the call, each query's indices are split over several programs writing fp32
-partials (o_lat, lse), merged by log-sum-exp in ``_merge_splits_kernel``. No host synchronisation
-anywhere: a call can be captured in a CUDA graph.
+Split decode. When ``B·S·ceil(H/BLOCK_H)`` programs are too few to fill the GPU, each query's
+indices are split over several programs writing fp32 partials (o_lat, lse), merged by log-sum-exp
+in ``_merge_splits_kernel``: the Gluon kernel's split form (``warp_specialised_splits``), else the
+Triton kernel's (``attention_splits``). No host synchronisation anywhere: a call can be captured
+in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiler.autotune import LaunchConfig, interpreter_active
+from compiler.autotune import LaunchConfig, graph_capturing, interpreter_active, multiprocessor_count
 from compiler.lowering.attention.online_softmax import (LOG2_E, attention_splits, merge_split_partials,
                                                         online_softmax_step, split_partials)
 try:  # Gluon's API is experimental: a Triton whose Gluon lacks what the kernel uses runs the Triton chain
@@ -104,11 +104,19 @@ WARP_SPECIALISED_MIN_HEADS = 16
 """Fewest heads the Gluon kernel takes: its 64-row products idle 3/4 of their rows at 16 heads and it
 still wins there (1.10-1.18x DEFAULT_CONFIG's speed, sparse_attention_h200.md); at 8 heads
 the two tie (1.00-1.02x, sparse_attention_auto_h200.md)."""
-WARP_SPECIALISED_UNSPLIT_WIDTH = 2048
-"""Widest index rows the Gluon kernel runs unsplit on a grid too small to fill the GPU (it has no
-split form): on decode-sized calls (1-256 queries of 128 heads, 2048 indices, 65536-131072 keys) it
-took 0.14-0.57 ms where the split Triton form took 0.23-1.00 (benchmarks/README.md, What the
-anchors showed: the decode bullet). Wider rows on such a grid take the split Triton form."""
+WARP_SPECIALISED_MIN_SPLIT = 256
+"""Fewest indices of a split of the Gluon kernel's split form (a multiple of its tile pairs): a split
+also writes and the merge reads a [BLOCK_H, Dc] fp32 partial (128 KB at 64 heads), the traffic of
+about 110 gathered latent rows."""
+SPLIT_UNDER_GRAPHS_ONLY = True
+"""The Gluon kernel's split form runs only in calls captured into a CUDA graph. Its merge is one more
+launch and two more allocations a call, host time that outweighs the device time it saves where the
+host sets the pace, as it does for a decode-sized call issued eagerly (the op's host issue time is
+several times its device time: benchmarks/README.md, What the anchors showed: the decode bullet);
+under a graph the host cost is paid once, at capture."""
+MERGE_BLOCK_H = 16
+"""Heads per program of ``_merge_splits_kernel`` after the Gluon kernel's split form (its fp32
+[MERGE_BLOCK_H, Dc] accumulator: 64 registers a thread over 4 warps at Dc = 512)."""
 CONFIG_NAMES = (*CONFIGS, WARP_SPECIALISED)
 """Every name ``config`` takes: the Triton launch configurations and the Gluon kernel."""
 INTERPRETER_CONFIG = LaunchConfig.of(num_warps=1, num_stages=1, BLOCK_H=16, BLOCK_N=16)
@@ -242,7 +250,7 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, mean_ptr, o_ptr,
 _WORKING: dict[tuple, str] = {}
 """(configurations asked for, kernel shape) -> the one that compiled and launched there."""
 _WS_FAILED: set[tuple] = set()
-"""(device, dtype, Dc, mean rows) where the Gluon kernel did not compile or launch: the Triton chain runs there."""
+"""(device, dtype, Dc, mean rows, split) where the Gluon kernel did not compile or launch: the Triton chain runs there."""
 
 
 def check_config_name(name: str) -> None:
@@ -311,33 +319,60 @@ def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale:
     the Gluon kernel where it applies (``_warp_specialised_applies``), else the names after it
     (DEFAULT_CONFIG's chain when it is alone)."""
     if names[0] == WARP_SPECIALISED:
-        key = (q_lat.device, q_lat.dtype, q_lat.shape[3], mean is not None)
-        if key not in _WS_FAILED and _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat,
-                                                               indices.shape[2], splits):
-            try:
-                absorbed_attention_ws.attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat,
-                                                       scale * LOG2_E)
-                return
-            except _launch_failures():
-                _WS_FAILED.add(key)
+        if _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat):
+            b, heads, n, _ = q_lat.shape
+            n_split, split_len = warp_specialised_splits(cdiv(heads, absorbed_attention_ws.BLOCK_H) * n * b,
+                                                         indices.shape[2], q_lat.device, splits)
+            key = (q_lat.device, q_lat.dtype, q_lat.shape[3], mean is not None, n_split > 1)
+            if key not in _WS_FAILED:
+                try:
+                    _attend_warp_specialised(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale, n_split,
+                                             split_len)
+                    return
+                except _launch_failures():
+                    _WS_FAILED.add(key)
         names = names[1:] or TRITON_CHAIN
     shape = (names, q_lat.device, q_lat.dtype, q_lat.shape[1], q_lat.shape[3], rope_key.shape[2], splits is None)
     _run_with_fallback(shape, names, lambda config: _attend_with(
         q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale, config, splits))
 
 
-def _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat, width: int, splits: Optional[int]) -> bool:
+def _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat) -> bool:
     """Whether the Gluon kernel takes a call: not interpreted, at least WARP_SPECIALISED_MIN_HEADS
-    heads, its inputs (``absorbed_attention_ws.usable``), no split asked for, and rows of at most
-    WARP_SPECIALISED_UNSPLIT_WIDTH indices or a grid that fills the GPU without splitting them."""
-    b, heads, n, _ = q_lat.shape
-    if _INTERPRETED or absorbed_attention_ws is None or splits not in (None, 1) \
-            or heads < WARP_SPECIALISED_MIN_HEADS or not absorbed_attention_ws.usable(q_lat, q_rope, latent,
-                                                                                     rope_key, o_lat):
-        return False
-    programs = cdiv(heads, absorbed_attention_ws.BLOCK_H) * n * b
-    return splits == 1 or width <= WARP_SPECIALISED_UNSPLIT_WIDTH \
-        or attention_splits(programs, width, absorbed_attention_ws.BLOCK_N, q_lat.device)[0] == 1
+    heads, and its inputs (``absorbed_attention_ws.usable``)."""
+    return not _INTERPRETED and absorbed_attention_ws is not None and q_lat.shape[1] >= WARP_SPECIALISED_MIN_HEADS \
+        and absorbed_attention_ws.usable(q_lat, q_rope, latent, rope_key, o_lat)
+
+
+def warp_specialised_splits(programs: int, width: int, device: torch.device,
+                            splits: Optional[int] = None) -> tuple[int, int]:
+    """(number of splits, indices per split) of the Gluon kernel's rows of ``width`` indices run by
+    ``programs`` programs: ``splits`` when given; else on CUDA, while a CUDA graph is captured (or
+    always, unless SPLIT_UNDER_GRAPHS_ONLY), as many as leave every program a streaming multiprocessor
+    of its own (its shared memory holds one program an SM), with at least WARP_SPECIALISED_MIN_SPLIT
+    indices a split; else 1. A split's length is a whole number of tile pairs."""
+    if splits is None:
+        splits = 1
+        if device.type == "cuda" and (graph_capturing(device) or not SPLIT_UNDER_GRAPHS_ONLY):
+            splits = max(1, min(multiprocessor_count(device) // programs, width // WARP_SPECIALISED_MIN_SPLIT))
+    return attention_splits(programs, width, 2 * absorbed_attention_ws.BLOCK_N, device, splits)
+
+
+def _attend_warp_specialised(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, n_split: int,
+                             split_len: int) -> None:
+    """``_attend_latent`` by the Gluon kernel, in ``n_split`` splits of ``split_len`` indices (merged
+    by ``_merge_splits_kernel``) when there are more than one."""
+    if n_split == 1:
+        absorbed_attention_ws.attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale * LOG2_E)
+        return
+    b, heads, n, lat_dim = q_lat.shape
+    part_o, part_lse = split_partials(n_split, (b, heads, n), lat_dim, q_lat.device, o_lat)
+    absorbed_attention_ws.attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale * LOG2_E,
+                                           (part_o, part_lse, split_len))
+    mean_arg = mean if mean is not None else o_lat
+    _merge_splits_kernel[(cdiv(heads, MERGE_BLOCK_H), n, b)](
+        part_o, part_lse, mean_arg, o_lat, *o_lat.stride(), b, heads, n, n_split, lat_dim=lat_dim,
+        MEAN_ROWS=mean is not None, BLOCK_H=MERGE_BLOCK_H, BLOCK_C=lat_dim, num_warps=4)
 
 
 def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, config: LaunchConfig,

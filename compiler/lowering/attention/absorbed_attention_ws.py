@@ -1,8 +1,11 @@
 """The absorbed sparse attention's latent kernel for Hopper, warp-specialised in Gluon.
 
-Same contract as ``absorbed_attention._absorbed_attention_kernel`` without splits: one program takes
-BLOCK_H heads of one query; o_lat [B, H, n, Dc] (q's dtype) is the softmax over the query's counted
-indices of the latent rows, rows without a counted key 0 or the mean row.
+Same contract as ``absorbed_attention._absorbed_attention_kernel``: one program takes BLOCK_H heads of
+one query; o_lat [B, H, n, Dc] (q's dtype) is the softmax over the query's counted indices of the
+latent rows, rows without a counted key 0 or the mean row. Split (decode-sized grids): program
+(head block, split) takes the split's ``split_len`` indices of the row and writes that partial's
+fp32 o and base-2 lse in ``online_softmax.split_partials``' layout instead, for
+``absorbed_attention._merge_splits_kernel`` to merge.
 
 Three partitions share a program, and the tiles go in pairs: tile 2i to buffer 0, tile 2i+1 to
 buffer 1. Each buffer is two halves with their own ready and free barriers: the *low* half (the
@@ -35,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from compiler.autotune import device_capability
 from compiler.lowering.defaults import ABSORBED_BLOCK_HEADS
 from compiler.lowering.host_ints import cdiv
 
@@ -196,30 +200,44 @@ def _add_own_pc(p, c, acc):
 
 
 @gluon.jit
-def _store_half(acc, l_i, l_mine, l_other, l_ready, mine: gl.constexpr, mean_row, o_rows, stride_oh, heads, head_block,
-                HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr):
+def _store_half(acc, m_i, l_i, l_mine, l_other, l_ready, mine: gl.constexpr, mean_row, o_rows, stride_oh, heads,
+                head_block, part_o_ptr, part_lse_ptr, part_row, seq_q, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr,
+                SPLIT: gl.constexpr, BLOCK_H: gl.constexpr):
     """o_lat's columns [mine·HALF, (mine+1)·HALF) of the program's heads: the two warpgroups' row sums
-    exchanged and added, rows with no counted key 0 or the mean row."""
+    (both at the last pair's max m_i) exchanged and added, rows with no counted key 0 or the mean row;
+    under SPLIT the fp32 partial o at partial row ``part_row`` + head·seq_q instead, and the even
+    warpgroup writes its lse m_i + log2(sum) (-inf for a row with no counted key)."""
     layout: gl.constexpr = acc.type.layout
     l_mine.store(l_i)
     _signal(l_ready.index(mine))
     mbarrier.wait(l_ready.index(1 - mine), 0)
     l_sum = gl.convert_layout(l_i + l_other.load(l_i.type.layout), gl.SliceLayout(1, layout))
-    o = acc / gl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+    empty = l_sum == 0.0
+    o = acc / gl.where(empty, 1.0, l_sum)[:, None]
     offs_h = (head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))).to(gl.int64)
     offs_c = mine * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    if MEAN_ROWS:
-        mean = gl.load(mean_row + offs_c)
-        o = gl.where((l_sum == 0.0)[:, None], mean[None, :], o)
-    gl.store(o_rows + offs_h[:, None] * stride_oh + offs_c[None, :], o.to(o_rows.dtype.element_ty),
-             mask=(offs_h < heads)[:, None])
+    h_ok = offs_h < heads
+    if SPLIT:
+        part = part_row + offs_h * seq_q
+        gl.store(part_o_ptr + part[:, None] * (2 * HALF) + offs_c[None, :], o, mask=h_ok[:, None])
+        if mine == 0:
+            m = gl.convert_layout(m_i, l_sum.type.layout)
+            gl.store(part_lse_ptr + part, gl.where(empty, float("-inf"), m + gl.log2(gl.where(empty, 1.0, l_sum))),
+                     mask=h_ok)
+    else:
+        if MEAN_ROWS:
+            mean = gl.load(mean_row + offs_c)
+            o = gl.where(empty[:, None], mean[None, :], o)
+        gl.store(o_rows + offs_h[:, None] * stride_oh + offs_c[None, :], o.to(o_rows.dtype.element_ty),
+                 mask=h_ok[:, None])
 
 
 @gluon.jit
 def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_odd_smem, l_even, l_odd,
                  lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
-                 qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, HALF: gl.constexpr,
-                 MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+                 qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr, part_row,
+                 seq_q, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, SPLIT: gl.constexpr, BLOCK_H: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
     """Even warpgroup: folds tile 2i in at its new row max, publishes P and that max (P over buffer
     0's rope rows), adds its P·c into the low columns and frees buffer 0's low half; then rescales to
     the pair's max the odd warpgroup published, adds the odd P·c and issues tile 2i+2's scores behind
@@ -260,15 +278,16 @@ def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, 
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(lo_free.index(1))
         m_i = m_pair
-    _store_half(acc, l_i, l_even, l_odd, l_ready, 0, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS,
-                BLOCK_H)
+    _store_half(acc, m_i, l_i, l_even, l_odd, l_ready, 0, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr,
+                part_lse_ptr, part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H)
 
 
 @gluon.jit
 def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_odd_smem, l_even, l_odd,
                 lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
-                qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, HALF: gl.constexpr,
-                MEAN_ROWS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+                qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr, part_row,
+                seq_q, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, SPLIT: gl.constexpr, BLOCK_H: gl.constexpr,
+                BLOCK_N: gl.constexpr):
     """Odd warpgroup: issues tile 2i+1's scores (high half first, the order it lands in), adds the even
     P·c at the even max into the high columns meanwhile and frees buffer 0's high half; then folds its
     tile in at the pair's max, publishes its P (in its own buffer) and that max, adds its own P·c and
@@ -297,22 +316,34 @@ def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(hi_free.index(1))
         m_i = m_pair
-    _store_half(acc, l_i, l_odd, l_even, l_ready, 1, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS,
-                BLOCK_H)
+    _store_half(acc, m_i, l_i, l_odd, l_even, l_ready, 1, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr,
+                part_lse_ptr, part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H)
 
 
 @gluon.jit
 def _absorbed_attention_ws_kernel(
-        qlat_ptr, qrope_ptr, lat_ptr, rope_ptr, idx_ptr, mean_ptr, o_ptr,
+        qlat_ptr, qrope_ptr, lat_ptr, rope_ptr, idx_ptr, mean_ptr, o_ptr, part_o_ptr, part_lse_ptr,
         stride_qb, stride_qh, stride_qs, stride_rb, stride_rh, stride_rs, stride_lb, stride_lt,
         stride_kb, stride_kt, stride_ib, stride_is, stride_ik, stride_ob, stride_oh, stride_os,
-        heads, seq_k, width, qk_scale_log2,
-        LAT_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, MEAN_ROWS: gl.constexpr, WIDE_OFFSETS: gl.constexpr,
-        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
-    """One program: BLOCK_H heads of one query against all of its indices (unit inner strides)."""
-    head_block = gl.program_id(0)
+        heads, seq_k, width, num_splits, split_len, qk_scale_log2,
+        LAT_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, MEAN_ROWS: gl.constexpr, SPLIT: gl.constexpr,
+        WIDE_OFFSETS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
+        num_warps: gl.constexpr):
+    """One program: BLOCK_H heads of one query against all of its indices, or under SPLIT against
+    indices [split·split_len, (split+1)·split_len) of them (unit inner strides)."""
     row = gl.program_id(1).to(gl.int64)
     batch = gl.program_id(2).to(gl.int64)
+    seq_q = gl.num_programs(1)
+    idx_row = idx_ptr + batch * stride_ib + row * stride_is
+    if SPLIT:
+        head_block = gl.program_id(0) // num_splits
+        split = gl.program_id(0) % num_splits
+        idx_row += split * split_len * stride_ik
+        width = gl.minimum(width - split * split_len, split_len)
+        part_row = ((split * gl.num_programs(2) + batch) * heads) * seq_q + row
+    else:
+        head_block = gl.program_id(0)
+        part_row = row
     dtype: gl.constexpr = qlat_ptr.dtype.element_ty
     HALF: gl.constexpr = LAT_DIM // 2
 
@@ -361,7 +392,6 @@ def _absorbed_attention_ws_kernel(
         mbarrier.init(l_ready.index(i), count=1)
     fence_async_shared()
 
-    idx_row = idx_ptr + batch * stride_ib + row * stride_is
     mean_row = mean_ptr + batch * LAT_DIM
     o_rows = o_ptr + batch * stride_ob + row * stride_os
     gl.warp_specialize([
@@ -370,10 +400,12 @@ def _absorbed_attention_ws_kernel(
                          HALF, ROPE_DIM, BLOCK_N, WIDE_OFFSETS, num_warps)),
         (_attend_even, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd,
                         lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
-                        qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
+                        qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr,
+                        part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H, BLOCK_N)),
         (_attend_odd, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd,
                        lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
-                       qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, HALF, MEAN_ROWS, BLOCK_H, BLOCK_N)),
+                       qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr,
+                       part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H, BLOCK_N)),
     ], [4, 4], [CONSUMER_REGISTERS, CONSUMER_REGISTERS])
 
 
@@ -381,7 +413,7 @@ def usable(q_lat: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, rope
            o_lat: torch.Tensor) -> bool:
     """Whether this kernel takes the call: CUDA sm_90, bf16/fp16 throughout, Dc = LAT_DIM, Dr = ROPE_DIM,
     unit inner strides."""
-    if q_lat.device.type != "cuda" or torch.cuda.get_device_capability(q_lat.device) != (9, 0):
+    if q_lat.device.type != "cuda" or device_capability(q_lat.device) != (9, 0):
         return False
     tensors = (q_lat, q_rope, latent, rope_key, o_lat)
     return (q_lat.dtype in (torch.bfloat16, torch.float16) and all(x.dtype == q_lat.dtype for x in tensors)
@@ -394,17 +426,22 @@ def wide_offsets(latent: torch.Tensor, rope_key: torch.Tensor) -> bool:
     return latent.shape[1] * max(latent.stride(1), rope_key.stride(1), 1) >= 2 ** 31
 
 
-def attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale_log2: float) -> None:
+def attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale_log2: float,
+                     partials: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> None:
     """o_lat ``[B, H, n, Dc]`` of n queries (``usable`` inputs; q_rope ``[B, H, n, Dr]`` with unit inner
-    stride, indices ``[B, n, K]`` where -1 or out of range means not counted)."""
+    stride, indices ``[B, n, K]`` where -1 or out of range means not counted). ``partials`` = (part_o
+    ``[splits, B, H, n, Dc]`` fp32, part_lse ``[splits, B, H, n]`` fp32, split_len): each row's indices
+    run in splits of split_len, whose partials are written there instead of o_lat (mean unused)."""
     b, heads, n, lat_dim = q_lat.shape
     mean_arg = mean if mean is not None else o_lat
-    _absorbed_attention_ws_kernel[(cdiv(heads, BLOCK_H), n, b)](
-        q_lat, q_rope, latent, rope_key, indices, mean_arg, o_lat,
+    part_o, part_lse, split_len = partials if partials is not None else (o_lat, o_lat, indices.shape[2])
+    num_splits = cdiv(indices.shape[2], split_len)
+    _absorbed_attention_ws_kernel[(cdiv(heads, BLOCK_H) * num_splits, n, b)](
+        q_lat, q_rope, latent, rope_key, indices, mean_arg, o_lat, part_o, part_lse,
         q_lat.stride(0), q_lat.stride(1), q_lat.stride(2), q_rope.stride(0), q_rope.stride(1), q_rope.stride(2),
         latent.stride(0), latent.stride(1), rope_key.stride(0), rope_key.stride(1),
         indices.stride(0), indices.stride(1), indices.stride(2), o_lat.stride(0), o_lat.stride(1), o_lat.stride(2),
-        heads, latent.shape[1], indices.shape[2], scale_log2,
-        LAT_DIM=lat_dim, ROPE_DIM=rope_key.shape[2], MEAN_ROWS=mean is not None,
+        heads, latent.shape[1], indices.shape[2], num_splits, split_len, scale_log2,
+        LAT_DIM=lat_dim, ROPE_DIM=rope_key.shape[2], MEAN_ROWS=mean is not None, SPLIT=partials is not None,
         WIDE_OFFSETS=wide_offsets(latent, rope_key), BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N,
         CONSUMER_REGISTERS=CONSUMER_REGISTERS, num_warps=PRODUCER_WARPS)

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from compiler.autotune import interpreter_active
+from compiler.autotune import device_capability, interpreter_active
 from compiler.lowering.attention import absorbed_attention
 from compiler.lowering.attention.absorbed_attention import WARP_SPECIALISED_MIN_HEADS, absorbed_sparse_attention_triton
 from compiler.lowering.attention.union_attention import sparse_attention_triton, workspace_bytes
@@ -44,7 +44,7 @@ def warp_specialised(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tens
     return (ws is not None and not interpreter_active() and q.is_cuda
             and q.shape[1] >= WARP_SPECIALISED_MIN_HEADS and q.dtype in (torch.bfloat16, torch.float16)
             and latent.shape[2] == ws.LAT_DIM and rope_key.shape[2] == ws.ROPE_DIM
-            and torch.cuda.get_device_capability(q.device) == (9, 0))
+            and device_capability(q.device) == (9, 0))
 
 
 def latent_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor,

@@ -4,7 +4,6 @@ import torch
 
 import compiler.lowering.attention.absorbed_attention as lowering
 from compiler.lowering.attention.absorbed_attention import absorbed_sparse_attention_triton
-from compiler.lowering.host_ints import cdiv
 from runtime.absorbed_attention import absorbed_sparse_attention
 
 pytestmark = pytest.mark.filterwarnings(
@@ -178,22 +177,52 @@ def test_every_call_tries_the_warp_specialised_kernel_first_then_the_triton_chai
         assert DEFAULT_CONFIG in names and FEW_QUERIES_CONFIG in names
 
 
-def test_the_warp_specialised_kernel_takes_small_grids_only_up_to_its_unsplit_width(monkeypatch):
-    """Where the Gluon kernel's inputs fit, a grid too small to fill the GPU is taken unsplit for rows of
-    at most WARP_SPECIALISED_UNSPLIT_WIDTH indices; wider rows go to the split Triton form."""
+def test_the_warp_specialised_kernel_splits_rows_only_where_its_programs_leave_multiprocessors_idle(monkeypatch):
+    """One Gluon program an SM: under a CUDA graph a grid of P programs splits its rows into at most
+    SMs // P splits of at least WARP_SPECIALISED_MIN_SPLIT indices, each a whole number of tile pairs,
+    none empty; a split count asked for is kept (trimmed so that no split is empty)."""
     from types import SimpleNamespace
 
-    fake_ws = SimpleNamespace(BLOCK_H=64, BLOCK_N=64, usable=lambda *a: True)
-    monkeypatch.setattr(lowering, "absorbed_attention_ws", fake_ws)
+    monkeypatch.setattr(lowering, "absorbed_attention_ws", SimpleNamespace(BLOCK_H=64, BLOCK_N=64))
+    monkeypatch.setattr(lowering, "multiprocessor_count", lambda device: 132)
+    monkeypatch.setattr(lowering, "WARP_SPECIALISED_MIN_SPLIT", 256)
+    monkeypatch.setattr(lowering, "graph_capturing", lambda device: True)
+    cuda = torch.device("cuda")
+    splits = lowering.warp_specialised_splits
+    assert splits(2, 2048, cuda) == (8, 256)  # one query of 128 heads: 16 of 132 SMs busy
+    assert splits(16, 2048, cuda) == (8, 256)
+    assert splits(64, 2048, cuda) == (2, 1024)
+    assert splits(128, 2048, cuda) == (1, 2048)  # 128 programs: no split
+    assert splits(2, 4096, cuda) == (16, 256)
+    assert splits(2, 300, cuda) == (1, 384)  # too short to split: one split, rounded up to tile pairs
+    assert splits(2, 600, cuda) == (2, 384)
+    assert splits(2, 2048, cuda, 3) == (3, 768)  # asked for: 3 splits of whole pairs
+    assert splits(2, 200, cuda, 4) == (2, 128)  # asked for 4, trimmed: no split left empty
+    assert splits(2, 2048, cuda, 1) == (1, 2048)
+    for programs in range(1, 300, 7):
+        for width in (1, 128, 129, 1000, 2048, 8192):
+            n, length = splits(programs, width, cuda)
+            assert length % 128 == 0 and (n - 1) * length < width <= n * length
+            assert n == 1 or (programs * n <= 132 and length >= 256)
+    # Issued eagerly the host sets a decode call's pace: no split unless asked for (SPLIT_UNDER_GRAPHS_ONLY).
+    monkeypatch.setattr(lowering, "graph_capturing", lambda device: False)
+    assert splits(2, 2048, cuda) == (1, 2048) and splits(2, 2048, cuda, 8) == (8, 256)
+    monkeypatch.setattr(lowering, "SPLIT_UNDER_GRAPHS_ONLY", False)
+    assert splits(2, 2048, cuda) == (8, 256)
+    assert splits(2, 2048, torch.device("cpu")) == (1, 2048)
+
+
+def test_the_warp_specialised_kernel_applies_on_its_inputs_whatever_the_grid_and_the_width(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(lowering, "absorbed_attention_ws", SimpleNamespace(usable=lambda *a: True))
     monkeypatch.setattr(lowering, "_INTERPRETED", False)
-    monkeypatch.setattr(lowering, "attention_splits", lambda programs, width, block_n, device: (cdiv(528, programs), 0))
-    q_lat = torch.empty(1, 128, 1, 512)  # 2 programs: far from filling the GPU
-    width = lowering.WARP_SPECIALISED_UNSPLIT_WIDTH
-    assert lowering._warp_specialised_applies(q_lat, q_lat, q_lat, q_lat, q_lat, width, None)
-    assert not lowering._warp_specialised_applies(q_lat, q_lat, q_lat, q_lat, q_lat, width + 1, None)
-    assert not lowering._warp_specialised_applies(q_lat, q_lat, q_lat, q_lat, q_lat, width, 2)  # a split asked for
-    filled = torch.empty(1, 128, 528, 512)  # 1056 programs: one split fills it
-    assert lowering._warp_specialised_applies(filled, filled, filled, filled, filled, 4 * width, None)
+    q_lat = torch.empty(1, lowering.WARP_SPECIALISED_MIN_HEADS, 1, 512)
+    assert lowering._warp_specialised_applies(q_lat, q_lat, q_lat, q_lat, q_lat)
+    few = torch.empty(1, lowering.WARP_SPECIALISED_MIN_HEADS - 1, 1, 512)
+    assert not lowering._warp_specialised_applies(few, few, few, few, few)
+    monkeypatch.setattr(lowering, "absorbed_attention_ws", SimpleNamespace(usable=lambda *a: False))
+    assert not lowering._warp_specialised_applies(q_lat, q_lat, q_lat, q_lat, q_lat)
 
 
 def test_the_warp_specialised_form_runs_the_triton_chain_where_it_does_not_apply():
@@ -207,7 +236,7 @@ def test_the_warp_specialised_form_runs_the_triton_chain_where_it_does_not_apply
     assert torch.equal(ws, default)
     b, heads, s, _ = q.shape
     q_lat = torch.empty(b, heads, s, latent.shape[2], dtype=q.dtype)
-    assert not lowering._warp_specialised_applies(q_lat, q[..., 6:], latent, rope_key, q_lat, 10, None)
+    assert not lowering._warp_specialised_applies(q_lat, q[..., 6:], latent, rope_key, q_lat)
     with pytest.raises(ValueError, match="config must be one of .*'ws'"):
         absorbed_sparse_attention_triton(q, latent, rope_key, weight, indices, mask, scale=0.3, config="wss")
 

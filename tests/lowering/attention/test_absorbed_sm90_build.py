@@ -70,11 +70,13 @@ import json
 from pathlib import Path
 from benchmarks import kernel_resources as K
 
-for dtype, mean_rows, index in (("bf16", True, "i32"), ("fp16", False, "i64")):
-    built = K.build_absorbed_ws(dtype, mean_rows, index)
+for dtype, mean_rows, index, split in (("bf16", True, "i32", False), ("fp16", False, "i64", False),
+                                      ("bf16", False, "i64", True)):
+    built = K.build_absorbed_ws(dtype, mean_rows, index, split)
     row = K.resources(built, "ws", Path("."))
     ptx = built.asm["ptx"]
-    print(json.dumps({"dtype": dtype, "mean_rows": mean_rows, "index": index, "shared": row["shared_bytes"],
+    print(json.dumps({"dtype": dtype, "mean_rows": mean_rows, "index": index, "split": split,
+                      "shared": row["shared_bytes"],
                       "wgmma": ptx.count("wgmma.mma_async"), "cp_async": ptx.count("cp.async.cg"),
                       "setmaxnreg": ptx.count("setmaxnreg"),
                       "spill_bytes": row["spill_store_bytes"] + row["spill_load_bytes"]}), flush=True)
@@ -87,9 +89,10 @@ consumers' loop-invariant values do not fit the register split of three partitio
 
 
 def test_the_warp_specialised_kernel_builds_for_sm90_within_its_spill_bound(tmp_path):
-    # bf16 with mean rows and int32 index lists (the masked, deduplicated path); fp16 with int64 top-K indices.
+    # bf16 with mean rows and int32 index lists (the masked, deduplicated path); fp16 with int64 top-K
+    # indices; the split form (decode-sized grids, fp32 partials).
     rows = build_rows(_BUILD_WS, tmp_path)
-    assert len(rows) == 2
+    assert len(rows) == 3
     for row in rows:
         assert row["shared"] <= HOPPER_SHARED_BYTES, row
         assert row["wgmma"] > 0 and row["cp_async"] > 0 and row["setmaxnreg"] > 0, row
