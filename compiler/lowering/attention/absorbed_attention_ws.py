@@ -320,7 +320,7 @@ def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m
                 part_lse_ptr, part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["seq_k", "num_splits", "split_len"])  # one build as a decode's cache grows
 def _absorbed_attention_ws_kernel(
         qlat_ptr, qrope_ptr, lat_ptr, rope_ptr, idx_ptr, mean_ptr, o_ptr, part_o_ptr, part_lse_ptr,
         stride_qb, stride_qh, stride_qs, stride_rb, stride_rh, stride_rs, stride_lb, stride_lt,
