@@ -8,7 +8,8 @@ Variants (each checked on sampled query rows against an fp32 reference, then tim
   project_ws         the project's Gluon kernel (absorbed_attention_ws.attend_latent_ws) on views of
                      the same q_abs and kv, in launches of at most MAX_CHUNK queries
   project_dispatch   absorbed_attention._attend_latent with the op's default_configs(B·S): what the op
-                     runs on these absorbed inputs (Gluon, or the Triton split kernel for small grids)
+                     runs on these absorbed inputs (the Gluon kernel; on small grids replayed from a
+                     CUDA graph, its split form)
   project_op         torch.ops.pulsar_dosa.absorbed_sparse_attention(q [B, H, S, 192], latent,
                      rope_key, kv_b_weight, indices, None, scale, "zero", distinct, "absorbed"): the
                      whole op, q_nope W_UK and o_lat W_UV^T included -> [B, H, S, 128]
