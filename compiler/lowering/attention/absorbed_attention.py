@@ -106,8 +106,9 @@ still wins there (1.10-1.18x DEFAULT_CONFIG's speed, sparse_attention_h200.md); 
 the two tie (1.00-1.02x, sparse_attention_auto_h200.md)."""
 WARP_SPECIALISED_MIN_SPLIT = 256
 """Fewest indices of a split of the Gluon kernel's split form (a multiple of its tile pairs): a split
-also writes and the merge reads a [BLOCK_H, Dc] fp32 partial (128 KB at 64 heads), the traffic of
-about 110 gathered latent rows."""
+also writes, and the merge reads, a [BLOCK_H, Dc] fp32 partial (128 KB at 64 heads: together the
+bytes of about 220 gathered latent rows). Of 128, 256 and 512, 256 replayed fastest on one to four
+queries (benchmarks/README.md, What the anchors showed: the decode bullet)."""
 SPLIT_UNDER_GRAPHS_ONLY = True
 """The Gluon kernel's split form runs only in calls captured into a CUDA graph. Its merge is one more
 launch and two more allocations a call, host time that outweighs the device time it saves where the

@@ -38,8 +38,8 @@ def union_bytes(q, latent, rope_key, kv_b_weight, indices) -> int:
 
 
 def warp_specialised(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor) -> bool:
-    """Whether the absorbed form of this call could run the Gluon kernel (its device, dtype and
-    dimensions; ``absorbed_attention._warp_specialised_applies`` also reads the grid and the width)."""
+    """Whether the absorbed form of this call could run the Gluon kernel: its device, dtype and
+    dimensions (``absorbed_attention._warp_specialised_applies`` also reads the strides)."""
     ws = absorbed_attention.absorbed_attention_ws
     return (ws is not None and not interpreter_active() and q.is_cuda
             and q.shape[1] >= WARP_SPECIALISED_MIN_HEADS and q.dtype in (torch.bfloat16, torch.float16)
