@@ -174,7 +174,8 @@ def render(doc: dict) -> str:
                "shared B", "wgmma shapes", "setmaxnreg",
                *(f"SASS {g}" for g in (*OPCODE_GROUPS, "other", "total"))]
     body = [[r["kernel"], r["warps"], r["registers"], f"{r['spill_store_bytes']} / {r['spill_load_bytes']}",
-             ", ".join(f"{regs}: {n}" for regs, n in r["spills_by_partition"]) or "-", r["shared_bytes"], ", ".join(r["mma_shapes"]) or "-", ", ".join(map(str, r["setmaxnreg"])) or "-",
+             ", ".join(f"{regs}: {n}" for regs, n in r["spills_by_partition"]) or "-", r["shared_bytes"],
+             ", ".join(r["mma_shapes"]) or "-", ", ".join(map(str, r["setmaxnreg"])) or "-",
              *(r["sass"][g] for g in (*OPCODE_GROUPS, "other", "total"))] for r in doc["rows"]]
     return "\n".join([f"# Kernel resources, sm_90a builds on the CPU ({doc['versions']})", "",
                       "Static counts over each whole kernel (module docstring of benchmarks/kernel_resources.py).", "",

@@ -253,7 +253,8 @@ _WORKING: dict[tuple, str] = {}
 _SPLIT_LOADED: set[tuple] = set()
 """(device, dtype, Dc, mean rows) whose Gluon split form has run outside a CUDA graph capture: until
 then an eager call that a capture would split is split too, so that the split kernels are built
-and loaded before any capture needs them (a kernel's first load inside a capture is not safe)."""
+and loaded before any capture needs them (a kernel's first load inside a capture is not known to be
+safe)."""
 _WS_FAILED: set[tuple] = set()
 """(device, dtype, Dc, mean rows, split) where the Gluon kernel did not compile or launch: the Triton chain runs there."""
 

@@ -409,16 +409,20 @@ def _absorbed_attention_ws_kernel(
     ], [4, 4], [CONSUMER_REGISTERS, CONSUMER_REGISTERS])
 
 
+def supports(device: torch.device, dtype: torch.dtype, lat_dim: int, rope_dim: int) -> bool:
+    """Whether this kernel is built for the device, dtype and widths: CUDA sm_90, bf16/fp16,
+    Dc = LAT_DIM, Dr = ROPE_DIM."""
+    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and lat_dim == LAT_DIM
+            and rope_dim == ROPE_DIM and device_capability(device) == (9, 0))
+
+
 def usable(q_lat: torch.Tensor, q_rope: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
            o_lat: torch.Tensor) -> bool:
-    """Whether this kernel takes the call: CUDA sm_90, bf16/fp16 throughout, Dc = LAT_DIM, Dr = ROPE_DIM,
-    unit inner strides."""
-    if q_lat.device.type != "cuda" or device_capability(q_lat.device) != (9, 0):
-        return False
+    """Whether this kernel takes the call: ``supports`` its device, dtype and widths, one dtype
+    throughout, unit inner strides."""
     tensors = (q_lat, q_rope, latent, rope_key, o_lat)
-    return (q_lat.dtype in (torch.bfloat16, torch.float16) and all(x.dtype == q_lat.dtype for x in tensors)
-            and all(x.stride(-1) == 1 for x in tensors) and latent.shape[2] == LAT_DIM
-            and rope_key.shape[2] == ROPE_DIM)
+    return (supports(q_lat.device, q_lat.dtype, latent.shape[2], rope_key.shape[2])
+            and all(x.dtype == q_lat.dtype and x.stride(-1) == 1 for x in tensors))
 
 
 def wide_offsets(latent: torch.Tensor, rope_key: torch.Tensor) -> bool:

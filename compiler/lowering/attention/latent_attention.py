@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from compiler.autotune import device_capability, interpreter_active
+from compiler.autotune import interpreter_active
 from compiler.lowering.attention import absorbed_attention
 from compiler.lowering.attention.absorbed_attention import WARP_SPECIALISED_MIN_HEADS, absorbed_sparse_attention_triton
 from compiler.lowering.attention.union_attention import sparse_attention_triton, workspace_bytes
@@ -41,10 +41,8 @@ def warp_specialised(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tens
     """Whether the absorbed form of this call could run the Gluon kernel: its device, dtype and
     dimensions (``absorbed_attention._warp_specialised_applies`` also reads the strides)."""
     ws = absorbed_attention.absorbed_attention_ws
-    return (ws is not None and not interpreter_active() and q.is_cuda
-            and q.shape[1] >= WARP_SPECIALISED_MIN_HEADS and q.dtype in (torch.bfloat16, torch.float16)
-            and latent.shape[2] == ws.LAT_DIM and rope_key.shape[2] == ws.ROPE_DIM
-            and device_capability(q.device) == (9, 0))
+    return (ws is not None and not interpreter_active() and q.shape[1] >= WARP_SPECIALISED_MIN_HEADS
+            and ws.supports(q.device, q.dtype, latent.shape[2], rope_key.shape[2]))
 
 
 def latent_sparse_attention(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor,

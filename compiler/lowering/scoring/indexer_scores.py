@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compiler.autotune import LaunchConfig, interpreter_active, multiprocessor_count
+from compiler.autotune import LaunchConfig, device_capability, interpreter_active, multiprocessor_count
 from compiler.lowering.order_codes import INT64_MIN, order_code, word_of_code
 from compiler.lowering.scoring.tile_arith import sequential_dot, sequential_group_sum
 from compiler.lowering import defaults
@@ -408,7 +408,7 @@ def scorer_config(dtype: torch.dtype, refine: bool = False, device=None) -> Laun
     if dtype == torch.float32:
         return defaults.FP32_SCORER_CONFIG
     if refine and (INTERPRET or (device is not None and device.type == "cuda"
-                                 and torch.cuda.get_device_capability(device)[0] == 9)):
+                                 and device_capability(device)[0] == 9)):
         return defaults.REFINE_CONFIG
     return defaults.SCORER_CONFIG
 
