@@ -139,38 +139,9 @@ def _tile_scores(qt, wt, q_ptr, q_off, rok, k_ptr, k_off, pok, H, BLOCK_S: tl.co
             xt = tl.dot(kt, tl.trans(qt), max_num_imprecise_acc=_FP8_PROMOTE if D >= _FP8_PROMOTE else D)
         else:
             xt = tl.dot(kt, tl.trans(qt))
-        xt = tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL)
-        score = tl.trans(_head_sum(xt, tl.broadcast_to(wt[None, :], (BLOCK_T, BLOCK_S * HP)), BLOCK_T, BLOCK_S, HP))
+        xt = tl.maximum(xt, 0.0, propagate_nan=tl.PropagateNan.ALL) * wt[None, :]
+        score = tl.trans(tl.sum(tl.reshape(xt, (BLOCK_T, BLOCK_S, HP)), axis=2))
     return score
-
-
-@triton.jit
-def _fma_chain(r, w, acc, M: tl.constexpr, N: tl.constexpr, L: tl.constexpr):
-    """[M, N] ``acc`` plus the products of ``r`` and ``w`` [M, N, L] along L, one fused
-    multiply-add each, in a fixed order: L's even elements' chain, then its odd elements'."""
-    if L == 1:
-        return tl.fma(tl.reshape(r, (M, N)), tl.reshape(w, (M, N)), acc)
-    else:
-        r0, r1 = tl.split(tl.reshape(r, (M, N, L // 2, 2)))
-        w0, w1 = tl.split(tl.reshape(w, (M, N, L // 2, 2)))
-        return _fma_chain(r1, w1, _fma_chain(r0, w0, acc, M, N, L // 2), M, N, L // 2)
-
-
-@triton.jit
-def _head_sum(r, w, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, HP: tl.constexpr):
-    """[BLOCK_T, BLOCK_S]: ``sum_h r[:, s * HP + h] * w[:, s * HP + h]`` of r, w [BLOCK_T, BLOCK_S * HP]
-    fp32. At HP >= 8 a query's heads h = 8 j + 2 l + e are summed over (j, e) by ``_fma_chain``,
-    then over l by ``tl.sum``: the product's accumulator gives each thread the pairs of adjacent
-    columns of one l, so the chain runs in a thread's registers and the sum over l across 4 lanes.
-    At HP < 8: ``tl.sum`` of the rounded products."""
-    if HP >= 8:
-        r5 = tl.permute(tl.reshape(r, (BLOCK_T, BLOCK_S, HP // 8, 4, 2)), (0, 1, 3, 2, 4))
-        w5 = tl.permute(tl.reshape(w, (BLOCK_T, BLOCK_S, HP // 8, 4, 2)), (0, 1, 3, 2, 4))
-        part = _fma_chain(tl.reshape(r5, (BLOCK_T, BLOCK_S * 4, HP // 4)), tl.reshape(w5, (BLOCK_T, BLOCK_S * 4, HP // 4)),
-                          tl.zeros((BLOCK_T, BLOCK_S * 4), dtype=tl.float32), BLOCK_T, BLOCK_S * 4, HP // 4)
-        return tl.sum(tl.reshape(part, (BLOCK_T, BLOCK_S, 4)), axis=2)
-    else:
-        return tl.sum(tl.reshape(r * w, (BLOCK_T, BLOCK_S, HP)), axis=2)
 
 
 @triton.jit
@@ -446,8 +417,7 @@ def scorer_launch(dtype: torch.dtype, refine: bool = False, device=None) -> dict
     """Launch keywords of both scorer kernels: ``scorer_config(dtype, refine, device)``, compiled
     without fusing multiplies into adds (``enable_fp_fusion=False``): which head's product a fused
     multiply-add keeps exact depends on how the compiler schedules a kernel's code, so with fusion
-    a key scored by the dense and by the key-list kernel could differ in its last bit. The head
-    sum's multiply-adds are fused explicitly instead (``_head_sum``), in an order the source fixes."""
+    a key scored by the dense and by the key-list kernel could differ in its last bit."""
     return {**scorer_config(dtype, refine, device).kwargs(), "enable_fp_fusion": False}
 
 

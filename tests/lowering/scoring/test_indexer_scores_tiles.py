@@ -70,15 +70,13 @@ def test_a_pair_scores_the_same_in_row_lists_of_any_length_and_in_any_key_list(n
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("H", [16, 4])
-def test_the_gpu_tile_form_computes_the_scores(dtype, masked, H, monkeypatch):
-    """The GPU branch of the scorer (tl.dot with keys on the product's rows, fp32 as tf32; the head
-    sum's chain of multiply-adds at 16 heads, its plain sum at 4), run here with the interpreter's
-    numpy dot (fp32 products): the scores of THE SCORER within the rounding of a reassociated fp32
-    dot (the tf32 rounding itself is the GPU runs' to measure). With a causal mask the trimmed tail
-    (only hidden keys) gets the hidden keys' codes."""
+def test_the_gpu_tile_form_computes_the_scores(dtype, masked, monkeypatch):
+    """The GPU branch of the scorer (tl.dot with keys on the product's rows, fp32 as tf32), run here
+    with the interpreter's numpy dot (fp32 products): the scores of THE SCORER within the rounding
+    of a reassociated fp32 dot (the tf32 rounding itself is the GPU runs' to measure). With a
+    causal mask the trimmed tail (only hidden keys) gets the hidden keys' codes."""
     monkeypatch.setattr(indexer_scores, "SEQUENTIAL", False)
-    S, T, D = 6, 150, 32
+    S, T, H, D = 6, 150, 16, 32
     q, k, w = general_inputs(S, T, H, D, dtype, seed=7)
     keys = list(range(T))
     mask = torch.ones(S, T, dtype=torch.bool).tril(40)[None] if masked else None  # keys > 45 hidden
