@@ -80,13 +80,13 @@ def indexer_table(rows: list[dict]) -> str:
 
 
 def tables(doc: dict) -> str:
-    """The document's markdown: its device and anchors, a table per part present, then every
-    variant that was skipped or failed, with the reason."""
+    """The document's markdown: its device and anchors, its ``notes`` (where runs were combined), a
+    table per part present, then every variant that was skipped or failed, with the reason."""
     rows = doc["rows"]
     parts = [p for p in ("prefill", "decode", "indexer") if any(r["part"] == p for r in rows)]
     lines = [f"{doc['device']}; torch {doc['versions'].get('torch')}, triton {doc['versions'].get('triton')}; "
              f"FlashMLA {doc.get('flashmla_commit')}, DeepGEMM {doc.get('deepgemm_commit')}",
-             f"FlashMLA entry: {doc['flashmla_entry']}", ""]
+             f"FlashMLA entry: {doc['flashmla_entry']}", *(f"- {n}" for n in doc.get("notes", ())), ""]
     titles = {"prefill": "Sparse MLA prefill (ms; ratios of ms)", "decode": "Decode-sized calls (ms; ratios of ms)",
               "indexer": "FP8 indexer, causal (ms; ratios of ms)"}
     for part in parts:
