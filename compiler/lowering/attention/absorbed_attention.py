@@ -250,11 +250,6 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, mean_ptr, o_ptr,
 
 _WORKING: dict[tuple, str] = {}
 """(configurations asked for, kernel shape) -> the one that compiled and launched there."""
-_SPLIT_LOADED: set[tuple] = set()
-"""(device, dtype, Dc, mean rows) whose Gluon split form has run outside a CUDA graph capture: until
-then an eager call that a capture would split is split too, so that the split kernels are built
-and loaded before any capture needs them (a kernel's first load inside a capture is not known to be
-safe)."""
 _WS_FAILED: set[tuple] = set()
 """(device, dtype, Dc, mean rows, split) where the Gluon kernel did not compile or launch: the Triton chain runs there."""
 
@@ -327,17 +322,13 @@ def _attend_latent(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale:
     if names[0] == WARP_SPECIALISED:
         if _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat):
             b, heads, n, _ = q_lat.shape
-            kind = (q_lat.device, q_lat.dtype, q_lat.shape[3], mean is not None)
             n_split, split_len = warp_specialised_splits(cdiv(heads, absorbed_attention_ws.BLOCK_H) * n * b,
-                                                         indices.shape[2], q_lat.device, splits,
-                                                         loaded=kind in _SPLIT_LOADED)
-            key = (*kind, n_split > 1)
+                                                         indices.shape[2], q_lat.device, splits)
+            key = (q_lat.device, q_lat.dtype, q_lat.shape[3], mean is not None, n_split > 1)
             if key not in _WS_FAILED:
                 try:
                     _attend_warp_specialised(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale, n_split,
                                              split_len)
-                    if n_split > 1 and not graph_capturing(q_lat.device):
-                        _SPLIT_LOADED.add(kind)
                     return
                 except _launch_failures():
                     _WS_FAILED.add(key)
@@ -354,17 +345,17 @@ def _warp_specialised_applies(q_lat, q_rope, latent, rope_key, o_lat) -> bool:
         and absorbed_attention_ws.usable(q_lat, q_rope, latent, rope_key, o_lat)
 
 
-def warp_specialised_splits(programs: int, width: int, device: torch.device, splits: Optional[int] = None,
-                            loaded: bool = True) -> tuple[int, int]:
+def warp_specialised_splits(programs: int, width: int, device: torch.device,
+                            splits: Optional[int] = None) -> tuple[int, int]:
     """(number of splits, indices per split) of the Gluon kernel's rows of ``width`` indices run by
-    ``programs`` programs: ``splits`` when given; else on CUDA, while a CUDA graph is captured, or
-    outside one while the split form is not ``loaded`` yet (``_SPLIT_LOADED``), or always unless
-    SPLIT_UNDER_GRAPHS_ONLY: as many as leave every program a streaming multiprocessor of its own
-    (its shared memory holds one program an SM), with at least WARP_SPECIALISED_MIN_SPLIT indices a
-    split; else 1. A split's length is a whole number of tile pairs."""
+    ``programs`` programs: ``splits`` when given; else on CUDA while a CUDA graph is captured, or
+    always unless SPLIT_UNDER_GRAPHS_ONLY: as many as leave every program a streaming multiprocessor
+    of its own (its shared memory holds one program an SM), with at least WARP_SPECIALISED_MIN_SPLIT
+    indices a split; else 1. A split's length is a whole number of tile pairs. The split kernels'
+    first build and load may happen inside the capture."""
     if splits is None:
         splits = 1
-        if device.type == "cuda" and (graph_capturing(device) or not loaded or not SPLIT_UNDER_GRAPHS_ONLY):
+        if device.type == "cuda" and (graph_capturing(device) or not SPLIT_UNDER_GRAPHS_ONLY):
             splits = max(1, min(multiprocessor_count(device) // programs, width // WARP_SPECIALISED_MIN_SPLIT))
     return attention_splits(programs, width, 2 * absorbed_attention_ws.BLOCK_N, device, splits)
 
