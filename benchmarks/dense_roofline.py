@@ -305,30 +305,40 @@ def decode(emit, lengths=(32768, 131072), batches=(1, 8, 64), exact=False, reps=
             del q, k, w
 
 
-FP8_FORMS = [defaults.FP8_SCORER_CONFIG] + [
-    config for config in (LaunchConfig.of(num_warps=w, num_stages=3, BLOCK_T=bt) for bt in (64, 128) for w in (8, 4))
-    if config != defaults.FP8_SCORER_CONFIG]
-"""Launch configs of the FP8 scorer timed by ``--fp8``; the first is the default."""
+FP8_FORMS = [(defaults.FP8_SCORER_CONFIG, None)] + [
+    (config, None) for config in (LaunchConfig.of(num_warps=w, num_stages=3, BLOCK_T=bt) for bt in (64, 128)
+                                  for w in (8, 4))
+    if config != defaults.FP8_SCORER_CONFIG] + [
+    (LaunchConfig.of(num_warps=w, num_stages=3, BLOCK_T=bt), 128) for bt, w in ((64, 4), (128, 8), (128, 4))]
+"""(launch config, product columns) of the FP8 scorer timed by ``--fp8``; the first is the default,
+None the default columns (``defaults.PRODUCT_COLUMNS``). At 128 columns a program holds half the
+accumulator: sm_90a builds (``kernel_resources``) take 164 registers a thread at 64 keys and 4
+warps (255 at 256 columns), room for a third program per SM."""
 FP8_FAMILIES = ("structured", "gaussian", "random_indexer", "trained")
 """Input families of the FP8/bf16 overlap rows (module docstring)."""
 
 
 def fp8_forms(emit, S=4096, T=131072):
-    """The FP8 scorer per launch config: ms unmasked and under the causal chunk mask, TFLOP/s, and
-    whether the dense and the key-list scorer give a row the same codes in that form."""
+    """The FP8 scorer per form (``FP8_FORMS``): ms unmasked and under the causal chunk mask, TFLOP/s,
+    whether the dense and the key-list scorer give a row the same codes in that form, and whether
+    its codes are the default form's."""
     q, k, w = random_inputs(S, T, exact=DEVICE != "cuda")
     q8, k8, w8, ks = quantize_indexer_inputs(q, k, w, "fp8")
     mask = causal_chunk_mask(S, T)
     rows = torch.randperm(S, device=DEVICE)[:64].sort().values
-    chosen = defaults.FP8_SCORER_CONFIG
-    for config in FP8_FORMS:
+    chosen, columns_default = defaults.FP8_SCORER_CONFIG, defaults.PRODUCT_COLUMNS
+    base = None
+    for config, columns in FP8_FORMS:
         defaults.FP8_SCORER_CONFIG = config
+        defaults.PRODUCT_COLUMNS = columns or columns_default
         meta = dict(config.meta)
-        row = {"kind": "fp8_scorer_form", "form": f"BT{meta['BLOCK_T']} w{config.num_warps} s{config.num_stages}",
-               "S": S, "T": T}
+        row = {"kind": "fp8_scorer_form", "form": f"BT{meta['BLOCK_T']} w{config.num_warps} s{config.num_stages}"
+               f" cols{defaults.PRODUCT_COLUMNS}", "S": S, "T": T}
         try:
             codes = all_codes(q8, w8, k8, k_scale=ks)
             row["row_list_bitwise"] = bool(torch.equal(listed_codes(q8, w8, k8, rows=rows, k_scale=ks)[0], codes[0, rows]))
+            base = codes[0, rows] if base is None else base
+            row["codes_as_default"] = bool(torch.equal(codes[0, rows], base))
             del codes
             row["ms"] = round(timed(lambda: all_codes(q8, w8, k8, k_scale=ks)), 3)
             row["tflops"] = round(2 * S * T * H * D / row["ms"] / 1e9, 1)
@@ -336,7 +346,7 @@ def fp8_forms(emit, S=4096, T=131072):
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
-    defaults.FP8_SCORER_CONFIG = chosen
+    defaults.FP8_SCORER_CONFIG, defaults.PRODUCT_COLUMNS = chosen, columns_default
 
 
 def fp8_family_inputs(family, S, T, gaussian, structured_inputs):

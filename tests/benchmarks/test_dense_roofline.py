@@ -53,14 +53,15 @@ def test_the_fp8_rows_check_out(tmp_path, monkeypatch):
     """--fp8: the tensor-core model check, the FP8 scorer's forms (dense and key-list scorer agree),
     the FP8 dense path identical to the op's, the certified FP8 path identical and pruning, and the
     overlap with bf16 per family (the trained one recorded as unavailable without its checkpoint)."""
-    monkeypatch.setattr(dense_roofline, "FP8_FORMS", dense_roofline.FP8_FORMS[:2])
+    monkeypatch.setattr(dense_roofline, "FP8_FORMS", [*dense_roofline.FP8_FORMS[:2], dense_roofline.FP8_FORMS[-1]])
     out = tmp_path / "fp8.json"
     assert dense_roofline.main(["--smoke", "--fp8", "--S", "8", "--T", "512", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     check = [r for r in rows if r.get("kind") == "fp8_dot_check"]
     assert len(check) == 1 and check[0]["holds"] and set(check[0]["max_ratio"]) >= {"unpromoted_tail", "random"}
     forms = [r for r in rows if r.get("kind") == "fp8_scorer_form"]
-    assert len(forms) == 2 and all(r["row_list_bitwise"] and "error" not in r for r in forms)
+    assert len(forms) == 3 and all(r["row_list_bitwise"] and r["codes_as_default"] and "error" not in r for r in forms)
+    assert forms[-1]["form"].endswith("cols128")
     by_method = {r["method"]: r for r in rows if "method" in r and r["method"] != "fp8_overlap"}
     assert by_method["fp8_dense"]["identical"] and by_method["fp8_dense"]["op_ms"] > 0
     assert by_method["fp8_certified_plan"]["identical"] and by_method["fp8_certified_plan"]["pruned_frac"] > 0.5
