@@ -312,8 +312,7 @@ FP8_FORMS = [(defaults.FP8_SCORER_CONFIG, None)] + [
     (LaunchConfig.of(num_warps=w, num_stages=3, BLOCK_T=bt), 128) for bt, w in ((64, 4), (128, 8), (128, 4))]
 """(launch config, product columns) of the FP8 scorer timed by ``--fp8``; the first is the default,
 None the default columns (``defaults.PRODUCT_COLUMNS``). At 128 columns a program holds half the
-accumulator: sm_90a builds (``kernel_resources``) take 164 registers a thread at 64 keys and 4
-warps (255 at 256 columns), room for a third program per SM."""
+accumulator, so fewer registers a thread and more programs per SM."""
 FP8_FAMILIES = ("structured", "gaussian", "random_indexer", "trained")
 """Input families of the FP8/bf16 overlap rows (module docstring)."""
 
