@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from benchmarks import anchor_inputs as inputs
+from benchmarks import anchor_tables
 from benchmarks import anchors
 from benchmarks.anchor_runs import load_anchor
 
@@ -59,6 +60,9 @@ def test_smoke_run_checks_every_project_variant(tmp_path):
     for name in ("project_scorer", "project_dense_fp8", "project_op_fp8", "project_op_bf16"):
         assert res[name]["err_vs_fp64"]["max_rel"] < 1e-5 and res[name]["err_vs_fp64"]["nonfinite"] == 0, name
     assert all(res[n]["topk_overlap_min"] == 1.0 for n in ("project_dense_fp8", "project_op_fp8", "project_op_bf16"))
+    # a document combined from several runs says so under its header
+    text = anchor_tables.tables({**doc, "notes": ["two runs, rows combined"]})
+    assert text.splitlines()[2] == "- two runs, rows combined" and "- two" not in anchor_tables.tables(doc)
 
 
 def test_missing_anchors_are_recorded(tmp_path):
