@@ -251,7 +251,8 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, mean_ptr, o_ptr,
 _WORKING: dict[tuple, str] = {}
 """(configurations asked for, kernel shape) -> the one that compiled and launched there."""
 _WS_FAILED: set[tuple] = set()
-"""(device, dtype, Dc, mean rows, split) where the Gluon kernel did not compile or launch: the Triton chain runs there."""
+"""(device, dtype, Dc, mean rows, split) where the Gluon kernel did not compile or launch: the Triton
+chain runs there."""
 
 
 def check_config_name(name: str) -> None:
@@ -364,17 +365,21 @@ def _attend_warp_specialised(q_lat, q_rope, latent, rope_key, indices, mean, o_l
                              split_len: int) -> None:
     """``_attend_latent`` by the Gluon kernel, in ``n_split`` splits of ``split_len`` indices (merged
     by ``_merge_splits_kernel``) when there are more than one."""
-    if n_split == 1:
-        absorbed_attention_ws.attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale * LOG2_E)
-        return
     b, heads, n, lat_dim = q_lat.shape
     part_o, part_lse = split_partials(n_split, (b, heads, n), lat_dim, q_lat.device, o_lat)
     absorbed_attention_ws.attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale * LOG2_E,
-                                           (part_o, part_lse, split_len))
-    mean_arg = mean if mean is not None else o_lat
-    _merge_splits_kernel[(cdiv(heads, MERGE_BLOCK_H), n, b)](
-        part_o, part_lse, mean_arg, o_lat, *o_lat.stride(), b, heads, n, n_split, lat_dim=lat_dim,
-        MEAN_ROWS=mean is not None, BLOCK_H=MERGE_BLOCK_H, BLOCK_C=lat_dim, num_warps=4)
+                                           (part_o, part_lse, split_len) if n_split > 1 else None)
+    _merge_splits(part_o, part_lse, mean, o_lat, n_split, MERGE_BLOCK_H, lat_dim)
+
+
+def _merge_splits(part_o, part_lse, mean, o_lat, n_split: int, block_h: int, block_c: int) -> None:
+    """o_lat from the ``n_split`` partials (``_merge_splits_kernel``, ``block_h`` heads a program);
+    nothing to do for one split."""
+    if n_split > 1:
+        b, heads, n, lat_dim = o_lat.shape
+        _merge_splits_kernel[(cdiv(heads, block_h), n, b)](
+            part_o, part_lse, mean if mean is not None else o_lat, o_lat, *o_lat.stride(), b, heads, n, n_split,
+            lat_dim=lat_dim, MEAN_ROWS=mean is not None, BLOCK_H=block_h, BLOCK_C=block_c, num_warps=4)
 
 
 def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: float, config: LaunchConfig,
@@ -389,7 +394,6 @@ def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: f
     head_blocks = cdiv(heads, block_h)
     n_split, split_len = attention_splits(head_blocks * n * b, width, block_n, q_lat.device, splits)
     part_o, part_lse = split_partials(n_split, (b, heads, n), block_c, q_lat.device, o_lat)
-    common = dict(lat_dim=lat_dim, MEAN_ROWS=mean is not None, BLOCK_H=block_h, BLOCK_C=block_c)
     mean_arg = mean if mean is not None else o_lat
     _absorbed_attention_kernel[(head_blocks * n_split, n, b)](
         q_lat, q_rope, latent, rope_key, indices, mean_arg, o_lat, part_o, part_lse,
@@ -398,11 +402,8 @@ def _attend_with(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scale: f
         rope_dim=rope_dim, SPLIT=n_split > 1, UPCAST=_INTERPRETED,
         DOT_PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32", BLOCK_N=block_n,
         BLOCK_R=max(16, next_power_of_2(rope_dim)), num_warps=config.num_warps,
-        num_stages=config.num_stages, **common)
-    if n_split > 1:
-        _merge_splits_kernel[(head_blocks, n, b)](
-            part_o, part_lse, mean_arg, o_lat, *o_lat.stride(), b, heads, n, n_split,
-            num_warps=4, **common)
+        num_stages=config.num_stages, lat_dim=lat_dim, MEAN_ROWS=mean is not None, BLOCK_H=block_h, BLOCK_C=block_c)
+    _merge_splits(part_o, part_lse, mean, o_lat, n_split, block_h, block_c)
 
 
 def workspace_bytes(q: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor, kv_b_weight: torch.Tensor,
