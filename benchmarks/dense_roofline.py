@@ -311,7 +311,7 @@ FP8_FORMS = [(defaults.FP8_SCORER_CONFIG, None)] + [
     if config != defaults.FP8_SCORER_CONFIG] + [
     (LaunchConfig.of(num_warps=w, num_stages=3, BLOCK_T=bt), 128) for bt, w in ((64, 4), (128, 8), (128, 4))]
 """(launch config, product columns) of the FP8 scorer timed by ``--fp8``; the first is the default,
-None the default columns (``defaults.PRODUCT_COLUMNS``). At 128 columns a program holds half the
+None the default columns (``defaults.FP8_PRODUCT_COLUMNS``). At 128 columns a program holds half the
 accumulator, so fewer registers a thread and more programs per SM."""
 FP8_FAMILIES = ("structured", "gaussian", "random_indexer", "trained")
 """Input families of the FP8/bf16 overlap rows (module docstring)."""
@@ -325,14 +325,14 @@ def fp8_forms(emit, S=4096, T=131072):
     q8, k8, w8, ks = quantize_indexer_inputs(q, k, w, "fp8")
     mask = causal_chunk_mask(S, T)
     rows = torch.randperm(S, device=DEVICE)[:64].sort().values
-    chosen, columns_default = defaults.FP8_SCORER_CONFIG, defaults.PRODUCT_COLUMNS
+    chosen, columns_default = defaults.FP8_SCORER_CONFIG, defaults.FP8_PRODUCT_COLUMNS
     base = None
     for config, columns in FP8_FORMS:
         defaults.FP8_SCORER_CONFIG = config
-        defaults.PRODUCT_COLUMNS = columns or columns_default
+        defaults.FP8_PRODUCT_COLUMNS = columns or columns_default
         meta = dict(config.meta)
         row = {"kind": "fp8_scorer_form", "form": f"BT{meta['BLOCK_T']} w{config.num_warps} s{config.num_stages}"
-               f" cols{defaults.PRODUCT_COLUMNS}", "S": S, "T": T}
+               f" cols{defaults.FP8_PRODUCT_COLUMNS}", "S": S, "T": T}
         try:
             codes = all_codes(q8, w8, k8, k_scale=ks)
             row["row_list_bitwise"] = bool(torch.equal(listed_codes(q8, w8, k8, rows=rows, k_scale=ks)[0], codes[0, rows]))
@@ -345,7 +345,7 @@ def fp8_forms(emit, S=4096, T=131072):
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         emit(row)
-    defaults.FP8_SCORER_CONFIG, defaults.PRODUCT_COLUMNS = chosen, columns_default
+    defaults.FP8_SCORER_CONFIG, defaults.FP8_PRODUCT_COLUMNS = chosen, columns_default
 
 
 def fp8_family_inputs(family, S, T, gaussian, structured_inputs):

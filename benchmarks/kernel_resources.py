@@ -94,8 +94,8 @@ def _build(name: str):
     config = I.scorer_config(dtype)
     kernel = I._dense_score_kernel
     # the anchors' case: a causal mask (its bounds), int32 code words, chunk maxima
-    consts = dict(BLOCK_S=I.score_tile_shape(64)[0], HP=64, D=128, BLOCK_T=dict(config.meta)["BLOCK_T"], MASK_KIND=1,
-                  TO_FP32=False, ROWS=False, SEQUENTIAL=False, TF32=False, FP8=fp8, MAXIMA=True, WORDS=True,
+    consts = dict(BLOCK_S=I.score_tile_shape(64, dtype)[0], HP=64, D=128, BLOCK_T=dict(config.meta)["BLOCK_T"],
+                  MASK_KIND=1, TO_FP32=False, ROWS=False, SEQUENTIAL=False, TF32=False, FP8=fp8, MAXIMA=True, WORDS=True,
                   sqh=128, skt=128, mst=1)
     element = "*fp8e4nv" if fp8 else "*bf16"
     types = dict(q_ptr=element, k_ptr=element, w_ptr="*fp32", ks_ptr="*fp32", mask_ptr="*u8", bounds_ptr="*i32",

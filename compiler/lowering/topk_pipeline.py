@@ -95,7 +95,7 @@ def dense_codes(q, w, k, mask, rows=None, maxima=None, words=False, k_scale=None
     key splits for the call's tile count (``live_tiles``: for that many query tiles per batch row
     instead, where most tiles of a row list are expected empty); ``bounds``: the mask's
     ``mask_bounds`` when the caller has them."""
-    block_s, _ = score_tile_shape(q.shape[2])
+    block_s, _ = score_tile_shape(q.shape[2], q.dtype)
     n_slots = q.shape[1] if rows is None else rows.shape[1]
     tiles = cdiv(n_slots, block_s) if live_tiles is None else live_tiles
     splits = key_splits(q.shape[0] * tiles, k.shape[1])

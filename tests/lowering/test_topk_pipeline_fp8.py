@@ -1,8 +1,11 @@
 """The certified pipeline on E4M3 operands (here under TRITON_INTERPRET=1): it equals the dense one and
 the plain-torch reference bitwise and prunes, a bad key scale turns pruning off for its batch row,
 and FP8 key-cache views are read in place."""
+import pytest
 import torch
 
+from compiler.lowering import defaults
+from compiler.lowering.scoring.indexer_scores import score_tile_shape
 from compiler.lowering.topk_pipeline import certified_topk_cuda, dense_topk_cuda
 from runtime.certified_topk import CertifiedTopkConfig, TopkStats
 from runtime.dense_scorer import dense_topk
@@ -19,7 +22,13 @@ def structured_fp8(S, T):
     return (*quantize_indexer_inputs(q, k, w), mask)
 
 
-def test_certified_equals_dense_and_the_reference_and_prunes():
+@pytest.mark.parametrize("fp8_columns", [None, 8])
+def test_certified_equals_dense_and_the_reference_and_prunes(fp8_columns, monkeypatch):
+    """Also where the FP8 scorer's tile (8 columns: two queries of 4 heads) is narrower than the
+    bf16 tile the pipeline's lists and rounds are counted in."""
+    if fp8_columns is not None:
+        monkeypatch.setattr(defaults, "FP8_PRODUCT_COLUMNS", fp8_columns)
+        assert score_tile_shape(4, torch.float8_e4m3fn)[0] < score_tile_shape(4)[0]
     q8, k8, w8, scale, mask = structured_fp8(16, 1024)
     want = dense_topk(q8, k8, w8, 32, mask, key_scale=scale)
     dense = dense_topk_cuda(q8, k8, w8, 32, mask, k_scale=scale)

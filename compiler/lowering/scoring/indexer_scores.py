@@ -421,11 +421,13 @@ def scorer_launch(dtype: torch.dtype, refine: bool = False, device=None) -> dict
     return {**scorer_config(dtype, refine, device).kwargs(), "enable_fp_fusion": False}
 
 
-def score_tile_shape(H: int) -> tuple[int, int]:
+def score_tile_shape(H: int, dtype: torch.dtype | None = None) -> tuple[int, int]:
     """(BLOCK_S, HP): queries per program and heads padded to a power of two; BLOCK_S * HP =
-    defaults.PRODUCT_COLUMNS (at least HP)."""
+    defaults.FP8_PRODUCT_COLUMNS for float8_e4m3fn operands (``dtype``), else defaults.PRODUCT_COLUMNS
+    (at least HP)."""
     hp = next_power_of_2(max(H, 1))
-    return max(1, defaults.PRODUCT_COLUMNS // hp), hp
+    columns = defaults.FP8_PRODUCT_COLUMNS if dtype == torch.float8_e4m3fn else defaults.PRODUCT_COLUMNS
+    return max(1, columns // hp), hp
 
 
 def key_splits(programs: int, keys: int, block_t: int = 128) -> int:
@@ -451,11 +453,11 @@ def mask_operand(mask: torch.Tensor | None, B: int, S: int, T: int):
     return kind, m, tuple(m.stride())
 
 
-def _launch_shape(q, k, rows, block_s=None):
+def _launch_shape(q, k, rows, block_s=None, dtype=None):
     """(B, S, H, D, T, BLOCK_S, HP, slots, query tiles) of a scorer launch; ``block_s``: queries per
-    program (None: ``score_tile_shape``'s)."""
+    program (None: ``score_tile_shape(H, dtype)``'s)."""
     B, S, H, D = q.shape
-    tile_s, hp = score_tile_shape(H)
+    tile_s, hp = score_tile_shape(H, dtype)
     block_s = tile_s if block_s is None else block_s
     n_slots = S if rows is None else rows.shape[1]
     return B, S, H, D, k.shape[1], block_s, hp, n_slots, cdiv(n_slots, block_s)
@@ -476,7 +478,8 @@ def score_keys(q, w, k, ids, counts, *, cap, tiles_per_list, mask=None, tau=None
     ``rows`` [B,R] int64 (non-compact mode only): score the query rows ``rows[b, j]`` instead of
     0..S-1 and write query row ``rows[b, j]`` to ``out[b, j]`` (codes [B,R,cap']); ``-1`` marks an
     empty slot (nothing written; a tile of empty slots reads no key). Tiles are over slots.
-    ``block_s``: query rows per program, a power of two (None: ``score_tile_shape``'s); every head of
+    ``block_s``: query rows per program, a power of two (None: ``score_tile_shape(H)``'s, in every
+    dtype: the tile the callers' key lists are shared by); every head of
     a row lies in one program whatever it is, and a row's columns of the tile are laid out alike, so a
     key's code is the same.
     Launched with ``scorer_launch(q.dtype, refine, q.device)``, refine: with ``tau``, programs of at
@@ -543,9 +546,10 @@ def score_dense(q, w, k, *, mask=None, splits=1, rows=None, maxima=None, words=F
     ``maxima[b, j, c]`` = the largest code of chunk c = keys c, c + n, c + 2n, ... of that row
     (interleaved chunks, as threshold_select takes them). With a mask the scorer reads each row's
     ``mask_bounds`` (``bounds``: the caller's, else computed here).
-    Always launched with ``scorer_launch(q.dtype)``.
+    Programs take ``score_tile_shape(H, q.dtype)``'s query rows; always launched with
+    ``scorer_launch(q.dtype)``.
     """
-    B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows)
+    B, S, H, D, T, block_s, hp, n_slots, n_tiles = _launch_shape(q, k, rows, dtype=q.dtype)
     kind, m, (msb, mss, mst) = mask_operand(mask, B, S, T)
     fp8 = check_fp8(q, k, k_scale)
     n_groups = max(1, splits)

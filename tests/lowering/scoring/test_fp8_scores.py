@@ -5,6 +5,7 @@ operands are clear errors."""
 import pytest
 import torch
 
+from compiler.lowering import defaults
 from compiler.lowering.order_codes import decode_codes
 from compiler.lowering.scoring import indexer_scores as scorer
 from compiler.lowering.topk_pipeline import _all_keys
@@ -32,7 +33,11 @@ def every_code(q8, w, k8, scale, mask):
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
-def test_kernels_compute_the_runtime_fp8_scorer_bitwise(mask_kind):
+@pytest.mark.parametrize("columns", [4, 32])
+def test_kernels_compute_the_runtime_fp8_scorer_bitwise(mask_kind, columns, monkeypatch):
+    """In programs of one query (4 columns at 3 heads) and of eight, the FP8 scorer's own tile."""
+    monkeypatch.setattr(defaults, "FP8_PRODUCT_COLUMNS", columns)
+    assert scorer.score_tile_shape(3, FP8) == (columns // 4, 4)
     g = torch.Generator().manual_seed(0)
     S, T, H, D = 8, 80, 3, 32
     q, k, w = torch.randn(1, S, H, D, generator=g), torch.randn(1, T, D, generator=g) * 5, torch.randn(1, S, H, generator=g)
