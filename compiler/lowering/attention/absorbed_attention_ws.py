@@ -126,6 +126,14 @@ def _counted_scores(s, t, idx_row, width, seq_k, stride_ik, BLOCK_N: gl.constexp
 
 
 @gluon.jit
+def _opaque_one(i):
+    """1, from an instruction the compiler cannot see through, taking ``i`` so that it is made anew in
+    each iteration of a loop over i: a shared buffer indexed by it has its wgmma descriptor built
+    where it is used instead of hoisted out of the loop (where 20 of them outgrow the registers)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, 1;", "=r,r", [i], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
 def _shifted(m):
     """The row max subtracted before exp2: rows with no counted key yet use 0."""
     return gl.where(m == float("-inf"), 0.0, m)
@@ -233,7 +241,7 @@ def _store_half(acc, m_i, l_i, l_mine, l_other, l_ready, mine: gl.constexpr, mea
 
 
 @gluon.jit
-def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_odd_smem, l_even, l_odd,
+def _attend_even(q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_odd_smem, l_even, l_odd,
                  lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
                  qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr, part_row,
                  seq_q, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, SPLIT: gl.constexpr, BLOCK_H: gl.constexpr,
@@ -247,18 +255,22 @@ def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, 
     n_pairs = gl.cdiv(width, 2 * BLOCK_N)
     s = zero_s
     if n_pairs > 0:
-        s = _low_scores(q_lo, lo_bufs.index(0), lo_ready.index(0), 0, zero_s, False)
-        s = _high_scores(q_hi, q_r, hi_bufs.index(0), r_bufs.index(0), hi_ready.index(0), 0, s, True)
+        s = _low_scores(q_halves.index(0), lo_bufs.index(0), lo_ready.index(0), 0, zero_s, False)
+        s = _high_scores(q_halves.index(1), q_r.index(0), hi_bufs.index(0), r_bufs.index(0), hi_ready.index(0), 0, s,
+                         True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     for i in range(n_pairs):
+        one = _opaque_one(i)
+        zero = one - 1
+        lo0, lo1, hi0, r0 = lo_bufs.index(zero), lo_bufs.index(one), hi_bufs.index(zero), r_bufs.index(zero)
         s = _counted_scores(s, 2 * i, idx_row, width, seq_k, stride_ik, BLOCK_N)
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale_log2)
         alpha = gl.exp2(m_i - _shifted(m_new))
         p = _probabilities(s, m_new, qk_scale_log2)
         l_i = l_i * alpha + gl.sum(p, axis=1)
         p = p.to(dtype)
-        _publish(p, m_new, r_bufs.index(0), m_even_smem, p_ready.index(0))
-        acc = _add_own_pc(p, lo_bufs.index(0), _rescaled(acc, alpha))
+        _publish(p, m_new, r0, m_even_smem, p_ready.index(0))
+        acc = _add_own_pc(p, lo0, _rescaled(acc, alpha))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(lo_free.index(0))
         mbarrier.wait(p_ready.index(1), i & 1)
@@ -267,14 +279,14 @@ def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, 
         l_i = l_i * beta
         acc = _rescaled(acc, beta)
         if i + 1 < n_pairs:
-            acc = warpgroup_mma(p_odd, lo_bufs.index(1), acc, is_async=True)
-            s = _low_scores(q_lo, lo_bufs.index(0), lo_ready.index(0), (i + 1) & 1, zero_s, False)
+            acc = warpgroup_mma(p_odd.index(zero), lo1, acc, is_async=True)
+            s = _low_scores(q_halves.index(zero), lo0, lo_ready.index(0), (i + 1) & 1, zero_s, False)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             mbarrier.arrive(lo_free.index(1))
-            s = _high_scores(q_hi, q_r, hi_bufs.index(0), r_bufs.index(0), hi_ready.index(0), (i + 1) & 1, s, True)
+            s = _high_scores(q_halves.index(one), q_r.index(zero), hi0, r0, hi_ready.index(0), (i + 1) & 1, s, True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         else:
-            acc = warpgroup_mma(p_odd, lo_bufs.index(1), acc, is_async=True)
+            acc = warpgroup_mma(p_odd.index(zero), lo1, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(lo_free.index(1))
         m_i = m_pair
@@ -283,7 +295,7 @@ def _attend_even(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, 
 
 
 @gluon.jit
-def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_odd_smem, l_even, l_odd,
+def _attend_odd(q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_odd_smem, l_even, l_odd,
                 lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
                 qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr, part_row,
                 seq_q, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, SPLIT: gl.constexpr, BLOCK_H: gl.constexpr,
@@ -295,13 +307,17 @@ def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m
     dtype: gl.constexpr = lo_bufs.dtype
     m_i, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
     for i in range(gl.cdiv(width, 2 * BLOCK_N)):
-        s = _high_scores(q_hi, q_r, hi_bufs.index(1), r_bufs.index(1), hi_ready.index(1), i & 1, zero_s, False)
-        s = _low_scores(q_lo, lo_bufs.index(1), lo_ready.index(1), i & 1, s, True)
+        one = _opaque_one(i)
+        zero = one - 1
+        hi0, hi1 = hi_bufs.index(zero), hi_bufs.index(one)
+        s = _high_scores(q_halves.index(one), q_r.index(zero), hi1, r_bufs.index(one), hi_ready.index(1), i & 1,
+                         zero_s, False)
+        s = _low_scores(q_halves.index(zero), lo_bufs.index(one), lo_ready.index(1), i & 1, s, True)
         mbarrier.wait(p_ready.index(0), i & 1)
         m_even = m_even_smem.load(m_i.type.layout)
         alpha = gl.exp2(m_i - _shifted(m_even))
         l_i = l_i * alpha
-        acc = warpgroup_mma(r_bufs.index(0), hi_bufs.index(0), _rescaled(acc, alpha), is_async=True)
+        acc = warpgroup_mma(r_bufs.index(zero), hi0, _rescaled(acc, alpha), is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
         s = _counted_scores(s, 2 * i + 1, idx_row, width, seq_k, stride_ik, BLOCK_N)
         m_pair = gl.maximum(m_even, gl.max(s, axis=1) * qk_scale_log2)
@@ -309,10 +325,10 @@ def _attend_odd(q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m
         p = _probabilities(s, m_pair, qk_scale_log2)
         l_i = l_i * beta + gl.sum(p, axis=1)
         p = p.to(dtype)
-        _publish(p, m_pair, p_odd, m_odd_smem, p_ready.index(1))
+        _publish(p, m_pair, p_odd.index(zero), m_odd_smem, p_ready.index(1))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(hi_free.index(0))
-        acc = _add_own_pc(p, hi_bufs.index(1), _rescaled(acc, beta))
+        acc = _add_own_pc(p, hi1, _rescaled(acc, beta))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(hi_free.index(1))
         m_i = m_pair
@@ -360,19 +376,20 @@ def _absorbed_attention_ws_kernel(
     offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, q_layout))
     q_half = qlat_ptr + batch * stride_qb + offs_h[:, None] * stride_qh + row * stride_qs + offs_c[None, :]
     h_ok = (offs_h < heads)[:, None]
-    q_lo = gl.allocate_shared_memory(dtype, [BLOCK_H, HALF], q_half_layout, gl.load(q_half, mask=h_ok, other=0.0))
-    q_hi = gl.allocate_shared_memory(dtype, [BLOCK_H, HALF], q_half_layout,
-                                     gl.load(q_half + HALF, mask=h_ok, other=0.0))
+    q_halves = gl.allocate_shared_memory(dtype, [2, BLOCK_H, HALF], q_half_layout)
+    q_halves.index(0).store(gl.load(q_half, mask=h_ok, other=0.0))
+    q_halves.index(1).store(gl.load(q_half + HALF, mask=h_ok, other=0.0))
     offs_hr = (head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, qr_layout))).to(gl.int64)
     offs_r = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, qr_layout))
     qr = gl.load(qrope_ptr + batch * stride_rb + offs_hr[:, None] * stride_rh + row * stride_rs + offs_r[None, :],
                  mask=(offs_hr < heads)[:, None], other=0.0)
-    q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE_DIM], q_rope_layout, qr)
+    q_r = gl.allocate_shared_memory(dtype, [1, BLOCK_H, ROPE_DIM], q_rope_layout)
+    q_r.index(0).store(qr)
 
     lo_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
     hi_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
     r_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, ROPE_DIM], rope_layout)
-    p_odd = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], p_layout)
+    p_odd = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_N], p_layout)
     m_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
     m_odd = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
     l_even = gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout)
@@ -398,11 +415,11 @@ def _absorbed_attention_ws_kernel(
         (_gather_tiles, (lat_ptr + batch * stride_lb, rope_ptr + batch * stride_kb, idx_row, lo_bufs, hi_bufs,
                          r_bufs, lo_ready, hi_ready, lo_free, hi_free, width, seq_k, stride_lt, stride_kt, stride_ik,
                          HALF, ROPE_DIM, BLOCK_N, WIDE_OFFSETS, num_warps)),
-        (_attend_even, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd,
+        (_attend_even, (q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd,
                         lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
                         qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr,
                         part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H, BLOCK_N)),
-        (_attend_odd, (q_lo, q_hi, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd,
+        (_attend_odd, (q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd,
                        lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
                        qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr,
                        part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H, BLOCK_N)),
