@@ -70,12 +70,13 @@ import json
 from pathlib import Path
 from benchmarks import kernel_resources as K
 
-for dtype, mean_rows, index, split in (("bf16", True, "i32", False), ("fp16", False, "i64", False),
-                                      ("bf16", False, "i64", True)):
-    built = K.build_absorbed_ws(dtype, mean_rows, index, split)
+for dtype, mean_rows, index, split, rescales in (("bf16", True, "i32", False, 4), ("fp16", False, "i64", False, 4),
+                                                ("bf16", False, "i64", True, 4), ("bf16", True, "i64", False, 3),
+                                                ("fp16", False, "i32", True, 3)):
+    built = K.build_absorbed_ws(dtype, mean_rows, index, split, rescales)
     row = K.resources(built, "ws", Path("."))
     ptx = built.asm["ptx"]
-    print(json.dumps({"dtype": dtype, "mean_rows": mean_rows, "index": index, "split": split,
+    print(json.dumps({"dtype": dtype, "mean_rows": mean_rows, "index": index, "split": split, "rescales": rescales,
                       "shared": row["shared_bytes"],
                       "wgmma": ptx.count("wgmma.mma_async"), "cp_async": ptx.count("cp.async.cg"),
                       "setmaxnreg": ptx.count("setmaxnreg"),
@@ -83,16 +84,17 @@ for dtype, mean_rows, index, split in (("bf16", True, "i32", False), ("fp16", Fa
 """
 
 
-WS_SPILL_BYTES = 1024
-"""Most spill bytes ptxas may report for the Gluon kernel: its producer's pointer tiles and a few of the
-consumers' loop-invariant values do not fit the register split of three partitions."""
+WS_SPILL_BYTES = 0
+"""Spill bytes ptxas may report for the Gluon kernel: none (its consumers build their wgmma
+descriptors in the loop, ``absorbed_attention_ws._opaque_one``; hoisted, they spilled 832 bytes)."""
 
 
 def test_the_warp_specialised_kernel_builds_for_sm90_within_its_spill_bound(tmp_path):
     # bf16 with mean rows and int32 index lists (the masked, deduplicated path); fp16 with int64 top-K
-    # indices; the split form (decode-sized grids, fp32 partials).
+    # indices; the split form (decode-sized grids, fp32 partials); the three-rescale pair schedule
+    # with mean rows and split.
     rows = build_rows(_BUILD_WS, tmp_path)
-    assert len(rows) == 3
+    assert len(rows) == 5
     for row in rows:
         assert row["shared"] <= HOPPER_SHARED_BYTES, row
         assert row["wgmma"] > 0 and row["cp_async"] > 0 and row["setmaxnreg"] > 0, row
