@@ -27,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from benchmarks import harness
 from benchmarks.anchor_inputs import (LATENT, QK_DIM, SCALE, V_DIM, AbsorbedCase, absorbed_case, case_bytes,
                                       max_abs_error, reference_latent, reference_output, sample_rows)
 from benchmarks.anchor_runs import Calls, Deadline, memory_shortfall, ratios, run_variants
@@ -133,7 +134,8 @@ def variant_calls(case: AbsorbedCase, flash_mla, flash_mla_missing: str | None) 
 def attention_row(case: AbsorbedCase, flash_mla, flash_mla_missing: str | None, reps: int, warmup: int,
                   check_rows: int, seed: int, host_and_graph: bool = False) -> dict:
     """Every variant on one case: the row's sizes, ``results`` per variant and the ratios; with
-    ``host_and_graph`` each variant's host issue time and CUDA-graph replay too, and GRAPH_RATIOS."""
+    ``host_and_graph`` each variant's host issue time and CUDA-graph replay too, GRAPH_RATIOS, and
+    ``op_host_profile``: where the whole op's host time goes (``harness.host_profile``)."""
     device = case.kv.device
     rows = sample_rows(case.B * case.S, check_rows, seed)
     rows_d = rows.to(device)
@@ -144,11 +146,14 @@ def attention_row(case: AbsorbedCase, flash_mla, flash_mla_missing: str | None, 
            "flops": 2.0 * case.B * case.S * case.heads * case.topk * (QK_DIM + LATENT), "rows_checked": rows.numel()}
     check = (lambda kind, out: {"err_vs_fp32": max_abs_error(pick[kind](out), refs[kind])})
     # o_buf zeroed ahead of each variant: a latent kernel that wrote nothing is not credited with another's output
-    row["results"] = run_variants(variant_calls(case, flash_mla, flash_mla_missing), check, device, reps, warmup,
-                                  row["flops"], "tflops", before=case.o_buf.zero_, host_and_graph=host_and_graph)
+    calls = variant_calls(case, flash_mla, flash_mla_missing)
+    row["results"] = run_variants(calls, check, device, reps, warmup, row["flops"], "tflops", before=case.o_buf.zero_,
+                                  host_and_graph=host_and_graph)
     row.update(ratios(row["results"], RATIOS))
     if host_and_graph:
         row.update(ratios(row["results"], GRAPH_RATIOS, "graph_ms"))
+        if "ms" in row["results"]["project_op"]:
+            row["op_host_profile"] = harness.host_profile(calls["project_op"][0], device)
     return row
 
 

@@ -80,6 +80,21 @@ def indexer_table(rows: list[dict]) -> str:
     return harness.markdown_table(columns, body)
 
 
+def host_profile_section(rows: list[dict]) -> list[str]:
+    """Lines of a table of the whole op's host time by function (``op_host_profile``) on the first
+    and the last decode row that has one; none where no row has one."""
+    profiled = [r for r in rows if r["part"] == "decode" and "op_host_profile" in r]
+    lines = []
+    for r in profiled[:1] + profiled[1:][-1:]:
+        prof = r["op_host_profile"]
+        lines += [f"### The op's host time by function, B={r['B']} S={r['S']} T={r['T']} {r['kind']}: "
+                  f"{prof['us_per_call']} µs a call under cProfile", "",
+                  harness.markdown_table(["function", "own µs", "cumulative µs", "runs a call"],
+                                         [[f["function"], f["own_us"], f["cum_us"], f["per_call"]]
+                                          for f in prof["functions"]]), ""]
+    return lines
+
+
 def tables(doc: dict) -> str:
     """The document's markdown: its device and anchors, its ``notes`` (where runs were combined), a
     table per part present, then every variant that was skipped or failed, with the reason."""
@@ -96,6 +111,7 @@ def tables(doc: dict) -> str:
         if part == "decode":
             lines += ["### Decode-sized calls: device ms replayed from CUDA graphs, host ms to issue a call", "",
                       decode_split_table(rows), ""]
+            lines += host_profile_section(rows)
     notes = [f"{r['part']} S={r['S']} T={r['T']}{' B=' + str(r['B']) if 'B' in r else ''} {name}: "
              f"{res.get('skipped') or res.get('error')}"
              for r in rows for name, res in r.get("results", {}).items() if "ms" not in res]

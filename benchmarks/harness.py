@@ -117,6 +117,36 @@ def loop_ms(fn: Callable[[], Any], device: torch.device | str = "cuda", calls: i
     return (time.perf_counter() - start) * 1e3 / calls
 
 
+def host_profile(fn: Callable[[], Any], device: torch.device | str = "cuda", calls: int = 50,
+                 top: int = 10) -> dict[str, Any]:
+    """Where the host's time to issue a call of ``fn`` goes: ``calls`` calls under cProfile (after
+    one warm-up call, the device synchronised before and after), ``us_per_call`` the profiled host
+    µs a call, and ``functions`` the ``top`` functions by their own time, each {"function":
+    "file:line(name)" (paths from the package root or site-packages), "own_us", "cum_us" (µs a call), "per_call"
+    (times it runs a call)}. The profiler's own cost inflates every figure alike."""
+    import cProfile
+    import pstats
+
+    fn()
+    synchronize(device)
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    elapsed = time.perf_counter() - start
+    synchronize(device)
+    root = str(Path(__file__).resolve().parents[1]) + "/"
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (primitive calls, calls, own s, cum s, callers)}
+    ranked = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    return {"us_per_call": round(elapsed / calls * 1e6, 1),
+            "functions": [{"function": f"{file.replace(root, '').split('site-packages/')[-1]}:{line}({name})",
+                           "own_us": round(own / calls * 1e6, 1), "cum_us": round(cum / calls * 1e6, 1),
+                           "per_call": round(n / calls, 2)}
+                          for (file, line, name), (_, n, own, cum, _) in ranked]}
+
+
 def issue_ms(fn: Callable[[], Any], device: torch.device | str = "cuda", reps: int = 5) -> float:
     """Host ms to issue one call of ``fn`` (the median of ``reps``, each started on an idle device
     and not waited for): above the call's device time, the host sets its pace."""

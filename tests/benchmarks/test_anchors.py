@@ -56,6 +56,11 @@ def test_smoke_run_checks_every_project_variant(tmp_path):
             assert (res[name]["issue_ms"] > 0 and res[name]["graph_ms"] is None) if part == "decode" \
                 else "issue_ms" not in res[name], (part, name)
     assert "### Decode-sized calls: device ms replayed from CUDA graphs" in (tmp_path / "anchors_cpu.md").read_text()
+    # where the op's host time goes, on decode rows only: its own entry point among the functions
+    prof = rows["decode"]["op_host_profile"]
+    assert "op_host_profile" not in rows["prefill"] and prof["us_per_call"] > 0
+    assert any("absorbed_sparse_attention" in f["function"] for f in prof["functions"])
+    assert "### The op's host time by function" in (tmp_path / "anchors_cpu.md").read_text()
     res = rows["indexer"]["results"]
     assert "not loaded" in res["dg_logits"]["skipped"]
     for name in ("project_scorer", "project_dense_fp8", "project_op_fp8", "project_op_bf16"):

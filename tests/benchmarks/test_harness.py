@@ -79,3 +79,20 @@ def test_settle_guard_calls_until_the_layer_s_guard_has_decided():
 def test_issue_ms_is_the_median_host_time_of_one_call():
     pauses = iter([0.001, 0.030, 0.002])
     assert 1 <= harness.issue_ms(lambda: time.sleep(next(pauses)), "cpu", reps=3) < 25
+
+
+def _slow_step():
+    time.sleep(0.002)
+
+
+def test_host_profile_puts_a_call_s_host_time_in_the_function_that_spends_it():
+    def call():
+        _slow_step()
+        _slow_step()
+
+    prof = harness.host_profile(call, "cpu", calls=5, top=3)
+    assert prof["us_per_call"] >= 4000 and len(prof["functions"]) == 3
+    sleep, = [f for f in prof["functions"] if "sleep" in f["function"]]
+    assert sleep["per_call"] == 2 and sleep["own_us"] >= 4000
+    step, = [f for f in prof["functions"] if "_slow_step" in f["function"]]
+    assert step["function"].startswith("tests/benchmarks/test_harness.py:") and step["cum_us"] >= 4000
