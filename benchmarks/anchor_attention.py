@@ -44,8 +44,9 @@ RATIOS = {"ws_speed_vs_flashmla": ("flashmla", "project_ws"),
           "op_over_pipeline": ("project_op", "flashmla_pipeline")}
 """The issue's measures (each a ratio of median ms): FlashMLA's time over the project kernel's and
 the dispatcher's (speed relative to FlashMLA, target >= 1), the Gluon kernel's time in its default
-pair schedule over the other one's (above 1: the other schedule is faster), the op over the dispatcher (its overhead,
-target <= 1.05), the op over FlashMLA (decode target <= 1.25) and over the FlashMLA pipeline."""
+pair schedule over the other one's (above 1: the other schedule is faster), the op over the
+dispatcher (its overhead, target <= 1.05), the op over FlashMLA (decode target <= 1.25) and over the
+FlashMLA pipeline."""
 GRAPH_RATIOS = {"op_graph_over_flashmla_graph": ("project_op", "flashmla"),
                 "ws_graph_over_flashmla_graph": ("project_ws", "flashmla")}
 """Decode rows: the op's and the Gluon kernel's device time (CUDA-graph replay) over FlashMLA's, what

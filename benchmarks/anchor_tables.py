@@ -32,8 +32,7 @@ def attention_table(rows: list[dict], part: str) -> str:
              *([_cell(r["results"].get(v)) for v in ATTENTION_VARIANTS] if "results" in r
                else [r.get("skipped", "-")] + ["-"] * (len(ATTENTION_VARIANTS) - 1)),
              _ratio(r, "ws_speed_vs_flashmla"), _ratio(r, "ws_other_schedule_speed"), _ratio(r, "op_over_dispatch"),
-             _ratio(r, "op_over_flashmla"),
-             _ratio(r, "op_over_pipeline"), _worst(r, "err_vs_fp32", "max_abs")]
+             _ratio(r, "op_over_flashmla"), _ratio(r, "op_over_pipeline"), _worst(r, "err_vs_fp32", "max_abs")]
             for r in rows if r["part"] == part]
     return harness.markdown_table(columns, body)
 

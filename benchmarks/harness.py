@@ -122,8 +122,8 @@ def host_profile(fn: Callable[[], Any], device: torch.device | str = "cuda", cal
     """Where the host's time to issue a call of ``fn`` goes: ``calls`` calls under cProfile (after
     one warm-up call, the device synchronised before and after), ``us_per_call`` the profiled host
     µs a call, and ``functions`` the ``top`` functions by their own time, each {"function":
-    "file:line(name)" (paths from the package root or site-packages), "own_us", "cum_us" (µs a call), "per_call"
-    (times it runs a call)}. The profiler's own cost inflates every figure alike."""
+    "file:line(name)" (paths from the package root or site-packages), "own_us", "cum_us" (µs a
+    call), "per_call" (times it runs a call)}. The profiler's own cost inflates every figure alike."""
     import cProfile
     import pstats
 
