@@ -76,7 +76,7 @@ REDO_FEW_ROWS = 32  # flagged rows per batch row the redo selects first by the f
 
 # Absorbed sparse attention (attention/absorbed_attention.py, absorbed_attention_ws.py)
 ABSORBED_BLOCK_HEADS = 64  # heads of one query per Gluon program, the rows of its warpgroup products (Hopper's wgmma takes 64; the kernel is built for it); the cost model counts the absorbed form's work in blocks of them, and its shape rule takes union below them (compiler.cost_model.shape_form): at 16 heads union wins on trained selections (4.1 vs 4.6 ms), at 128 absorbed wins 2.2x, sparse_attention_configs_h200.md
-ABSORBED_PAIR_RESCALES = 4  # accumulator rescales a tile pair of the Gluon kernel's two warpgroups: 4 (the even P published at the even max, the odd warpgroup rescales twice) or 3 (the even P published at the pair's max, as FlashMLA's sparse prefill does; the odd warpgroup rescales once but waits for that P); 3 is timed beside 4 by benchmarks/anchors.py (project_ws_3)
+ABSORBED_PAIR_RESCALES = 4  # accumulator rescales a tile pair of the Gluon kernel's two warpgroups: 4 (the even P published at the even max, the odd warpgroup rescales twice) or 3 (the even P published at the pair's max, as FlashMLA's sparse prefill does; the odd warpgroup rescales once but waits for that P); 3 is timed beside 4 by benchmarks/anchors.py (project_ws_3): 0.99-1.05x of 4's speed at 16K and 64K, within the spread between runs (anchors_h100)
 
 # Masks (conjunctive_mask.py)
 MASK_BLOCK_S = 16  # query rows per conjunctive-mask program
