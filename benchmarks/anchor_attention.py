@@ -6,10 +6,7 @@ Variants (each checked on sampled query rows against an fp32 reference, then tim
                      [B·S, 1, K]) -> o_lat [B·S, H, 512]; for B > 1 the B caches lie end to end in
                      kv and each query's indices are offset by b·T (``FLASHMLA_ENTRY``)
   project_ws         the project's Gluon kernel (absorbed_attention_ws.attend_latent_ws) on views of
-                     the same q_abs and kv, in launches of at most MAX_CHUNK queries, in its default
-                     pair schedule (defaults.ABSORBED_PAIR_RESCALES)
-  project_ws_3       the same kernel in the other pair schedule (three rescales a pair if the default
-                     is four, else four): ``PAIR_SCHEDULES``
+                     the same q_abs and kv, in launches of at most MAX_CHUNK queries
   project_dispatch   absorbed_attention._attend_latent with the op's default_configs(B·S): what the op
                      runs on these absorbed inputs (the Gluon kernel; on small grids replayed from a
                      CUDA graph, its split form)
@@ -31,22 +28,18 @@ from benchmarks import harness
 from benchmarks.anchor_inputs import (LATENT, QK_DIM, SCALE, V_DIM, AbsorbedCase, absorbed_case, case_bytes,
                                       max_abs_error, reference_latent, reference_output, sample_rows)
 from benchmarks.anchor_runs import Calls, Deadline, memory_shortfall, ratios, run_variants
-from compiler.lowering import defaults
 from compiler.lowering.attention import absorbed_attention as dispatch
 from compiler.lowering.attention.online_softmax import LOG2_E
 
-VARIANTS = ("flashmla", "project_ws", "project_ws_3", "project_dispatch", "project_op", "flashmla_pipeline")
+VARIANTS = ("flashmla", "project_ws", "project_dispatch", "project_op", "flashmla_pipeline")
 RATIOS = {"ws_speed_vs_flashmla": ("flashmla", "project_ws"),
-          "ws_other_schedule_speed": ("project_ws", "project_ws_3"),
           "dispatch_speed_vs_flashmla": ("flashmla", "project_dispatch"),
           "op_over_dispatch": ("project_op", "project_dispatch"),
           "op_over_flashmla": ("project_op", "flashmla"),
           "op_over_pipeline": ("project_op", "flashmla_pipeline")}
 """The issue's measures (each a ratio of median ms): FlashMLA's time over the project kernel's and
-the dispatcher's (speed relative to FlashMLA, target >= 1), the Gluon kernel's time in its default
-pair schedule over the other one's (above 1: the other schedule is faster), the op over the
-dispatcher (its overhead, target <= 1.05), the op over FlashMLA (decode target <= 1.25) and over the
-FlashMLA pipeline."""
+the dispatcher's (speed relative to FlashMLA, target >= 1), the op over the dispatcher (its overhead,
+target <= 1.05), the op over FlashMLA (decode target <= 1.25) and over the FlashMLA pipeline."""
 GRAPH_RATIOS = {"op_graph_over_flashmla_graph": ("project_op", "flashmla"),
                 "ws_graph_over_flashmla_graph": ("project_ws", "flashmla")}
 """Decode rows: the op's and the Gluon kernel's device time (CUDA-graph replay) over FlashMLA's, what
@@ -55,24 +48,6 @@ FLASHMLA_ENTRY = ("flash_mla_sparse_fwd (FlashMLA's SM90 sparse prefill, the anc
                   "caches end to end as one kv of B*T rows, each query's indices offset by b*T)")
 """The FlashMLA entry point every attention row uses (FlashMLA's decode entry, flash_mla_with_kvcache,
 is not in the anchors' build)."""
-
-
-PAIR_SCHEDULES = (4, 3)
-"""The Gluon kernel's pair schedules (``defaults.ABSORBED_PAIR_RESCALES``): project_ws_3 runs the one
-that is not the default."""
-
-
-def _other_schedule(launch: Callable[..., None]) -> Callable[..., None]:
-    """``launch`` with the Gluon kernel's pair schedule set to the one that is not the default (restored
-    after each launch)."""
-    def run(*args):
-        default = defaults.ABSORBED_PAIR_RESCALES
-        defaults.ABSORBED_PAIR_RESCALES = next(n for n in PAIR_SCHEDULES if n != default)
-        try:
-            launch(*args)
-        finally:
-            defaults.ABSORBED_PAIR_RESCALES = default
-    return run
 
 
 def _latent_kernel(case: AbsorbedCase, launch: Callable[..., None]) -> Callable[[], torch.Tensor]:
@@ -116,12 +91,10 @@ def variant_calls(case: AbsorbedCase, flash_mla, flash_mla_missing: str | None) 
                                       n * (2 * LATENT + 2 * V_DIM + 8) + 4 * (1 << 28))
     ws = dispatch.absorbed_attention_ws
     if ws is None or not ws.usable(case.q_lat, case.q_rope, case.latent, case.rope_key, case.o_lat):
-        for name in ("project_ws", "project_ws_3"):
-            calls[name] = (None, "the Gluon kernel does not take these inputs here (it needs sm_90)", 0)
+        calls["project_ws"] = (None, "the Gluon kernel does not take these inputs here (it needs sm_90)", 0)
     else:
-        launch = lambda *a: ws.attend_latent_ws(*a[:5], None, a[5], SCALE * LOG2_E)  # noqa: E731
-        calls["project_ws"] = (_latent_kernel(case, launch), "latent", 0)
-        calls["project_ws_3"] = (_latent_kernel(case, _other_schedule(launch)), "latent", 0)
+        calls["project_ws"] = (_latent_kernel(case, lambda *a: ws.attend_latent_ws(*a[:5], None, a[5],
+                                                                                   SCALE * LOG2_E)), "latent", 0)
     configs = dispatch.default_configs(case.B * case.S)
     calls["project_dispatch"] = (_latent_kernel(case, lambda *a: dispatch._attend_latent(
         *a[:5], None, a[5], SCALE, configs, None)), "latent", 0)

@@ -26,13 +26,13 @@ def _worst(row: dict, field: str, key: str) -> str:
 
 
 def attention_table(rows: list[dict], part: str) -> str:
-    columns = ["B", "S", "T", "kind", *ATTENTION_VARIANTS, "FlashMLA / ws", "ws / ws_3", "op / dispatch",
-               "op / FlashMLA", "op / pipeline", "max abs err"]
+    columns = ["B", "S", "T", "kind", *ATTENTION_VARIANTS, "FlashMLA / ws", "op / dispatch", "op / FlashMLA",
+               "op / pipeline", "max abs err"]
     body = [[r["B"], r["S"], r["T"], r["kind"],
              *([_cell(r["results"].get(v)) for v in ATTENTION_VARIANTS] if "results" in r
                else [r.get("skipped", "-")] + ["-"] * (len(ATTENTION_VARIANTS) - 1)),
-             _ratio(r, "ws_speed_vs_flashmla"), _ratio(r, "ws_other_schedule_speed"), _ratio(r, "op_over_dispatch"),
-             _ratio(r, "op_over_flashmla"), _ratio(r, "op_over_pipeline"), _worst(r, "err_vs_fp32", "max_abs")]
+             _ratio(r, "ws_speed_vs_flashmla"), _ratio(r, "op_over_dispatch"), _ratio(r, "op_over_flashmla"),
+             _ratio(r, "op_over_pipeline"), _worst(r, "err_vs_fp32", "max_abs")]
             for r in rows if r["part"] == part]
     return harness.markdown_table(columns, body)
 

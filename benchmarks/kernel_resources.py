@@ -41,9 +41,8 @@ OPCODE_GROUPS = {
 }
 """SASS opcodes (the mnemonic before its first '.') counted per group; every other opcode (integer,
 predicate, branch, move) counts as "other"."""
-KERNELS = ("absorbed_ws_bf16", "absorbed_ws_bf16_3rescales", "dense_scorer_fp8", "dense_scorer_bf16")
-"""The kernels built, by name (``_build``): the Gluon attention kernel in both pair schedules
-(``defaults.ABSORBED_PAIR_RESCALES`` 4 and 3), the dense scorer in FP8 and bf16."""
+KERNELS = ("absorbed_ws_bf16", "dense_scorer_fp8", "dense_scorer_bf16")
+"""The kernels built, by name (``_build``)."""
 
 
 def _tools() -> dict[str, Path]:
@@ -60,11 +59,10 @@ def _aligned(kernel, consts: dict, stride=lambda name: name.startswith("stride")
             if n not in consts and (n.endswith("_ptr") or stride(n))}
 
 
-def build_absorbed_ws(dtype: str = "bf16", mean_rows: bool = False, index: str = "i64", split: bool = False,
-                      rescales: int = 4):
+def build_absorbed_ws(dtype: str = "bf16", mean_rows: bool = False, index: str = "i64", split: bool = False):
     """Triton's compiled Gluon attention kernel for sm_90 at DeepSeek-V3.2's latent shape: q, latent,
     rope and output of ``dtype`` ("bf16" or "fp16"), index lists of ``index`` ("i32" or "i64"), its
-    split form under ``split``, its pair schedule of ``rescales`` (4 or 3)."""
+    split form under ``split``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -72,8 +70,7 @@ def build_absorbed_ws(dtype: str = "bf16", mean_rows: bool = False, index: str =
 
     kernel = W._absorbed_attention_ws_kernel
     consts = dict(LAT_DIM=W.LAT_DIM, ROPE_DIM=W.ROPE_DIM, MEAN_ROWS=mean_rows, SPLIT=split, WIDE_OFFSETS=False,
-                  BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N, CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, RESCALES=rescales,
-                  num_warps=W.PRODUCER_WARPS)
+                  BLOCK_H=W.BLOCK_H, BLOCK_N=W.BLOCK_N, CONSUMER_REGISTERS=W.CONSUMER_REGISTERS, num_warps=W.PRODUCER_WARPS)
     tensors = ("qlat_ptr", "qrope_ptr", "lat_ptr", "rope_ptr", "o_ptr")
     signature = {n: "constexpr" if n in consts else f"*{dtype}" if n in tensors else f"*{index}" if n == "idx_ptr"
                  else "*fp32" if n.endswith("_ptr") else "fp32" if n == "qk_scale_log2" else "i32"
@@ -88,8 +85,8 @@ def _build(name: str):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    if name.startswith("absorbed_ws_bf16"):
-        return build_absorbed_ws(rescales=3 if name.endswith("_3rescales") else 4)
+    if name == "absorbed_ws_bf16":
+        return build_absorbed_ws()
     from compiler.lowering.scoring import indexer_scores as I
 
     fp8 = name == "dense_scorer_fp8"

@@ -21,11 +21,7 @@ latent's first Dc/2 columns) and the *high* half (the other Dc/2 columns and the
   own scores are in flight, folds its tile in at the pair's max (the larger of the two) and publishes
   its P (in a buffer of its own: its high half is freed before the even warpgroup reads that P) and
   the pair's max. The even warpgroup queues the next pair's scores behind its product with the odd
-  P, so its wgmma stays busy while it waits. That is four accumulator rescales a pair (RESCALES = 4).
-- With RESCALES = 3 the even warpgroup publishes only its max at first, and its P at the pair's max
-  once the odd warpgroup has published that max and its own P; the odd warpgroup then rescales its
-  accumulator once, to the pair's max, and adds both P·c back to back: one rescale of a [BLOCK_H,
-  Dc/2] accumulator fewer, for a P tile rescaled and a wait on the even P.
+  P, so its wgmma stays busy while it waits.
 
 The consumers index their buffers and q through ``_opaque_one(i)``, so that the wgmma descriptors are
 built inside the pair loop rather than hoisted out of it, where they outgrow the registers and
@@ -45,7 +41,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from compiler.autotune import device_capability
-from compiler.lowering import defaults
 from compiler.lowering.defaults import ABSORBED_BLOCK_HEADS
 from compiler.lowering.host_ints import cdiv
 
@@ -249,14 +244,14 @@ def _store_half(acc, m_i, l_i, l_mine, l_other, l_ready, mine: gl.constexpr, mea
 
 @gluon.jit
 def _attend_even(q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_odd_smem, l_even, l_odd,
-                 lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, e_ready, idx_row, width, seq_k, stride_ik,
+                 lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
                  qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr, part_row,
                  seq_q, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, SPLIT: gl.constexpr, BLOCK_H: gl.constexpr,
-                 BLOCK_N: gl.constexpr, RESCALES: gl.constexpr):
-    """Even warpgroup: folds tile 2i in at its new row max, publishes that max and (RESCALES = 4) its
-    P over buffer 0's rope rows, adds its P·c into the low columns and frees buffer 0's low half; then
-    (RESCALES = 3: publishes its P at the pair's max there, ``e_ready``) rescales to the pair's max
-    the odd warpgroup published, adds the odd P·c and issues tile 2i+2's scores behind it."""
+                 BLOCK_N: gl.constexpr):
+    """Even warpgroup: folds tile 2i in at its new row max, publishes P and that max (P over buffer
+    0's rope rows), adds its P·c into the low columns and frees buffer 0's low half; then rescales to
+    the pair's max the odd warpgroup published, adds the odd P·c and issues tile 2i+2's scores behind
+    it."""
     dtype: gl.constexpr = lo_bufs.dtype
     m_i, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
     n_pairs = gl.cdiv(width, 2 * BLOCK_N)
@@ -276,21 +271,13 @@ def _attend_even(q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_
         p = _probabilities(s, m_new, qk_scale_log2)
         l_i = l_i * alpha + gl.sum(p, axis=1)
         p = p.to(dtype)
-        if RESCALES == 3:
-            m_even_smem.store(m_new)
-            _signal(p_ready.index(0))
-        else:
-            _publish(p, m_new, r0, m_even_smem, p_ready.index(0))
+        _publish(p, m_new, r0, m_even_smem, p_ready.index(0))
         acc = _add_own_pc(p, lo0, _rescaled(acc, alpha))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(lo_free.index(0))
         mbarrier.wait(p_ready.index(1), i & 1)
         m_pair = m_odd_smem.load(m_i.type.layout)
         beta = gl.exp2(m_new - _shifted(m_pair))
-        if RESCALES == 3:
-            r0.store((p.to(gl.float32) * beta[:, None]).to(dtype))
-            fence_async_shared()
-            _signal(e_ready)
         l_i = l_i * beta
         acc = _rescaled(acc, beta)
         if i + 1 < n_pairs:
@@ -311,16 +298,14 @@ def _attend_even(q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_
 
 @gluon.jit
 def _attend_odd(q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_odd_smem, l_even, l_odd,
-                lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, e_ready, idx_row, width, seq_k, stride_ik,
+                lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
                 qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr, part_row,
                 seq_q, HALF: gl.constexpr, MEAN_ROWS: gl.constexpr, SPLIT: gl.constexpr, BLOCK_H: gl.constexpr,
-                BLOCK_N: gl.constexpr, RESCALES: gl.constexpr):
-    """Odd warpgroup: issues tile 2i+1's scores (high half first, the order it lands in). RESCALES = 4:
-    adds the even P·c at the even max into the high columns meanwhile and frees buffer 0's high half,
-    then folds its tile in at the pair's max, publishes its P (in its own buffer) and that max, adds
-    its own P·c and frees buffer 1's high half. RESCALES = 3: folds its tile in at the pair's max,
-    publishes its P and that max, rescales once, then adds the even P·c (published at the pair's max,
-    ``e_ready``) and its own back to back."""
+                BLOCK_N: gl.constexpr):
+    """Odd warpgroup: issues tile 2i+1's scores (high half first, the order it lands in), adds the even
+    P·c at the even max into the high columns meanwhile and frees buffer 0's high half; then folds its
+    tile in at the pair's max, publishes its P (in its own buffer) and that max, adds its own P·c and
+    frees buffer 1's high half."""
     dtype: gl.constexpr = lo_bufs.dtype
     m_i, l_i, zero_s, acc = _consumer_start(BLOCK_H, BLOCK_N, HALF)
     for i in range(gl.cdiv(width, 2 * BLOCK_N)):
@@ -332,34 +317,20 @@ def _attend_odd(q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even_smem, m_o
         s = _low_scores(q_halves.index(zero), lo_bufs.index(one), lo_ready.index(1), i & 1, s, True)
         mbarrier.wait(p_ready.index(0), i & 1)
         m_even = m_even_smem.load(m_i.type.layout)
-        if RESCALES == 3:
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-            m_from = m_i  # one rescale, from the last pair's max to this pair's
-        else:
-            alpha = gl.exp2(m_i - _shifted(m_even))
-            l_i = l_i * alpha
-            acc = warpgroup_mma(r_bufs.index(zero), hi0, _rescaled(acc, alpha), is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-            m_from = m_even
+        alpha = gl.exp2(m_i - _shifted(m_even))
+        l_i = l_i * alpha
+        acc = warpgroup_mma(r_bufs.index(zero), hi0, _rescaled(acc, alpha), is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
         s = _counted_scores(s, 2 * i + 1, idx_row, width, seq_k, stride_ik, BLOCK_N)
         m_pair = gl.maximum(m_even, gl.max(s, axis=1) * qk_scale_log2)
-        beta = gl.exp2(m_from - _shifted(m_pair))
+        beta = gl.exp2(m_even - _shifted(m_pair))
         p = _probabilities(s, m_pair, qk_scale_log2)
         l_i = l_i * beta + gl.sum(p, axis=1)
         p = p.to(dtype)
         _publish(p, m_pair, p_odd.index(zero), m_odd_smem, p_ready.index(1))
-        if RESCALES == 3:
-            acc = _rescaled(acc, beta)
-            p_op = gl.convert_layout(p, gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2))
-            mbarrier.wait(e_ready, i & 1)
-            acc = warpgroup_mma(r_bufs.index(zero), hi0, acc, is_async=True)
-            acc = warpgroup_mma(p_op, hi1, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(hi_free.index(0))
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(hi_free.index(0))
-            acc = _add_own_pc(p, hi1, _rescaled(acc, beta))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(hi_free.index(0))
+        acc = _add_own_pc(p, hi1, _rescaled(acc, beta))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(hi_free.index(1))
         m_i = m_pair
@@ -375,7 +346,7 @@ def _absorbed_attention_ws_kernel(
         heads, seq_k, width, num_splits, split_len, qk_scale_log2,
         LAT_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, MEAN_ROWS: gl.constexpr, SPLIT: gl.constexpr,
         WIDE_OFFSETS: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
-        RESCALES: gl.constexpr, num_warps: gl.constexpr):
+        num_warps: gl.constexpr):
     """One program: BLOCK_H heads of one query against all of its indices, or under SPLIT against
     indices [split·split_len, (split+1)·split_len) of them (unit inner strides)."""
     row = gl.program_id(1).to(gl.int64)
@@ -431,7 +402,6 @@ def _absorbed_attention_ws_kernel(
     hi_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    e_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(lo_ready.index(i), count=num_warps * 32)
         mbarrier.init(hi_ready.index(i), count=num_warps * 32)
@@ -439,7 +409,6 @@ def _absorbed_attention_ws_kernel(
         mbarrier.init(hi_free.index(i), count=1)
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(l_ready.index(i), count=1)
-    mbarrier.init(e_ready, count=1)
     fence_async_shared()
 
     mean_row = mean_ptr + batch * LAT_DIM
@@ -449,13 +418,13 @@ def _absorbed_attention_ws_kernel(
                          r_bufs, lo_ready, hi_ready, lo_free, hi_free, width, seq_k, stride_lt, stride_kt, stride_ik,
                          HALF, ROPE_DIM, BLOCK_N, WIDE_OFFSETS, num_warps)),
         (_attend_even, (q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd,
-                        lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, e_ready, idx_row, width, seq_k,
-                        stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr,
-                        part_lse_ptr, part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H, BLOCK_N, RESCALES)),
+                        lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
+                        qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr,
+                        part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H, BLOCK_N)),
         (_attend_odd, (q_halves, q_r, lo_bufs, hi_bufs, r_bufs, p_odd, m_even, m_odd, l_even, l_odd,
-                       lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, e_ready, idx_row, width, seq_k,
-                       stride_ik, qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr,
-                       part_lse_ptr, part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H, BLOCK_N, RESCALES)),
+                       lo_ready, hi_ready, lo_free, hi_free, p_ready, l_ready, idx_row, width, seq_k, stride_ik,
+                       qk_scale_log2, mean_row, o_rows, stride_oh, heads, head_block, part_o_ptr, part_lse_ptr,
+                       part_row, seq_q, HALF, MEAN_ROWS, SPLIT, BLOCK_H, BLOCK_N)),
     ], [4, 4], [CONSUMER_REGISTERS, CONSUMER_REGISTERS])
 
 
@@ -498,4 +467,4 @@ def attend_latent_ws(q_lat, q_rope, latent, rope_key, indices, mean, o_lat, scal
         heads, latent.shape[1], indices.shape[2], num_splits, split_len, scale_log2,
         LAT_DIM=lat_dim, ROPE_DIM=rope_key.shape[2], MEAN_ROWS=mean is not None, SPLIT=partials is not None,
         WIDE_OFFSETS=wide_offsets(latent, rope_key), BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N,
-        CONSUMER_REGISTERS=CONSUMER_REGISTERS, RESCALES=defaults.ABSORBED_PAIR_RESCALES, num_warps=PRODUCER_WARPS)
+        CONSUMER_REGISTERS=CONSUMER_REGISTERS, num_warps=PRODUCER_WARPS)

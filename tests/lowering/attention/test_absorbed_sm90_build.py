@@ -70,12 +70,12 @@ import json
 from pathlib import Path
 from benchmarks import kernel_resources as K
 
-for dtype, mean_rows, index, split, rescales in (("bf16", True, "i32", False, 4), ("fp16", False, "i64", False, 4),
-                                                ("bf16", False, "i64", True, 4), ("bf16", True, "i64", False, 3)):
-    built = K.build_absorbed_ws(dtype, mean_rows, index, split, rescales)
+for dtype, mean_rows, index, split in (("bf16", True, "i32", False), ("fp16", False, "i64", False),
+                                      ("bf16", False, "i64", True)):
+    built = K.build_absorbed_ws(dtype, mean_rows, index, split)
     row = K.resources(built, "ws", Path("."))
     ptx = built.asm["ptx"]
-    print(json.dumps({"dtype": dtype, "mean_rows": mean_rows, "index": index, "split": split, "rescales": rescales,
+    print(json.dumps({"dtype": dtype, "mean_rows": mean_rows, "index": index, "split": split,
                       "shared": row["shared_bytes"],
                       "wgmma": ptx.count("wgmma.mma_async"), "cp_async": ptx.count("cp.async.cg"),
                       "setmaxnreg": ptx.count("setmaxnreg"),
@@ -90,10 +90,9 @@ descriptors in the loop, ``absorbed_attention_ws._opaque_one``; hoisted, they sp
 
 def test_the_warp_specialised_kernel_builds_for_sm90_within_its_spill_bound(tmp_path):
     # bf16 with mean rows and int32 index lists (the masked, deduplicated path); fp16 with int64 top-K
-    # indices; the split form (decode-sized grids, fp32 partials); the three-rescale pair schedule
-    # (its split form differs only in the stores both schedules share).
+    # indices; the split form (decode-sized grids, fp32 partials).
     rows = build_rows(_BUILD_WS, tmp_path)
-    assert len(rows) == 4
+    assert len(rows) == 3
     for row in rows:
         assert row["shared"] <= HOPPER_SHARED_BYTES, row
         assert row["wgmma"] > 0 and row["cp_async"] > 0 and row["setmaxnreg"] > 0, row
