@@ -432,7 +432,7 @@ def render_generate(doc: dict) -> str:
     lines = [f"# End to end: generate on a compiled DSA model ({doc['device']})", "",
              f"versions: {doc['versions']}; {doc['new_tokens']} greedy tokens per sequence; the second of two "
              "generate calls per size (the first compiles); each forward synchronised. Cells: time to first "
-             "token / ms per decode step (median) / total ms, peak GiB.", ""]
+             "token / ms per decode step (median) / total ms, peak GiB.", *notes_lines(doc), ""]
     for model in dict.fromkeys(r["model"] for r in doc["rows"]):
         rows = [r for r in doc["rows"] if r["model"] == model]
         methods = list(dict.fromkeys(r["method"] for r in rows))
@@ -462,6 +462,12 @@ def render_generate(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def notes_lines(doc: dict) -> list[str]:
+    """The document's ``notes`` (where rows of several runs were combined), one bullet each."""
+    notes = [f"- {note}" for note in doc.get("notes", ())]
+    return ["", *notes] if notes else []
+
+
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -470,7 +476,7 @@ def render_markdown(doc: dict) -> str:
     lines = [f"# End to end: prefill of a compiled DSA model ({doc['device']})", "",
              f"versions: {doc['versions']}; layers: {doc['layers']}; bf16, random weights, batch 1, "
              "use_cache=False, logits of the last position; median of "
-             f"{doc['reps']} calls after a warm-up; peak = extra memory of one call.", ""]
+             f"{doc['reps']} calls after a warm-up; peak = extra memory of one call.", *notes_lines(doc), ""]
     for model in dict.fromkeys(r["model"] for r in doc["rows"]):
         rows = [r for r in doc["rows"] if r["model"] == model]
         methods = list(dict.fromkeys(r["method"] for r in rows))

@@ -14,7 +14,7 @@ FP8_SCORER_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=64)  # E4
 REFINE_CONFIG = LaunchConfig.of(num_warps=4, num_stages=3, BLOCK_T=128)  # bf16/fp16 refine on Hopper (scorer_config): 2.64-2.93 ms vs 2.91-3.62 at 64 keys a tile on three trained calls of 65536 keys, bitwise the same codes; 8 warps at 64 keys and any 32-key tile changed codes (H100)
 REFINE_COLUMNS = 128  # most product columns (queries x heads) of a refine program that takes REFINE_CONFIG: at 256 its 128-key tile would hold a 128 x 256 fp32 product, 256 registers a thread (lists of 1-2 at 64 heads measured, 4 not)
 PRODUCT_COLUMNS = 32 if _INTERPRET else 256  # queries x heads per program: 78-81% of bf16 peak, dense_scorer_groups_h200.json
-FP8_PRODUCT_COLUMNS = PRODUCT_COLUMNS  # queries x heads per dense program of the FP8 scorer: the bf16 count; 128 (half the accumulator: fewer registers a thread, more programs per SM) is timed beside it by dense_roofline --fp8
+FP8_PRODUCT_COLUMNS = PRODUCT_COLUMNS  # queries x heads per dense program of the FP8 scorer: the bf16 count; 128 (half the accumulator, three programs an SM) ran 5-32% slower (dense_roofline_fp8_h100)
 BOUNDS_BLOCK = 2048  # mask entries per step of the mask-bounds kernel (1024 and 4096 were no faster)
 BOUNDS_ROWS = 16 if _INTERPRET else 1  # query rows per mask-bounds program (the interpreter pays per program)
 
