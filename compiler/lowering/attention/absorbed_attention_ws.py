@@ -13,7 +13,9 @@ latent's first Dc/2 columns) and the *high* half (the other Dc/2 columns and the
 
 - The producer (the default partition, PRODUCER_WARPS warps) gathers halves with ``cp.async`` in the
   order they are freed: buffer 0 low, buffer 1 high, buffer 0 high, buffer 1 low, so the next pair
-  starts loading while the current one is still being multiplied.
+  starts loading while the current one is still being multiplied. It reads both tiles' indices of a
+  pair at once, before its first wait, so that a pair costs it one index-load latency, not four
+  (read before each half, they left the consumers waiting for their tiles).
 - Two consumer warpgroups each own half of the Dc output columns and score one tile of the pair (the
   heads are the wgmma rows): the even warpgroup tile 2i into the low columns, the odd one tile 2i+1
   into the high columns. The even one folds its tile in at its new row max and publishes P (over its
@@ -95,24 +97,22 @@ def _gather_tiles(lat_rows, rope_rows, idx_row, lo_bufs, hi_bufs, r_bufs, lo_rea
     rows: gl.constexpr = gl.SliceLayout(1, layout)
     for i in range(gl.cdiv(width, 2 * BLOCK_N)):
         phase = (i & 1) ^ 1
-        # each step reads its tile's indices again (they are cached) rather than holding both tiles' rows
-        key, ok = _tile_keys(idx_row, 2 * i, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, rows)
+        # both tiles' indices at once, before the first wait: one load latency a pair
+        key0, ok0 = _tile_keys(idx_row, 2 * i, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, rows)
+        key1, ok1 = _tile_keys(idx_row, 2 * i + 1, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, rows)
         mbarrier.wait(lo_free.index(0), phase)
-        _gather(lo_bufs.index(0), lat_rows, key * stride_lt, ok, offs_c)
+        _gather(lo_bufs.index(0), lat_rows, key0 * stride_lt, ok0, offs_c)
         async_copy.mbarrier_arrive(lo_ready.index(0), increment_count=False)
-        key, ok = _tile_keys(idx_row, 2 * i + 1, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, rows)
         mbarrier.wait(hi_free.index(1), phase)
-        _gather(hi_bufs.index(1), lat_rows + HALF, key * stride_lt, ok, offs_c)
-        _gather(r_bufs.index(1), rope_rows, key * stride_kt, ok, offs_r)
+        _gather(hi_bufs.index(1), lat_rows + HALF, key1 * stride_lt, ok1, offs_c)
+        _gather(r_bufs.index(1), rope_rows, key1 * stride_kt, ok1, offs_r)
         async_copy.mbarrier_arrive(hi_ready.index(1), increment_count=False)
-        key, ok = _tile_keys(idx_row, 2 * i, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, rows)
         mbarrier.wait(hi_free.index(0), phase)
-        _gather(hi_bufs.index(0), lat_rows + HALF, key * stride_lt, ok, offs_c)
-        _gather(r_bufs.index(0), rope_rows, key * stride_kt, ok, offs_r)
+        _gather(hi_bufs.index(0), lat_rows + HALF, key0 * stride_lt, ok0, offs_c)
+        _gather(r_bufs.index(0), rope_rows, key0 * stride_kt, ok0, offs_r)
         async_copy.mbarrier_arrive(hi_ready.index(0), increment_count=False)
-        key, ok = _tile_keys(idx_row, 2 * i + 1, width, seq_k, stride_ik, BLOCK_N, WIDE_OFFSETS, rows)
         mbarrier.wait(lo_free.index(1), phase)
-        _gather(lo_bufs.index(1), lat_rows, key * stride_lt, ok, offs_c)
+        _gather(lo_bufs.index(1), lat_rows, key1 * stride_lt, ok1, offs_c)
         async_copy.mbarrier_arrive(lo_ready.index(1), increment_count=False)
 
 
