@@ -50,7 +50,7 @@ FLASHMLA_ENTRY = ("flash_mla_sparse_fwd (FlashMLA's SM90 sparse prefill, the anc
 is not in the anchors' build)."""
 
 
-def _latent_kernel(case: AbsorbedCase, launch: Callable[..., None]) -> Callable[[], torch.Tensor]:
+def latent_kernel_call(case: AbsorbedCase, launch: Callable[..., None]) -> Callable[[], torch.Tensor]:
     """A call of ``launch(q_lat, q_rope, latent, rope_key, indices, o_lat)`` over the case's queries
     in chunks of at most MAX_CHUNK (a grid axis), writing ``case.o_buf``."""
     def call():
@@ -93,10 +93,10 @@ def variant_calls(case: AbsorbedCase, flash_mla, flash_mla_missing: str | None) 
     if ws is None or not ws.usable(case.q_lat, case.q_rope, case.latent, case.rope_key, case.o_lat):
         calls["project_ws"] = (None, "the Gluon kernel does not take these inputs here (it needs sm_90)", 0)
     else:
-        calls["project_ws"] = (_latent_kernel(case, lambda *a: ws.attend_latent_ws(*a[:5], None, a[5],
-                                                                                   SCALE * LOG2_E)), "latent", 0)
+        calls["project_ws"] = (latent_kernel_call(case, lambda *a: ws.attend_latent_ws(
+            *a[:5], None, a[5], SCALE * LOG2_E)), "latent", 0)
     configs = dispatch.default_configs(case.B * case.S)
-    calls["project_dispatch"] = (_latent_kernel(case, lambda *a: dispatch._attend_latent(
+    calls["project_dispatch"] = (latent_kernel_call(case, lambda *a: dispatch._attend_latent(
         *a[:5], None, a[5], SCALE, configs, None)), "latent", 0)
     op = torch.ops.pulsar_dosa.absorbed_sparse_attention
     calls["project_op"] = (lambda: op(case.q, case.latent, case.rope_key, case.weight, case.indices, None, SCALE,

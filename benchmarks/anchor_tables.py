@@ -101,7 +101,7 @@ def tables(doc: dict) -> str:
     parts = [p for p in ("prefill", "decode", "indexer") if any(r["part"] == p for r in rows)]
     lines = [f"{doc['device']}; torch {doc['versions'].get('torch')}, triton {doc['versions'].get('triton')}; "
              f"FlashMLA {doc.get('flashmla_commit')}, DeepGEMM {doc.get('deepgemm_commit')}",
-             f"FlashMLA entry: {doc['flashmla_entry']}", *(f"- {n}" for n in doc.get("notes", ())), ""]
+             f"FlashMLA entry: {doc['flashmla_entry']}", *harness.notes_lines(doc), ""]
     titles = {"prefill": "Sparse MLA prefill (ms; ratios of ms)", "decode": "Decode-sized calls (ms; ratios of ms)",
               "indexer": "FP8 indexer, causal (ms; ratios of ms)"}
     for part in parts:

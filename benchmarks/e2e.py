@@ -83,7 +83,7 @@ from typing import Optional
 
 import torch
 
-from benchmarks.harness import kernel_breakdown, median_ms
+from benchmarks.harness import kernel_breakdown, median_ms, notes_lines
 from compiler.ops import sparse_form
 
 SIZES = dict(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=8,
@@ -460,12 +460,6 @@ def render_generate(doc: dict) -> str:
                          f"{match} |")
         lines.append("")
     return "\n".join(lines)
-
-
-def notes_lines(doc: dict) -> list[str]:
-    """The document's ``notes`` (where rows of several runs were combined), one bullet each."""
-    notes = [f"- {note}" for note in doc.get("notes", ())]
-    return ["", *notes] if notes else []
 
 
 def _fmt(value) -> str:

@@ -284,6 +284,12 @@ def rows_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> st
     return markdown_table(columns, ([row.get(c) for c in columns] for row in rows))
 
 
+def notes_lines(doc: dict) -> list[str]:
+    """Markdown lines of a results document's ``notes`` (where rows of several runs were combined,
+    or what each run was): one bullet each."""
+    return [f"- {note}" for note in doc.get("notes", ())]
+
+
 def write_results(path: str | Path, doc: Any, table: str) -> Path:
     """Write ``doc`` as JSON at ``path`` and ``table`` beside it (``.md``), and print the table."""
     path = write_json(path, doc)

@@ -142,7 +142,7 @@ def render(doc: dict) -> str:
     runs = doc["runs"]
     lines = [f"# Where the Gluon attention kernel's warps wait ({doc['device']})", "",
              "ncu's warp-state samples per SASS instruction (benchmarks/ws_stalls.py); " + doc["case"], "",
-             *(f"- {note}" for note in doc.get("notes", ())), ""]
+             *harness.notes_lines(doc), ""]
     lines += [harness.markdown_table(["metric", *runs], [[m, *(r["details"].get(m, "-") for r in runs.values())]
                                                          for m in DETAILS]), ""]
     for part in PARTITIONS:
@@ -186,23 +186,26 @@ def profile(argv) -> int:
 
     import torch
 
+    from benchmarks.anchor_attention import latent_kernel_call
     from benchmarks.anchor_inputs import SCALE, absorbed_case
-    from compiler.lowering.attention import absorbed_attention_ws
+    from compiler.lowering.attention import absorbed_attention as dispatch
     from compiler.lowering.attention.online_softmax import LOG2_E
 
     p = argparse.ArgumentParser(prog="ws_stalls.py profile", description=profile.__doc__)
-    p.add_argument("--S", type=int, default=8192)
+    p.add_argument("--S", type=int, default=8192, help=f"at most {dispatch.MAX_CHUNK}: one launch a call")
     p.add_argument("--variant", default=None, help="a module file to run in place of absorbed_attention_ws")
     args = p.parse_args(argv)
-    module = absorbed_attention_ws
+    if not 1 <= args.S <= dispatch.MAX_CHUNK:
+        p.error(f"--S must lie in [1, {dispatch.MAX_CHUNK}] (one launch a call), got {args.S}")
+    module = dispatch.absorbed_attention_ws
     if args.variant:
         spec = importlib.util.spec_from_file_location("ws_variant", args.variant)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     case = absorbed_case(1, args.S, args.S, 128, 2048, "uniform", "cuda", 7)
+    call = latent_kernel_call(case, lambda *a: module.attend_latent_ws(*a[:5], None, a[5], SCALE * LOG2_E))
     for _ in range(2):
-        module.attend_latent_ws(case.q_lat, case.q_rope, case.latent, case.rope_key, case.indices, None, case.o_lat,
-                                SCALE * LOG2_E)
+        call()
         torch.cuda.synchronize()
     return 0
 

@@ -97,4 +97,3 @@ def test_the_patch_scanner_finds_what_std_regex_finds(tmp_path):
     done = subprocess.run([str(exe), str(text)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "files 1, directives 8, versions 2, mismatches 0"
-

@@ -96,3 +96,8 @@ def test_host_profile_puts_a_call_s_host_time_in_the_function_that_spends_it():
     assert sleep["per_call"] == 2 and sleep["own_us"] >= 4000
     step, = [f for f in prof["functions"] if "_slow_step" in f["function"]]
     assert step["function"].startswith("tests/benchmarks/test_harness.py:") and step["cum_us"] >= 4000
+
+
+def test_notes_lines_are_a_bullet_a_note():
+    assert harness.notes_lines({"rows": []}) == []
+    assert harness.notes_lines({"notes": ["one", "two"]}) == ["- one", "- two"]

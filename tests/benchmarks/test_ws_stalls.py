@@ -112,3 +112,10 @@ def test_report_writes_the_json_and_table(listing, tmp_path):
     assert "- one note" in table and "waits hi_ready0" in table
     with pytest.raises(SystemExit):
         ws_stalls.main(["report", "--runs", f"k={listing}", "--out", str(out)])
+
+
+def test_profile_refuses_a_length_past_one_launch():
+    from compiler.lowering.attention import absorbed_attention as dispatch
+
+    with pytest.raises(SystemExit):
+        ws_stalls.main(["profile", "--S", str(dispatch.MAX_CHUNK + 1)])
