@@ -65,7 +65,9 @@ compiled at this size the sparse attention's forms, each with its queries per ro
 "absorbed at S=1" is a decode graph's), and the near misses.
 ``--profile S ...``: at those prompt lengths one more call runs under ``torch.profiler``
 (``kernels_ms``: the GPU time of the whole call, its largest kernels; a synthetic cache's growth
-included). A method that fails (out of memory) records the error.
+included), and one of a single token: ``decode_device_ms``, the GPU time of a decode step (the
+difference over the decode steps, ``device_ms_per_step``), beside ``decode_ms``'s wall time shows how
+much of a step is host work. A method that fails (out of memory) records the error.
 """
 from __future__ import annotations
 
@@ -415,8 +417,14 @@ def run_generate(name: str, args, emit) -> None:
                     timed.pop("wall_s")
                     row.update(timed, first_total_s=round(first["wall_s"], 2), first_compiles=first["compiles"])
                     if device == "cuda" and S in args.profile:
-                        row["kernels_ms"] = kernel_breakdown(
-                            lambda: generate_once(model, prompt, args.new_tokens, new_cache(), device), top=PROFILE_TOP)
+                        def profiled(tokens: int) -> dict:
+                            return kernel_breakdown(lambda: generate_once(model, prompt, tokens, new_cache(), device),
+                                                    top=PROFILE_TOP)
+
+                        row["kernels_ms"] = profiled(args.new_tokens)
+                        if args.new_tokens > 1:
+                            row["decode_device_ms"] = device_ms_per_step(row["kernels_ms"], profiled(1),
+                                                                         args.new_tokens)
                     if method == "eager":
                         eager_tokens[B, S] = tokens
                     elif (B, S) in eager_tokens:
@@ -426,6 +434,21 @@ def run_generate(name: str, args, emit) -> None:
                 emit(row)
         model.forward = forward
     del model
+
+
+def device_ms_per_step(whole: dict, prefill: dict, new_tokens: int) -> float:
+    """GPU ms per decode step: the profiled GPU time of a ``new_tokens`` generate less that of a
+    1-token one (its prefill alone), over the ``new_tokens - 1`` decode steps (``kernel_breakdown``'s
+    ``total_ms`` of each)."""
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens: expected at least 2 (a decode step), got {new_tokens}")
+    return round((whole["total_ms"] - prefill["total_ms"]) / (new_tokens - 1), 4)
+
+
+def _steps_cell(method: str, row: dict) -> str:
+    device = row.get("decode_device_ms")
+    return (f"{method} {_fmt(row.get('decode_ms_first'))} / {_fmt(row.get('decode_ms'))}"
+            + ("" if device is None else f" ({device:.2f} on the GPU)"))
 
 
 def render_generate(doc: dict) -> str:
@@ -451,8 +474,7 @@ def render_generate(doc: dict) -> str:
             stock = by.get("stock")
             speed = ", ".join(f"{m} {stock['total_ms'] / by[m]['total_ms']:.2f}x" for m in ours
                               if stock and not stock["error"]) or "-"
-            steps = ", ".join(f"{m} {_fmt(r.get('decode_ms_first'))} / {_fmt(r.get('decode_ms'))}"
-                              for m, r in by.items() if not r["error"])
+            steps = ", ".join(_steps_cell(m, r) for m, r in by.items() if not r["error"])
             compiles = ", ".join(f"{m} {r['compiles']}" for m, r in by.items() if not r["error"])
             match = ", ".join(f"{m} {r['tokens_match_eager']}" for m, r in by.items()
                               if r.get("tokens_match_eager") is not None) or "-"

@@ -4,6 +4,7 @@ against stock reported; and --mode generate's rows (time to first token, decode 
 against eager's, compiles in the timed call)."""
 import json
 
+import pytest
 import torch
 
 from benchmarks import e2e
@@ -58,3 +59,16 @@ def test_the_trained_shape_prompts_with_held_out_text_one_window_per_row():
     tokens = np.load(e2e.HELDOUT).astype(np.int64)
     assert ids.shape == (2, 16) and ids[1].tolist() == tokens[16:32].tolist()
     assert type(model).__name__ == "DeepseekV32ForCausalLM" and config.index_topk == 2048
+
+
+def test_a_decode_steps_gpu_time_is_the_profiled_difference_over_the_steps_and_shows_beside_its_wall_time():
+    whole, prefill = {"total_ms": 330.0}, {"total_ms": 300.0}
+    assert e2e.device_ms_per_step(whole, prefill, 16) == 2.0
+    with pytest.raises(ValueError, match="new_tokens"):  # a 1-token generate has no decode step
+        e2e.device_ms_per_step(whole, prefill, 1)
+    row = {"model": "M", "method": "pulsar_dosa", "B": 1, "S": 64, "error": None, "ttft_ms": 1.0, "decode_ms": 3.19,
+           "decode_ms_first": 4.07, "total_ms": 9.0, "compiles": 0, "decode_device_ms": 1.5836}
+    text = e2e.render_generate({"device": "d", "versions": {}, "new_tokens": 16, "rows": [row]})
+    assert "pulsar_dosa 4.07 / 3.19 (1.58 on the GPU)" in text
+    assert "pulsar_dosa 4.07 / 3.19 |" in e2e.render_generate(
+        {"device": "d", "versions": {}, "new_tokens": 16, "rows": [{**row, "decode_device_ms": None}]})
