@@ -62,6 +62,12 @@ def latent_kernel_call(case: AbsorbedCase, launch: Callable[..., None]) -> Calla
     return call
 
 
+def ws_kernel_call(case: AbsorbedCase, ws) -> Callable[[], torch.Tensor]:
+    """A call of the Gluon kernel of module ``ws`` (``absorbed_attention_ws`` or a file in its place)
+    over the case, as ``latent_kernel_call`` chunks it (no mean rows)."""
+    return latent_kernel_call(case, lambda *a: ws.attend_latent_ws(*a[:5], None, a[5], SCALE * LOG2_E))
+
+
 def _pipeline(case: AbsorbedCase, flash_mla) -> Callable[[], torch.Tensor]:
     """The whole computation around FlashMLA (module docstring), output [B, H, S, 128] (a view)."""
     w_uv_t = case.weights()[1].transpose(1, 2)
@@ -93,8 +99,7 @@ def variant_calls(case: AbsorbedCase, flash_mla, flash_mla_missing: str | None) 
     if ws is None or not ws.usable(case.q_lat, case.q_rope, case.latent, case.rope_key, case.o_lat):
         calls["project_ws"] = (None, "the Gluon kernel does not take these inputs here (it needs sm_90)", 0)
     else:
-        calls["project_ws"] = (latent_kernel_call(case, lambda *a: ws.attend_latent_ws(
-            *a[:5], None, a[5], SCALE * LOG2_E)), "latent", 0)
+        calls["project_ws"] = (ws_kernel_call(case, ws), "latent", 0)
     configs = dispatch.default_configs(case.B * case.S)
     calls["project_dispatch"] = (latent_kernel_call(case, lambda *a: dispatch._attend_latent(
         *a[:5], None, a[5], SCALE, configs, None)), "latent", 0)

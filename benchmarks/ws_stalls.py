@@ -186,10 +186,9 @@ def profile(argv) -> int:
 
     import torch
 
-    from benchmarks.anchor_attention import latent_kernel_call
-    from benchmarks.anchor_inputs import SCALE, absorbed_case
+    from benchmarks.anchor_attention import ws_kernel_call
+    from benchmarks.anchor_inputs import absorbed_case
     from compiler.lowering.attention import absorbed_attention as dispatch
-    from compiler.lowering.attention.online_softmax import LOG2_E
 
     p = argparse.ArgumentParser(prog="ws_stalls.py profile", description=profile.__doc__)
     p.add_argument("--S", type=int, default=8192, help=f"at most {dispatch.MAX_CHUNK}: one launch a call")
@@ -203,7 +202,7 @@ def profile(argv) -> int:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     case = absorbed_case(1, args.S, args.S, 128, 2048, "uniform", "cuda", 7)
-    call = latent_kernel_call(case, lambda *a: module.attend_latent_ws(*a[:5], None, a[5], SCALE * LOG2_E))
+    call = ws_kernel_call(case, module)
     for _ in range(2):
         call()
         torch.cuda.synchronize()
